@@ -1,0 +1,45 @@
+# Every target creates its own virtual environment, so a fresh clone needs only Python 3.11+,
+# gcc and make. `make demo` and `make test` are the two commands in the README.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+SIMLIB := build/sim/libnvidia-ml.so.1
+
+.PHONY: demo test lint typecheck unit bench docs clean
+
+$(BIN)/.installed: pyproject.toml setup.py
+	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+# The NVML stand-in: a C library built from NVIDIA's nvml.h (from nvidia-nvml-dev).
+$(SIMLIB): $(BIN)/.installed $(wildcard sim/nvml/*.c sim/nvml/*.h)
+	$(BIN)/python -m sim.nvml.build --out $(SIMLIB)
+
+demo: $(BIN)/.installed $(SIMLIB)
+	$(BIN)/python -m sim.demo
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: $(BIN)/.installed
+	$(BIN)/mypy exporter quota sim dashboards bench
+
+unit: $(BIN)/.installed $(SIMLIB)
+	$(BIN)/python -m pytest
+
+test: lint typecheck unit
+
+docs: $(BIN)/.installed
+	$(BIN)/python -m exporter.metrics_doc --write docs/metrics.md
+
+bench: $(BIN)/.installed $(SIMLIB)
+	$(BIN)/python -m bench.exporter
+	$(BIN)/python -m bench.health
+	$(BIN)/python -m bench.controller
+	$(BIN)/python -m bench.report
+
+clean:
+	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

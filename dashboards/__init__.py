@@ -1,0 +1,1 @@
+"""Grafana dashboards for gpuquota, generated with grafanalib."""

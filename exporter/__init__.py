@@ -1,0 +1,1 @@
+"""gpuquota's per-node agent: NVML collection, Prometheus metrics, GPU health, device plugin."""

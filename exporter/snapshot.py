@@ -1,0 +1,129 @@
+"""The immutable picture of one node's GPUs that the collect loop produces.
+
+Data flows one way: collect (NVML) -> enrich (pod attribution) -> render (Prometheus), and
+the health checker and device plugin read the same snapshots. Nothing downstream of this
+module ever calls NVML. A field is ``None`` when NVML said NOT_SUPPORTED (or the value is
+otherwise unavailable) for that device: renderers leave such a series out, never emit 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class DeviceState(Enum):
+    """Whether NVML could talk to the device during this collection."""
+
+    OK = "ok"
+    LOST = "lost"  # NVML_ERROR_GPU_IS_LOST: fell off the bus
+    RESET_REQUIRED = "reset_required"  # NVML_ERROR_RESET_REQUIRED
+    ERROR = "error"  # any other failure reading the device's identity
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUsage:
+    pid: int
+    used_memory_bytes: int | None
+    kind: str  # "compute" or "graphics"
+
+
+@dataclass(frozen=True, slots=True)
+class NvLinkCounters:
+    link: int
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    crc_flit_errors: int | None = None
+    crc_data_errors: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MigInfo:
+    """Present on MIG instances only; the parent is the physical GPU."""
+
+    parent_uuid: str
+    parent_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str  # e.g. "1g.10gb", as in the resource name nvidia.com/mig-1g.10gb
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSnapshot:
+    """One physical GPU or one MIG instance, as read in one collection."""
+
+    index: int  # NVML index of the physical GPU (for MIG: the instance's own position)
+    uuid: str  # "GPU-..." or "MIG-..."
+    state: DeviceState = DeviceState.OK
+    name: str | None = None  # model, e.g. "NVIDIA H100 80GB HBM3"
+    pci_bus_id: str | None = None
+    minor_number: int | None = None  # /dev/nvidiaN
+    serial: str | None = None
+    vbios_version: str | None = None
+    compute_capability: str | None = None  # "9.0"
+    mig_mode_enabled: bool | None = None
+    mig: MigInfo | None = None
+
+    gpu_utilization_ratio: float | None = None  # 0-1
+    memory_utilization_ratio: float | None = None  # memory controller, 0-1
+    encoder_utilization_ratio: float | None = None
+    decoder_utilization_ratio: float | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    memory_reserved_bytes: int | None = None
+    gpu_temperature_celsius: float | None = None
+    memory_temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None  # since driver load
+    sm_clock_hertz: float | None = None
+    memory_clock_hertz: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    pcie_replay_total: int | None = None
+    fan_speed_ratio: float | None = None
+    performance_state: int | None = None  # P0..P15
+    clock_event_reasons: int | None = None  # NVML bitmask (nvmlClocksEventReason*)
+    ecc_mode_enabled: bool | None = None
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    retired_pages_single_bit: int | None = None
+    retired_pages_double_bit: int | None = None
+    retired_pages_pending: bool | None = None
+    nvlinks: tuple[NvLinkCounters, ...] = ()
+    processes: tuple[ProcessUsage, ...] = ()
+    # NVML function name -> error string for the calls that failed this collection
+    # (NOT_SUPPORTED is not an error and never appears here).
+    errors: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSnapshot:
+    """Everything one collection saw, plus the enrichment joined onto it."""
+
+    hostname: str
+    driver_version: str | None
+    nvml_version: str | None
+    cuda_driver_version: int | None
+    devices: tuple[DeviceSnapshot, ...]
+    collected_at: float  # unix time
+    collection_seconds: float
+    # XID code -> count since the exporter started, per device UUID (from the event thread)
+    xid_counts: dict[str, dict[int, int]] = field(default_factory=dict)
+    # device UUID (GPU- or MIG-) -> pods holding it; several on time-sliced GPUs
+    pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)
+    ok: bool = True  # False when NVML itself could not be read this round

@@ -1,0 +1,1 @@
+"""gpuquota's cluster side: watch pods and quotas, account GPU-hours in SQL, report them."""

@@ -1,0 +1,1 @@
+"""The quota store: SQLAlchemy models, engine set-up, Alembic migrations and idempotent writes."""

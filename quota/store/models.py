@@ -1,0 +1,143 @@
+"""SQLAlchemy 2 models of the quota store (Alembic migrations in alembic/ must match them).
+
+Every row carries the cluster name so several clusters can share one database. Times are
+unix seconds (UTC) in BIGINT columns: Kubernetes timestamps have one-second resolution, and
+integer seconds let the report clip intervals to a window with the same plain arithmetic on
+SQLite and PostgreSQL, inside the database.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Cluster(Base):
+    __tablename__ = "clusters"
+
+    name: Mapped[str] = mapped_column(String(253), primary_key=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class NamespaceLabels(Base):
+    """A namespace's labels over time: one row per distinct label set, [valid_from, valid_to)."""
+
+    __tablename__ = "namespace_labels"
+    __table_args__ = (
+        Index("ix_namespace_labels_lookup", "cluster", "namespace", "valid_from"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    namespace: Mapped[str] = mapped_column(String(253))
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON)
+    valid_from: Mapped[int] = mapped_column(BigInteger)
+    valid_to: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # None: current
+
+
+class Allocation(Base):
+    """GPUs of one resource bound to one pod: a half-open interval [started_at, ended_at).
+
+    Keyed by (cluster, pod_uid, resource_name): a replayed or duplicated event updates the same
+    row, so nothing is counted twice. ``ended_at`` is None while the pod still holds the GPUs.
+    """
+
+    __tablename__ = "allocations"
+    __table_args__ = (
+        UniqueConstraint("cluster", "pod_uid", "resource_name", name="uq_allocation_pod"),
+        # the report clips intervals to a window: rows that end after its start and start
+        # before its end, grouped by namespace (or another column)
+        Index("ix_allocations_window", "cluster", "started_at", "ended_at"),
+        Index("ix_allocations_open", "cluster", "ended_at"),
+        Index("ix_allocations_namespace", "cluster", "namespace", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    pod_uid: Mapped[str] = mapped_column(String(64))
+    namespace: Mapped[str] = mapped_column(String(253))
+    pod_name: Mapped[str] = mapped_column(String(253))
+    owner_kind: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    owner_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    node_pool: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    resource_name: Mapped[str] = mapped_column(String(253))  # nvidia.com/gpu, nvidia.com/mig-1g.10gb
+    raw_units: Mapped[int] = mapped_column(Integer)  # effective request of the pod
+    # physical-GPU equivalent of all raw_units (time-slicing: units/replicas; MIG: units*N/7)
+    physical_gpus: Mapped[float] = mapped_column(Float)
+    replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)  # time-slicing/MPS
+    sharing_strategy: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # terminated | deletion_timestamp | deleted | node_deleted | vanished (estimated)
+    end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class NodeCapacity(Base):
+    """A GPU node's allocatable GPUs over time, for idle GPU-hours: [started_at, ended_at)."""
+
+    __tablename__ = "node_capacity"
+    __table_args__ = (
+        Index("ix_node_capacity_window", "cluster", "started_at", "ended_at"),
+        Index("ix_node_capacity_node", "cluster", "node", "resource_name", "started_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    node: Mapped[str] = mapped_column(String(253))
+    node_pool: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    resource_name: Mapped[str] = mapped_column(String(253))
+    allocatable_units: Mapped[int] = mapped_column(Integer)
+    physical_gpus: Mapped[float] = mapped_column(Float)
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON)  # nvidia.com/gpu.* labels at start
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class QuotaSample(Base):
+    """A namespace quota's hard and used for one GPU resource, stored whenever either changes."""
+
+    __tablename__ = "quota_samples"
+    __table_args__ = (
+        Index("ix_quota_samples_lookup", "cluster", "namespace", "resource_name", "observed_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    namespace: Mapped[str] = mapped_column(String(253))
+    quota_name: Mapped[str] = mapped_column(String(253))
+    resource_name: Mapped[str] = mapped_column(String(253))  # e.g. requests.nvidia.com/gpu
+    hard: Mapped[float | None] = mapped_column(Float, nullable=True)
+    used: Mapped[float | None] = mapped_column(Float, nullable=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    observed_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Heartbeat(Base):
+    """The controller's durable heartbeat: the last time it knew the cluster's state."""
+
+    __tablename__ = "heartbeats"
+
+    cluster: Mapped[str] = mapped_column(String(253), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(253))
+    at: Mapped[int] = mapped_column(BigInteger)
+    resource_versions: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -1,0 +1,1 @@
+"""Stand-ins that speak the real interfaces (NVML C ABI, kube-apiserver, kubelet gRPC)."""
