@@ -145,7 +145,7 @@ def buckets(period: Period, max_buckets: int = 62) -> list[int]:
         while (t := midnight(day, tz)) < period.end:
             edges.append(t)
             day += timedelta(days=1)
-    elif span <= max_buckets * 7 * 86400:
+    elif span <= 26 * 7 * 86400:
         day = first.date() + timedelta(days=7 - first.weekday())
         while (t := midnight(day, tz)) < period.end:
             edges.append(t)

@@ -28,8 +28,9 @@ class PrometheusError(Exception):
 
 
 def step_for(seconds: int) -> int:
-    """Subquery resolution: at least a minute, at most MAX_POINTS samples per series."""
-    return max(60, math.ceil(seconds / MAX_POINTS))
+    """Subquery resolution: at most MAX_POINTS samples per series (a week: one a minute).
+    Steps shorter than the scrape interval repeat the last sample, which keeps the sum right."""
+    return max(1, math.ceil(seconds / MAX_POINTS))
 
 
 def busy_query(seconds: int, step: int) -> str:
