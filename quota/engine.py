@@ -276,7 +276,7 @@ class Accountant:
             pod = _Pod(uid=facts.uid, namespace=facts.namespace, name=facts.name, node=facts.node)
             self._pods[facts.uid] = pod
             if facts.request.best_effort_gpu:
-                log.warning(
+                log.debug(
                     "pod %s/%s requests GPUs but is BestEffort: NotBestEffort-scoped quotas do not count it",
                     facts.namespace,
                     facts.name,

@@ -201,7 +201,8 @@ def _engine(url: str) -> Engine:
     kwargs: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite":
         # wait for a concurrent writer (the report, a second replay) instead of failing
-        kwargs["connect_args"] = {"timeout": 30}
+        if "timeout" not in parsed.query:
+            kwargs["connect_args"] = {"timeout": 30}
     elif parsed.get_backend_name() == "postgresql":
         kwargs["pool_pre_ping"] = True
         kwargs["connect_args"] = {"connect_timeout": 10}
