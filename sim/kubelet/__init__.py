@@ -1,0 +1,1 @@
+"""kubelet stand-ins: pod-resources and device plugin Registration gRPC servers on unix sockets."""
