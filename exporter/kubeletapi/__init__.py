@@ -1,1 +1,1 @@
-"""kubelet gRPC APIs (pod-resources v1, device plugin v1beta1), compiled from .proto at build time."""
+"""The kubelet's gRPC APIs, compiled from the .proto files here by setup.py at install time."""

@@ -1,1 +1,1 @@
-"""kubelet stand-ins: pod-resources and device plugin Registration gRPC servers on unix sockets."""
+"""kubelet stand-ins: gRPC servers on unix sockets that speak the kubelet's real APIs."""
