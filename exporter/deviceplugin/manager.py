@@ -70,6 +70,8 @@ class DevicePluginManager:
             self._thread.join()
             self._thread = None
         with self._lock:
+            for server in self.servers.values():  # let every stream wind down at once
+                server.stopping.set()
             for server in self.servers.values():
                 server.stop()
             self.servers.clear()
