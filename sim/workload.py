@@ -1,0 +1,1098 @@
+"""Deterministic cluster workload generator: watch events plus the exact GPU-seconds they imply.
+
+``generate(seed, hours)`` runs a small discrete-event simulation of a GPU cluster (nodes of
+several GPU models, time-slicing and MIG, namespaces with labels, ResourceQuotas, pods
+arriving, scheduled, running, finishing, failing, deleted, some never scheduled, names reused,
+a node deleted under running pods) and returns a :class:`Workload`:
+
+* ``events``: the ordered watch events, each ``WatchEvent(at, type, object)`` where ``at`` is
+  the simulated time (unix seconds) the event is observed and ``object`` a plain dict exactly
+  as the API server serves it (camelCase, ``kind``/``apiVersion``, ``metadata.uid``, a
+  cluster-wide increasing ``metadata.resourceVersion``).
+* ``truth``: what the generator itself decided about GPU binding, *not* derived from the
+  objects and not using quota/accounting.py: one :class:`TruthInterval` per (pod UID,
+  resource) with the effective request it built the pod spec from, the physical-GPU factor of
+  the node it bound the pod to, and the seconds ``[start, end)`` it held the GPUs. This is the
+  oracle for the accounting, the controller and the report tests.
+
+Replay lines (``python -m sim.workload --seed N --hours H > events.jsonl``) are
+``{"type": ..., "object": ..., "observedAt": "<RFC 3339>"}``: what ``kubectl get --watch
+--output-watch-events -o json`` prints, plus the observation time.
+
+``observation_independent=True`` leaves out the cases whose end time exists only as the time
+an event was observed (a DELETED event arriving before the deletion deadline, a pod turning
+Failed without any container ``finishedAt``, the pod garbage collector lagging behind a node
+deletion). A live controller observes events at wall-clock time, so tests that feed a
+time-compressed workload through the API server stand-in use this mode: then every GPU release
+is written in an object timestamp and the truth holds whenever the events are seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import heapq
+import json
+import random
+import sys
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any
+
+Obj = dict[str, Any]
+
+#: 2026-01-01T00:00:00Z, the default start of a simulated span.
+DEFAULT_START = 1767225600
+
+GPU = "nvidia.com/gpu"
+GPU_SHARED = "nvidia.com/gpu.shared"
+MIG_1G = "nvidia.com/mig-1g.10gb"
+MIG_3G = "nvidia.com/mig-3g.40gb"
+
+
+def rfc3339(t: int) -> str:
+    """Kubernetes' timestamp format: second resolution, UTC, trailing Z."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node as the generator knows it: what it advertises and what one unit is worth."""
+
+    name: str
+    pool: str
+    labels: dict[str, str]
+    #: GPU resources it advertises: resource name -> (allocatable units, physical GPUs per unit)
+    gpus: dict[str, tuple[int, Fraction]]
+
+
+NODES: tuple[NodeSpec, ...] = (
+    NodeSpec(
+        "gpu-h100-0",
+        "h100",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "81559",
+        },
+        {GPU: (8, Fraction(1))},
+    ),
+    NodeSpec(
+        "gpu-h100-1",
+        "h100",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+            "nvidia.com/gpu.count": "8",
+            "nvidia.com/gpu.memory": "81559",
+        },
+        {GPU: (8, Fraction(1))},
+    ),
+    # time-slicing, renameByDefault=false: the product label gets -SHARED, the resource
+    # keeps its name, 4 replicas per GPU
+    NodeSpec(
+        "gpu-a100-ts-0",
+        "a100-shared",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-SHARED",
+            "nvidia.com/gpu.count": "4",
+            "nvidia.com/gpu.replicas": "4",
+            "nvidia.com/gpu.sharing-strategy": "time-slicing",
+        },
+        {GPU: (16, Fraction(1, 4))},
+    ),
+    # time-slicing, renameByDefault=true: nvidia.com/gpu.shared, 2 replicas of one T4
+    NodeSpec(
+        "gpu-t4-ts-0",
+        "t4-shared",
+        {
+            "nvidia.com/gpu.product": "Tesla-T4",
+            "nvidia.com/gpu.count": "1",
+            "nvidia.com/gpu.replicas": "2",
+            "nvidia.com/gpu.sharing-strategy": "time-slicing",
+        },
+        {GPU_SHARED: (2, Fraction(1, 2))},
+    ),
+    # MIG mixed strategy: GPU 0 as 7 x 1g.10gb, GPU 1 as 2 x 3g.40gb (7 compute slices each)
+    NodeSpec(
+        "gpu-a100-mig-0",
+        "a100-mig",
+        {
+            "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB",
+            "nvidia.com/gpu.count": "2",
+            "nvidia.com/mig.strategy": "mixed",
+            "nvidia.com/mig.config": "custom",
+        },
+        {MIG_1G: (7, Fraction(1, 7)), MIG_3G: (2, Fraction(3, 7))},
+    ),
+    # deleted while pods run on it (see _Sim.run)
+    NodeSpec(
+        "gpu-l4-0",
+        "l4",
+        {"nvidia.com/gpu.product": "NVIDIA-L4", "nvidia.com/gpu.count": "2"},
+        {GPU: (2, Fraction(1))},
+    ),
+    NodeSpec("cpu-0", "cpu", {}, {}),
+)
+
+DOOMED_NODE = "gpu-l4-0"
+
+NAMESPACES: dict[str, dict[str, str]] = {
+    "team-a": {"team": "alpha", "cost-center": "cc-100"},
+    "team-b": {"team": "beta", "cost-center": "cc-200"},
+    "ml-research": {"team": "research", "cost-center": "cc-300"},
+    "batch": {"team": "beta", "cost-center": "cc-200"},
+    "default": {},
+}
+#: the label change mid-span: ml-research moves to another cost centre
+RELABEL = ("ml-research", {"team": "research", "cost-center": "cc-310"})
+
+QUOTAS: dict[str, tuple[dict[str, str], list[str]]] = {
+    "team-a": ({f"requests.{GPU}": "24", f"requests.{MIG_1G}": "4", "requests.cpu": "200"}, []),
+    "team-b": ({f"requests.{GPU}": "16", f"requests.{GPU_SHARED}": "2"}, []),
+    "ml-research": (
+        {f"requests.{GPU}": "12", f"requests.{MIG_3G}": "2", f"requests.{MIG_1G}": "7"},
+        [],
+    ),
+    # a scoped quota: GPU-only (BestEffort) pods escape it
+    "batch": ({f"requests.{GPU}": "8"}, ["NotBestEffort"]),
+}
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    at: int  # simulated observation time, unix seconds
+    type: str  # ADDED | MODIFIED | DELETED
+    object: Obj
+
+    def line(self) -> str:
+        """One replay line."""
+        return json.dumps(
+            {"type": self.type, "object": self.object, "observedAt": rfc3339(self.at)},
+            separators=(",", ":"),
+        )
+
+
+@dataclass(frozen=True)
+class TruthInterval:
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    node: str
+    resource: str
+    units: int  # effective request the generator built the pod from
+    factor: Fraction  # physical GPUs per unit on that node
+    start: int
+    end: int | None  # None: still bound at the end of the span
+    reason: str
+
+    def seconds(self, until: int) -> int:
+        end = until if self.end is None else min(self.end, until)
+        return max(0, end - self.start)
+
+
+@dataclass
+class Truth:
+    """The oracle: GPU-seconds per namespace and resource, raw and physical, and per label."""
+
+    until: int  # end of the span: open intervals count up to here
+    intervals: list[TruthInterval]
+    #: (namespace, labels, valid_from, valid_to or None)
+    namespace_labels: list[tuple[str, dict[str, str], int, int | None]]
+
+    def gpu_seconds(self, until: int | None = None) -> dict[tuple[str, str], int]:
+        """Raw unit-seconds per (namespace, resource name)."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for iv in self.intervals:
+            out[(iv.namespace, iv.resource)] += iv.units * iv.seconds(until or self.until)
+        return dict(out)
+
+    def physical_seconds_exact(self, until: int | None = None) -> dict[tuple[str, str], Fraction]:
+        out: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        for iv in self.intervals:
+            out[(iv.namespace, iv.resource)] += (
+                iv.units * iv.factor * iv.seconds(until or self.until)
+            )
+        return dict(out)
+
+    def physical_seconds(self, until: int | None = None) -> dict[tuple[str, str], float]:
+        """Physical-GPU-seconds per (namespace, resource name)."""
+        return {k: float(v) for k, v in self.physical_seconds_exact(until).items()}
+
+    def by_label(
+        self, key: str, until: int | None = None
+    ) -> dict[tuple[str, str], tuple[int, float]]:
+        """(raw, physical) GPU-seconds per (label value, resource), split where the label changed.
+
+        A namespace without the label counts under the value ``""``.
+        """
+        stop = until or self.until
+        raw: dict[tuple[str, str], int] = defaultdict(int)
+        phys: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        for iv in self.intervals:
+            iv_end = stop if iv.end is None else min(iv.end, stop)
+            for ns, labels, lo, hi in self.namespace_labels:
+                if ns != iv.namespace:
+                    continue
+                s = max(iv.start, lo)
+                e = min(iv_end, stop if hi is None else hi)
+                if e > s:
+                    k = (labels.get(key, ""), iv.resource)
+                    raw[k] += iv.units * (e - s)
+                    phys[k] += iv.units * iv.factor * (e - s)
+        return {k: (raw[k], float(phys[k])) for k in raw}
+
+    def to_json(self) -> Obj:
+        phys = self.physical_seconds()
+        return {
+            "until": self.until,
+            "gpu_seconds": [
+                {"namespace": ns, "resource": r, "raw": v, "physical": phys[(ns, r)]}
+                for (ns, r), v in sorted(self.gpu_seconds().items())
+            ],
+            "intervals": [
+                {
+                    "pod_uid": iv.pod_uid,
+                    "namespace": iv.namespace,
+                    "pod_name": iv.pod_name,
+                    "node": iv.node,
+                    "resource": iv.resource,
+                    "units": iv.units,
+                    "physical_per_unit": float(iv.factor),
+                    "start": iv.start,
+                    "end": iv.end,
+                    "reason": iv.reason,
+                }
+                for iv in self.intervals
+            ],
+        }
+
+
+@dataclass
+class Workload:
+    seed: int
+    start: int
+    end: int
+    events: list[WatchEvent]
+    truth: Truth
+
+    def lines(self) -> Iterator[str]:
+        for ev in self.events:
+            yield ev.line()
+
+    def kinds(self) -> set[str]:
+        return {ev.object["kind"] for ev in self.events}
+
+
+# --- the simulation -------------------------------------------------------------------------
+
+
+@dataclass
+class _Pod:
+    obj: Obj
+    units: dict[str, int]  # effective request per GPU resource (what the spec was built from)
+    node: str | None = None
+    start: int | None = None  # status.startTime: GPUs bound from here
+    released: bool = False
+    terminal: bool = False
+    deleted: bool = False
+    fate: str = ""
+    after_delete: Callable[[], None] | None = None
+
+    @property
+    def uid(self) -> str:
+        return str(self.obj["metadata"]["uid"])
+
+
+@dataclass(order=True)
+class _Action:
+    at: int
+    seq: int
+    run: Callable[[], None] = field(compare=False)
+
+
+class _Sim:
+    def __init__(self, seed: int, start: int, end: int, pods_per_hour: float, independent: bool):
+        self.rng = random.Random(seed)
+        self.start, self.end = start, end
+        self.pods_per_hour = pods_per_hour
+        self.independent = independent
+        self.now = start
+        self.rv = 1000
+        self.seq = 0
+        self.queue: list[_Action] = []
+        self.events: list[WatchEvent] = []
+        self.intervals: list[TruthInterval] = []
+        self.nodes: dict[str, Obj] = {}
+        self.node_alive: dict[str, bool] = {}
+        self.bound: dict[tuple[str, str], int] = defaultdict(int)  # (node, resource) -> units
+        self.namespaces: dict[str, Obj] = {}
+        self.ns_labels: list[tuple[str, dict[str, str], int, int | None]] = []
+        self.quotas: dict[str, Obj] = {}
+        self.pods: dict[str, _Pod] = {}  # by uid
+        self.names: dict[tuple[str, str], int] = defaultdict(int)
+
+    # -- plumbing
+
+    def uid(self) -> str:
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+    def at(self, t: int, fn: Callable[[], None]) -> None:
+        if t < self.end:
+            self.seq += 1
+            heapq.heappush(self.queue, _Action(t, self.seq, fn))
+
+    def emit(self, type_: str, obj: Obj) -> None:
+        self.rv += 1
+        obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.events.append(WatchEvent(self.now, type_, copy.deepcopy(obj)))
+
+    def meta(self, name: str, namespace: str | None = None, created: int | None = None) -> Obj:
+        m: Obj = {
+            "name": name,
+            "uid": self.uid(),
+            "resourceVersion": "",
+            "creationTimestamp": rfc3339(self.start - 86400 if created is None else created),
+        }
+        if namespace is not None:
+            m["namespace"] = namespace
+        return m
+
+    # -- cluster objects
+
+    def add_node(self, spec: NodeSpec) -> None:
+        alloc = {r: str(n) for r, (n, _) in spec.gpus.items()}
+        obj: Obj = {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {
+                **self.meta(spec.name),
+                "labels": {
+                    "kubernetes.io/hostname": spec.name,
+                    "kubernetes.io/os": "linux",
+                    "node-pool": spec.pool,
+                    **spec.labels,
+                },
+            },
+            "spec": {"podCIDR": "10.244.0.0/24", "providerID": f"sim://{spec.name}"},
+            "status": {
+                "capacity": {"cpu": "64", "memory": "528280960Ki", "pods": "110", **alloc},
+                "allocatable": {"cpu": "63500m", "memory": "527154560Ki", "pods": "110", **alloc},
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "True",
+                        "reason": "KubeletReady",
+                        "lastHeartbeatTime": rfc3339(self.start),
+                        "lastTransitionTime": rfc3339(self.start - 86400),
+                    }
+                ],
+                "nodeInfo": {"kubeletVersion": "v1.31.0", "architecture": "amd64"},
+            },
+        }
+        self.nodes[spec.name] = obj
+        self.node_alive[spec.name] = True
+        self.emit("ADDED", obj)
+
+    def add_namespace(self, name: str, labels: dict[str, str]) -> None:
+        obj: Obj = {
+            "kind": "Namespace",
+            "apiVersion": "v1",
+            "metadata": {
+                **self.meta(name),
+                "labels": {"kubernetes.io/metadata.name": name, **labels},
+            },
+            "spec": {"finalizers": ["kubernetes"]},
+            "status": {"phase": "Active"},
+        }
+        self.namespaces[name] = obj
+        self.ns_labels.append((name, dict(labels), self.start, None))
+        self.emit("ADDED", obj)
+
+    def relabel_namespace(self, name: str, labels: dict[str, str]) -> None:
+        obj = self.namespaces[name]
+        obj["metadata"]["labels"] = {"kubernetes.io/metadata.name": name, **labels}
+        for i, (ns, old, lo, hi) in enumerate(self.ns_labels):
+            if ns == name and hi is None:
+                self.ns_labels[i] = (ns, old, lo, self.now)
+        self.ns_labels.append((name, dict(labels), self.now, None))
+        self.emit("MODIFIED", obj)
+
+    def add_quota(self, ns: str, hard: dict[str, str], scopes: list[str]) -> None:
+        spec: Obj = {"hard": dict(hard)}
+        if scopes:
+            spec["scopes"] = list(scopes)
+        obj: Obj = {
+            "kind": "ResourceQuota",
+            "apiVersion": "v1",
+            "metadata": self.meta("gpu-quota", ns),
+            "spec": spec,
+            "status": {"hard": dict(hard), "used": {k: "0" for k in hard}},
+        }
+        self.quotas[ns] = obj
+        self.emit("ADDED", obj)
+
+    def refresh_quota(self, ns: str) -> None:
+        """The quota controller: used = requests of the namespace's live, non-terminal pods."""
+        quota = self.quotas.get(ns)
+        if quota is None:
+            return
+        scopes = quota["spec"].get("scopes", [])
+        used: dict[str, int] = defaultdict(int)
+        for p in self.pods.values():
+            if p.deleted or p.terminal or p.obj["metadata"]["namespace"] != ns:
+                continue
+            if "NotBestEffort" in scopes and p.obj["status"].get("qosClass") == "BestEffort":
+                continue
+            for r, n in p.units.items():
+                used[f"requests.{r}"] += n
+        new = {
+            k: str(used.get(k, 0)) if k.startswith("requests.nvidia") else v
+            for k, v in quota["status"]["used"].items()
+        }
+        if new != quota["status"]["used"]:
+            quota["status"]["used"] = new
+            self.emit("MODIFIED", quota)
+
+    # -- pods
+
+    def pod_spec(self, units: dict[str, int], shape: str, cpu: bool) -> Obj:
+        """Containers whose effective GPU request is exactly ``units``, in the given shape."""
+        rs = dict(units)
+        extra: dict[str, str] = {"cpu": "4", "memory": "16Gi"} if cpu else {}
+
+        def res(gpus: dict[str, int], limits_only: bool = False) -> Obj:
+            g = {r: str(n) for r, n in gpus.items() if n}
+            out: Obj = {"limits": {**extra, **g}}
+            if not limits_only:
+                out["requests"] = {**extra, **g}
+            return out
+
+        def container(name: str, gpus: dict[str, int], **kw: Any) -> Obj:
+            return {
+                "name": name,
+                "image": f"registry.example/{name}:1.0",
+                "resources": res(gpus, kw.pop("limits_only", False)),
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+                **kw,
+            }
+
+        spec: Obj = {
+            "restartPolicy": "Never",
+            "schedulerName": "default-scheduler",
+            "terminationGracePeriodSeconds": 30,
+            "serviceAccountName": "default",
+            "priority": 0,
+            "enableServiceLinks": True,
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ],
+        }
+        if shape == "limits-only":
+            spec["containers"] = [container("train", rs, limits_only=True)]
+        elif shape == "two-containers" and all(n >= 2 for n in rs.values()):
+            a = {r: n // 2 for r, n in rs.items()}
+            b = {r: n - n // 2 for r, n in rs.items()}
+            spec["containers"] = [container("train", a), container("helper", b)]
+        elif shape == "init-peak":
+            # a non-sidecar init container asks for more than the app: the init peak wins
+            app = {r: max(1, n - 1) if n > 1 else 1 for r, n in rs.items()}
+            init = dict(rs)
+            if any(n == 1 for n in rs.values()):
+                app = dict(rs)
+            spec["initContainers"] = [container("warmup", init)]
+            spec["containers"] = [container("train", app)]
+        elif shape == "sidecar" and all(n >= 2 for n in rs.values()):
+            # sidecar (1) + app (n-1); an init after the sidecar asks n-1, peak n-1+1 = n
+            side = {r: 1 for r in rs}
+            app = {r: n - 1 for r, n in rs.items()}
+            spec["initContainers"] = [
+                container("proxy", side, restartPolicy="Always"),
+                container("fetch", app),
+            ]
+            spec["containers"] = [container("train", app)]
+        elif shape == "overhead":
+            spec["containers"] = [container("train", rs)]
+            spec["overhead"] = {"cpu": "250m", "memory": "120Mi"}
+            spec["runtimeClassName"] = "kata"
+        else:
+            spec["containers"] = [container("train", rs)]
+        return spec
+
+    def new_pod(
+        self,
+        ns: str,
+        name: str,
+        units: dict[str, int],
+        fate: str,
+        *,
+        shape: str | None = None,
+        owner: str = "Job",
+    ) -> _Pod:
+        shape = shape or self.rng.choice(
+            ["plain", "plain", "limits-only", "two-containers", "init-peak", "sidecar", "overhead"]
+        )
+        cpu = self.rng.random() < 0.7
+        meta = self.meta(name, ns, created=self.now)
+        meta["labels"] = {"app": name.rsplit("-", 1)[0]}
+        if owner:
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "apps/v1" if owner == "StatefulSet" else "batch/v1",
+                    "kind": owner,
+                    "name": name.rsplit("-", 1)[0],
+                    "uid": self.uid(),
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+        obj: Obj = {
+            "kind": "Pod",
+            "apiVersion": "v1",
+            "metadata": meta,
+            "spec": self.pod_spec(units, shape, cpu),
+            "status": {"phase": "Pending", "qosClass": "Guaranteed" if cpu else "BestEffort"},
+        }
+        pod = _Pod(obj, {r: n for r, n in units.items() if n}, fate=fate)
+        self.pods[pod.uid] = pod
+        self.emit("ADDED", obj)
+        self.refresh_quota(ns)
+        return pod
+
+    def container_names(self, pod: _Pod) -> tuple[list[str], list[str]]:
+        spec = pod.obj["spec"]
+        inits = [c["name"] for c in spec.get("initContainers", [])]
+        return inits, [c["name"] for c in spec["containers"]]
+
+    def unschedulable(self, pod: _Pod) -> None:
+        pod.obj["status"]["conditions"] = [
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": "0/7 nodes are available: insufficient GPU resources.",
+                "lastTransitionTime": rfc3339(self.now),
+            }
+        ]
+        self.emit("MODIFIED", pod.obj)
+
+    def find_node(self, pod: _Pod, pinned: str | None = None) -> str | None:
+        names = [pinned] if pinned else [n.name for n in NODES if n.name != DOOMED_NODE]
+        self.rng.shuffle(names)
+        for name in names:
+            spec = next(n for n in NODES if n.name == name)
+            if not self.node_alive.get(name):
+                continue
+            if all(
+                r in spec.gpus and self.bound[(name, r)] + n <= spec.gpus[r][0]
+                for r, n in pod.units.items()
+            ):
+                return name
+        return None
+
+    def bind(self, pod: _Pod, node: str) -> None:
+        """Scheduler binds: GPUs are reserved on the node (billing starts with startTime)."""
+        pod.node = node
+        for r, n in pod.units.items():
+            self.bound[(node, r)] += n
+        pod.obj["spec"]["nodeName"] = node
+        pod.obj["status"]["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(self.now)}
+        ]
+        self.emit("MODIFIED", pod.obj)
+
+    def accept(self, pod: _Pod) -> None:
+        """Kubelet accepts the pod: status.startTime, containers still being created."""
+        if pod.deleted:
+            return
+        pod.start = self.now
+        inits, mains = self.container_names(pod)
+        st = pod.obj["status"]
+        st["startTime"] = rfc3339(self.now)
+        st["hostIP"] = "192.168.0.10"
+        st["podIP"] = f"10.244.{self.rng.randrange(256)}.{self.rng.randrange(1, 255)}"
+        st["containerStatuses"] = [
+            {
+                "name": c,
+                "state": {"waiting": {"reason": "ContainerCreating"}},
+                "ready": False,
+                "restartCount": 0,
+                "image": f"registry.example/{c}:1.0",
+                "imageID": "",
+            }
+            for c in mains
+        ]
+        if inits:
+            st["initContainerStatuses"] = [
+                {
+                    "name": c,
+                    "state": {"waiting": {"reason": "PodInitializing"}},
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": f"registry.example/{c}:1.0",
+                    "imageID": "",
+                }
+                for c in inits
+            ]
+        self.emit("MODIFIED", pod.obj)
+
+    def running(self, pod: _Pod) -> None:
+        if pod.deleted or pod.terminal:
+            return
+        t = rfc3339(self.now)
+        st = pod.obj["status"]
+        st["phase"] = "Running"
+        for cs in st.get("initContainerStatuses", []):
+            sidecar = any(
+                c["name"] == cs["name"] and c.get("restartPolicy") == "Always"
+                for c in pod.obj["spec"].get("initContainers", [])
+            )
+            cs["state"] = (
+                {"running": {"startedAt": t}}
+                if sidecar
+                else {
+                    "terminated": {
+                        "exitCode": 0,
+                        "reason": "Completed",
+                        "startedAt": st["startTime"],
+                        "finishedAt": t,
+                        "containerID": f"containerd://{self.uid().replace('-', '')}",
+                    }
+                }
+            )
+            cs["ready"] = sidecar
+        for cs in st["containerStatuses"]:
+            cs["state"] = {"running": {"startedAt": t}}
+            cs["ready"] = True
+            cs["started"] = True
+            cs["containerID"] = f"containerd://{self.uid().replace('-', '')}"
+        st["conditions"] = [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": st["startTime"]},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": t},
+            {"type": "Ready", "status": "True", "lastTransitionTime": t},
+            {"type": "ContainersReady", "status": "True", "lastTransitionTime": t},
+        ]
+        self.emit("MODIFIED", pod.obj)
+
+    def restart_container(self, pod: _Pod) -> None:
+        """A container restarts in place: the pod keeps its GPUs (interval unchanged)."""
+        if pod.deleted or pod.terminal or pod.obj["status"].get("phase") != "Running":
+            return
+        cs = pod.obj["status"]["containerStatuses"][0]
+        prev = cs["state"].get("running", {}).get("startedAt", rfc3339(self.now))
+        cs["lastState"] = {
+            "terminated": {
+                "exitCode": 137,
+                "reason": "OOMKilled",
+                "startedAt": prev,
+                "finishedAt": rfc3339(self.now),
+            }
+        }
+        cs["state"] = {"running": {"startedAt": rfc3339(self.now)}}
+        cs["restartCount"] = cs.get("restartCount", 0) + 1
+        self.emit("MODIFIED", pod.obj)
+
+    def release(self, pod: _Pod, reason: str) -> None:
+        """The generator's own record of the GPUs coming free: the truth."""
+        if pod.released:
+            return
+        pod.released = True
+        if pod.node is not None:
+            for r, n in pod.units.items():
+                self.bound[(pod.node, r)] -= n
+        if pod.start is None or pod.node is None:
+            return
+        spec = next(n for n in NODES if n.name == pod.node)
+        for r, n in sorted(pod.units.items()):
+            self.intervals.append(
+                TruthInterval(
+                    pod.uid,
+                    pod.obj["metadata"]["namespace"],
+                    pod.obj["metadata"]["name"],
+                    pod.node,
+                    r,
+                    n,
+                    spec.gpus[r][1],
+                    pod.start,
+                    self.now,
+                    reason,
+                )
+            )
+
+    def finish(self, pod: _Pod, ok: bool, with_finished_at: bool = True) -> None:
+        if pod.deleted or pod.terminal:
+            return
+        t = rfc3339(self.now)
+        st = pod.obj["status"]
+        pod.terminal = True
+        st["phase"] = "Succeeded" if ok else "Failed"
+        if with_finished_at:
+            # every container (sidecars too) ends in this same second, so the latest
+            # finishedAt is unambiguous
+            for cs in st.get("containerStatuses", []) + st.get("initContainerStatuses", []):
+                if "running" in cs["state"] or "waiting" in cs["state"]:
+                    cs["state"] = {
+                        "terminated": {
+                            "exitCode": 0 if ok else 1,
+                            "reason": "Completed" if ok else "Error",
+                            "startedAt": cs["state"]
+                            .get("running", {})
+                            .get("startedAt", st.get("startTime", t)),
+                            "finishedAt": t,
+                            "containerID": cs.get("containerID", ""),
+                        }
+                    }
+                cs["ready"] = False
+        else:
+            # evicted: the kubelet reports the phase without container end times
+            st["reason"] = "Evicted"
+            st["message"] = "The node was low on resource: ephemeral-storage."
+            st.pop("containerStatuses", None)
+            st.pop("initContainerStatuses", None)
+        st["conditions"] = [
+            c for c in st.get("conditions", []) if c["type"] not in ("Ready", "ContainersReady")
+        ]
+        self.release(pod, "terminated")
+        self.emit("MODIFIED", pod.obj)
+        self.refresh_quota(pod.obj["metadata"]["namespace"])
+
+    def request_delete(self, pod: _Pod, grace: int, lag: int) -> None:
+        """A delete request now with ``grace`` seconds; the object goes away ``lag`` s later.
+
+        deletionTimestamp = now + grace is already the deadline; the DELETED event comes when
+        the kubelet (or a finalizer) lets go, which can be before or after it.
+        """
+        if pod.deleted:
+            return
+        if pod.obj["spec"].get("nodeName") is None or pod.terminal:
+            grace = 0  # unscheduled or finished pods are deleted at once
+        if self.independent and grace > 0 and lag < grace:
+            lag = grace  # the DELETED event never comes before the deadline in this mode
+        meta = pod.obj["metadata"]
+        meta["deletionTimestamp"] = rfc3339(self.now + grace)
+        meta["deletionGracePeriodSeconds"] = grace
+        deadline = self.now + grace
+        if grace == 0 or lag == 0:
+            self.remove(pod, deadline)
+            return
+        self.emit("MODIFIED", pod.obj)
+        self.at(self.now + lag, lambda: self.remove(pod, deadline))
+
+    def remove(self, pod: _Pod, deadline: int) -> None:
+        if pod.deleted:
+            return
+        pod.deleted = True
+        if not pod.terminal:
+            # the earliest of the deadline and the DELETED event ends the binding
+            saved = self.now
+            self.now = min(saved, deadline)
+            self.release(pod, "deleted")
+            self.now = saved
+        self.emit("DELETED", pod.obj)
+        self.refresh_quota(pod.obj["metadata"]["namespace"])
+        if pod.after_delete is not None:
+            self.at(self.now + 5, pod.after_delete)
+
+    def delete_node(self, name: str, gc_lag: int) -> None:
+        """The node object goes; pod GC force-deletes its pods ``gc_lag`` seconds later."""
+        self.node_alive[name] = False
+        node = self.nodes[name]
+        self.emit("DELETED", node)
+        doomed = [p for p in self.pods.values() if p.node == name and not p.deleted]
+        for p in doomed:
+            if not p.terminal:
+                self.release(p, "node_deleted")
+        when = self.now + gc_lag
+
+        def gc() -> None:
+            for p in doomed:
+                if not p.deleted:
+                    p.obj["metadata"]["deletionTimestamp"] = rfc3339(self.now)
+                    p.obj["metadata"]["deletionGracePeriodSeconds"] = 0
+                    p.deleted = True
+                    self.emit("DELETED", p.obj)
+                    self.refresh_quota(p.obj["metadata"]["namespace"])
+
+        if gc_lag == 0:
+            gc()
+        else:
+            self.at(when, gc)
+
+    # -- lifecycles
+
+    def lifecycle(
+        self, pod: _Pod, *, pinned: str | None = None, run_for: int | None = None
+    ) -> None:
+        """Schedule the pod's future according to its fate."""
+        rng = self.rng
+        fate = pod.fate
+        if fate in ("never_scheduled", "deleted_pending"):
+            self.at(self.now + rng.randint(1, 5), lambda: self.unschedulable(pod))
+            if fate == "deleted_pending":
+                self.at(self.now + rng.randint(60, 900), lambda: self.request_delete(pod, 30, 0))
+            return
+        node = self.find_node(pod, pinned)
+        if node is None:
+            pod.fate = "never_scheduled"
+            self.at(self.now + 1, lambda: self.unschedulable(pod))
+            self.at(self.now + rng.randint(120, 1800), lambda: self.request_delete(pod, 30, 0))
+            return
+        self.bind(pod, node)
+        t_accept = self.now + rng.randint(1, 3)
+        self.at(t_accept, lambda: self.accept(pod))
+        if fate == "deleted_pulling":
+            # startTime is set, the image is still pulling: charged until the deletion
+            self.at(t_accept + rng.randint(5, 60), lambda: self.request_delete(pod, 30, 0))
+            return
+        t_run = t_accept + rng.randint(2, 60)
+        self.at(t_run, lambda: self.running(pod))
+        span = self.end - self.start
+        dur = run_for or rng.randint(max(60, span // 60), max(120, span // 3))
+        t_end = t_run + dur
+        if rng.random() < 0.3:
+            self.at(t_run + rng.randint(1, max(1, dur - 1)), lambda: self.restart_container(pod))
+        if fate == "succeeded":
+            self.at(t_end, lambda: self.finish(pod, True))
+            self.at(t_end + rng.randint(30, 600), lambda: self.request_delete(pod, 0, 0))
+        elif fate == "failed":
+            self.at(t_end, lambda: self.finish(pod, False))
+        elif fate == "evicted":
+            self.at(t_end, lambda: self.finish(pod, False, with_finished_at=self.independent))
+        elif fate == "deleted_running":
+            grace = rng.choice([0, 30, 30, 60])
+            if self.independent:
+                lag = rng.choice([grace, grace + rng.randint(1, 120)])  # finalizer holds it
+            else:
+                lag = rng.choice([max(1, grace // 3), grace, grace + rng.randint(1, 120)])
+            self.at(t_end, lambda: self.request_delete(pod, grace, lag))
+        # "running": still running when the span ends; "node_deleted": ended by delete_node
+
+    def arrive(self, ns: str, name: str, units: dict[str, int], fate: str, **kw: Any) -> None:
+        pinned = kw.pop("pinned", None)
+        run_for = kw.pop("run_for", None)
+        after_delete = kw.pop("after_delete", None)
+        pod = self.new_pod(ns, name, units, fate, **kw)
+        pod.after_delete = after_delete
+        self.lifecycle(pod, pinned=pinned, run_for=run_for)
+
+    def random_pod(self) -> None:
+        rng = self.rng
+        ns = rng.choice(["team-a", "team-a", "team-b", "ml-research", "batch", "default"])
+        if rng.random() < 0.15:
+            units: dict[str, int] = {}  # a CPU-only pod: noise the controller must ignore
+        else:
+            r = rng.choice([GPU, GPU, GPU, GPU_SHARED, MIG_1G, MIG_3G])
+            n = {
+                GPU: rng.choice([1, 1, 2, 4, 8]),
+                GPU_SHARED: 1,
+                MIG_1G: rng.choice([1, 2]),
+                MIG_3G: 1,
+            }[r]
+            units = {r: n}
+        fate = rng.choices(
+            [
+                "succeeded",
+                "failed",
+                "deleted_running",
+                "running",
+                "deleted_pending",
+                "never_scheduled",
+                "deleted_pulling",
+                "evicted",
+            ],
+            weights=[30, 8, 15, 10, 5, 3, 3, 3],
+        )[0]
+        base = rng.choice(["train", "eval", "infer", "notebook", "etl"])
+        self.names[(ns, base)] += 1
+        name = f"{base}-{self.names[(ns, base)]:04d}-{rng.randrange(16**5):05x}"
+        self.arrive(ns, name, units, fate)
+
+    def run(self) -> None:
+        rng = self.rng
+        for spec in NODES:
+            self.add_node(spec)
+        for ns, labels in NAMESPACES.items():
+            self.add_namespace(ns, labels)
+        for ns, (hard, scopes) in QUOTAS.items():
+            self.add_quota(ns, hard, scopes)
+        span = self.end - self.start
+        # scripted pods: every case appears whatever the seed
+        s = self.start
+        # name reuse: trainer-0 comes back with a new UID after its deletion
+        self.at(
+            s + 5,
+            lambda: self.arrive(
+                "team-a",
+                "trainer-0",
+                {GPU: 2},
+                "deleted_running",
+                shape="plain",
+                owner="StatefulSet",
+                run_for=span // 6,
+                after_delete=lambda: self.arrive(
+                    "team-a", "trainer-0", {GPU: 2}, "running", shape="plain", owner="StatefulSet"
+                ),
+            ),
+        )
+        self.at(
+            s + 7,
+            lambda: self.arrive(
+                "team-b",
+                "shared-0",
+                {GPU_SHARED: 1},
+                "succeeded",
+                shape="limits-only",
+                run_for=span // 5,
+            ),
+        )
+        self.at(
+            s + 9,
+            lambda: self.arrive(
+                "ml-research",
+                "mig-small",
+                {MIG_1G: 2},
+                "succeeded",
+                shape="plain",
+                run_for=span // 4,
+            ),
+        )
+        self.at(
+            s + 11,
+            lambda: self.arrive("ml-research", "mig-big", {MIG_3G: 1}, "running", shape="overhead"),
+        )
+        self.at(
+            s + 13,
+            lambda: self.arrive(
+                "team-a", "sidecar-job", {GPU: 3}, "failed", shape="sidecar", run_for=span // 5
+            ),
+        )
+        self.at(
+            s + 15,
+            lambda: self.arrive(
+                "batch", "init-job", {GPU: 2}, "succeeded", shape="init-peak", run_for=span // 5
+            ),
+        )
+        self.at(
+            s + 17,
+            lambda: self.arrive("team-b", "too-big", {GPU: 16}, "never_scheduled", shape="plain"),
+        )
+        self.at(
+            s + 19,
+            lambda: self.arrive(
+                "team-a",
+                "ts-job",
+                {GPU: 2},
+                "running",
+                shape="two-containers",
+                pinned="gpu-a100-ts-0",
+            ),
+        )
+        # the doomed node: pods running on it when it is deleted at 70% of the span
+        t_node = s + span * 7 // 10
+        self.at(
+            t_node - span // 5,
+            lambda: self.arrive(
+                "team-b", "l4-infer-0", {GPU: 1}, "node_deleted", pinned=DOOMED_NODE
+            ),
+        )
+        self.at(
+            t_node - span // 6,
+            lambda: self.arrive(
+                "batch", "l4-infer-1", {GPU: 1}, "node_deleted", pinned=DOOMED_NODE
+            ),
+        )
+        self.at(
+            t_node,
+            lambda: self.delete_node(DOOMED_NODE, 0 if self.independent else rng.randint(5, 40)),
+        )
+        self.at(s + span // 2, lambda: self.relabel_namespace(*RELABEL))
+        # random arrivals (Poisson)
+        t = float(s + 30)
+        rate = self.pods_per_hour / 3600.0
+        while rate > 0:
+            t += rng.expovariate(rate)
+            if t >= self.end - 60:
+                break
+            self.at(int(t), self.random_pod)
+        while self.queue:
+            action = heapq.heappop(self.queue)
+            self.now = action.at
+            action.run()
+        self.now = self.end
+        # what is still bound at the end of the span stays open in the truth
+        for pod in self.pods.values():
+            if not pod.released and pod.start is not None and pod.node is not None:
+                spec = next(n for n in NODES if n.name == pod.node)
+                for r, n in sorted(pod.units.items()):
+                    self.intervals.append(
+                        TruthInterval(
+                            pod.uid,
+                            pod.obj["metadata"]["namespace"],
+                            pod.obj["metadata"]["name"],
+                            pod.node,
+                            r,
+                            n,
+                            spec.gpus[r][1],
+                            pod.start,
+                            None,
+                            "open",
+                        )
+                    )
+
+
+def generate(
+    seed: int,
+    hours: float = 2.0,
+    *,
+    start: int = DEFAULT_START,
+    pods_per_hour: float = 30.0,
+    observation_independent: bool = False,
+) -> Workload:
+    """Generate a workload; the same arguments always give the same events and truth."""
+    end = start + int(hours * 3600)
+    if end - start < 600:
+        raise ValueError("the simulated span must be at least 10 minutes")
+    sim = _Sim(seed, start, end, pods_per_hour, observation_independent)
+    sim.run()
+    return Workload(seed, start, end, sim.events, Truth(end, sim.intervals, sim.ns_labels))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sim.workload", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--hours", type=float, default=2.0)
+    parser.add_argument(
+        "--start", type=int, default=DEFAULT_START, help="unix seconds (default 2026-01-01)"
+    )
+    parser.add_argument("--pods-per-hour", type=float, default=30.0)
+    parser.add_argument("--observation-independent", action="store_true")
+    parser.add_argument("--truth", metavar="FILE", help="also write the truth as JSON to FILE")
+    args = parser.parse_args(argv)
+    try:
+        wl = generate(
+            args.seed,
+            args.hours,
+            start=args.start,
+            pods_per_hour=args.pods_per_hour,
+            observation_independent=args.observation_independent,
+        )
+    except ValueError as exc:
+        print(f"sim.workload: {exc}", file=sys.stderr)
+        return 2
+    out = sys.stdout
+    for line in wl.lines():
+        out.write(line + "\n")
+    if args.truth:
+        with open(args.truth, "w") as f:
+            json.dump(wl.truth.to_json(), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The workload generator is the oracle: check it is deterministic and self-consistent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime
+
+import pytest
+
+from sim import workload
+from sim.workload import generate
+
+
+def ts(s: str) -> int:
+    return int(datetime.strptime(s, "%Y-%m-%dT%H:%M:%S%z").timestamp())
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["replay", "independent"])
+def wl(request):
+    return generate(7, 2.0, observation_independent=request.param)
+
+
+def test_same_seed_same_events_and_truth():
+    a, b = generate(3, 1.0), generate(3, 1.0)
+    assert [e.line() for e in a.events] == [e.line() for e in b.events]
+    assert a.truth.gpu_seconds() == b.truth.gpu_seconds()
+    assert [e.line() for e in generate(4, 1.0).events] != [e.line() for e in a.events]
+
+
+def test_events_are_a_valid_watch_stream(wl):
+    live: dict[tuple[str, str, str], str] = {}
+    last_rv, last_at = 0, 0
+    for ev in wl.events:
+        meta = ev.object["metadata"]
+        rv = int(meta["resourceVersion"])
+        assert rv > last_rv and ev.at >= last_at
+        last_rv, last_at = rv, ev.at
+        key = (ev.object["kind"], meta.get("namespace", ""), meta["name"])
+        if ev.type == "ADDED":
+            assert key not in live, f"{key} added twice"
+            live[key] = meta["uid"]
+        else:
+            assert live.get(key) == meta["uid"], f"{ev.type} of unknown {key}"
+            if ev.type == "DELETED":
+                del live[key]
+    assert wl.start <= wl.events[0].at and wl.events[-1].at < wl.end
+
+
+def test_every_case_is_covered(wl):
+    reasons = {iv.reason for iv in wl.truth.intervals}
+    assert {"terminated", "deleted", "node_deleted", "open"} <= reasons
+    resources = {iv.resource for iv in wl.truth.intervals}
+    assert {workload.GPU, workload.GPU_SHARED, workload.MIG_1G, workload.MIG_3G} <= resources
+    names = [iv.pod_name for iv in wl.truth.intervals if iv.pod_name == "trainer-0"]
+    uids = {iv.pod_uid for iv in wl.truth.intervals if iv.pod_name == "trainer-0"}
+    assert len(names) == 2 and len(uids) == 2  # name reused with a new UID
+    pods = {e.object["metadata"]["uid"]: e.object for e in wl.events if e.object["kind"] == "Pod"}
+    never = [p for p in pods.values() if "startTime" not in p["status"]]
+    assert never, "some pods are never started"
+    assert not {p["metadata"]["uid"] for p in never} & {iv.pod_uid for iv in wl.truth.intervals}
+    shapes = {json.dumps(sorted(p["spec"])) for p in pods.values()}
+    assert any("initContainers" in s for s in shapes) and any("overhead" in s for s in shapes)
+    kinds = {e.object["kind"] for e in wl.events}
+    assert kinds == {"Node", "Namespace", "ResourceQuota", "Pod"}
+    assert any(e.type == "DELETED" and e.object["kind"] == "Node" for e in wl.events)
+
+
+def test_truth_agrees_with_object_timestamps(wl):
+    """Starts are status.startTime; in independent mode every end is an object timestamp."""
+    last: dict[str, dict] = {}
+    for ev in wl.events:
+        if ev.object["kind"] == "Pod":
+            last[ev.object["metadata"]["uid"]] = ev.object
+    node_deleted = next(
+        e.at for e in wl.events if e.type == "DELETED" and e.object["kind"] == "Node"
+    )
+    for iv in wl.truth.intervals:
+        obj = last[iv.pod_uid]
+        assert ts(obj["status"]["startTime"]) == iv.start
+        assert obj["spec"]["nodeName"] == iv.node
+        if iv.end is None:
+            continue
+        assert iv.end > iv.start or iv.reason == "deleted"
+        if iv.reason == "node_deleted":
+            assert iv.end == node_deleted
+        if wl.events[0] and iv.reason == "terminated" and "containerStatuses" in obj["status"]:
+            ends = [
+                ts(cs["state"]["terminated"]["finishedAt"])
+                for cs in obj["status"]["containerStatuses"]
+            ]
+            assert max(ends) == iv.end
+        if iv.reason == "deleted" and "deletionTimestamp" in obj["metadata"]:
+            assert iv.end <= ts(obj["metadata"]["deletionTimestamp"])
+    independent = all(
+        "containerStatuses" in last[iv.pod_uid]["status"]
+        for iv in wl.truth.intervals
+        if iv.reason == "terminated"
+    )
+    if independent:
+        for iv in wl.truth.intervals:
+            obj = last[iv.pod_uid]
+            if iv.reason in ("deleted", "node_deleted") and "deletionTimestamp" in obj["metadata"]:
+                # either the deadline itself or a DELETED event after it
+                assert iv.end <= ts(obj["metadata"]["deletionTimestamp"])
+
+
+def test_totals_add_up_and_labels_split(wl):
+    raw = wl.truth.gpu_seconds()
+    phys = wl.truth.physical_seconds()
+    assert sum(raw.values()) == sum(iv.units * iv.seconds(wl.end) for iv in wl.truth.intervals)
+    assert all(phys[k] <= raw[k] for k in raw)
+    by_cc = wl.truth.by_label("cost-center")
+    assert sum(v[0] for v in by_cc.values()) == sum(raw.values())
+    ml = {k: v for k, v in raw.items() if k[0] == "ml-research"}
+    split = {k: v for k, v in by_cc.items() if k[0] in ("cc-300", "cc-310")}
+    assert sum(v[0] for v in split.values()) == sum(ml.values())
+    assert any(k[0] == "cc-310" for k in split) and any(k[0] == "cc-300" for k in split)
+
+
+def test_cli_writes_replay_lines(tmp_path):
+    truth = tmp_path / "truth.json"
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sim.workload",
+            "--seed",
+            "2",
+            "--hours",
+            "0.5",
+            "--truth",
+            str(truth),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    first = json.loads(out[0])
+    assert set(first) == {"type", "object", "observedAt"} and first["type"] == "ADDED"
+    assert len(out) == len(generate(2, 0.5).events)
+    assert json.loads(truth.read_text())["gpu_seconds"]
+    bad = subprocess.run(
+        [sys.executable, "-m", "sim.workload", "--hours", "0.01"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "at least 10 minutes" in bad.stderr
