@@ -1,0 +1,283 @@
+"""Pod attribution: which pods hold which GPU, from the kubelet pod-resources API v1.
+
+A background thread calls ``List`` on the kubelet's unix socket every few seconds (with a
+deadline) and turns the answer into ``dict[device_uuid, tuple[PodRef, ...]]``; the collector's
+enricher joins that mapping onto each snapshot, so a scrape never waits on the kubelet.
+
+How NVIDIA's device plugin names devices, and how they map back:
+
+* ``nvidia.com/gpu`` (or a renamed ``nvidia.com/gpu.shared``): GPU UUIDs; with time-slicing
+  a replica id ``GPU-...::N``, so several pods share one GPU and every one of them is listed.
+* ``nvidia.com/mig-<profile>``: MIG device UUIDs (``MIG-...``).
+* With ``deviceIDStrategy: index`` the ids are NVML indices; the enricher resolves a plain
+  number through the snapshot's own index -> UUID table.
+
+Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
+logged once, and the refresher keeps looking so attribution starts when the socket appears.
+A kubelet error keeps the last good mapping for ``max_stale`` seconds (counted in
+``errors_total``), then drops it: stale attribution is worse than none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from exporter.kubeletapi import podresources_v1_pb2 as pb
+from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+from exporter.snapshot import NodeSnapshot, PodRef
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+GPU_RESOURCE_PREFIX = "nvidia.com/gpu"  # nvidia.com/gpu and renamed nvidia.com/gpu.shared
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
+REPLICA_SEPARATOR = "::"  # time-slicing replica ids: "<GPU UUID>::<replica>"
+# A node with hundreds of pods can exceed gRPC's default 4 MiB receive limit.
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+DeviceMap = dict[str, tuple[PodRef, ...]]
+
+
+def is_gpu_resource(resource_name: str) -> bool:
+    """True for the resource names NVIDIA's device plugin advertises GPUs and MIG devices as."""
+    return resource_name.startswith((GPU_RESOURCE_PREFIX, MIG_RESOURCE_PREFIX))
+
+
+def physical_device_id(device_id: str) -> str:
+    """Strip a time-slicing replica suffix: ``GPU-abc::3`` -> ``GPU-abc``."""
+    return device_id.split(REPLICA_SEPARATOR, 1)[0]
+
+
+def device_pods(response: pb.ListPodResourcesResponse) -> DeviceMap:
+    """Map each GPU/MIG device id in a List response to the containers holding it.
+
+    Replica ids collapse onto their GPU; a container holding two replicas of one GPU is
+    listed once. Each tuple is sorted, so equal assignments give equal mappings.
+    """
+    holders: dict[str, set[PodRef]] = {}
+    for pod in response.pod_resources:
+        for container in pod.containers:
+            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
+            for devices in container.devices:
+                if not is_gpu_resource(devices.resource_name):
+                    continue
+                for device_id in devices.device_ids:
+                    holders.setdefault(physical_device_id(device_id), set()).add(ref)
+    return {device: _ordered(refs) for device, refs in holders.items()}
+
+
+def _ordered(refs: Iterable[PodRef]) -> tuple[PodRef, ...]:
+    return tuple(sorted(set(refs), key=lambda r: (r.namespace, r.pod, r.container)))
+
+
+def attach_pods(snapshot: NodeSnapshot, mapping: Mapping[str, tuple[PodRef, ...]]) -> NodeSnapshot:
+    """Return ``snapshot`` with ``pods`` keyed by the UUIDs of the devices it contains.
+
+    Ids that are UUIDs are used as they are; plain numbers (the device plugin's index
+    strategy) are resolved through the snapshot's physical GPUs. Devices no pod holds are
+    left out.
+    """
+    if not mapping:
+        return snapshot if not snapshot.pods else dataclasses.replace(snapshot, pods={})
+    by_index = {d.index: d.uuid for d in snapshot.devices if d.mig is None}
+    pods: dict[str, tuple[PodRef, ...]] = {}
+    known = {d.uuid for d in snapshot.devices}
+    for device_id, refs in mapping.items():
+        uuid = device_id
+        if device_id.isdigit():
+            uuid = by_index.get(int(device_id), device_id)
+        if uuid in known:
+            pods[uuid] = _ordered({*pods.get(uuid, ()), *refs})
+    return dataclasses.replace(snapshot, pods=pods)
+
+
+@dataclass(frozen=True, slots=True)
+class AttributionStatus:
+    """What the refresher knows about its own health (rendered as exporter metrics)."""
+
+    socket_present: bool
+    up: bool  # the last List call succeeded
+    errors_total: int
+    refreshes_total: int
+    last_success_age_seconds: float | None  # None before the first success
+    devices_attributed: int
+
+
+class PodResourcesWatcher:
+    """Keeps a fresh device -> pods mapping from the kubelet, refreshed in its own thread."""
+
+    def __init__(
+        self,
+        socket_path: Path = DEFAULT_SOCKET,
+        *,
+        interval: float = 5.0,
+        timeout: float = 2.0,
+        max_stale: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"pod-resources refresh interval must be > 0, got {interval}")
+        if timeout <= 0:
+            raise ValueError(f"pod-resources timeout must be > 0, got {timeout}")
+        if max_stale < 0:
+            raise ValueError(f"pod-resources max staleness must be >= 0, got {max_stale}")
+        self.socket_path = socket_path
+        self.interval = interval
+        self.timeout = timeout
+        self.max_stale = max_stale
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._mapping: DeviceMap = {}
+        self._last_success: float | None = None
+        self._up = False
+        self._socket_present = False
+        self._errors = 0
+        self._refreshes = 0
+        self._logged_absent = False
+        self._logged_error = False
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.PodResourcesListerStub | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- the refresh loop ---------------------------------------------------------------
+
+    def refresh(self) -> bool:
+        """Call List once and update the mapping; True when the kubelet answered."""
+        if not self.socket_path.exists():
+            self._socket_gone()
+            return False
+        if not self._socket_present:
+            log.info("kubelet pod-resources socket %s found: pod attribution on", self.socket_path)
+            self._logged_absent = False
+        self._socket_present = True
+        try:
+            response = self._lister().List(pb.ListPodResourcesRequest(), timeout=self.timeout)
+        except grpc.RpcError as err:
+            self._failed(f"{err.code().name}: {err.details()}")
+            return False
+        mapping = device_pods(response)
+        with self._lock:
+            self._mapping = mapping
+            self._last_success = self._clock()
+            self._up = True
+            self._refreshes += 1
+        if self._logged_error:
+            log.info("kubelet pod-resources List works again")
+            self._logged_error = False
+        return True
+
+    def _lister(self) -> pb_grpc.PodResourcesListerStub:
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(
+                f"unix://{self.socket_path.absolute()}",
+                options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+            )
+            self._stub = pb_grpc.PodResourcesListerStub(self._channel)
+        return self._stub
+
+    def _close_channel(self) -> None:
+        # A fresh channel after an error reconnects at once instead of waiting out gRPC's
+        # reconnect backoff, e.g. when the kubelet restarted and recreated its socket.
+        if self._channel is not None:
+            self._channel.close()
+        self._channel, self._stub = None, None
+
+    def _socket_gone(self) -> None:
+        was_present = self._socket_present
+        self._socket_present = False
+        self._close_channel()
+        if was_present:
+            self._failed(f"socket {self.socket_path} disappeared")
+        elif not self._logged_absent:
+            log.warning(
+                "no kubelet pod-resources socket at %s: pod attribution is off until it appears",
+                self.socket_path,
+            )
+            self._logged_absent = True
+        with self._lock:
+            self._up = False
+
+    def _failed(self, reason: str) -> None:
+        self._close_channel()
+        with self._lock:
+            self._errors += 1
+            self._up = False
+        if not self._logged_error:
+            log.warning(
+                "kubelet pod-resources List on %s failed (%s): keeping the last mapping for "
+                "up to %.0f s",
+                self.socket_path,
+                reason,
+                self.max_stale,
+            )
+            self._logged_error = True
+
+    def start(self) -> None:
+        """Refresh once now (so the first scrape is attributed), then in the background."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+            except Exception:  # keep attributing on the next round whatever went wrong
+                log.exception("pod-resources refresh crashed")
+                self._failed("unexpected error")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.timeout + self.interval)
+            self._thread = None
+        self._close_channel()
+
+    def __enter__(self) -> PodResourcesWatcher:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- what the collector and the renderer read ------------------------------------------
+
+    def mapping(self) -> DeviceMap:
+        """The last good mapping, or {} once it is older than ``max_stale`` seconds."""
+        with self._lock:
+            if self._last_success is None:
+                return {}
+            if not self._up and self._clock() - self._last_success > self.max_stale:
+                return {}
+            return self._mapping
+
+    def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Collector enricher: the snapshot with its ``pods`` attribution filled in."""
+        return attach_pods(snapshot, self.mapping())
+
+    def status(self) -> AttributionStatus:
+        with self._lock:
+            age = None if self._last_success is None else self._clock() - self._last_success
+            mapping_len = len(self._mapping)
+            up = self._up
+            stale = age is not None and not up and age > self.max_stale
+            return AttributionStatus(
+                socket_present=self._socket_present,
+                up=up,
+                errors_total=self._errors,
+                refreshes_total=self._refreshes,
+                last_success_age_seconds=age,
+                devices_attributed=0 if stale or age is None else mapping_len,
+            )

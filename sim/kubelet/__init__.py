@@ -1,0 +1,1 @@
+"""kubelet stand-ins: gRPC servers on unix sockets that speak the kubelet's real APIs."""
