@@ -330,13 +330,13 @@ class NvmlApi:
     def event_wait(self, event_set: EventSet, timeout_ms: int) -> RawEvent | None:
         """The next event, or None after ``timeout_ms`` without one."""
         try:
-            data = self._call("nvmlEventSetWait_v2", event_set, timeout_ms)
-        except NvmlError as exc:
-            if exc.code == TIMEOUT:
+            data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code == TIMEOUT:
                 return None
-            raise
-        if data is None:
-            return None
+            # Unlike a reading, "not supported" here must not look like "no event yet".
+            raise NvmlError("nvmlEventSetWait_v2", code, _message(exc)) from None
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         return RawEvent(
             handle_key=handle_key(data.device),

@@ -69,6 +69,9 @@ class XidWatcher:
         """Register every GPU and start the waiting thread."""
         api = self.api
         self._event_set = api.event_set_create()
+        if self._event_set is None:
+            log.warning("this NVML has no event API; XID events are not watched")
+            return
         for index in range(api.device_count()):
             try:
                 handle = api.handle(index)
@@ -81,6 +84,9 @@ class XidWatcher:
                 continue
             self._devices[handle_key(handle)] = (index, uuid)
             self.watched.append(uuid)
+        if not self.watched:
+            log.warning("no GPU reports XID events; XID events are not watched")
+            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="xid-watcher", daemon=True)
         self._thread.start()
