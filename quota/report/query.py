@@ -9,7 +9,7 @@ buckets), so pricing and charting need no second pass. Python only sees the grou
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,15 +102,19 @@ class Scope:
             return cls((cluster,), None if longest is None else int(longest))
         return cls(tuple(distinct_clusters(conn)), None if longest is None else int(longest))
 
-    def overlapping(self, lo: int, hi: int) -> list[ColumnElement[bool]]:
+    def parts(self, lo: int, hi: int) -> list[ColumnElement[bool]]:
+        """Two conditions whose rows together are those overlapping [lo, hi), each one index
+        range; queried apart (SQLite would not use both ranges of one OR)."""
         a = Allocation
-        closed: ColumnElement[bool] = and_(
+        cluster = a.cluster.in_(self.clusters)
+        closed = and_(
+            cluster,
             a.started_at >= t(lo - (self.longest or 0)),
             a.started_at < t(hi),
             a.ended_at > t(lo),
         )
-        running = and_(a.ended_at.is_(None), a.started_at < t(hi))
-        return [a.cluster.in_(self.clusters), or_(closed, running)]
+        running = and_(cluster, a.ended_at.is_(None), a.started_at < t(hi))
+        return [closed, running]
 
 
 def distinct_clusters(conn: Connection) -> list[str]:
@@ -170,16 +174,22 @@ def usage(
     label_keys = [k.split(":", 1)[1] for k in keys if k.startswith("label:")]
     plain = [k for k in keys if not k.startswith("label:")]
     scope = Scope.of(conn, cluster)
-    base = _usage_query(plain, [], edges, now, scope)
-    base_rows = [_usage_row(plain, r, len(edges) - 1) for r in conn.execute(base)]
+    n = len(edges) - 1
+    parts = scope.parts(edges[0], min(edges[-1], now))
+    base_rows = _merged(
+        _usage_row(plain, r, n)
+        for part in parts
+        for r in conn.execute(_usage_query(plain, [], edges, now, part))
+    )
     if not label_keys:
         return base_rows
-    labelled = _usage_query(plain, label_keys, edges, now, scope)
     # Query results carry plain keys first, then label values; restore the requested order.
-    rows = [
-        _usage_row(plain + [f"label:{k}" for k in label_keys], r, len(edges) - 1)
-        for r in conn.execute(labelled)
-    ]
+    labelled_keys = plain + [f"label:{k}" for k in label_keys]
+    rows = _merged(
+        _usage_row(labelled_keys, r, n)
+        for part in parts
+        for r in conn.execute(_usage_query(plain, label_keys, edges, now, part))
+    )
     rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
     order = [k for k in keys if not k.startswith("label:")] + [
         k for k in keys if k.startswith("label:")
@@ -206,7 +216,7 @@ def _usage_query(
     label_keys: Sequence[str],
     edges: Sequence[int],
     now: int,
-    scope: Scope,
+    where: ColumnElement[bool],
 ) -> Select[Any]:
     a = Allocation
     start: Any = a.started_at
@@ -239,7 +249,7 @@ def _usage_query(
         func.count(),
         func.sum(case((est, 1), else_=0)),
     ]
-    stmt = select(*columns).where(*scope.overlapping(lo, hi))
+    stmt = select(*columns).where(where)
     if label_keys:
         nl = NamespaceLabels
         stmt = stmt.join(
@@ -254,6 +264,29 @@ def _usage_query(
             ),
         )
     return stmt.group_by(*group, a.resource_name, a.gpu_model, a.raw_units, a.physical_gpus)
+
+
+def _merged(rows: Iterable[UsageRow]) -> list[UsageRow]:
+    """Add up rows of the same group and price class (from the closed and running parts)."""
+    out: dict[tuple[Any, ...], UsageRow] = {}
+    for r in rows:
+        key = (r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        seen = out.get(key)
+        if seen is None:
+            out[key] = r
+            continue
+        out[key] = UsageRow(
+            r.keys,
+            r.resource_name,
+            r.gpu_model,
+            r.raw_units,
+            r.physical_gpus,
+            tuple(a + b for a, b in zip(seen.seconds, r.seconds, strict=True)),
+            seen.estimated_seconds + r.estimated_seconds,
+            seen.intervals + r.intervals,
+            seen.estimated_intervals + r.estimated_intervals,
+        )
+    return list(out.values())
 
 
 def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRow:
