@@ -22,9 +22,13 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 SPAN_CLASS_SQL = (
-    "(CASE WHEN ended_at - started_at < 3600 THEN 0 WHEN ended_at - started_at < 86400 THEN 1 "
-    "WHEN ended_at - started_at < 604800 THEN 2 WHEN ended_at - started_at < 3024000 THEN 3 "
-    "ELSE 4 END)"
+    "(\nCASE\n"
+    "    WHEN (ended_at - started_at) < 3600 THEN 0\n"
+    "    WHEN (ended_at - started_at) < 86400 THEN 1\n"
+    "    WHEN (ended_at - started_at) < 604800 THEN 2\n"
+    "    WHEN (ended_at - started_at) < 3024000 THEN 3\n"
+    "    ELSE 4\n"
+    "END)"
 )
 
 

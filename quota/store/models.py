@@ -28,12 +28,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # comparisons are NULL, open intervals. Indexed by ix_allocations_span; changing it needs a
 # migration that rebuilds that index.
 SPAN_CLASS_BOUNDS = (3600, 86400, 7 * 86400, 35 * 86400)
+# written the way PostgreSQL reflects it back, so Alembic's comparison of models and migrations
+# of models and migrations sees the same index
 SPAN_CLASS_SQL = (
-    "(CASE "
-    + " ".join(
-        f"WHEN ended_at - started_at < {b} THEN {k}" for k, b in enumerate(SPAN_CLASS_BOUNDS)
+    "(\nCASE\n"
+    + "".join(
+        f"    WHEN (ended_at - started_at) < {b} THEN {k}\n"
+        for k, b in enumerate(SPAN_CLASS_BOUNDS)
     )
-    + f" ELSE {len(SPAN_CLASS_BOUNDS)} END)"
+    + f"    ELSE {len(SPAN_CLASS_BOUNDS)}\nEND)"
 )
 
 
