@@ -60,12 +60,16 @@ def run(injections: int, xid: int, quiet: float, preset: str) -> tuple[list[floa
     kubelet.start()
     env = {**os.environ, **node.env()}
     log = (work / "exporter.log").open("w")
-    proc = subprocess.Popen(exporter_command(plugin_dir, quiet), env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        exporter_command(plugin_dir, quiet), env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     latencies: list[float] = []
     try:
         plugin = kubelet.wait_for_plugin(RESOURCE, timeout=60)
         if plugin is None:
-            raise SystemExit(f"the exporter never registered; log: {(work / 'exporter.log').read_text()[-2000:]}")
+            raise SystemExit(
+                f"the exporter never registered; log: {(work / 'exporter.log').read_text()[-2000:]}"
+            )
         uuids = [node.uuid(i) for i in range(node.gpu_count)]
         if not plugin.wait_for(lambda d: all(d.get(u) == "Healthy" for u in uuids), timeout=30):
             raise SystemExit("the GPUs never showed up healthy")
@@ -75,11 +79,15 @@ def run(injections: int, xid: int, quiet: float, preset: str) -> tuple[list[floa
             start = plugin.count()
             sent = time.time()
             node.inject_xid(gpu, xid)
-            update = plugin.wait_for(lambda d, u=uuid: d.get(u) == "Unhealthy", timeout=10, start=start)
+            update = plugin.wait_for(
+                lambda d, u=uuid: d.get(u) == "Unhealthy", timeout=10, start=start
+            )
             if update is None:
                 raise SystemExit(f"injection {n}: GPU {gpu} never turned Unhealthy")
             latencies.append(update.at - sent)
-            healed = plugin.wait_for(lambda d, u=uuid: d.get(u) == "Healthy", timeout=quiet + 10, start=start)
+            healed = plugin.wait_for(
+                lambda d, u=uuid: d.get(u) == "Healthy", timeout=quiet + 10, start=start
+            )
             if healed is None:
                 raise SystemExit(f"injection {n}: GPU {gpu} never recovered")
         device = node.uuid(0)
@@ -101,7 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--injections", type=int, default=100)
     parser.add_argument("--xid", type=int, default=79)
-    parser.add_argument("--quiet-period", type=float, default=0.3, help="exporter's --health-quiet-period")
+    parser.add_argument(
+        "--quiet-period", type=float, default=0.3, help="exporter's --health-quiet-period"
+    )
     parser.add_argument("--preset", default="h100x8")
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = parser.parse_args(argv)

@@ -116,7 +116,9 @@ class HealthChecker:
         elif item is not None:
             event: XidLike = item  # type: ignore[assignment]
             if not event.uuid:  # the watcher could not tell which GPU: nothing to pin it on
-                log.warning("XID %d on an unidentified GPU ignored by the health checker", event.xid)
+                log.warning(
+                    "XID %d on an unidentified GPU ignored by the health checker", event.xid
+                )
                 return
             after = self.tracker.observe_xid(
                 event.uuid, event.xid, event.at, event.gpu_instance_id, event.compute_instance_id
