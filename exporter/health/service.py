@@ -225,7 +225,7 @@ def _core_api(kubeconfig: Path | None) -> Any:
     from kubernetes import client, config
 
     if kubeconfig is not None:
-        config.load_kube_config(config_file=str(kubeconfig))
+        config.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     else:
         try:
             config.load_incluster_config()  # type: ignore[no-untyped-call]
