@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.results import write_section
@@ -40,10 +40,14 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
+def _is(uuid: str, health: str) -> Callable[[dict[str, str]], bool]:
+    return lambda devices: devices.get(uuid) == health
+
+
 def exporter_command(plugin_dir: Path, quiet: float) -> list[str]:
     return [
         sys.executable, "-m", "exporter.cli",
-        "--listen-address", "127.0.0.1:0",
+        "--listen", "127.0.0.1:0",
         "--interval", "1",
         "--device-plugin",
         "--device-plugin-dir", str(plugin_dir),
@@ -79,15 +83,11 @@ def run(injections: int, xid: int, quiet: float, preset: str) -> tuple[list[floa
             start = plugin.count()
             sent = time.time()
             node.inject_xid(gpu, xid)
-            update = plugin.wait_for(
-                lambda d, u=uuid: d.get(u) == "Unhealthy", timeout=10, start=start
-            )
+            update = plugin.wait_for(_is(uuid, "Unhealthy"), timeout=10, start=start)
             if update is None:
                 raise SystemExit(f"injection {n}: GPU {gpu} never turned Unhealthy")
             latencies.append(update.at - sent)
-            healed = plugin.wait_for(
-                lambda d, u=uuid: d.get(u) == "Healthy", timeout=quiet + 10, start=start
-            )
+            healed = plugin.wait_for(_is(uuid, "Healthy"), timeout=quiet + 10, start=start)
             if healed is None:
                 raise SystemExit(f"injection {n}: GPU {gpu} never recovered")
         device = node.uuid(0)

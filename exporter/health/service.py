@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +42,7 @@ class _XidSource(Protocol):
 
 class _Routes(Protocol):
     def add_route(self, path: str, route: Callable[[], Response]) -> None: ...
+    def add_snapshot_view(self, view: Callable[[NodeSnapshot], NodeSnapshot]) -> None: ...
 
 
 def _positive_float(text: str) -> float:
@@ -192,6 +194,13 @@ class HealthService:
         if server is not None:
             for path in HEALTH_ROUTES:
                 server.add_route(path, self.json_route)
+            server.add_snapshot_view(self.snapshot_view)
+
+    def snapshot_view(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Join the verdict of this moment onto a snapshot about to be rendered as metrics."""
+        if not self.checker.board.ready:
+            return snapshot
+        return replace(snapshot, health=self.checker.current())
 
     def _on_xid(self, event: XidLike) -> None:
         self.checker.on_xid(event)
