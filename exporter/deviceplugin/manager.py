@@ -1,0 +1,119 @@
+"""Keeps one device plugin server per resource name alive and registered with the kubelet.
+
+A background thread checks every ``poll_s`` (default 0.5 s):
+
+* the kubelet's socket was recreated (the kubelet restarted): register every plugin again;
+* a plugin's own socket vanished (a restarting kubelet wipes the folder): serve it again
+  on a fresh socket, then register it;
+* the set of resources changed (MIG reconfigured): start and stop servers to match.
+
+Stopping the manager stops every server and removes their sockets.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+
+from exporter.deviceplugin.devices import PluginConfig, plugin_devices
+from exporter.deviceplugin.preferred import Topology
+from exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
+from exporter.health.board import HealthBoard
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class DevicePluginManager:
+    def __init__(
+        self,
+        board: HealthBoard,
+        config: PluginConfig,
+        plugin_dir: Path = DEFAULT_PLUGIN_DIR,
+        topology: Callable[[], Topology] = Topology,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.board = board
+        self.config = config
+        self.plugin_dir = plugin_dir
+        self.topology = topology
+        self.poll_s = poll_s
+        self.servers: dict[str, DevicePluginServer] = {}
+        self._registered: dict[str, tuple[int, int]] = {}  # resource -> kubelet.sock identity
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        if not self.plugin_dir.is_dir():
+            raise FileNotFoundError(f"device plugin folder {self.plugin_dir} does not exist")
+        self.reconcile()
+        self._thread = threading.Thread(target=self._run, name="deviceplugin-manager", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        with self._lock:
+            for server in self.servers.values():  # let every stream wind down at once
+                server.stopping.set()
+            for server in self.servers.values():
+                server.stop()
+            self.servers.clear()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.reconcile()
+            except Exception:  # keep watching whatever one round hit
+                log.exception("device plugin reconcile failed")
+
+    def resources(self) -> list[str]:
+        return sorted(plugin_devices(self.board.current(), self.config))
+
+    def reconcile(self) -> None:
+        """One round of the checks above; safe to call at any time."""
+        with self._lock:
+            wanted = self.resources()
+            for resource in [r for r in self.servers if r not in wanted]:
+                self.servers.pop(resource).stop()
+                self._registered.pop(resource, None)
+            for resource in wanted:
+                server = self.servers.get(resource)
+                if server is None:
+                    server = DevicePluginServer(
+                        resource, self.plugin_dir, self.board, self.config, self.topology
+                    )
+                    self.servers[resource] = server
+                if not server.serving or not server.socket_path.exists():
+                    if server.serving:
+                        log.warning("socket %s was removed; serving again", server.socket_path)
+                    server.start()
+                    self._registered.pop(resource, None)
+            kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
+            if kubelet is None:
+                return
+            for resource, server in self.servers.items():
+                if self._registered.get(resource) == kubelet:
+                    continue
+                try:
+                    server.register()
+                except grpc.RpcError as exc:
+                    log.warning("kubelet refused to register %s: %s", resource, exc)
+                    continue
+                self._registered[resource] = kubelet

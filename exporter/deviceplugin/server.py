@@ -1,0 +1,192 @@
+"""One kubelet device plugin server (API v1beta1) for one resource name, on its own socket.
+
+The servicer renders the health board's ``NodeHealth`` through exporter/deviceplugin/devices.py
+and answers Allocate / GetPreferredAllocation with the pure functions beside it; all that
+happens here is gRPC: sockets, streams, status codes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+
+from exporter.deviceplugin.allocate import AllocationError, allocate_container
+from exporter.deviceplugin.devices import PluginConfig, PluginDevice, index_devices, plugin_devices
+from exporter.deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
+from exporter.health.board import HealthBoard
+from exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+KUBELET_SOCKET = "kubelet.sock"
+WAKE_S = 0.5  # how often an idle ListAndWatch stream checks that it should still run
+
+
+def endpoint_name(resource: str) -> str:
+    """Socket file name for a resource: nvidia.com/mig-1g.10gb -> gpuquota-nvidia.com-mig-1g.10gb.sock."""
+    return "gpuquota-" + resource.replace("/", "-") + ".sock"
+
+
+class _Servicer(pb_grpc.DevicePluginServicer):
+    def __init__(self, plugin: DevicePluginServer) -> None:
+        self._plugin = plugin
+
+    def GetDevicePluginOptions(  # noqa: N802 (gRPC method name)
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(
+            pre_start_required=False, get_preferred_allocation_available=True
+        )
+
+    def ListAndWatch(  # noqa: N802 (gRPC method name)
+        self, request: pb.Empty, context: grpc.ServicerContext
+    ) -> Iterator[pb.ListAndWatchResponse]:
+        plugin = self._plugin
+        generation = -1
+        last: tuple[tuple[str, str], ...] | None = None
+        while context.is_active() and not plugin.stopping.is_set():
+            health = plugin.board.wait_for_change(generation, WAKE_S)
+            generation = health.generation
+            listed = tuple((d.id, d.health) for d in plugin.devices())
+            if listed != last:
+                last = listed
+                yield pb.ListAndWatchResponse(
+                    devices=[pb.Device(ID=i, health=h) for i, h in listed]
+                )
+
+    def GetPreferredAllocation(  # noqa: N802 (gRPC method name)
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        devices = index_devices(self._plugin.devices())
+        gpu_of = {d.id: d.gpu_uuid for d in devices.values()}
+        topology = self._plugin.topology()
+        if not request.container_requests:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "preferred allocation request has no container requests",
+            )
+        response = pb.PreferredAllocationResponse()
+        for n, creq in enumerate(request.container_requests):
+            try:
+                ids = preferred_allocation(
+                    list(creq.available_deviceIDs),
+                    list(creq.must_include_deviceIDs),
+                    creq.allocation_size,
+                    gpu_of,
+                    topology,
+                )
+            except PreferenceError as exc:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"container request {n}: {exc}")
+            response.container_responses.add(deviceIDs=ids)
+        return response
+
+    def Allocate(  # noqa: N802 (gRPC method name)
+        self, request: pb.AllocateRequest, context: grpc.ServicerContext
+    ) -> pb.AllocateResponse:
+        plugin = self._plugin
+        devices = index_devices(plugin.devices())
+        if not request.container_requests:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "allocate request has no container requests"
+            )
+        response = pb.AllocateResponse()
+        for n, creq in enumerate(request.container_requests):
+            try:
+                alloc = allocate_container(
+                    list(creq.devices_ids), devices, plugin.config, plugin.resource
+                )
+            except AllocationError as exc:
+                code = (
+                    grpc.StatusCode.FAILED_PRECONDITION
+                    if exc.kind == "precondition"
+                    else (grpc.StatusCode.INVALID_ARGUMENT)
+                )
+                log.warning("refused Allocate for %s: %s", plugin.resource, exc.message)
+                context.abort(code, f"container request {n}: {exc.message}")
+            cresp = response.container_responses.add()
+            cresp.envs.update(alloc.envs)
+            for node in alloc.device_nodes:
+                cresp.devices.add(container_path=node, host_path=node, permissions="rw")
+            for name in alloc.cdi_devices:
+                cresp.cdi_devices.add(name=name)
+        return response
+
+    def PreStartContainer(  # noqa: N802 (gRPC method name)
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+
+class DevicePluginServer:
+    """Serves one resource on ``<plugin_dir>/<endpoint>`` and registers it with the kubelet."""
+
+    def __init__(
+        self,
+        resource: str,
+        plugin_dir: Path,
+        board: HealthBoard,
+        config: PluginConfig,
+        topology: Callable[[], Topology] = Topology,
+    ) -> None:
+        self.resource = resource
+        self.plugin_dir = plugin_dir
+        self.board = board
+        self.config = config
+        self.topology = topology
+        self.endpoint = endpoint_name(resource)
+        self.socket_path = plugin_dir / self.endpoint
+        self.stopping = threading.Event()
+        self._server: grpc.Server | None = None
+
+    def devices(self) -> tuple[PluginDevice, ...]:
+        return plugin_devices(self.board.current(), self.config).get(self.resource, ())
+
+    def start(self) -> None:
+        """(Re)create the socket and serve on it."""
+        self.stop()
+        self.stopping.clear()
+        self.socket_path.unlink(missing_ok=True)
+        # Each ListAndWatch stream holds a worker for its lifetime; the kubelet keeps one.
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="deviceplugin")
+        )
+        pb_grpc.add_DevicePluginServicer_to_server(_Servicer(self), server)
+        if server.add_insecure_port(f"unix:{self.socket_path}") == 0:
+            raise OSError(f"cannot listen on {self.socket_path}")
+        server.start()
+        self._server = server
+        log.info("device plugin for %s serving on %s", self.resource, self.socket_path)
+
+    def register(self, timeout: float = 5.0) -> None:
+        """Tell the kubelet about this plugin; raises grpc.RpcError when the kubelet refuses."""
+        kubelet = self.plugin_dir / KUBELET_SOCKET
+        with grpc.insecure_channel(f"unix:{kubelet}") as channel:
+            pb_grpc.RegistrationStub(channel).Register(
+                pb.RegisterRequest(
+                    version=API_VERSION,
+                    endpoint=self.endpoint,
+                    resource_name=self.resource,
+                    options=pb.DevicePluginOptions(get_preferred_allocation_available=True),
+                ),
+                timeout=timeout,
+            )
+        log.info("registered %s with the kubelet at %s", self.resource, kubelet)
+
+    def stop(self, grace: float = 1.0) -> None:
+        """Stop serving and remove the socket (only if it is still ours)."""
+        self.stopping.set()
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(grace).wait()
+            self.socket_path.unlink(missing_ok=True)
+
+    @property
+    def serving(self) -> bool:
+        return self._server is not None

@@ -1,0 +1,104 @@
+"""Generates the tables of docs/health.md from exporter/health/rules.py.
+
+``python -m exporter.health.doc --write docs/health.md`` rewrites the text between the
+``<!-- health:... -->`` markers; ``--check`` exits non-zero when the file is out of date
+(the test suite runs the check, so the docs cannot drift from the one table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from exporter.health.rules import (
+    CLOCK_EVENT_REASONS,
+    DEFAULT_CONDITION_RULES,
+    DEFAULT_QUIET_PERIOD_S,
+    DEFAULT_UNKNOWN_XID,
+    DEFAULT_XID_RULES,
+)
+
+
+def xid_table() -> str:
+    lines = [
+        "| XID | Mnemonic | Meaning | State | Action | NVIDIA catalog | Why |",
+        "|---:|---|---|---|---|---|---|",
+    ]
+    for xid in sorted(DEFAULT_XID_RULES):
+        r = DEFAULT_XID_RULES[xid]
+        lines.append(
+            f"| {xid} | `{r.mnemonic}` | {r.description} | {r.state.label} | {r.action.label} "
+            f"| {r.catalog} | {r.note} |"
+        )
+    u = DEFAULT_UNKNOWN_XID
+    lines.append(
+        f"| any other | | not in the table | {u.state.label} | {u.action.label} | | configurable |"
+    )
+    return "\n".join(lines)
+
+
+def condition_table() -> str:
+    lines = ["| Reason | Meaning | State | Action | Kind |", "|---|---|---|---|---|"]
+    for code, c in DEFAULT_CONDITION_RULES.items():
+        kind = (
+            "event: clears after the quiet period" if c.edge else "level: clears when NVML says so"
+        )
+        bit = (
+            f" (clock event reason bit `{CLOCK_EVENT_REASONS[code]:#x}`)"
+            if code in CLOCK_EVENT_REASONS
+            else ""
+        )
+        lines.append(
+            f"| `{code}` | {c.description}{bit} | {c.state.label} | {c.action.label} | {kind} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Default quiet period: {DEFAULT_QUIET_PERIOD_S:g} seconds (`--health-quiet-period`)."
+    )
+    return "\n".join(lines)
+
+
+SECTIONS = {"xids": xid_table, "conditions": condition_table}
+
+
+def render(text: str) -> str:
+    for name, make in SECTIONS.items():
+        begin, end = f"<!-- health:{name} -->", f"<!-- /health:{name} -->"
+        pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
+        if not pattern.search(text):
+            raise ValueError(f"markers {begin} ... {end} are missing")
+        block = f"{begin}\n{make()}\n{end}"
+        text = pattern.sub(lambda _m, block=block: block, text)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="generate the tables of docs/health.md")
+    parser.add_argument("path", type=Path, nargs="?", default=Path("docs/health.md"))
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="rewrite the tables in place")
+    mode.add_argument("--check", action="store_true", help="fail if the tables are out of date")
+    args = parser.parse_args(argv)
+    try:
+        current = args.path.read_text()
+        wanted = render(current)
+    except (OSError, ValueError) as exc:
+        print(f"{args.path}: {exc}", file=sys.stderr)
+        return 2
+    if args.check:
+        if wanted != current:
+            print(
+                f"{args.path} is out of date: run python -m exporter.health.doc --write {args.path}",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    args.path.write_text(wanted)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

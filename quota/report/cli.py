@@ -1,0 +1,315 @@
+"""`gpuquota report`: arguments, wiring and error handling (exit 2 on bad input, nothing on
+stdout unless the whole report was computed)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, inspect
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+from quota.report import compute, period, query, ratecard, render
+
+DEFAULT_DB = "sqlite:///gpuquota.db"
+DB_ENV = "GPUQUOTA_DB"
+QUOTA_KEYS = {"namespace", "cluster"}
+
+EPILOG = """\
+period (half-open [start, end); default: this month so far; --tz zone, default UTC):
+  --month 2026-10                    a calendar month, midnight to midnight in --tz
+  --from 2026-10-01 --to 2026-10-08  dates are midnight in --tz; RFC 3339 times also work
+  --last 7d                          the last 7 days up to now (s, m, h, d, w)
+  Intervals are split pro rata at the window's edges; running allocations count up to the
+  end of the window or now, whichever is earlier.
+
+group keys (--by, comma-separated or repeated; default namespace):
+  namespace, model, node, pool (node pool), cluster, owner (Kind/name), resource
+  (resource name), label:<key> (the namespace's label as it was at the time)
+
+columns:
+  GPU-h raw         GPU-hours in the units pods requested (a MIG slice or a shared
+                    replica counts as one)
+  GPU-h phys        physical-GPU equivalents (replica = 1/replicas, MIG NgX = N/7 or the
+                    rate card's fraction)
+  cost              physical GPU-hours x the rate in force when it happened (--rate-card)
+  share %           share of the physical GPU-hours of all groups
+  est. GPU-h        raw GPU-hours of intervals closed by estimate (controller downtime)
+  quota ...         time-weighted average used and hard, peak used, and GPU-hours of quota
+                    left unused (hard - used), from quota history (--by namespace)
+  idle GPU-h        with --spread-idle: the fleet's idle GPU-hours shared among groups
+  util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation
+  Totals add up exactly: figures stay exact until display and each column is rounded so
+  the rows shown sum to the total shown.
+
+examples:
+  gpuquota report --month 2026-10 --rate-card ratecard.yaml
+  gpuquota report --last 7d --by label:team,model --format csv > team-usage.csv
+  gpuquota report --month 2026-10 --tz Europe/Berlin --idle --spread-idle proportional
+  gpuquota report --from 2026-10-01 --to 2026-10-15T12:00:00Z --by owner --top 20
+  gpuquota report --month 2026-10 --prometheus http://prometheus:9090 --chart usage.svg
+  gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
+
+exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted period,
+malformed rate card, unreachable database or Prometheus), with one line on stderr and
+nothing on stdout.
+"""
+
+
+class ReportError(Exception):
+    """Bad input or an unreachable dependency: one line for stderr, exit 2."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "GPU-hour chargeback: GPU-hours per group over a period, their cost, quota use and "
+        "the fleet's idle GPU-hours, computed in the database from the quota store."
+    )
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    when = parser.add_argument_group("period")
+    when.add_argument(
+        "--from", dest="start", metavar="WHEN", help="start: date or RFC 3339 time (inclusive)"
+    )
+    when.add_argument(
+        "--to",
+        dest="end",
+        metavar="WHEN",
+        help="end: date or RFC 3339 time (exclusive; default now)",
+    )
+    when.add_argument("--month", metavar="YYYY-MM", help="a calendar month in --tz")
+    when.add_argument("--last", metavar="DURATION", help="the last N s|m|h|d|w up to now, e.g. 7d")
+    when.add_argument(
+        "--tz",
+        default="UTC",
+        metavar="ZONE",
+        help="time zone for dates and display (IANA name; default UTC)",
+    )
+    when.add_argument(
+        "--now",
+        metavar="WHEN",
+        help="take this time as now (reproducible reports; default: the clock)",
+    )
+    what = parser.add_argument_group("grouping and columns")
+    what.add_argument(
+        "--by",
+        action="append",
+        metavar="KEYS",
+        help="group keys, comma-separated or repeated (default namespace); see below",
+    )
+    what.add_argument(
+        "--cluster", metavar="NAME", help="only this cluster (default: every cluster in the store)"
+    )
+    what.add_argument(
+        "--rate-card", metavar="FILE", type=Path, help="YAML rate card for the cost columns"
+    )
+    what.add_argument(
+        "--idle", action="store_true", help="add idle GPU-hours per model and node pool"
+    )
+    what.add_argument(
+        "--spread-idle",
+        choices=("proportional", "even"),
+        help="share idle GPU-hours (and cost) among groups by use or evenly (implies --idle)",
+    )
+    what.add_argument(
+        "--top",
+        type=int,
+        default=0,
+        metavar="N",
+        help="show the N largest groups and fold the rest into (other)",
+    )
+    what.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="Prometheus base URL for measured utilisation (needs --by namespace)",
+    )
+    out = parser.add_argument_group("output")
+    fmt = out.add_mutually_exclusive_group()
+    fmt.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="output format (default table)",
+    )
+    fmt.add_argument(
+        "--json", dest="format", action="store_const", const="json", help="same as --format json"
+    )
+    out.add_argument(
+        "--chart",
+        metavar="FILE",
+        type=Path,
+        help="also draw GPU-hours per group over time (.png or .svg; needs gpuquota[chart])",
+    )
+    parser.add_argument(
+        "--db",
+        metavar="URL",
+        default=None,
+        help=f"SQLAlchemy URL of the quota store (default ${DB_ENV} or {DEFAULT_DB})",
+    )
+
+
+def parse_keys(values: Sequence[str] | None) -> list[str]:
+    keys: list[str] = []
+    for value in values or ["namespace"]:
+        for part in value.split(","):
+            key = part.strip()
+            if key.startswith("label:"):
+                if not key[len("label:") :].strip():
+                    raise ReportError(f"--by: {part!r} needs a label key, e.g. label:team")
+                key = "label:" + key[len("label:") :].strip()
+            elif key not in query.GROUP_COLUMNS:
+                known = ", ".join([*query.GROUP_COLUMNS, "label:<key>"])
+                raise ReportError(f"--by: unknown group key {part.strip()!r} (known: {known})")
+            if key in keys:
+                raise ReportError(f"--by: group key {key!r} given twice")
+            keys.append(key)
+    return keys
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        text, stderr_notes = build(args)
+    except ReportError as exc:
+        print(f"gpuquota report: error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    for note in stderr_notes:
+        print(f"gpuquota report: note: {note}", file=sys.stderr)
+    return 0
+
+
+def build(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The whole report as text (and notes for stderr); raises ReportError on bad input."""
+    try:
+        now = int(time.time())
+        if args.now is not None:
+            now = period.parse_instant(args.now, period.parse_zone(args.tz), "--now")
+        window = period.resolve(
+            now=now,
+            tz_name=args.tz,
+            start=args.start,
+            end=args.end,
+            month=args.month,
+            last=args.last,
+        )
+    except period.PeriodError as exc:
+        raise ReportError(str(exc)) from exc
+    keys = parse_keys(args.by)
+    if args.top < 0:
+        raise ReportError("--top: must be a positive number of groups")
+    if args.chart is not None and args.chart.suffix.lower() not in (".png", ".svg"):
+        raise ReportError(f"--chart: {args.chart} must end in .png or .svg")
+    if args.prometheus and keys != ["namespace"]:
+        raise ReportError("--prometheus: utilisation is reported per namespace; use --by namespace")
+    card = None
+    if args.rate_card is not None:
+        try:
+            card = ratecard.load(args.rate_card)
+        except ratecard.RateCardError as exc:
+            raise ReportError(f"rate card {exc}") from exc
+    chart_module: Any = None
+    if args.chart is not None:
+        from quota.report import chart
+
+        try:
+            chart_module = chart.require()
+        except chart.ChartUnavailableError as exc:
+            raise ReportError(str(exc)) from exc
+    idle = args.idle or args.spread_idle is not None
+    buckets = period.buckets(window) if args.chart is not None else [window.start, window.end]
+    edges = compute.sub_windows(
+        window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
+    )
+    url = args.db or os.environ.get(DB_ENV) or DEFAULT_DB
+    with _Connect(url) as conn:
+        try:
+            rows = query.usage(conn, keys, edges, now, args.cluster)
+            report = compute.aggregate(keys, rows, edges, card, buckets)
+            if set(keys) <= QUOTA_KEYS and "namespace" in keys:
+                span = max(min(window.end, now) - window.start, 0)
+                if span:
+                    compute.add_quota(
+                        report, query.quota(conn, window.start, window.end, now, args.cluster), span
+                    )
+            if idle:
+                alloc = query.usage(conn, ["model", "pool"], edges, now, args.cluster)
+                report.idle = compute.idle(
+                    query.capacity(conn, edges, now, args.cluster), alloc, edges, card
+                )
+        except SQLAlchemyError as exc:
+            raise ReportError(f"database query failed: {_first_line(exc)}") from exc
+    if args.prometheus:
+        from quota.report import prometheus
+
+        try:
+            busy = prometheus.busy_seconds(args.prometheus, window.start, min(window.end, now))
+        except prometheus.PrometheusError as exc:
+            raise ReportError(str(exc)) from exc
+        prometheus.attach(report, busy)
+    if args.spread_idle is not None:
+        compute.spread_idle(report, args.spread_idle)
+    compute.fold_top(report, args.top)
+    if args.format == "csv":
+        text, notes = render.render_csv(report), render.notes(report)
+    elif args.format == "json":
+        text, notes = render.render_json(report, window), []
+    else:
+        text, notes = render.render_table(report, window), []
+    if chart_module is not None:
+        try:
+            chart_module.draw(report, window, args.chart)
+        except OSError as exc:
+            raise ReportError(f"--chart: cannot write {args.chart}: {exc.strerror or exc}") from exc
+    return text, notes
+
+
+class _Connect:
+    """Open the store read-only-in-spirit and check it has the tables, or raise ReportError."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conn: Connection | None = None
+
+    def __enter__(self) -> Connection:
+        try:
+            parsed = make_url(self.url)
+        except ArgumentError as exc:
+            raise ReportError(f"--db: not a database URL: {self.url!r}") from exc
+        shown = parsed.render_as_string(hide_password=True)
+        if parsed.get_backend_name() == "sqlite":
+            path = parsed.database
+            if path and path != ":memory:" and not Path(path).exists():
+                raise ReportError(f"database {shown}: file {path} does not exist")
+        try:
+            engine = create_engine(parsed, connect_args=_connect_args(parsed.get_backend_name()))
+            self.conn = engine.connect()
+            tables = set(inspect(self.conn).get_table_names())
+        except (SQLAlchemyError, ImportError) as exc:
+            raise ReportError(f"cannot connect to database {shown}: {_first_line(exc)}") from exc
+        if "allocations" not in tables:
+            self.conn.close()
+            raise ReportError(
+                f"database {shown} has no gpuquota tables (run `gpuquota db upgrade`)"
+            )
+        return self.conn
+
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn.engine.dispose()
+
+
+def _connect_args(backend: str) -> dict[str, Any]:
+    return {"connect_timeout": 5} if backend == "postgresql" else {}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

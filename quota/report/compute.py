@@ -1,0 +1,252 @@
+"""Pure report arithmetic: grouped SQL rows -> exact per-group figures.
+
+Everything stays exact until display: raw usage in integer unit-seconds, physical usage and
+money as Fractions. ``apportion`` rounds a column so that its rounded rows add up to the
+rounded total exactly (largest remainder), which is what the totals row shows.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal
+
+from quota.report.query import CapacityRow, QuotaRow, UsageRow
+from quota.report.ratecard import RateCard
+
+OTHER = "(other)"
+HOUR = 3600
+
+
+def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Fraction:
+    """Physical-GPU equivalent of the row's units: the store's figure (time-slicing
+    units/replicas, MIG N/7), unless the rate card sets a fraction for the MIG profile."""
+    units = row.raw_units if isinstance(row, UsageRow) else row.allocatable_units
+    override = card.mig_fraction(row.resource_name) if card is not None else None
+    if override is not None:
+        return override * units
+    # physical_gpus is stored as a float; the true value is a small rational (3/7, 1/4, 2)
+    return Fraction(row.physical_gpus).limit_denominator(10_000)
+
+
+@dataclass
+class Group:
+    keys: tuple[str | None, ...]
+    raw_seconds: int = 0  # raw unit-seconds
+    physical_seconds: Fraction = Fraction(0)
+    cost: Fraction = Fraction(0)  # in rate-card currency
+    estimated_raw_seconds: int = 0
+    estimated_intervals: int = 0
+    series: list[Fraction] = field(default_factory=list)  # physical seconds per chart bucket
+    # quota view (raw units), only when grouped by namespace
+    quota_avg_used: Fraction | None = None
+    quota_avg_hard: Fraction | None = None
+    quota_peak_used: Fraction | None = None
+    quota_peak_hard: Fraction | None = None
+    quota_unused_seconds: Fraction | None = None
+    idle_seconds: Fraction | None = None  # spread idle physical seconds
+    idle_cost: Fraction | None = None
+    utilised_seconds: Fraction | None = None  # from Prometheus: physical seconds of busy GPU
+
+
+@dataclass
+class IdleRow:
+    gpu_model: str | None
+    node_pool: str | None
+    allocatable_seconds: Fraction = Fraction(0)  # physical
+    allocated_seconds: Fraction = Fraction(0)  # physical
+    idle_seconds: Fraction = Fraction(0)
+    idle_cost: Fraction = Fraction(0)
+
+
+@dataclass
+class Report:
+    keys: tuple[str, ...]
+    groups: list[Group]
+    priced: bool
+    currency: str | None
+    idle: list[IdleRow] | None = None
+    unpriced_models: list[str] = field(default_factory=list)
+    estimated_intervals: int = 0
+    bucket_edges: list[int] = field(default_factory=list)
+
+    @property
+    def physical_total(self) -> Fraction:
+        return sum((g.physical_seconds for g in self.groups), Fraction(0))
+
+
+def sub_windows(lo: int, hi: int, *cuts: Iterable[int]) -> list[int]:
+    """Sorted unique boundaries lo..hi including every cut strictly inside."""
+    inner = {t for seq in cuts for t in seq if lo < t < hi}
+    return [lo, *sorted(inner), hi]
+
+
+def aggregate(
+    keys: Sequence[str],
+    rows: Iterable[UsageRow],
+    edges: Sequence[int],
+    card: RateCard | None,
+    bucket_edges: Sequence[int] | None = None,
+) -> Report:
+    """Sum usage rows per group; price each sub-window at the rate in force at its start."""
+    buckets = list(bucket_edges) if bucket_edges else [edges[0], edges[-1]]
+    bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
+    groups: dict[tuple[str | None, ...], Group] = {}
+    unpriced: set[str] = set()
+    estimated = 0
+    for row in rows:
+        g = groups.setdefault(row.keys, Group(row.keys, series=[Fraction(0)] * (len(buckets) - 1)))
+        per_row = physical_per_row(row, card)
+        for i, seconds in enumerate(row.seconds):
+            if not seconds:
+                continue
+            g.raw_seconds += row.raw_units * seconds
+            physical = per_row * seconds
+            g.physical_seconds += physical
+            g.series[bucket_of[i]] += physical
+            if card is not None:
+                rate, fallback = card.rate(row.gpu_model, edges[i])
+                g.cost += physical * rate / HOUR
+                if fallback:
+                    unpriced.add(row.gpu_model or "(unknown model)")
+        g.estimated_raw_seconds += row.raw_units * row.estimated_seconds
+        g.estimated_intervals += row.estimated_intervals
+        estimated += row.estimated_intervals
+    ordered = sorted(groups.values(), key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
+    return Report(
+        tuple(keys),
+        ordered,
+        card is not None,
+        card.currency if card else None,
+        unpriced_models=sorted(unpriced),
+        estimated_intervals=estimated,
+        bucket_edges=buckets,
+    )
+
+
+def _sort_key(keys: tuple[str | None, ...]) -> tuple[str, ...]:
+    return tuple("" if k is None else k for k in keys)
+
+
+def add_quota(report: Report, quotas: Iterable[QuotaRow], window_seconds: int) -> None:
+    """Attach time-weighted quota figures; report keys must be namespace (and cluster)."""
+    index = {k: i for i, k in enumerate(report.keys)}
+    by_group = {g.keys: g for g in report.groups}
+    for q in quotas:
+        values: list[str | None] = [None] * len(report.keys)
+        values[index["namespace"]] = q.namespace
+        if "cluster" in index:
+            values[index["cluster"]] = q.cluster
+        key = tuple(values)
+        g = by_group.get(key)
+        if g is None:
+            g = by_group[key] = Group(key, series=[Fraction(0)] * (len(report.bucket_edges) - 1))
+            report.groups.append(g)
+        span = Fraction(window_seconds)
+        g.quota_avg_used = (g.quota_avg_used or 0) + Fraction(q.used_seconds) / span
+        g.quota_avg_hard = (g.quota_avg_hard or 0) + Fraction(q.hard_seconds) / span
+        g.quota_unused_seconds = (g.quota_unused_seconds or 0) + Fraction(q.unused_seconds)
+        if q.peak_used is not None:
+            g.quota_peak_used = max(g.quota_peak_used or Fraction(0), Fraction(q.peak_used))
+        if q.peak_hard is not None:
+            g.quota_peak_hard = max(g.quota_peak_hard or Fraction(0), Fraction(q.peak_hard))
+
+
+def idle(
+    capacity: Iterable[CapacityRow],
+    allocated: Iterable[UsageRow],
+    edges: Sequence[int],
+    card: RateCard | None,
+) -> list[IdleRow]:
+    """Idle physical GPU-seconds per (model, pool): allocatable minus allocated, per sub-window
+    (never below zero), priced at the model's rate in force."""
+    cap: dict[tuple[str | None, str | None], list[Fraction]] = {}
+    n = len(edges) - 1
+    for c in capacity:
+        per = physical_per_row(c, None)
+        acc = cap.setdefault((c.gpu_model, c.node_pool), [Fraction(0)] * n)
+        for i, s in enumerate(c.seconds):
+            acc[i] += per * s
+    used: dict[tuple[str | None, str | None], list[Fraction]] = {}
+    for u in allocated:
+        per = physical_per_row(u, card)
+        acc = used.setdefault((u.keys[0], u.keys[1]), [Fraction(0)] * n)
+        for i, s in enumerate(u.seconds):
+            acc[i] += per * s
+    rows = []
+    for key in sorted(set(cap) | set(used), key=lambda k: (k[0] or "", k[1] or "")):
+        c_s, u_s = cap.get(key, [Fraction(0)] * n), used.get(key, [Fraction(0)] * n)
+        row = IdleRow(key[0], key[1], sum(c_s, Fraction(0)), sum(u_s, Fraction(0)))
+        for i in range(n):
+            free = max(c_s[i] - u_s[i], Fraction(0))
+            row.idle_seconds += free
+            if card is not None:
+                row.idle_cost += free * card.rate(key[0], edges[i])[0] / HOUR
+        rows.append(row)
+    return rows
+
+
+def spread_idle(report: Report, how: Literal["proportional", "even"]) -> None:
+    """Share the fleet's idle GPU-hours and cost among the groups: by physical use or evenly."""
+    assert report.idle is not None
+    seconds = sum((r.idle_seconds for r in report.idle), Fraction(0))
+    cost = sum((r.idle_cost for r in report.idle), Fraction(0))
+    total = report.physical_total
+    groups = report.groups
+    for g in groups:
+        if how == "proportional" and total:
+            share = g.physical_seconds / total
+        else:
+            share = Fraction(1, len(groups))
+        g.idle_seconds = seconds * share
+        g.idle_cost = cost * share
+
+
+def fold_top(report: Report, top: int) -> None:
+    """Keep the ``top`` largest groups and fold the rest into one (other) row."""
+    if top <= 0 or len(report.groups) <= top:
+        return
+    kept, rest = report.groups[:top], report.groups[top:]
+    other = Group(tuple([OTHER] * len(report.keys)), series=[Fraction(0)] * len(rest[0].series))
+    for g in rest:
+        other.raw_seconds += g.raw_seconds
+        other.physical_seconds += g.physical_seconds
+        other.cost += g.cost
+        other.estimated_raw_seconds += g.estimated_raw_seconds
+        other.estimated_intervals += g.estimated_intervals
+        other.series = [a + b for a, b in zip(other.series, g.series, strict=True)]
+        for name in (
+            "quota_avg_used",
+            "quota_avg_hard",
+            "quota_unused_seconds",
+            "idle_seconds",
+            "idle_cost",
+            "utilised_seconds",
+        ):
+            value = getattr(g, name)
+            if value is not None:
+                setattr(other, name, (getattr(other, name) or 0) + value)
+    report.groups = [*kept, other]
+
+
+def apportion(values: Sequence[Fraction], decimals: int) -> tuple[list[int], int]:
+    """Round each value to ``decimals`` places (as integers of 10**-decimals) so that the rounded
+    values add up exactly to the rounded total: largest-remainder rounding. Every value moves to
+    its floor or its ceiling; returns (rounded values, rounded total)."""
+    scale = 10**decimals
+    scaled = [Fraction(v) * scale for v in values]
+    total = sum(scaled, Fraction(0))
+    target = _round_half_up(total)
+    floors = [s.numerator // s.denominator for s in scaled]
+    short = target - sum(floors)
+    # hand the missing units to the largest remainders (ties: earlier rows first)
+    order = sorted(range(len(scaled)), key=lambda i: (-(scaled[i] - floors[i]), i))
+    for i in order[: max(short, 0)]:
+        floors[i] += 1
+    return floors, target
+
+
+def _round_half_up(x: Fraction) -> int:
+    return int((x + Fraction(1, 2)).__floor__())

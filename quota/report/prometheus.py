@@ -1,0 +1,106 @@
+"""Measured utilisation from Prometheus: busy GPU-seconds per namespace over a window.
+
+The exporter publishes ``gpu_utilization_ratio`` per device and the attribution join metric
+``gpu_pod_info{namespace, pod, ...}`` (value 1) per device and pod; both carry the device's
+``uuid``. A GPU shared by several pods splits its busy time evenly among them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from fractions import Fraction
+from typing import Any
+
+from quota.report.compute import Report
+
+UTIL_METRIC = "gpu_utilization_ratio"
+JOIN_METRIC = "gpu_pod_info"
+DEVICE_LABEL = "uuid"
+MAX_POINTS = 10_000
+
+
+class PrometheusError(Exception):
+    """Prometheus unreachable or the query failed: one line naming the problem."""
+
+
+def step_for(seconds: int) -> int:
+    """Subquery resolution: at most MAX_POINTS samples per series (a week: one a minute).
+    Steps shorter than the scrape interval repeat the last sample, which keeps the sum right."""
+    return max(1, math.ceil(seconds / MAX_POINTS))
+
+
+def busy_query(seconds: int, step: int) -> str:
+    """PromQL: busy GPU-seconds per namespace over the ``seconds`` before the evaluation time."""
+    joined = (
+        f"({UTIL_METRIC} * on ({DEVICE_LABEL}) group_right {JOIN_METRIC})"
+        f" / on ({DEVICE_LABEL}) group_left count by ({DEVICE_LABEL}) ({JOIN_METRIC})"
+    )
+    return f"sum by (namespace) (sum_over_time(({joined})[{seconds}s:{step}s])) * {step}"
+
+
+def busy_seconds(base_url: str, start: int, end: int, timeout: float = 30.0) -> dict[str, Fraction]:
+    """Busy physical GPU-seconds per namespace in [start, end), from Prometheus at ``base_url``."""
+    seconds = end - start
+    if seconds <= 0:
+        return {}
+    step = step_for(seconds)
+    params = urllib.parse.urlencode({"query": busy_query(seconds, step), "time": str(end)})
+    url = f"{base_url.rstrip('/')}/api/v1/query?{params}"
+    body = _get(url, base_url, timeout)
+    if body.get("status") != "success":
+        raise PrometheusError(
+            f"Prometheus at {base_url}: query failed: {body.get('error', body.get('status'))}"
+        )
+    data = body.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise PrometheusError(
+            f"Prometheus at {base_url}: expected a vector result, got {data.get('resultType')!r}"
+        )
+    out: dict[str, Fraction] = {}
+    for sample in data.get("result", []):
+        try:
+            namespace = sample["metric"].get("namespace", "")
+            value = float(sample["value"][1])
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PrometheusError(f"Prometheus at {base_url}: malformed sample {sample!r}") from exc
+        if math.isfinite(value):
+            out[namespace] = Fraction(value)
+    return out
+
+
+def _get(url: str, base_url: str, timeout: float) -> dict[str, Any]:
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            raw = response.read()
+    except urllib.error.HTTPError as exc:
+        detail = _error_detail(exc.read())
+        raise PrometheusError(f"Prometheus at {base_url}: HTTP {exc.code}: {detail}") from exc
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise PrometheusError(f"cannot reach Prometheus at {base_url}: {reason}") from exc
+    try:
+        doc = json.loads(raw)
+    except ValueError as exc:
+        raise PrometheusError(f"Prometheus at {base_url}: response is not JSON") from exc
+    if not isinstance(doc, dict):
+        raise PrometheusError(f"Prometheus at {base_url}: unexpected response {doc!r:.80}")
+    return doc
+
+
+def _error_detail(raw: bytes) -> str:
+    try:
+        doc = json.loads(raw)
+        return f"{doc.get('errorType', 'error')}: {doc.get('error', '')}".strip()
+    except ValueError:
+        return raw.decode(errors="replace").strip().splitlines()[0] if raw.strip() else "no body"
+
+
+def attach(report: Report, busy: dict[str, Fraction]) -> None:
+    """Set each namespace group's busy GPU-seconds (report grouped by namespace only)."""
+    for g in report.groups:
+        g.utilised_seconds = min(busy.get(g.keys[0] or "", Fraction(0)), g.physical_seconds)

@@ -1,0 +1,370 @@
+"""The report's SQL: clip intervals to sub-windows and SUM ... GROUP BY inside the database.
+
+Every interval [start, end) is clipped to each sub-window [b_i, b_i+1) with
+GREATEST/LEAST (PostgreSQL) or the scalar MAX/MIN (SQLite), giving one SUM column per
+sub-window in one scan. Sub-windows are the report window split at rate changes (and at chart
+buckets), so pricing and charting need no second pass. Python only sees the grouped rows.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    ColumnElement,
+    Integer,
+    Select,
+    and_,
+    case,
+    cast,
+    func,
+    literal,
+    or_,
+    select,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import GenericFunction
+
+from quota.store.models import Allocation, NamespaceLabels, NodeCapacity, QuotaSample
+
+# Keys a report can group by, mapped to Allocation columns (label:<key> is handled apart).
+GROUP_COLUMNS: dict[str, tuple[Any, ...]] = {
+    "namespace": (Allocation.namespace,),
+    "model": (Allocation.gpu_model,),
+    "node": (Allocation.node,),
+    "pool": (Allocation.node_pool,),
+    "cluster": (Allocation.cluster,),
+    "owner": (Allocation.owner_kind, Allocation.owner_name),
+    "resource": (Allocation.resource_name,),
+}
+FAR_FUTURE = 2**62
+
+
+class greatest(GenericFunction[int]):  # noqa: N801 - SQL function name
+    type = Integer()
+    inherit_cache = True
+
+
+class least(GenericFunction[int]):  # noqa: N801 - SQL function name
+    type = Integer()
+    inherit_cache = True
+
+
+@compiles(greatest, "sqlite")
+def _greatest_sqlite(element: greatest, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"max({compiler.process(element.clauses, **kw)})"
+
+
+@compiles(least, "sqlite")
+def _least_sqlite(element: least, compiler: SQLCompiler, **kw: Any) -> str:
+    return f"min({compiler.process(element.clauses, **kw)})"
+
+
+def clipped(start: Any, end: Any, lo: Any, hi: Any) -> ColumnElement[int]:
+    """Seconds of [start, end) inside [lo, hi), never negative."""
+    return greatest(least(end, hi) - greatest(start, lo), 0)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """Allocations of one group sharing a price and a physical fraction."""
+
+    keys: tuple[str | None, ...]  # one value per group key (owner: "Kind/name")
+    resource_name: str
+    gpu_model: str | None
+    raw_units: int
+    physical_gpus: float
+    seconds: tuple[int, ...]  # per sub-window, of the whole interval (multiply by raw_units)
+    estimated_seconds: int  # seconds (whole window) of intervals closed by estimate
+    intervals: int
+    estimated_intervals: int
+
+
+def _key_values(keys: Sequence[str], row: Sequence[Any]) -> tuple[tuple[str | None, ...], int]:
+    """Fold the selected key columns of ``row`` into one value per key; returns the offset."""
+    values: list[str | None] = []
+    i = 0
+    for key in keys:
+        if key == "owner":
+            kind, name = row[i], row[i + 1]
+            values.append(f"{kind}/{name}" if name else None)
+            i += 2
+        else:
+            values.append(row[i])
+            i += 1
+    return tuple(values), i
+
+
+def usage(
+    conn: Connection,
+    keys: Sequence[str],
+    edges: Sequence[int],
+    now: int,
+    cluster: str | None = None,
+) -> list[UsageRow]:
+    """Allocation seconds per group and sub-window ``edges[i]..edges[i+1]``.
+
+    Keys are GROUP_COLUMNS names or ``label:<name>``; namespace labels are taken from
+    NamespaceLabels as they were at the time, splitting intervals where labels changed. Time a
+    namespace had no recorded labels comes back with label value None."""
+    label_keys = [k.split(":", 1)[1] for k in keys if k.startswith("label:")]
+    plain = [k for k in keys if not k.startswith("label:")]
+    base = _usage_query(plain, [], edges, now, cluster)
+    base_rows = [_usage_row(plain, r, len(edges) - 1) for r in conn.execute(base)]
+    if not label_keys:
+        return base_rows
+    labelled = _usage_query(plain, label_keys, edges, now, cluster)
+    # Query results carry plain keys first, then label values; restore the requested order.
+    rows = [
+        _usage_row(plain + [f"label:{k}" for k in label_keys], r, len(edges) - 1)
+        for r in conn.execute(labelled)
+    ]
+    rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
+    order = [k for k in keys if not k.startswith("label:")] + [
+        k for k in keys if k.startswith("label:")
+    ]
+    position = [order.index(k) for k in keys]
+    return [
+        UsageRow(
+            tuple(r.keys[p] for p in position),
+            r.resource_name,
+            r.gpu_model,
+            r.raw_units,
+            r.physical_gpus,
+            r.seconds,
+            r.estimated_seconds,
+            r.intervals,
+            r.estimated_intervals,
+        )
+        for r in rows
+    ]
+
+
+def _usage_query(
+    plain: Sequence[str],
+    label_keys: Sequence[str],
+    edges: Sequence[int],
+    now: int,
+    cluster: str | None,
+) -> Select[Any]:
+    a = Allocation
+    start: Any = a.started_at
+    end: Any = func.coalesce(a.ended_at, now)
+    lo_bound: Any = None
+    hi_bound: Any = None
+    group: list[Any] = [c for k in plain for c in GROUP_COLUMNS[k]]
+    if label_keys:
+        nl = NamespaceLabels
+        lo_bound, hi_bound = nl.valid_from, func.coalesce(nl.valid_to, FAR_FUTURE)
+        group += [nl.labels[k].as_string() for k in label_keys]
+    lo, hi = edges[0], min(edges[-1], now)
+
+    def clip(b0: int, b1: int) -> ColumnElement[int]:
+        w0: Any = literal(b0) if lo_bound is None else greatest(lo_bound, b0)
+        w1: Any = literal(min(b1, now)) if hi_bound is None else least(hi_bound, min(b1, now))
+        return clipped(start, end, w0, w1)
+
+    windows = [func.sum(clip(b0, b1)) for b0, b1 in itertools.pairwise(edges)]
+    whole = clip(lo, edges[-1])
+    est = cast(a.estimated, Boolean)
+    columns = [
+        *group,
+        a.resource_name,
+        a.gpu_model,
+        a.raw_units,
+        a.physical_gpus,
+        *windows,
+        func.sum(case((est, whole), else_=0)),
+        func.count(),
+        func.sum(case((est, 1), else_=0)),
+    ]
+    stmt = select(*columns).where(
+        a.started_at < hi,
+        or_(a.ended_at > lo, a.ended_at.is_(None)),
+    )
+    if cluster is not None:
+        stmt = stmt.where(a.cluster == cluster)
+    if label_keys:
+        nl = NamespaceLabels
+        stmt = stmt.join(
+            nl,
+            and_(
+                nl.cluster == a.cluster,
+                nl.namespace == a.namespace,
+                nl.valid_from < hi,
+                or_(nl.valid_to.is_(None), nl.valid_to > lo),
+                nl.valid_from < end,
+                func.coalesce(nl.valid_to, FAR_FUTURE) > a.started_at,
+            ),
+        )
+    return stmt.group_by(*group, a.resource_name, a.gpu_model, a.raw_units, a.physical_gpus)
+
+
+def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRow:
+    values, i = _key_values(keys, r)
+    resource, model, units, physical = r[i], r[i + 1], int(r[i + 2]), float(r[i + 3])
+    i += 4
+    seconds = tuple(int(s or 0) for s in r[i : i + n_windows])
+    est_s, count, est_n = r[i + n_windows : i + n_windows + 3]
+    return UsageRow(
+        values,
+        resource,
+        model,
+        units,
+        physical,
+        seconds,
+        int(est_s or 0),
+        int(count),
+        int(est_n or 0),
+    )
+
+
+def _unlabelled(
+    base: Sequence[UsageRow], labelled: Sequence[UsageRow], n_plain: int, n_labels: int
+) -> list[UsageRow]:
+    """Time not covered by any NamespaceLabels row: base totals minus labelled totals."""
+    covered: dict[tuple[Any, ...], list[int]] = {}
+    for r in labelled:
+        key = (*r.keys[:n_plain], r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        acc = covered.setdefault(key, [0] * (len(r.seconds) + 1))
+        for j, s in enumerate(r.seconds):
+            acc[j] += s
+        acc[-1] += r.estimated_seconds
+    rest: list[UsageRow] = []
+    for r in base:
+        key = (*r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        acc = covered.get(key, [0] * (len(r.seconds) + 1))
+        seconds = tuple(s - c for s, c in zip(r.seconds, acc, strict=False))
+        est = r.estimated_seconds - acc[-1]
+        if any(seconds) or est:
+            rest.append(
+                UsageRow(
+                    (*r.keys, *([None] * n_labels)),
+                    r.resource_name,
+                    r.gpu_model,
+                    r.raw_units,
+                    r.physical_gpus,
+                    seconds,
+                    est,
+                    r.intervals,
+                    r.estimated_intervals,
+                )
+            )
+    return rest
+
+
+@dataclass(frozen=True)
+class CapacityRow:
+    gpu_model: str | None
+    node_pool: str | None
+    resource_name: str
+    allocatable_units: int
+    physical_gpus: float
+    seconds: tuple[int, ...]  # per sub-window
+
+
+def capacity(
+    conn: Connection, edges: Sequence[int], now: int, cluster: str | None = None
+) -> list[CapacityRow]:
+    """Allocatable GPU seconds of GPU nodes per model, pool and sub-window."""
+    c = NodeCapacity
+    end: Any = func.coalesce(c.ended_at, now)
+    lo, hi = edges[0], min(edges[-1], now)
+    windows = [
+        func.sum(clipped(c.started_at, end, b0, min(b1, now)))
+        for b0, b1 in itertools.pairwise(edges)
+    ]
+    group: list[Any] = [
+        c.gpu_model,
+        c.node_pool,
+        c.resource_name,
+        c.allocatable_units,
+        c.physical_gpus,
+    ]
+    stmt = select(*group, *windows).where(
+        c.started_at < hi, or_(c.ended_at > lo, c.ended_at.is_(None))
+    )
+    if cluster is not None:
+        stmt = stmt.where(c.cluster == cluster)
+    n = len(edges) - 1
+    return [
+        CapacityRow(
+            r[0], r[1], r[2], int(r[3]), float(r[4]), tuple(int(s or 0) for s in r[5 : 5 + n])
+        )
+        for r in conn.execute(stmt.group_by(*group))
+    ]
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    cluster: str
+    namespace: str
+    covered_seconds: int  # seconds of the window some sample was in force
+    used_seconds: float  # integral of used over the window (unit-seconds)
+    hard_seconds: float  # integral of hard
+    unused_seconds: float  # integral of max(hard - used, 0)
+    peak_used: float | None
+    peak_hard: float | None
+
+
+def quota(
+    conn: Connection, lo: int, hi: int, now: int, cluster: str | None = None
+) -> list[QuotaRow]:
+    """Time-weighted quota hard/used per namespace from QuotaSample history (a step function:
+    each sample holds until the next one of the same quota and resource).
+
+    Counts resources in requests form (``requests.X`` or bare ``X``), not ``limits.X``, so a
+    quota that sets both is not counted twice."""
+    q = QuotaSample
+    hi = min(hi, now)
+    nxt = (
+        func.lead(q.observed_at)
+        .over(
+            partition_by=(q.cluster, q.namespace, q.quota_name, q.resource_name),
+            order_by=q.observed_at,
+        )
+        .label("next_at")
+    )
+    samples = select(q.cluster, q.namespace, q.hard, q.used, q.observed_at, nxt).where(
+        q.observed_at < hi, ~q.resource_name.startswith("limits.")
+    )
+    if cluster is not None:
+        samples = samples.where(q.cluster == cluster)
+    s = samples.subquery()
+    dur = clipped(s.c.observed_at, func.coalesce(s.c.next_at, hi), lo, hi)
+    used = func.coalesce(s.c.used, 0)
+    hard = func.coalesce(s.c.hard, 0)
+    in_window = func.coalesce(s.c.next_at, hi) > lo
+    stmt = (
+        select(
+            s.c.cluster,
+            s.c.namespace,
+            func.sum(dur),
+            func.sum(used * dur),
+            func.sum(hard * dur),
+            func.sum(case((hard > used, (hard - used) * dur), else_=0)),
+            func.max(case((in_window, s.c.used), else_=None)),
+            func.max(case((in_window, s.c.hard), else_=None)),
+        )
+        .where(in_window)
+        .group_by(s.c.cluster, s.c.namespace)
+    )
+    return [
+        QuotaRow(
+            r[0],
+            r[1],
+            int(r[2] or 0),
+            float(r[3] or 0),
+            float(r[4] or 0),
+            float(r[5] or 0),
+            None if r[6] is None else float(r[6]),
+            None if r[7] is None else float(r[7]),
+        )
+        for r in conn.execute(stmt)
+    ]

@@ -1,0 +1,200 @@
+"""Rate card: the price of a physical GPU-hour per GPU model over time, MIG profile fractions
+and a default rate. Loaded from YAML and validated strictly: every problem names the file, the
+key path and what is wrong.
+
+Example::
+
+    currency: USD
+    default_rate: 2.00            # per physical GPU-hour, for models not listed
+    timezone: UTC                 # zone of the effective dates below (default UTC)
+    models:
+      NVIDIA-H100-80GB-HBM3:
+        - rate: 4.10              # in force from the start of time...
+        - {rate: 3.60, from: 2026-10-15}   # ...until this date, then 3.60
+      NVIDIA-L4: 0.80             # shorthand: one rate, always
+    mig_fractions:                # physical-GPU share of one MIG instance (default N/7)
+      1g.10gb: 0.125
+"""
+
+from __future__ import annotations
+
+import bisect
+import datetime as dt
+import re
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+
+_TOP_KEYS = {"currency", "default_rate", "timezone", "models", "mig_fractions"}
+_ENTRY_KEYS = {"rate", "from"}
+_MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
+MIG_PREFIX = "nvidia.com/mig-"
+
+
+class RateCardError(ValueError):
+    """A rate card that cannot be used; str() is one line: file, key path, problem."""
+
+    def __init__(self, path: str, key: str, problem: str) -> None:
+        super().__init__(f"{path}: {key}: {problem}" if key else f"{path}: {problem}")
+
+
+@dataclass(frozen=True)
+class RatePeriod:
+    start: int | None  # unix seconds; None: since the start of time
+    rate: Fraction  # per physical GPU-hour
+
+
+@dataclass(frozen=True)
+class RateCard:
+    currency: str
+    default_rate: Fraction
+    models: dict[str, tuple[RatePeriod, ...]] = field(default_factory=dict)
+    mig_fractions: dict[str, Fraction] = field(default_factory=dict)
+
+    def boundaries(self, lo: int, hi: int) -> list[int]:
+        """Rate changes strictly inside [lo, hi): usage must be split there."""
+        points = {p.start for periods in self.models.values() for p in periods}
+        return sorted(t for t in points if t is not None and lo < t < hi)
+
+    def rate(self, model: str | None, at: int) -> tuple[Fraction, bool]:
+        """Rate in force for ``model`` at ``at``, and whether it is the default fallback."""
+        periods = self.models.get(model or "")
+        if not periods:
+            return self.default_rate, True
+        starts = [p.start if p.start is not None else -(2**62) for p in periods]
+        i = bisect.bisect_right(starts, at) - 1
+        if i < 0:
+            return self.default_rate, True
+        return periods[i].rate, False
+
+    def mig_fraction(self, resource_name: str) -> Fraction | None:
+        """The rate card's physical share of one instance of a MIG resource, if it sets one."""
+        if not resource_name.startswith(MIG_PREFIX):
+            return None
+        return self.mig_fractions.get(resource_name[len(MIG_PREFIX) :])
+
+
+def load(path: str | Path) -> RateCard:
+    name = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise RateCardError(name, "", f"cannot read: {exc.strerror or exc}") from exc
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "document"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise RateCardError(name, where, f"invalid YAML: {problem}") from exc
+    return parse(doc, name)
+
+
+def parse(doc: Any, name: str = "<ratecard>") -> RateCard:
+    if not isinstance(doc, dict):
+        raise RateCardError(name, "", "expected a mapping at the top level")
+    unknown = sorted(set(map(str, doc)) - _TOP_KEYS)
+    if unknown:
+        raise RateCardError(name, unknown[0], f"unknown key (expected one of {sorted(_TOP_KEYS)})")
+    if "default_rate" not in doc:
+        raise RateCardError(name, "default_rate", "missing (the rate for models not listed)")
+    currency = doc.get("currency", "USD")
+    if not isinstance(currency, str) or not currency.strip():
+        raise RateCardError(name, "currency", "expected a non-empty string such as USD")
+    tz_name = doc.get("timezone", "UTC")
+    try:
+        tz = ZoneInfo(str(tz_name))
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise RateCardError(name, "timezone", f"unknown time zone {tz_name!r}") from exc
+    default_rate = _rate(doc["default_rate"], name, "default_rate")
+    models_doc = doc.get("models") or {}
+    if not isinstance(models_doc, dict):
+        raise RateCardError(name, "models", "expected a mapping of GPU model to rate(s)")
+    models: dict[str, tuple[RatePeriod, ...]] = {}
+    for model, spec in models_doc.items():
+        models[str(model)] = _periods(spec, name, f"models.{model}", tz)
+    mig_doc = doc.get("mig_fractions") or {}
+    if not isinstance(mig_doc, dict):
+        raise RateCardError(name, "mig_fractions", "expected a mapping of MIG profile to fraction")
+    mig: dict[str, Fraction] = {}
+    for profile, value in mig_doc.items():
+        key = f"mig_fractions.{profile}"
+        if not _MIG_PROFILE.match(str(profile)):
+            raise RateCardError(name, key, "not a MIG profile name like 1g.10gb")
+        fraction = _number(value, name, key)
+        if not 0 < fraction <= 1:
+            raise RateCardError(name, key, f"fraction must be in (0, 1], got {value}")
+        mig[str(profile)] = fraction
+    return RateCard(currency.strip(), default_rate, models, mig)
+
+
+def _periods(spec: Any, name: str, key: str, tz: dt.tzinfo) -> tuple[RatePeriod, ...]:
+    if not isinstance(spec, list):
+        return (RatePeriod(None, _rate(spec, name, key)),)
+    if not spec:
+        raise RateCardError(name, key, "empty list of rates")
+    periods: list[RatePeriod] = []
+    for i, entry in enumerate(spec):
+        where = f"{key}[{i}]"
+        if not isinstance(entry, dict):
+            raise RateCardError(name, where, "expected a mapping with 'rate' and optional 'from'")
+        unknown = sorted(set(map(str, entry)) - _ENTRY_KEYS)
+        if unknown:
+            raise RateCardError(name, f"{where}.{unknown[0]}", "unknown key (expected rate, from)")
+        if "rate" not in entry:
+            raise RateCardError(name, f"{where}.rate", "missing")
+        rate = _rate(entry["rate"], name, f"{where}.rate")
+        start = _instant(entry["from"], name, f"{where}.from", tz) if "from" in entry else None
+        if start is None and i > 0:
+            raise RateCardError(name, f"{where}.from", "missing (only the first rate may omit it)")
+        if (
+            periods
+            and periods[-1].start is not None
+            and start is not None
+            and start <= periods[-1].start
+        ):
+            raise RateCardError(name, f"{where}.from", "effective dates must increase")
+        periods.append(RatePeriod(start, rate))
+    return tuple(periods)
+
+
+def _number(value: Any, name: str, key: str) -> Fraction:
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise RateCardError(name, key, f"expected a number, got {value!r}")
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation as exc:
+        raise RateCardError(name, key, f"expected a number, got {value!r}") from exc
+    if not number.is_finite():
+        raise RateCardError(name, key, f"expected a finite number, got {value!r}")
+    return Fraction(number)
+
+
+def _rate(value: Any, name: str, key: str) -> Fraction:
+    rate = _number(value, name, key)
+    if rate < 0:
+        raise RateCardError(name, key, f"a rate cannot be negative, got {value}")
+    return rate
+
+
+def _instant(value: Any, name: str, key: str, tz: dt.tzinfo) -> int:
+    # PyYAML already turns 2026-10-15 into a date and full timestamps into datetimes
+    if isinstance(value, dt.datetime):
+        moment = value if value.tzinfo else value.replace(tzinfo=tz)
+        return int(moment.timestamp())
+    if isinstance(value, dt.date):
+        return int(dt.datetime(value.year, value.month, value.day, tzinfo=tz).timestamp())
+    if isinstance(value, str):
+        try:
+            moment = dt.datetime.fromisoformat(value.strip())
+        except ValueError:
+            pass
+        else:
+            moment = moment if moment.tzinfo else moment.replace(tzinfo=tz)
+            return int(moment.timestamp())
+    raise RateCardError(name, key, f"expected a date (2026-10-15) or RFC 3339 time, got {value!r}")

@@ -1,0 +1,380 @@
+"""Formatting of a computed report: terminal table, CSV and JSON.
+
+All three show the same rounded numbers: each additive column is rounded with
+``compute.apportion`` so the totals row is exactly the sum of the rows shown above it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Literal
+
+from quota.report.compute import HOUR, Group, IdleRow, Report, apportion
+from quota.report.period import Period
+
+Total = Literal["sum", "none", "ratio"]
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str  # CSV / JSON field
+    header: str  # table heading
+    decimals: int
+    value: Callable[[Group], Fraction | None]
+    total: Total = "sum"
+    # for "ratio" totals: numerator and denominator getters, result shown as a percentage
+    ratio: tuple[Callable[[Group], Fraction | None], Callable[[Group], Fraction | None]] | None = (
+        None
+    )
+
+
+def _hours(get: Callable[[Group], Fraction | int | None]) -> Callable[[Group], Fraction | None]:
+    def value(g: Group) -> Fraction | None:
+        v = get(g)
+        return None if v is None else Fraction(v) / HOUR
+
+    return value
+
+
+def columns(report: Report) -> list[Column]:
+    total = report.physical_total
+    cols = [
+        Column("gpu_hours_raw", "GPU-h raw", 2, _hours(lambda g: g.raw_seconds)),
+        Column("gpu_hours_physical", "GPU-h phys", 2, _hours(lambda g: g.physical_seconds)),
+    ]
+    if report.priced:
+        cols.append(
+            Column(f"cost_{report.currency}", f"cost {report.currency}", 2, lambda g: g.cost)
+        )
+    cols.append(
+        Column(
+            "share_pct",
+            "share %",
+            2,
+            lambda g: g.physical_seconds * 100 / total if total else Fraction(0),
+        )
+    )
+    cols.append(
+        Column(
+            "estimated_gpu_hours_raw", "est. GPU-h", 2, _hours(lambda g: g.estimated_raw_seconds)
+        )
+    )
+    if any(g.quota_avg_hard is not None for g in report.groups):
+        cols += [
+            Column("quota_avg_used", "quota avg used", 2, lambda g: g.quota_avg_used),
+            Column("quota_peak_used", "quota peak used", 2, lambda g: g.quota_peak_used, "none"),
+            Column("quota_avg_hard", "quota avg hard", 2, lambda g: g.quota_avg_hard),
+            Column(
+                "quota_unused_gpu_hours",
+                "quota unused GPU-h",
+                2,
+                _hours(lambda g: g.quota_unused_seconds),
+            ),
+        ]
+    if any(g.idle_seconds is not None for g in report.groups):
+        cols.append(Column("idle_gpu_hours", "idle GPU-h", 2, _hours(lambda g: g.idle_seconds)))
+        if report.priced:
+            cols.append(
+                Column(
+                    f"idle_cost_{report.currency}",
+                    f"idle cost {report.currency}",
+                    2,
+                    lambda g: g.idle_cost,
+                )
+            )
+    if any(g.utilised_seconds is not None for g in report.groups):
+        used = _hours(lambda g: g.utilised_seconds)
+        phys = _hours(lambda g: g.physical_seconds)
+        cols += [
+            Column(
+                "utilisation_pct",
+                "util %",
+                1,
+                lambda g: (
+                    None
+                    if g.utilised_seconds is None or not g.physical_seconds
+                    else g.utilised_seconds * 100 / g.physical_seconds
+                ),
+                "ratio",
+                (used, phys),
+            ),
+            Column("used_gpu_hours", "busy GPU-h", 2, used),
+            Column(
+                "idle_while_allocated_gpu_hours",
+                "idle-alloc GPU-h",
+                2,
+                _hours(
+                    lambda g: (
+                        None
+                        if g.utilised_seconds is None
+                        else max(g.physical_seconds - g.utilised_seconds, Fraction(0))
+                    )
+                ),
+            ),
+        ]
+    return cols
+
+
+@dataclass(frozen=True)
+class Cell:
+    scaled: int | None  # value in units of 10**-decimals; None: blank
+    decimals: int
+
+    def text(self) -> str:
+        return "" if self.scaled is None else format_scaled(self.scaled, self.decimals)
+
+    def number(self) -> float | None:
+        return None if self.scaled is None else self.scaled / 10**self.decimals
+
+
+def format_scaled(n: int, decimals: int) -> str:
+    sign = "-" if n < 0 else ""
+    whole, frac = divmod(abs(n), 10**decimals)
+    return f"{sign}{whole}.{frac:0{decimals}d}" if decimals else f"{sign}{whole}"
+
+
+def table_cells(
+    groups: Sequence[Group], cols: Sequence[Column]
+) -> tuple[list[list[Cell]], list[Cell]]:
+    """Rounded cells per row and the totals row (sums of the shown rows)."""
+    rows: list[list[Cell]] = [[] for _ in groups]
+    totals: list[Cell] = []
+    for col in cols:
+        raw = [col.value(g) for g in groups]
+        if col.total == "sum":
+            scaled, total = apportion([v or Fraction(0) for v in raw], col.decimals)
+            for r, v, s in zip(rows, raw, scaled, strict=True):
+                r.append(Cell(None if v is None else s, col.decimals))
+            present = any(v is not None for v in raw)
+            totals.append(Cell(total if present else None, col.decimals))
+        else:
+            scale = 10**col.decimals
+            for r, v in zip(rows, raw, strict=True):
+                r.append(Cell(None if v is None else round(v * scale), col.decimals))
+            cell = Cell(None, col.decimals)
+            if col.total == "ratio" and col.ratio is not None:
+                num = [col.ratio[0](g) for g in groups]
+                den = [col.ratio[1](g) for g in groups]
+                n = sum(
+                    (a for a, b in zip(num, den, strict=True) if a is not None and b), Fraction(0)
+                )
+                d = sum(
+                    (b for a, b in zip(num, den, strict=True) if a is not None and b), Fraction(0)
+                )
+                if d:
+                    cell = Cell(round(n * 100 * scale / d), col.decimals)
+            totals.append(cell)
+    return rows, totals
+
+
+def _key_text(value: str | None) -> str:
+    return "(none)" if value is None else value
+
+
+def idle_columns(
+    priced: bool, currency: str | None
+) -> list[tuple[str, str, int, Callable[[IdleRow], Fraction]]]:
+    cols: list[tuple[str, str, int, Callable[[IdleRow], Fraction]]] = [
+        ("allocatable_gpu_hours", "allocatable GPU-h", 2, lambda r: r.allocatable_seconds / HOUR),
+        ("allocated_gpu_hours", "allocated GPU-h", 2, lambda r: r.allocated_seconds / HOUR),
+        ("idle_gpu_hours", "idle GPU-h", 2, lambda r: r.idle_seconds / HOUR),
+    ]
+    if priced:
+        cols.append((f"idle_cost_{currency}", f"idle cost {currency}", 2, lambda r: r.idle_cost))
+    return cols
+
+
+def idle_cells(report: Report) -> tuple[list[str], list[list[str]], list[str]]:
+    assert report.idle is not None
+    cols = idle_columns(report.priced, report.currency)
+    rows: list[list[str]] = [[_key_text(r.gpu_model), _key_text(r.node_pool)] for r in report.idle]
+    totals = ["TOTAL", ""]
+    for _name, _header, decimals, get in cols:
+        scaled, total = apportion([get(r) for r in report.idle], decimals)
+        for row, s in zip(rows, scaled, strict=True):
+            row.append(format_scaled(s, decimals))
+        totals.append(format_scaled(total, decimals))
+    # idle share of allocatable, a ratio: not summed
+    for row, r in zip(rows, report.idle, strict=True):
+        row.append(_pct(r.idle_seconds, r.allocatable_seconds))
+    totals.append(
+        _pct(
+            sum((r.idle_seconds for r in report.idle), Fraction(0)),
+            sum((r.allocatable_seconds for r in report.idle), Fraction(0)),
+        )
+    )
+    names = ["model", "node_pool", *[c[0] for c in cols], "idle_pct"]
+    return names, rows, totals
+
+
+def _pct(a: Fraction, b: Fraction) -> str:
+    return format_scaled(round(a * 1000 / b), 1) if b else ""
+
+
+def notes(report: Report) -> list[str]:
+    out = []
+    if report.estimated_intervals:
+        est = sum(g.estimated_raw_seconds for g in report.groups)
+        out.append(
+            f"{report.estimated_intervals} interval(s) ({format_scaled(round(Fraction(est * 100, HOUR)), 2)} "
+            "raw GPU-h) were closed by estimate: the pods vanished while the controller was down "
+            "(column est. GPU-h)"
+        )
+    if report.unpriced_models:
+        out.append(
+            "priced at the default rate (not in the rate card): "
+            + ", ".join(report.unpriced_models)
+        )
+    return out
+
+
+def _fit(cells: Sequence[Sequence[str]], numeric_from: int) -> list[str]:
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
+    lines = []
+    for r in cells:
+        parts = [
+            c.rjust(w) if i >= numeric_from else c.ljust(w)
+            for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return lines
+
+
+def render_table(report: Report, period: Period) -> str:
+    cols = columns(report)
+    rows, totals = table_cells(report.groups, cols)
+    nkeys = len(report.keys)
+    head = [*report.keys, *[c.header for c in cols]]
+    body = [
+        [*map(_key_text, g.keys), *[c.text() for c in r]]
+        for g, r in zip(report.groups, rows, strict=True)
+    ]
+    tot = ["TOTAL", *[""] * (nkeys - 1), *[c.text() for c in totals]]
+    lines = _fit([head, *body, tot], nkeys)
+    rule = "-" * max(len(line) for line in lines)
+    out = [
+        f"GPU usage by {', '.join(report.keys)}  {period.label()}",
+        "",
+        lines[0],
+        rule,
+        *lines[1:-1],
+        rule,
+        lines[-1],
+    ]
+    if not report.groups:
+        out.insert(2, "(no GPU usage in this period)")
+    if report.idle is not None:
+        _names, irows, itot = idle_cells(report)
+        headers = [
+            "model",
+            "node pool",
+            *[c[1] for c in idle_columns(report.priced, report.currency)],
+            "idle %",
+        ]
+        ilines = _fit([headers, *irows, itot], 2)
+        irule = "-" * max(len(line) for line in ilines)
+        out += [
+            "",
+            "Idle GPU-hours (physical) by model and node pool",
+            "",
+            ilines[0],
+            irule,
+            *ilines[1:-1],
+            irule,
+            ilines[-1],
+        ]
+    for note in notes(report):
+        out.append(f"note: {note}")
+    return "\n".join(out) + "\n"
+
+
+def render_csv(report: Report) -> str:
+    """One CSV table; the ``row`` column says what each line is: group, total, idle or
+    idle_total (idle rows fill the model/node_pool/idle columns)."""
+    cols = columns(report)
+    rows, totals = table_cells(report.groups, cols)
+    idle_names: list[str] = []
+    idle_rows: list[list[str]] = []
+    idle_total: list[str] = []
+    if report.idle is not None:
+        idle_names, idle_rows, idle_total = idle_cells(report)
+    key_names = list(report.keys)
+    fields = ["row", *key_names, *[c.name for c in cols], "gpu_seconds_raw"]
+    fields += [n for n in idle_names if n not in fields]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
+    writer.writeheader()
+    for g, r in zip(report.groups, rows, strict=True):
+        record: dict[str, Any] = {"row": "group"}
+        record.update({k: _key_text(v) for k, v in zip(key_names, g.keys, strict=True)})
+        record.update({c.name: cell.text() for c, cell in zip(cols, r, strict=True)})
+        record["gpu_seconds_raw"] = g.raw_seconds
+        writer.writerow(record)
+    total_record: dict[str, Any] = {"row": "total"}
+    total_record.update({c.name: cell.text() for c, cell in zip(cols, totals, strict=True)})
+    total_record["gpu_seconds_raw"] = sum(g.raw_seconds for g in report.groups)
+    writer.writerow(total_record)
+    for line in idle_rows:
+        writer.writerow({"row": "idle", **dict(zip(idle_names, line, strict=True))})
+    if idle_total:
+        writer.writerow({"row": "idle_total", **dict(zip(idle_names, idle_total, strict=True))})
+    return buf.getvalue()
+
+
+def render_json(report: Report, period: Period) -> str:
+    cols = columns(report)
+    rows, totals = table_cells(report.groups, cols)
+    doc: dict[str, Any] = {
+        "period": {
+            "start": _iso(period.start, period),
+            "end": _iso(period.end, period),
+            "start_unix": period.start,
+            "end_unix": period.end,
+            "timezone": str(period.tz),
+        },
+        "group_by": list(report.keys),
+        "currency": report.currency,
+        "rows": [],
+        "total": {c.name: cell.number() for c, cell in zip(cols, totals, strict=True)},
+        "notes": {
+            "estimated_intervals": report.estimated_intervals,
+            "unpriced_models": report.unpriced_models,
+            "messages": notes(report),
+        },
+    }
+    doc["total"]["gpu_seconds_raw"] = sum(g.raw_seconds for g in report.groups)
+    for g, r in zip(report.groups, rows, strict=True):
+        entry: dict[str, Any] = {"group": dict(zip(report.keys, g.keys, strict=True))}
+        entry.update({c.name: cell.number() for c, cell in zip(cols, r, strict=True)})
+        entry["gpu_seconds_raw"] = g.raw_seconds
+        doc["rows"].append(entry)
+    if report.idle is not None:
+        names, irows, itot = idle_cells(report)
+        doc["idle"] = {
+            "rows": [
+                _idle_record(names, line, r) for line, r in zip(irows, report.idle, strict=True)
+            ],
+            "total": {n: _num(v) for n, v in zip(names[2:], itot[2:], strict=True)},
+        }
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def _idle_record(names: Sequence[str], line: Sequence[str], row: IdleRow) -> dict[str, Any]:
+    record: dict[str, Any] = {"model": row.gpu_model, "node_pool": row.node_pool}
+    record.update({n: _num(v) for n, v in zip(names[2:], line[2:], strict=True)})
+    return record
+
+
+def _num(text: str) -> float | None:
+    return float(text) if text else None
+
+
+def _iso(t: int, period: Period) -> str:
+    from datetime import datetime
+
+    return datetime.fromtimestamp(t, period.tz).isoformat()

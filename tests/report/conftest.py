@@ -1,0 +1,217 @@
+"""Fixtures for the report tests: a quota store on SQLite and on PostgreSQL (own schema, dropped
+after the session), helpers that write rows, and a runner for `gpuquota report`."""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, delete, insert, text
+from sqlalchemy.exc import OperationalError
+
+from quota.report import cli
+from quota.store.models import Allocation, Base, NamespaceLabels, NodeCapacity, QuotaSample
+
+H100 = "NVIDIA-H100-80GB-HBM3"
+A100 = "NVIDIA-A100-SXM4-40GB"
+
+
+def ts(text_: str) -> int:
+    """Unix seconds of an RFC 3339 time (UTC when no offset)."""
+    moment = datetime.fromisoformat(text_)
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp())
+
+
+@dataclass
+class Store:
+    url: str
+    engine: Engine
+    _seq: int = 0
+
+    def clear(self) -> None:
+        with self.engine.begin() as conn:
+            for table in reversed(Base.metadata.sorted_tables):
+                conn.execute(delete(table))
+
+    def alloc(
+        self,
+        namespace: str,
+        start: int,
+        end: int | None,
+        *,
+        units: int = 1,
+        physical: float | None = None,
+        model: str | None = H100,
+        resource: str = "nvidia.com/gpu",
+        node: str = "node-1",
+        pool: str | None = "pool-a",
+        owner: tuple[str, str] | None = ("Job", "train"),
+        cluster: str = "c1",
+        estimated: bool = False,
+        replicas: int | None = None,
+    ) -> None:
+        self._seq += 1
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(Allocation).values(
+                    cluster=cluster,
+                    pod_uid=f"uid-{self._seq}",
+                    namespace=namespace,
+                    pod_name=f"pod-{self._seq}",
+                    owner_kind=owner[0] if owner else None,
+                    owner_name=owner[1] if owner else None,
+                    node=node,
+                    node_pool=pool,
+                    gpu_model=model,
+                    resource_name=resource,
+                    raw_units=units,
+                    physical_gpus=float(units) if physical is None else physical,
+                    replicas=replicas,
+                    sharing_strategy="time-slicing" if replicas else None,
+                    started_at=start,
+                    ended_at=end,
+                    end_reason="vanished" if estimated else None,
+                    estimated=estimated,
+                    updated_at=start,
+                )
+            )
+
+    def labels(
+        self,
+        namespace: str,
+        labels: dict[str, str],
+        start: int,
+        end: int | None,
+        cluster: str = "c1",
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(NamespaceLabels).values(
+                    cluster=cluster,
+                    namespace=namespace,
+                    labels=labels,
+                    valid_from=start,
+                    valid_to=end,
+                )
+            )
+
+    def capacity(
+        self,
+        node: str,
+        start: int,
+        end: int | None,
+        *,
+        units: int = 8,
+        physical: float | None = None,
+        model: str | None = H100,
+        pool: str | None = "pool-a",
+        resource: str = "nvidia.com/gpu",
+        cluster: str = "c1",
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(NodeCapacity).values(
+                    cluster=cluster,
+                    node=node,
+                    node_pool=pool,
+                    gpu_model=model,
+                    resource_name=resource,
+                    allocatable_units=units,
+                    physical_gpus=float(units) if physical is None else physical,
+                    labels={},
+                    started_at=start,
+                    ended_at=end,
+                )
+            )
+
+    def quota(
+        self,
+        namespace: str,
+        at: int,
+        hard: float,
+        used: float,
+        *,
+        resource: str = "requests.nvidia.com/gpu",
+        name: str = "gpu-quota",
+        cluster: str = "c1",
+    ) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(
+                insert(QuotaSample).values(
+                    cluster=cluster,
+                    namespace=namespace,
+                    quota_name=name,
+                    resource_name=resource,
+                    hard=hard,
+                    used=used,
+                    scopes=[],
+                    observed_at=at,
+                )
+            )
+
+
+@pytest.fixture(scope="session")
+def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
+    url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'store.db'}"
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    yield Store(url, engine)
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def postgres_store(postgres_url: str) -> Iterator[Store]:
+    schema = f"report_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(postgres_url)
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        pytest.skip(f"PostgreSQL not reachable at {postgres_url}: {exc.orig}")
+    sep = "&" if "?" in postgres_url else "?"
+    url = f"{postgres_url}{sep}options=-csearch_path%3D{schema}"
+    engine = create_engine(url)
+    Base.metadata.create_all(engine)
+    try:
+        yield Store(url, engine)
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store(request: pytest.FixtureRequest) -> Store:
+    s: Store = request.getfixturevalue(f"{request.param}_store")
+    s.clear()
+    return s
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def report(capsys: pytest.CaptureFixture[str]) -> Any:
+    """Run `gpuquota report ARGS` in-process; returns rc, stdout, stderr."""
+
+    def run(*argv: str, db: Store | str | None = None) -> Result:
+        parser = argparse.ArgumentParser(prog="gpuquota report")
+        cli.add_arguments(parser)
+        extra = [] if db is None else ["--db", db if isinstance(db, str) else db.url]
+        capsys.readouterr()
+        rc = cli.run(parser.parse_args([*argv, *extra]))
+        captured = capsys.readouterr()
+        return Result(rc, captured.out, captured.err)
+
+    return run

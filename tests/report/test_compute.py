@@ -1,0 +1,156 @@
+"""Pure report arithmetic: pro-rata pricing, physical equivalents, exact rounding, idle spread."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from quota.report.compute import (
+    OTHER,
+    aggregate,
+    apportion,
+    fold_top,
+    idle,
+    spread_idle,
+    sub_windows,
+)
+from quota.report.query import CapacityRow, UsageRow
+from quota.report.ratecard import parse
+from tests.report.conftest import A100, H100
+
+CARD = parse(
+    {
+        "default_rate": 1,
+        "models": {H100: [{"rate": 4}, {"rate": 2, "from": "1970-01-01T01:00:00Z"}]},
+        "mig_fractions": {"1g.10gb": 0.125},
+    }
+)
+
+
+def row(
+    keys: tuple[str | None, ...],
+    seconds: tuple[int, ...],
+    *,
+    units: int = 1,
+    physical: float | None = None,
+    model: str | None = H100,
+    resource: str = "nvidia.com/gpu",
+    est: int = 0,
+) -> UsageRow:
+    return UsageRow(
+        keys,
+        resource,
+        model,
+        units,
+        float(units) if physical is None else physical,
+        seconds,
+        est,
+        1,
+        1 if est else 0,
+    )
+
+
+def test_sub_windows_keep_only_inner_cuts() -> None:
+    assert sub_windows(10, 20, [5, 10, 15, 20, 25], [12, 15]) == [10, 12, 15, 20]
+
+
+def test_cost_uses_the_rate_in_force_in_each_sub_window() -> None:
+    edges = [0, 3600, 7200]
+    report = aggregate(["namespace"], [row(("ml",), (3600, 1800), units=2)], edges, CARD)
+    (g,) = report.groups
+    assert g.raw_seconds == 2 * 5400
+    assert g.physical_seconds == 2 * 5400
+    assert g.cost == 2 * 4 + 1 * 2  # 2 GPUs: 1 h at 4, then half an hour at 2
+    assert report.unpriced_models == []
+
+
+def test_unknown_models_fall_back_to_default_and_are_listed() -> None:
+    report = aggregate(
+        ["namespace"],
+        [row(("ml",), (3600,), model="NVIDIA-L4"), row(("ml",), (3600,), model=None)],
+        [0, 3600],
+        CARD,
+    )
+    assert report.groups[0].cost == 2
+    assert report.unpriced_models == ["(unknown model)", "NVIDIA-L4"]
+
+
+def test_mig_fraction_from_card_overrides_store_and_default_is_kept_exact() -> None:
+    mig = row(
+        ("ml",), (7200,), units=3, physical=3 / 8, resource="nvidia.com/mig-1g.10gb", model=A100
+    )
+    other = row(
+        ("web",), (7200,), units=3, physical=3 / 7, resource="nvidia.com/mig-1g.5gb", model=A100
+    )
+    shared = row(("ai",), (7200,), units=1, physical=0.25, model=A100)
+    report = aggregate(["namespace"], [mig, other, shared], [0, 7200], CARD)
+    by = {g.keys[0]: g for g in report.groups}
+    assert by["ml"].physical_seconds == Fraction(3, 8) * 7200
+    assert by["web"].physical_seconds == Fraction(3, 7) * 7200  # 0.428571... recovered exactly
+    assert by["ai"].physical_seconds == 1800
+    assert by["web"].raw_seconds == 3 * 7200
+
+
+def test_estimated_usage_is_counted() -> None:
+    report = aggregate(["namespace"], [row(("ml",), (100,), est=100, units=2)], [0, 100], None)
+    assert report.estimated_intervals == 1
+    assert report.groups[0].estimated_raw_seconds == 200
+
+
+def test_idle_is_allocatable_minus_allocated_per_sub_window_and_priced() -> None:
+    cap = [CapacityRow(H100, "p", "nvidia.com/gpu", 2, 2.0, (3600, 3600))]
+    # busy 2 GPUs in the first hour, nothing in the second
+    used = [UsageRow((H100, "p"), "nvidia.com/gpu", H100, 2, 2.0, (3600, 0), 0, 1, 0)]
+    (r,) = idle(cap, used, [0, 3600, 7200], CARD)
+    assert r.allocatable_seconds == 4 * 3600
+    assert r.allocated_seconds == 2 * 3600
+    assert r.idle_seconds == 2 * 3600
+    assert r.idle_cost == 2 * 2  # idle in the second hour, priced at 2
+
+
+def test_spread_idle_adds_up_exactly() -> None:
+    rows = [row((n,), (s,)) for n, s in (("a", 1000), ("b", 2000), ("c", 1))]
+    report = aggregate(["namespace"], rows, [0, 3600], CARD)
+    report.idle = idle(
+        [CapacityRow(H100, "p", "nvidia.com/gpu", 3, 3.0, (3600,))], [], [0, 3600], CARD
+    )
+    for how in ("proportional", "even"):
+        spread_idle(report, how)
+        assert sum(g.idle_seconds or 0 for g in report.groups) == 3 * 3600
+        assert sum(g.idle_cost or 0 for g in report.groups) == report.idle[0].idle_cost
+    assert report.groups[0].idle_seconds == Fraction(3 * 3600, 3)  # even: a third each
+
+
+def test_fold_top_keeps_totals() -> None:
+    rows = [row((f"ns{i}",), (100 * (i + 1),)) for i in range(5)]
+    report = aggregate(["namespace"], rows, [0, 3600], CARD)
+    before = report.physical_total
+    fold_top(report, 2)
+    assert [g.keys[0] for g in report.groups] == ["ns4", "ns3", OTHER]
+    assert report.physical_total == before
+    assert report.groups[-1].raw_seconds == 100 + 200 + 300
+
+
+def test_apportion_thirds() -> None:
+    values = [Fraction(1, 3)] * 3
+    assert apportion(values, 2) == ([34, 33, 33], 100)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.fractions(min_value=0, max_value=10_000, max_denominator=3600), min_size=1, max_size=30
+    ),
+    st.integers(min_value=0, max_value=3),
+)
+def test_apportion_rows_sum_to_rounded_total_and_stay_within_one_unit(
+    values: list[Fraction], decimals: int
+) -> None:
+    rounded, total = apportion(values, decimals)
+    assert sum(rounded) == total
+    scale = 10**decimals
+    assert abs(total - sum(values) * scale) <= Fraction(1, 2)
+    for v, r in zip(values, rounded, strict=True):
+        assert r - 1 < v * scale < r + 1 or v * scale == r

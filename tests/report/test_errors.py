@@ -1,0 +1,98 @@
+"""Bad input: one clear line on stderr, exit 2, nothing on stdout."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.report.conftest import Store
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def assert_refused(result: Any, *needles: str) -> None:
+    assert result.rc == 2
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("gpuquota report: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--by", "team"], ["unknown group key 'team'", "label:<key>"]),
+        (["--by", "namespace,namespace"], ["given twice"]),
+        (["--by", "label:"], ["needs a label key"]),
+        (["--from", "2026-10-05", "--to", "2026-10-01"], ["inverted"]),
+        (["--from", "2026-10-05", "--to", "2026-10-05"], ["empty"]),
+        (["--month", "2026-10", "--last", "7d"], ["choose one"]),
+        (["--month", "10/2026"], ["--month"]),
+        (["--tz", "Moon/Base"], ["--tz"]),
+        (["--chart", "out.pdf"], ["--chart", ".png or .svg"]),
+        (["--top", "-1"], ["--top"]),
+        (["--by", "model", "--prometheus", "http://127.0.0.1:1"], ["--by namespace"]),
+    ],
+)
+def test_bad_flags(report: Any, sqlite_store: Store, argv: list[str], needles: list[str]) -> None:
+    assert_refused(report(*argv, db=sqlite_store), *needles)
+
+
+def test_malformed_rate_card_names_file_and_key(
+    report: Any, sqlite_store: Store, tmp_path: Path
+) -> None:
+    card = tmp_path / "card.yaml"
+    card.write_text("default_rate: 1\nmodels:\n  H100:\n    - {rate: ten}\n")
+    assert_refused(
+        report("--rate-card", str(card), db=sqlite_store),
+        str(card),
+        "models.H100[0].rate",
+        "number",
+    )
+
+
+def test_unreachable_postgres(report: Any) -> None:
+    url = f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/test"
+    assert_refused(report(db=url), "cannot connect to database", "127.0.0.1")
+
+
+def test_missing_sqlite_file(report: Any, tmp_path: Path) -> None:
+    assert_refused(report(db=f"sqlite:///{tmp_path}/none.db"), "does not exist")
+
+
+def test_database_without_tables(report: Any, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.db"
+    import sqlite3
+
+    sqlite3.connect(empty).close()
+    assert_refused(report(db=f"sqlite:///{empty}"), "no gpuquota tables", "db upgrade")
+
+
+def test_not_a_url(report: Any) -> None:
+    assert_refused(report(db="not a url"), "--db")
+
+
+def test_unreachable_prometheus(report: Any, sqlite_store: Store) -> None:
+    sqlite_store.clear()
+    url = f"http://127.0.0.1:{closed_port()}"
+    assert_refused(report("--prometheus", url, db=sqlite_store), "cannot reach Prometheus", url)
+
+
+def test_missing_matplotlib_says_what_to_install(
+    report: Any, sqlite_store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a None entry in sys.modules makes the import system report the package as absent
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = report("--chart", str(tmp_path / "c.png"), db=sqlite_store)
+    assert_refused(result, "matplotlib", "gpuquota[chart]")
+    assert not (tmp_path / "c.png").exists()

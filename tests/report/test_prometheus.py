@@ -1,0 +1,231 @@
+"""Utilisation from Prometheus: the PromQL query, the HTTP error paths against a local HTTP
+server returning canned Prometheus API JSON, and a real Prometheus loaded with backfilled
+exporter series (promtool tsdb create-blocks-from openmetrics)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from quota.report.prometheus import busy_query, step_for
+from tests.report.conftest import Store, ts
+from tests.report.test_errors import assert_refused, closed_port
+
+OCT = ts("2026-10-01T00:00:00")
+H = 3600
+
+
+def test_query_joins_utilisation_with_pod_attribution() -> None:
+    q = busy_query(86400, 9)
+    assert q == (
+        "sum by (namespace) (sum_over_time(((gpu_utilization_ratio * on (uuid) group_right gpu_pod_info)"
+        " / on (uuid) group_left count by (uuid) (gpu_pod_info))[86400s:9s])) * 9"
+    )
+    assert step_for(31 * 86400) == 268
+    assert step_for(600) == 1
+
+
+class Canned:
+    """A local HTTP server answering /api/v1/query with a fixed status and body."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body: bytes = b""
+        self.requests: list[dict[str, list[str]]] = []
+        canned = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                canned.requests.append(
+                    urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                )
+                self.send_response(canned.status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(canned.body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+@pytest.fixture
+def canned() -> Iterator[Canned]:
+    server = Canned()
+    yield server
+    server.close()
+
+
+def vector(values: dict[str, float]) -> bytes:
+    result = [
+        {"metric": {"namespace": ns}, "value": [OCT + 86400, str(v)]} for ns, v in values.items()
+    ]
+    return json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": result}}
+    ).encode()
+
+
+def test_utilisation_columns_from_canned_answer(
+    canned: Canned, sqlite_store: Store, report: Any
+) -> None:
+    sqlite_store.clear()
+    sqlite_store.alloc("ml", OCT, OCT + 2 * H, units=2)  # 4 GPU-hours
+    sqlite_store.alloc("web", OCT, OCT + H)
+    canned.body = vector({"ml": 3 * H, "web": 0.0, "other": 5.0})
+    result = report(
+        "--from",
+        "2026-10-01",
+        "--to",
+        "2026-10-02",
+        "--prometheus",
+        canned.url,
+        "--json",
+        "--now",
+        "2026-11-01T00:00:00Z",
+        db=sqlite_store,
+    )
+    assert result.rc == 0, result.err
+    doc = json.loads(result.out)
+    rows = {r["group"]["namespace"]: r for r in doc["rows"]}
+    assert rows["ml"]["utilisation_pct"] == 75.0
+    assert rows["ml"]["used_gpu_hours"] == 3.0
+    assert rows["ml"]["idle_while_allocated_gpu_hours"] == 1.0
+    assert rows["web"]["utilisation_pct"] == 0.0
+    assert doc["total"]["utilisation_pct"] == 60.0
+    (params,) = canned.requests
+    assert params["time"] == [str(OCT + 86400)]
+    assert params["query"] == [busy_query(86400, step_for(86400))]
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "needle"),
+    [
+        (
+            400,
+            b'{"status":"error","errorType":"bad_data","error":"parse error at char 5"}',
+            "bad_data: parse error",
+        ),
+        (503, b"Service Unavailable", "HTTP 503"),
+        (200, b"<html>not prometheus</html>", "not JSON"),
+        (
+            200,
+            b'{"status":"success","data":{"resultType":"matrix","result":[]}}',
+            "expected a vector",
+        ),
+    ],
+)
+def test_prometheus_errors_refuse_the_report(
+    canned: Canned, sqlite_store: Store, report: Any, status: int, body: bytes, needle: str
+) -> None:
+    canned.status, canned.body = status, body
+    assert_refused(report("--last", "1d", "--prometheus", canned.url, db=sqlite_store), needle)
+
+
+def _openmetrics(start: int, end: int) -> str:
+    lines = ["# TYPE gpu_utilization_ratio gauge"]
+    times = range(start, end, 15)
+    for uuid, util in (("GPU-a", 0.5), ("GPU-b", 1.0)):
+        lines += [f'gpu_utilization_ratio{{uuid="{uuid}"}} {util} {t}' for t in times]
+    lines.append("# TYPE gpu_pod_info gauge")
+    # GPU-a held by one pod of ml; GPU-b time-sliced between a pod of ml and one of web
+    for uuid, ns, pod in (("GPU-a", "ml", "a"), ("GPU-b", "ml", "b"), ("GPU-b", "web", "c")):
+        lines += [
+            f'gpu_pod_info{{uuid="{uuid}",namespace="{ns}",pod="{pod}"}} 1 {t}' for t in times
+        ]
+    return "\n".join([*lines, "# EOF", ""])
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_against_real_prometheus(sqlite_store: Store, report: Any) -> None:
+    prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
+    if not prometheus or not promtool:
+        pytest.skip("prometheus/promtool not installed (apt-get install -y prometheus)")
+    w0 = (int(time.time()) // H - 3) * H
+    w1 = w0 + H
+    work = Path(tempfile.mkdtemp(dir="/tmp", prefix="rprom"))
+    try:
+        (work / "data.om").write_text(_openmetrics(w0 - 600, w1 + 600))
+        subprocess.run(
+            [
+                promtool,
+                "tsdb",
+                "create-blocks-from",
+                "openmetrics",
+                str(work / "data.om"),
+                str(work / "tsdb"),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        (work / "prometheus.yml").write_text("global: {}\nscrape_configs: []\n")
+        port = closed_port()
+        proc = subprocess.Popen(
+            [
+                prometheus,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert time.monotonic() < deadline, "prometheus did not become ready"
+                time.sleep(0.1)
+            sqlite_store.clear()
+            sqlite_store.alloc("ml", w0 - 600, None)  # GPU-a, whole GPU
+            sqlite_store.alloc("ml", w0 - 600, None, physical=0.5, replicas=2)  # half of GPU-b
+            sqlite_store.alloc("web", w0 - 600, None, physical=0.5, replicas=2)  # the other half
+            result = report(
+                "--from", _iso(w0), "--to", _iso(w1), "--prometheus", url, "--json", db=sqlite_store
+            )
+            assert result.rc == 0, result.err
+            rows = {r["group"]["namespace"]: r for r in json.loads(result.out)["rows"]}
+            # ml: GPU-a busy half the hour + its half of GPU-b fully busy = 1.0 busy of 1.5 held
+            assert rows["ml"]["used_gpu_hours"] == 1.0
+            assert rows["ml"]["utilisation_pct"] == 66.7
+            assert rows["web"]["used_gpu_hours"] == 0.5
+            assert rows["web"]["utilisation_pct"] == 100.0
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _iso(t: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat()
