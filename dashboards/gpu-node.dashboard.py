@@ -9,8 +9,9 @@ from grafanalib.core import Dashboard, Templating, Time
 
 from dashboards.panels import Grid, datasource_variable, query_variable, stat, table, timeseries
 
-SEL = 'hostname=~"$node", gpu=~"$gpu"'  # every series carries the node and GPU index
-BY_GPU = "{{hostname}} GPU {{gpu}}"
+# Every exporter series carries gpu (NVML index) and uuid; the node is the scrape target.
+SEL = 'instance=~"$node", gpu=~"$gpu"'
+BY_GPU = "{{instance}} GPU {{gpu}}"
 BY_POD = "{{namespace}}/{{pod}}"
 
 grid = Grid()
@@ -70,7 +71,7 @@ grid.add(
     timeseries(
         "Framebuffer memory used",
         (f"gpu_memory_used_bytes{{{SEL}}}", BY_GPU),
-        (f"gpu_memory_total_bytes{{{SEL}}}", "{{hostname}} GPU {{gpu}} total"),
+        (f"gpu_memory_total_bytes{{{SEL}}}", "{{instance}} GPU {{gpu}} total"),
         unit="bytes",
         minimum=0,
     ),
@@ -82,7 +83,7 @@ grid.add(
     timeseries(
         "Power draw",
         (f"gpu_power_watts{{{SEL}}}", BY_GPU),
-        (f"gpu_power_limit_watts{{{SEL}}}", "{{hostname}} GPU {{gpu}} limit"),
+        (f"gpu_power_limit_watts{{{SEL}}}", "{{instance}} GPU {{gpu}} limit"),
         unit="watt",
         minimum=0,
     )
@@ -91,7 +92,7 @@ grid.add(
     timeseries(
         "Temperature",
         (f"gpu_temperature_celsius{{{SEL}}}", BY_GPU),
-        (f"gpu_memory_temperature_celsius{{{SEL}}}", "{{hostname}} GPU {{gpu}} memory"),
+        (f"gpu_memory_temperature_celsius{{{SEL}}}", "{{instance}} GPU {{gpu}} memory"),
         unit="celsius",
     )
 )
@@ -105,7 +106,7 @@ grid.add(
 grid.add(
     timeseries(
         "Throttle reasons active",
-        (f"gpu_clock_event_reason_active{{{SEL}}} == 1", "{{hostname}} GPU {{gpu}} {{reason}}"),
+        (f"gpu_clock_event_reason{{{SEL}}} == 1", "{{instance}} GPU {{gpu}} {{reason}}"),
         description="Why clocks are held down (NVML clock event reasons); 1 while active.",
     )
 )
@@ -116,7 +117,7 @@ grid.add(
         "XID errors",
         (
             f"increase(gpu_xid_errors_total{{{SEL}}}[$__rate_interval])",
-            "{{hostname}} GPU {{gpu}} XID {{xid}}",
+            "{{instance}} GPU {{gpu}} XID {{xid}}",
         ),
     )
 )
@@ -124,7 +125,7 @@ grid.add(
     timeseries(
         "Uncorrectable ECC errors",
         (
-            f'increase(gpu_ecc_errors_total{{{SEL}, type="uncorrected"}}[$__rate_interval])',
+            f'increase(gpu_ecc_volatile_errors_total{{{SEL}, type="uncorrected"}}[$__rate_interval])',
             BY_GPU,
         ),
     )
@@ -177,8 +178,8 @@ dashboard = Dashboard(
     templating=Templating(
         list=[
             datasource_variable(),
-            query_variable("node", "Node", "label_values(gpu_info, hostname)"),
-            query_variable("gpu", "GPU", 'label_values(gpu_info{hostname=~"$node"}, gpu)'),
+            query_variable("node", "Node", "label_values(gpu_info, instance)"),
+            query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$node"}, gpu)'),
         ]
     ),
     panels=grid.panels,

@@ -23,10 +23,10 @@ CONTROLLER_METRICS: dict[str, str] = {
 
 
 def exporter_metric_names() -> frozenset[str]:
-    """Every sample name the exporter can emit (counters with their ``_total``)."""
-    from exporter.metrics import sample_names
+    """Every metric the exporter emits natively (--compat rows are for foreign dashboards)."""
+    from exporter.metrics import rows
 
-    return frozenset(sample_names())
+    return frozenset(spec.name for spec in rows())
 
 
 def known_metric_names() -> frozenset[str]:

@@ -33,7 +33,7 @@ def datasource_variable() -> Template:
 
 
 def query_variable(name: str, label: str, query: str, *, multi: bool = True) -> Template:
-    """A variable filled from Prometheus, e.g. ``label_values(gpu_info, hostname)``."""
+    """A variable filled from Prometheus, e.g. ``label_values(gpu_info, instance)``."""
     return Template(
         name=name,
         label=label,
