@@ -127,3 +127,10 @@ class NodeSnapshot:
     # device UUID (GPU- or MIG-) -> pods holding it; several on time-sliced GPUs
     pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)
     ok: bool = True  # False when NVML itself could not be read this round
+    # The most recent XID code per device UUID (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS).
+    xid_last: dict[str, int] = field(default_factory=dict)
+    # NVML function name -> failed calls since the exporter started (all devices together).
+    nvml_errors_total: dict[str, int] = field(default_factory=dict)
+    # Unix time of the last collection in which NVML answered (ok=True), this one or earlier.
+    last_success_at: float | None = None
+    collections_total: int = 0  # collections since the exporter started, this one included

@@ -40,6 +40,8 @@ class NamespaceLabels(Base):
     __tablename__ = "namespace_labels"
     __table_args__ = (
         Index("ix_namespace_labels_lookup", "cluster", "namespace", "valid_from"),
+        # a replayed namespace event updates its row instead of adding a second one
+        UniqueConstraint("cluster", "namespace", "valid_from", name="uq_namespace_labels_from"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -77,7 +79,9 @@ class Allocation(Base):
     node: Mapped[str | None] = mapped_column(String(253), nullable=True)
     node_pool: Mapped[str | None] = mapped_column(String(253), nullable=True)
     gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
-    resource_name: Mapped[str] = mapped_column(String(253))  # nvidia.com/gpu, nvidia.com/mig-1g.10gb
+    resource_name: Mapped[str] = mapped_column(
+        String(253)
+    )  # nvidia.com/gpu, nvidia.com/mig-1g.10gb
     raw_units: Mapped[int] = mapped_column(Integer)  # effective request of the pod
     # physical-GPU equivalent of all raw_units (time-slicing: units/replicas; MIG: units*N/7)
     physical_gpus: Mapped[float] = mapped_column(Float)
@@ -88,6 +92,8 @@ class Allocation(Base):
     # terminated | deletion_timestamp | deleted | node_deleted | vanished (estimated)
     end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    # the pod's QoS class; BestEffort GPU pods escape NotBestEffort-scoped quotas
+    qos_class: Mapped[str | None] = mapped_column(String(16), nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -98,6 +104,9 @@ class NodeCapacity(Base):
     __table_args__ = (
         Index("ix_node_capacity_window", "cluster", "started_at", "ended_at"),
         Index("ix_node_capacity_node", "cluster", "node", "resource_name", "started_at"),
+        UniqueConstraint(
+            "cluster", "node", "resource_name", "started_at", name="uq_node_capacity_from"
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -119,6 +128,14 @@ class QuotaSample(Base):
     __tablename__ = "quota_samples"
     __table_args__ = (
         Index("ix_quota_samples_lookup", "cluster", "namespace", "resource_name", "observed_at"),
+        UniqueConstraint(
+            "cluster",
+            "namespace",
+            "quota_name",
+            "resource_name",
+            "observed_at",
+            name="uq_quota_sample",
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

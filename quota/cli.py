@@ -1,0 +1,63 @@
+"""`gpuquota`: the quota controller's command line, one subcommand per module.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and
+``run(args) -> int``; to add one, add a line to SUBCOMMANDS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from quota.accounting import AccountingError
+from quota.store.db import StoreError
+
+# (subcommand, module, one-line help)
+SUBCOMMANDS: list[tuple[str, str, str]] = [
+    ("db", "quota.dbcli", "create, migrate or inspect the store's schema"),
+    ("replay", "quota.replay", "ingest a recorded stream of watch events into the store"),
+]
+
+EXIT_ERROR = 2
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    parser = argparse.ArgumentParser(
+        prog="gpuquota", description="GPU quota accounting and chargeback for Kubernetes."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    modules: dict[str, ModuleType] = {}
+    for name, module_name, help_text in SUBCOMMANDS:
+        module = importlib.import_module(module_name)
+        sub = commands.add_parser(name, help=help_text, description=module.__doc__)
+        module.add_arguments(sub)
+        modules[name] = module
+    return parser, modules
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, modules = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        code: int = modules[args.command].run(args)
+    except (StoreError, AccountingError) as exc:
+        print(f"gpuquota: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

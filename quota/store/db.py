@@ -1,0 +1,508 @@
+"""The quota store: connect, migrate, and write batches of rows idempotently.
+
+``open_store(url)`` connects to SQLite (a file, the default) or PostgreSQL (psycopg 3,
+``postgresql+psycopg://``) and checks the schema is at the latest migration. ``Store.write``
+applies one :class:`Batch` in one transaction with INSERT .. ON CONFLICT upserts keyed by
+natural keys (pod UID and resource name for allocations), so writing the same batch twice, or
+a batch that a crash interrupted, leaves the same rows. Merges in SQL never lengthen a closed
+interval: an end only moves earlier, and a measured end replaces an estimated one.
+
+For PostgreSQL, pass libpq options in the URL, e.g. a schema:
+``postgresql+psycopg://user@host/db?options=-csearch_path%3Dgpuquota``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    case,
+    create_engine,
+    event,
+    func,
+    not_,
+    or_,
+    select,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+
+from quota.store.models import (
+    Allocation,
+    Cluster,
+    Heartbeat,
+    NamespaceLabels,
+    NodeCapacity,
+    QuotaSample,
+)
+
+DEFAULT_URL = "sqlite:///gpuquota.db"
+ENV_URL = "GPUQUOTA_DB"
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used (unreachable, wrong schema revision, bad URL): one line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Rows the engine writes (one dataclass per table, without the surrogate id and cluster)
+
+
+@dataclass(frozen=True)
+class AllocationRow:
+    pod_uid: str
+    resource_name: str
+    namespace: str
+    pod_name: str
+    owner_kind: str | None
+    owner_name: str | None
+    node: str | None
+    node_pool: str | None
+    gpu_model: str | None
+    raw_units: int
+    physical_gpus: float
+    replicas: int | None
+    sharing_strategy: str | None
+    started_at: int
+    ended_at: int | None
+    end_reason: str | None
+    estimated: bool
+    qos_class: str | None
+    updated_at: int
+
+
+@dataclass(frozen=True)
+class NodeCapacityRow:
+    node: str
+    resource_name: str
+    node_pool: str | None
+    gpu_model: str | None
+    allocatable_units: int
+    physical_gpus: float
+    labels: dict[str, Any]
+    started_at: int
+    ended_at: int | None
+
+
+@dataclass(frozen=True)
+class NamespaceLabelsRow:
+    namespace: str
+    labels: dict[str, Any]
+    valid_from: int
+    valid_to: int | None
+
+
+@dataclass(frozen=True)
+class QuotaSampleRow:
+    namespace: str
+    quota_name: str
+    resource_name: str
+    hard: float | None
+    used: float | None
+    scopes: list[str]
+    observed_at: int
+
+
+@dataclass(frozen=True)
+class HeartbeatRow:
+    holder: str
+    at: int
+    resource_versions: dict[str, Any]
+
+
+@dataclass
+class Batch:
+    """Everything one flush writes, for one cluster, in one transaction."""
+
+    allocations: list[AllocationRow] = field(default_factory=list)
+    node_capacity: list[NodeCapacityRow] = field(default_factory=list)
+    namespace_labels: list[NamespaceLabelsRow] = field(default_factory=list)
+    quota_samples: list[QuotaSampleRow] = field(default_factory=list)
+    heartbeat: HeartbeatRow | None = None
+    observed_at: int = 0  # the latest observation in the batch (first sight of the cluster)
+
+    def __len__(self) -> int:
+        return (
+            len(self.allocations)
+            + len(self.node_capacity)
+            + len(self.namespace_labels)
+            + len(self.quota_samples)
+            + (self.heartbeat is not None)
+        )
+
+
+@dataclass
+class StoredState:
+    """What a restarting engine needs: every open interval and the latest samples."""
+
+    allocations: list[AllocationRow]
+    node_capacity: list[NodeCapacityRow]
+    namespace_labels: list[NamespaceLabelsRow]
+    quota_samples: list[QuotaSampleRow]
+    heartbeat: HeartbeatRow | None
+
+
+# ---------------------------------------------------------------------------------------------
+# Migrations
+
+
+def migrations_path() -> Path:
+    """Where the Alembic environment is: quota/migrations inside an installed wheel, else the
+    repository's alembic/ folder (source checkout, editable install)."""
+    packaged = importlib.resources.files("quota") / "migrations"
+    if packaged.is_dir() and (packaged / "env.py").is_file():
+        return Path(str(packaged))
+    source = Path(__file__).resolve().parents[2] / "alembic"
+    if (source / "env.py").is_file():
+        return source
+    raise StoreError("the quota store migrations are missing from this installation")
+
+
+def _alembic_config(connection: Connection | None = None) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_path()))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def safe_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<invalid URL>"
+
+
+def _engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"invalid database URL {url!r}") from None
+    kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite":
+        # wait for a concurrent writer (the report, a second replay) instead of failing
+        if "timeout" not in parsed.query:
+            kwargs["connect_args"] = {"timeout": 30}
+    elif parsed.get_backend_name() == "postgresql":
+        kwargs["pool_pre_ping"] = True
+        kwargs["connect_args"] = {"connect_timeout": 10}
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except (NoSuchModuleError, ImportError) as exc:
+        raise StoreError(f"no driver for {safe_url(url)}: {exc}") from None
+    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+
+        @event.listens_for(engine, "connect")
+        def _wal(dbapi_connection: Any, _record: Any) -> None:
+            # readers (reports) never block the writer
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.close()
+
+    return engine
+
+
+def _describe(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    return " ".join(str(orig).split()) or type(orig).__name__
+
+
+@contextmanager
+def _connected(url: str) -> Iterator[Connection]:
+    engine = _engine(url)
+    try:
+        try:
+            connection = engine.connect()
+        except DBAPIError as exc:
+            raise StoreError(
+                f"cannot connect to database {safe_url(url)}: {_describe(exc)}"
+            ) from None
+        with connection:
+            yield connection
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Migrate the database at ``url`` to ``revision`` (default: the latest)."""
+    with _connected(url) as connection:
+        try:
+            command.upgrade(_alembic_config(connection), revision)
+            connection.commit()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"migration of {safe_url(url)} failed: {_describe(exc)}") from None
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` back to ``revision`` ("base" removes every table)."""
+    with _connected(url) as connection:
+        try:
+            command.downgrade(_alembic_config(connection), revision)
+            connection.commit()
+        except SQLAlchemyError as exc:
+            raise StoreError(f"migration of {safe_url(url)} failed: {_describe(exc)}") from None
+
+
+def current(url: str) -> str | None:
+    """The database's schema revision, None for an empty database."""
+    with _connected(url) as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
+    """Connect to the store at ``url``; with ``migrate`` bring its schema to the latest
+    revision first, else refuse a database that is not at it."""
+    if migrate:
+        upgrade(url)
+    revision = current(url)
+    head = head_revision()
+    if revision != head:
+        found = "an empty database" if revision is None else f"revision {revision}"
+        raise StoreError(
+            f"database {safe_url(url)} has {found}, this version needs {head}: run `gpuquota db upgrade`"
+        )
+    return Store(url, _engine(url))
+
+
+# ---------------------------------------------------------------------------------------------
+# The store
+
+
+def _rows(cluster: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
+    return [{"cluster": cluster, **dataclasses.asdict(row)} for row in rows]
+
+
+class Store:
+    """Batched, idempotent writes and restart reads of the quota tables."""
+
+    def __init__(self, url: str, engine: Engine) -> None:
+        self.url = url
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _insert(self, table: Any) -> Any:
+        if self.dialect == "postgresql":
+            return postgresql.insert(table)
+        if self.dialect == "sqlite":
+            return sqlite.insert(table)
+        raise StoreError(f"unsupported database {self.dialect}: use SQLite or PostgreSQL")
+
+    def write(self, cluster: str, batch: Batch) -> None:
+        """Apply ``batch`` in one transaction: all of it is stored or none of it is.
+
+        Raises StoreError when the database fails; the caller keeps the batch and retries.
+        """
+        try:
+            with self.engine.begin() as conn:
+                self._write(conn, cluster, batch)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"write to {safe_url(self.url)} failed: {_describe(exc)}") from None
+
+    def _write(self, conn: Connection, cluster: str, batch: Batch) -> None:
+        created = batch.observed_at
+        conn.execute(
+            self._insert(Cluster.__table__)
+            .values(name=cluster, created_at=created)
+            .on_conflict_do_nothing(index_elements=["name"])
+        )
+        if batch.allocations:
+            conn.execute(self._allocation_upsert(), _rows(cluster, batch.allocations))
+        if batch.node_capacity:
+            t = NodeCapacity.__table__
+            stmt = self._insert(t)
+            ex = stmt.excluded
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["cluster", "node", "resource_name", "started_at"],
+                set_={
+                    "node_pool": ex.node_pool,
+                    "gpu_model": ex.gpu_model,
+                    "allocatable_units": ex.allocatable_units,
+                    "physical_gpus": ex.physical_gpus,
+                    "labels": ex.labels,
+                    "ended_at": _earliest_end(t.c.ended_at, ex.ended_at),
+                },
+            )
+            conn.execute(stmt, _rows(cluster, batch.node_capacity))
+        if batch.namespace_labels:
+            t = NamespaceLabels.__table__
+            stmt = self._insert(t)
+            ex = stmt.excluded
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["cluster", "namespace", "valid_from"],
+                set_={"labels": ex.labels, "valid_to": _earliest_end(t.c.valid_to, ex.valid_to)},
+            )
+            conn.execute(stmt, _rows(cluster, batch.namespace_labels))
+        if batch.quota_samples:
+            stmt = self._insert(QuotaSample.__table__).on_conflict_do_nothing(
+                index_elements=[
+                    "cluster",
+                    "namespace",
+                    "quota_name",
+                    "resource_name",
+                    "observed_at",
+                ]
+            )
+            conn.execute(stmt, _rows(cluster, batch.quota_samples))
+        if batch.heartbeat is not None:
+            t = Heartbeat.__table__
+            stmt = self._insert(t)
+            ex = stmt.excluded
+            newer = ex.at >= t.c.at
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["cluster"],
+                set_={
+                    "at": case((newer, ex.at), else_=t.c.at),
+                    "holder": case((newer, ex.holder), else_=t.c.holder),
+                    "resource_versions": case(
+                        (newer, ex.resource_versions), else_=t.c.resource_versions
+                    ),
+                },
+            )
+            conn.execute(stmt, _rows(cluster, [batch.heartbeat]))
+
+    def _allocation_upsert(self) -> Any:
+        t = Allocation.__table__
+        stmt = self._insert(t)
+        ex = stmt.excluded
+        # the stored end is replaced only by an earlier one, or a measured end by an estimate
+        # never: so a replayed, stale or duplicated event can't reopen or lengthen an interval
+        new_end_wins = or_(
+            t.c.ended_at.is_(None),
+            and_(
+                ex.ended_at.is_not(None),
+                or_(
+                    and_(t.c.estimated, not_(ex.estimated)),
+                    and_(t.c.estimated == ex.estimated, ex.ended_at < t.c.ended_at),
+                ),
+            ),
+        )
+        # node facts are recorded when the interval starts; fill them in only if unknown then
+        node_unknown = t.c.gpu_model.is_(None)
+        node_columns = (
+            "node",
+            "node_pool",
+            "gpu_model",
+            "physical_gpus",
+            "replicas",
+            "sharing_strategy",
+        )
+        set_: dict[str, Any] = {
+            name: ex[name]
+            for name in (
+                "namespace",
+                "pod_name",
+                "owner_kind",
+                "owner_name",
+                "raw_units",
+                "started_at",
+                "qos_class",
+                "updated_at",
+            )
+        }
+        for name in node_columns:
+            set_[name] = case((node_unknown, ex[name]), else_=t.c[name])
+        for name in ("ended_at", "end_reason", "estimated"):
+            set_[name] = case((new_end_wins, ex[name]), else_=t.c[name])
+        return stmt.on_conflict_do_update(
+            index_elements=["cluster", "pod_uid", "resource_name"], set_=set_
+        )
+
+    def load(self, cluster: str) -> StoredState:
+        """Open intervals, current label sets, the latest quota samples and the heartbeat."""
+        try:
+            with self.engine.connect() as conn:
+                return self._load(conn, cluster)
+        except SQLAlchemyError as exc:
+            raise StoreError(f"read from {safe_url(self.url)} failed: {_describe(exc)}") from None
+
+    def _load(self, conn: Connection, cluster: str) -> StoredState:
+        def rows(cls: type[Any], stmt: Any) -> list[Any]:
+            names = [f.name for f in dataclasses.fields(cls)]
+            return [cls(**{n: row._mapping[n] for n in names}) for row in conn.execute(stmt)]
+
+        a = Allocation.__table__
+        allocations = rows(
+            AllocationRow,
+            select(a).where(a.c.cluster == cluster, a.c.ended_at.is_(None)).order_by(a.c.id),
+        )
+        n = NodeCapacity.__table__
+        capacity = rows(
+            NodeCapacityRow,
+            select(n).where(n.c.cluster == cluster, n.c.ended_at.is_(None)).order_by(n.c.id),
+        )
+        ns = NamespaceLabels.__table__
+        labels = rows(
+            NamespaceLabelsRow,
+            select(ns).where(ns.c.cluster == cluster, ns.c.valid_to.is_(None)).order_by(ns.c.id),
+        )
+        q = QuotaSample.__table__
+        key = (q.c.namespace, q.c.quota_name, q.c.resource_name)
+        latest = (
+            select(*key, func.max(q.c.observed_at).label("observed_at"))
+            .where(q.c.cluster == cluster)
+            .group_by(*key)
+            .subquery()
+        )
+        samples = rows(
+            QuotaSampleRow,
+            select(q)
+            .join(
+                latest,
+                and_(
+                    q.c.namespace == latest.c.namespace,
+                    q.c.quota_name == latest.c.quota_name,
+                    q.c.resource_name == latest.c.resource_name,
+                    q.c.observed_at == latest.c.observed_at,
+                ),
+            )
+            .where(q.c.cluster == cluster),
+        )
+        h = Heartbeat.__table__
+        beat = conn.execute(select(h).where(h.c.cluster == cluster)).first()
+        heartbeat = (
+            HeartbeatRow(
+                holder=beat.holder, at=beat.at, resource_versions=dict(beat.resource_versions or {})
+            )
+            if beat is not None
+            else None
+        )
+        return StoredState(allocations, capacity, labels, samples, heartbeat)
+
+
+def _earliest_end(stored: Any, new: Any) -> Any:
+    """SQL for the earlier of two interval ends, where NULL means still open."""
+    return case(
+        (stored.is_(None), new),
+        (new.is_(None), stored),
+        (new < stored, new),
+        else_=stored,
+    )

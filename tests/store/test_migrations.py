@@ -1,0 +1,147 @@
+"""The migrations create exactly the schema of models.py, both ways, on both databases,
+and ship inside the wheel."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import create_engine, inspect
+
+from quota.store import db
+from quota.store.models import Base
+
+ROOT = Path(__file__).resolve().parents[2]
+TABLES = {
+    "allocations",
+    "clusters",
+    "heartbeats",
+    "namespace_labels",
+    "node_capacity",
+    "quota_samples",
+}
+
+
+def tables(url: str) -> set[str]:
+    engine = create_engine(url)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
+    assert db.current(empty_db_url) is None
+    assert tables(empty_db_url) == set()
+    db.upgrade(empty_db_url)
+    assert db.current(empty_db_url) == db.head_revision()
+    assert tables(empty_db_url) == TABLES
+    db.upgrade(empty_db_url)  # again: nothing to do
+    db.downgrade(empty_db_url, "base")
+    assert db.current(empty_db_url) is None
+    assert tables(empty_db_url) == set()
+
+
+def test_models_match_migrations(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url)
+    engine = create_engine(empty_db_url)
+    try:
+        with engine.connect() as conn:
+            context = MigrationContext.configure(conn, opts={"compare_type": True})
+            diffs = compare_metadata(context, Base.metadata)
+    finally:
+        engine.dispose()
+    assert diffs == []
+
+
+def test_open_store_refuses_an_unmigrated_database(empty_db_url: str) -> None:
+    with pytest.raises(db.StoreError, match="gpuquota db upgrade"):
+        db.open_store(empty_db_url)
+    with db.open_store(empty_db_url, migrate=True) as store:
+        assert store.load("any").heartbeat is None
+
+
+def test_unreachable_database_is_one_clear_error() -> None:
+    with pytest.raises(
+        db.StoreError,
+        match=r"cannot connect to database postgresql\+psycopg://x:\*\*\*@127\.0\.0\.1:1/",
+    ):
+        db.current("postgresql+psycopg://x:secret@127.0.0.1:1/nothing")
+    with pytest.raises(db.StoreError, match="invalid database URL"):
+        db.current("not a url")
+
+
+def test_source_checkout_finds_the_repository_migrations() -> None:
+    assert db.migrations_path() == ROOT / "alembic"
+    assert not (ROOT / "alembic" / "__init__.py").exists()  # never shadows the library
+
+
+@pytest.mark.slow
+def test_wheel_ships_migrations_as_quota_migrations(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(ROOT),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        check=True,
+        capture_output=True,
+        # the build runs protoc plugins installed next to this interpreter
+        env={
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        },
+    )
+    (wheel,) = tmp_path.glob("gpuquota-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "quota/migrations/env.py" in names
+    assert "quota/migrations/versions/0001_initial.py" in names
+    assert "quota/migrations/script.py.mako" in names
+    assert not any(n.startswith("alembic/") for n in names)
+    assert not any("__pycache__" in n for n in names)
+
+    # installed from the wheel, the runtime finds and runs its packaged migrations
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    probe = (
+        "import sys; from quota.store import db; "
+        "db.upgrade(sys.argv[1]); print(db.migrations_path()); print(db.current(sys.argv[1]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, f"sqlite:///{tmp_path / 'w.db'}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(target)},
+    )
+    where, revision = done.stdout.split()
+    assert where == str(target / "quota" / "migrations")
+    assert revision == db.head_revision()
