@@ -35,16 +35,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.nvml.control import SimNode
-
 from bench.results import write_section
 from sim.kubelet.podresources import PodResourcesServer, one_pod_each
+from sim.nvml.control import SimNode
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 VENV_BIN = Path(sys.executable).parent
 MIG_RESOURCE = "nvidia.com/mig-1g.5gb"
 # The exporter's own count of finished collections (a counter in its metric table).
-COLLECTIONS_RE = re.compile(rb"^gpu_exporter_collections_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M)
+COLLECTIONS_RE = re.compile(
+    rb"^gpuquota_exporter_collections_total(?:\{[^}]*\})? ([0-9.e+]+)$", re.M
+)
 
 
 @dataclass
@@ -145,6 +146,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def pods_attributed(port: int) -> int:
+    """Distinct pods in the exporter's pod attribution join metric."""
+    body = fetch(f"http://127.0.0.1:{port}/metrics")
+    return len(set(re.findall(rb'^gpu_pod_info\{[^}]*pod="([^"]*)"', body, re.M)))
+
+
 def collections_counted(port: int) -> float | None:
     match = COLLECTIONS_RE.search(fetch(f"http://127.0.0.1:{port}/metrics"))
     return float(match.group(1)) if match else None
@@ -195,6 +202,8 @@ def run_one(
             collections, counted = counted_after - counted_before, True
         else:
             collections, counted = (t_after - t_before) / args.interval, False
+        if name == "gpu-exporter":
+            pods = pods_attributed(port)
         latencies, errors, size = scrape_latencies(port, args.concurrency, args.requests)
         rss, hwm = memory_mb(proc.pid)
     finally:
@@ -255,7 +264,16 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
         ]
         results.append(
             run_one(
-                shape, "nvitop-exporter", node, nvitop, port, b"nvitop_gpu", args, 0, devices, work
+                shape,
+                "nvitop-exporter",
+                node,
+                nvitop,
+                port,
+                b"gpu_utilization_Percentage{",
+                args,
+                0,
+                devices,
+                work,
             )
         )
     finally:
@@ -306,12 +324,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     body = table(results, args)
     command = "make bench` (or `.venv/bin/python -m bench.exporter"
+    load = os.getloadavg()
     text = (
         f"gpu-exporter vs nvitop-exporter {nvitop_version()}, same NVML stand-in, "
         f"both at a {args.interval} s interval (nvitop-exporter's minimum is 0.25 s). CPU over "
         f"a {args.window:.0f} s window without scrapes, scaled to 1,000 collections; "
         f"{args.requests} scrapes by {args.concurrency} concurrent threads, a new connection "
         f"each. * = nvitop-exporter does not count its collections: window / interval is used. "
+        f"Load average at the end of the run: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
+        f"on {os.cpu_count()} CPUs (latency percentiles move with it). "
         f"Reproduce: `{command}`).\n\n{body}"
     )
     if not args.no_write:

@@ -34,9 +34,9 @@ grid.add(
 )
 grid.add(
     stat(
-        "Unhealthy devices",
-        f'count(gpu_health_status{{{SEL}, status="unhealthy"}} == 1) or vector(0)',
-        description="GPUs and MIG instances the health checker marks Unhealthy.",
+        "Devices down",
+        f'count(gpu_device_state{{{SEL}, state!="ok"}} == 1) or vector(0)',
+        description="GPUs and MIG instances NVML reports lost, needing a reset, or unreadable.",
     ),
     w=4,
     h=4,
@@ -132,9 +132,10 @@ grid.add(
 )
 grid.add(
     table(
-        "Device health",
-        (f"gpu_health_status{{{SEL}}} == 1", ""),
-        description="Current state per GPU/MIG instance; reasons are on the health endpoint.",
+        "Device state",
+        (f"gpu_device_state{{{SEL}}} == 1", ""),
+        description="What NVML said about each GPU/MIG instance in the last collection "
+        "(ok, lost, reset_required, error); health reasons are on the /health endpoint.",
     ),
     w=24,
 )

@@ -17,12 +17,14 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from exporter import metrics
 from exporter.collect import Collector
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
+from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import WebConfig, WebConfigError
 from exporter.webconfig import load as load_web_config
@@ -133,6 +135,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="node name for the Hostname label of --compat dcgm (default: this host's name)",
     )
     parser.add_argument(
+        "--pod-resources-socket",
+        default=str(DEFAULT_SOCKET),
+        metavar="PATH",
+        help="kubelet pod-resources API socket for pod attribution; '' turns attribution off "
+        f"(default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--pod-resources-interval",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often the kubelet is asked which pods hold which GPUs (default 5s)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -176,6 +192,12 @@ def run(args: argparse.Namespace) -> int:
     )
     xid = XidWatcher(api)
     collector.xid = xid
+    pods: PodResourcesWatcher | None = None
+    if args.pod_resources_socket:
+        pods = PodResourcesWatcher(
+            Path(args.pod_resources_socket), interval=args.pod_resources_interval
+        )
+        collector.add_enricher(pods.enrich)
     host, port = args.listen
     try:
         server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
@@ -196,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     xid.start()
+    if pods is not None:
+        pods.start()  # before the first collection, so it is attributed
     collector.start()
     server.start()
     bound_host, bound_port = server.address
@@ -212,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         collector.stop()
+        if pods is not None:
+            pods.stop()
         xid.stop()
         api.shutdown()
     return 0
