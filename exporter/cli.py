@@ -22,6 +22,8 @@ from typing import NoReturn
 
 from exporter import metrics
 from exporter.collect import Collector
+from exporter.deviceplugin.nvmltopology import CachedTopology
+from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
@@ -134,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="node name for the Hostname label of --compat dcgm (default: this host's name)",
     )
+    health_service.add_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=str(DEFAULT_SOCKET),
@@ -198,6 +201,13 @@ def run(args: argparse.Namespace) -> int:
             Path(args.pod_resources_socket), interval=args.pod_resources_interval
         )
         collector.add_enricher(pods.enrich)
+    try:
+        health = health_service.HealthService.from_args(
+            args, topology=CachedTopology(api), hostname=collector.hostname
+        )
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
     host, port = args.listen
     try:
         server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
@@ -207,6 +217,8 @@ def run(args: argparse.Namespace) -> int:
         if exc.errno == errno.EADDRINUSE:
             raise SetupError(f"cannot listen on {where}: the port is already in use") from None
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
+
+    health.attach(collector, xid, server)
 
     stopping = threading.Event()
 
@@ -218,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     xid.start()
+    health.start()
     if pods is not None:
         pods.start()  # before the first collection, so it is attributed
     collector.start()
@@ -235,6 +248,7 @@ def run(args: argparse.Namespace) -> int:
         stopping.wait()
     finally:
         server.stop()
+        health.stop()
         collector.stop()
         if pods is not None:
             pods.stop()
