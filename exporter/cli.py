@@ -21,6 +21,8 @@ from typing import NoReturn
 
 from exporter import metrics
 from exporter.collect import Collector
+from exporter.deviceplugin.nvmltopology import CachedTopology
+from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.render import Renderer, RenderOptions
@@ -132,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="node name for the Hostname label of --compat dcgm (default: this host's name)",
     )
+    health_service.add_arguments(parser)
     parser.add_argument(
         "--log-level",
         default="info",
@@ -176,6 +179,13 @@ def run(args: argparse.Namespace) -> int:
     )
     xid = XidWatcher(api)
     collector.xid = xid
+    try:
+        health = health_service.HealthService.from_args(
+            args, topology=CachedTopology(api), hostname=collector.hostname
+        )
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
     host, port = args.listen
     try:
         server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
@@ -185,6 +195,8 @@ def run(args: argparse.Namespace) -> int:
         if exc.errno == errno.EADDRINUSE:
             raise SetupError(f"cannot listen on {where}: the port is already in use") from None
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
+
+    health.attach(collector, xid, server)
 
     stopping = threading.Event()
 
@@ -196,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     xid.start()
+    health.start()
     collector.start()
     server.start()
     bound_host, bound_port = server.address
@@ -211,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
         stopping.wait()
     finally:
         server.stop()
+        health.stop()
         collector.stop()
         xid.stop()
         api.shutdown()

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collect import Collector
 from exporter.render import CONTENT_TYPE, Renderer
+from exporter.snapshot import NodeSnapshot
 from exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,8 @@ class ExporterServer:
             "/healthz": self._healthz,
             "/readyz": self._readyz,
         }
+        # Joins applied to the latest snapshot at scrape time (the health verdict of this moment).
+        self.snapshot_views: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
         # Binding here (not in start) makes "port in use" an error at construction.
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
@@ -160,6 +163,10 @@ class ExporterServer:
             raise ValueError(f"route path must start with '/': {path!r}")
         self.routes[path] = route
 
+    def add_snapshot_view(self, view: Callable[[NodeSnapshot], NodeSnapshot]) -> None:
+        """``view(snapshot) -> snapshot`` runs on every scrape before rendering."""
+        self.snapshot_views.append(view)
+
     def start(self) -> None:
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="http"
@@ -179,6 +186,8 @@ class ExporterServer:
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
+        for view in self.snapshot_views:
+            snapshot = view(snapshot)
         body = self.renderer.exposition(snapshot)
         if self.registry is not None:
             body += generate_latest(self.registry)

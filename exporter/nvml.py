@@ -273,6 +273,23 @@ class NvmlApi:
     def nvlink_error(self, handle: Handle, link: int, counter: int) -> int | None:
         return self._int("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
 
+    # --- topology (the device plugin's GetPreferredAllocation) ---------------------------
+    def nvlink_remote_bus_id(self, handle: Handle, link: int) -> str | None:
+        """PCI bus ID of the device at the far end of an active NVLink."""
+        value = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        return None if value is None else _text(value.busId)
+
+    def nvlink_remote_is_switch(self, handle: Handle, link: int) -> bool | None:
+        """True when the far end is an NVSwitch, False for a GPU, None when unknown."""
+        value = self._call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if value is None:
+            return None
+        return int(value) == int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+
+    def topology_level(self, first: Handle, second: Handle) -> int | None:
+        """NVML_TOPOLOGY_* of the pair's closest common PCIe ancestor (0 close .. 50 far)."""
+        return self._int("nvmlDeviceGetTopologyCommonAncestor", first, second)
+
     def processes(self, handle: Handle, kind: str) -> list[tuple[int, int | None]] | None:
         """(pid, used bytes or None) for compute or graphics processes."""
         function = (
