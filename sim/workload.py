@@ -390,7 +390,18 @@ class _Sim:
                         "lastTransitionTime": rfc3339(self.start - 86400),
                     }
                 ],
-                "nodeInfo": {"kubeletVersion": "v1.31.0", "architecture": "amd64"},
+                "nodeInfo": {
+                    "architecture": "amd64",
+                    "bootID": self.uid(),
+                    "containerRuntimeVersion": "containerd://1.7.22",
+                    "kernelVersion": "6.1.0-26-amd64",
+                    "kubeProxyVersion": "v1.31.0",
+                    "kubeletVersion": "v1.31.0",
+                    "machineID": self.uid().replace("-", ""),
+                    "operatingSystem": "linux",
+                    "osImage": "Debian GNU/Linux 12 (bookworm)",
+                    "systemUUID": self.uid(),
+                },
             },
         }
         self.nodes[spec.name] = obj

@@ -1,0 +1,703 @@
+"""A kube-apiserver stand-in: the real kubernetes client talks to it over a real socket.
+
+Serves, over HTTP/1.1 on 127.0.0.1, what the quota controller and its tests use:
+
+* core/v1 pods, nodes, namespaces, resourcequotas and coordination.k8s.io/v1 leases: get,
+  list (``resourceVersion``, ``limit``/``continue`` over a consistent snapshot), create,
+  replace (409 Conflict on a stale ``metadata.resourceVersion``), patch (JSON merge patch and
+  strategic merge patch, with ``conditions`` merged by ``type``), delete;
+* watch (``?watch=1``): chunked JSON lines from ``resourceVersion``, synthetic ADDED events
+  for a watch from "0"/"", ``allowWatchBookmarks`` -> BOOKMARK events, ``timeoutSeconds``
+  ended by the server, and 410 Gone as an ERROR event (``reason: Expired``) when the requested
+  version is older than the retained window (HTTP 410 for such a list).
+
+Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch connection),
+:meth:`stall_watches` (keep them open, send nothing, not even bookmarks),
+:meth:`force_gone` (compact the history: the next resume gets 410), :meth:`refuse_for`
+(close the listening socket for a while: connections are refused, then it comes back on the
+same port).
+
+:class:`Driver` feeds a :class:`sim.workload.Workload` into the server, as fast as it can or
+time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
+
+Simplifications, by design: no authentication, no field/label selectors, a DELETE removes the
+object at once (with ``deletionTimestamp`` set to now when absent); graceful deletion is what
+the workload driver replays.
+"""
+
+from __future__ import annotations
+
+import base64
+import bisect
+import contextlib
+import copy
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from sim.workload import Workload, rfc3339
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Resource:
+    plural: str
+    kind: str
+    group_version: str  # "v1" or "coordination.k8s.io/v1"
+    namespaced: bool
+
+
+RESOURCES: dict[str, Resource] = {
+    r.plural: r
+    for r in (
+        Resource("pods", "Pod", "v1", True),
+        Resource("nodes", "Node", "v1", False),
+        Resource("namespaces", "Namespace", "v1", False),
+        Resource("resourcequotas", "ResourceQuota", "v1", True),
+        Resource("leases", "Lease", "coordination.k8s.io/v1", True),
+    )
+}
+BY_KIND = {r.kind: r for r in RESOURCES.values()}
+# lists that a strategic merge patch merges by a key instead of replacing
+MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "name"}
+
+
+class ApiError(Exception):
+    def __init__(self, code: int, reason: str, message: str):
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> Obj:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
+    """RFC 7386 JSON merge patch; ``strategic`` merges known lists by their merge key."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif (
+            strategic
+            and key in MERGE_KEYS
+            and isinstance(value, list)
+            and isinstance(out.get(key), list)
+        ):
+            mk = MERGE_KEYS[key]
+            merged = [copy.deepcopy(x) for x in out[key]]
+            for item in value:
+                idx = next((i for i, x in enumerate(merged) if x.get(mk) == item.get(mk)), None)
+                if idx is None:
+                    merged.append(copy.deepcopy(item))
+                else:
+                    merged[idx] = merge_patch(merged[idx], item, True)
+            out[key] = merged
+        else:
+            out[key] = merge_patch(out.get(key), value, strategic)
+    return out
+
+
+class _State:
+    """Objects, the event history and the watch bookkeeping, under one lock."""
+
+    def __init__(self, window: int):
+        self.lock = threading.Condition()
+        self.rv = 100
+        self.objects: dict[str, dict[tuple[str, str], Obj]] = {p: {} for p in RESOURCES}
+        # (rv, plural, namespace, encoded line); the oldest are dropped beyond ``window``
+        self.history: list[tuple[int, str, str, bytes]] = []
+        self.window = window
+        self.compacted = self.rv  # a watch from an older version than this gets 410
+        self.snapshots: dict[str, tuple[int, list[Obj]]] = {}
+
+    def next_rv(self) -> int:
+        self.rv += 1
+        return self.rv
+
+    def record(self, plural: str, type_: str, obj: Obj) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        line = json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n"
+        self.history.append((rv, plural, obj["metadata"].get("namespace", ""), line))
+        if len(self.history) > self.window * 2:
+            drop = len(self.history) - self.window
+            self.compacted = self.history[drop - 1][0]
+            del self.history[:drop]
+        self.lock.notify_all()
+
+
+class ApiServer:
+    """The stand-in; ``start()`` binds 127.0.0.1 on a free port (or ``port``)."""
+
+    def __init__(self, *, window: int = 100_000, bookmark_interval: float = 1.0, port: int = 0):
+        self.state = _State(window)
+        self.bookmark_interval = bookmark_interval
+        self._port = port
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._watch_gen = 0  # bumped to cut every open watch
+        self._stalled: set[int] = set()  # watch ids told to go silent
+        self._watch_ids = 0
+        self._watch_conns: dict[int, socket.socket] = {}
+        self._conns: set[socket.socket] = set()  # every open connection, for refuse_for
+        self._refusing = threading.Lock()
+        self.requests: dict[str, int] = {}  # "GET pods" -> count, for tests
+        self.active_watches = 0
+
+    # -- life cycle
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    def start(self) -> ApiServer:
+        handler = type("Handler", (_Handler,), {"api": self})
+        httpd = ThreadingHTTPServer(("127.0.0.1", self._port), handler)
+        httpd.daemon_threads = True
+        self._port = httpd.server_address[1]
+        self._httpd = httpd
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        self.cut_watches()
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        cfg = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
+            "users": [{"name": "sim", "user": {"token": "sim-token"}}],
+            "contexts": [
+                {
+                    "name": "sim",
+                    "context": {"cluster": "sim", "user": "sim", "namespace": namespace},
+                }
+            ],
+            "current-context": "sim",
+        }
+        path.write_text(json.dumps(cfg, indent=1))
+        return path
+
+    # -- faults
+
+    def cut_watches(self) -> None:
+        """Drop every open watch connection (the client sees the stream end or reset)."""
+        with self.state.lock:
+            self._watch_gen += 1
+            conns = list(self._watch_conns.values())
+            self.state.lock.notify_all()
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def stall_watches(self) -> None:
+        """Every watch open now goes silent: connection kept, nothing sent, ever again."""
+        with self.state.lock:
+            self._stalled.update(self._watch_conns)
+
+    def force_gone(self) -> None:
+        """Compact the whole history and cut watches: resuming from any old version gets 410."""
+        with self.state.lock:
+            self.state.history.clear()
+            # every version handed out so far is now too old
+            self.state.compacted = self.state.next_rv()
+            self.state.snapshots.clear()
+        self.cut_watches()
+
+    def refuse_for(self, seconds: float) -> None:
+        """Close the listening socket (connections refused) and reopen it after ``seconds``."""
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._httpd = None
+        self.cut_watches()
+        with self.state.lock:
+            conns = list(self._conns)
+        for conn in conns:  # kept-alive connections go too
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+        def reopen() -> None:
+            deadline = time.monotonic() + 5
+            while True:
+                try:
+                    self.start()
+                    return
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
+
+        timer = threading.Timer(seconds, reopen)
+        timer.daemon = True
+        timer.start()
+
+    # -- direct access (the driver and tests; bypasses HTTP)
+
+    def apply(self, type_: str, obj: Obj) -> Obj:
+        """Apply a watch event as if a controller wrote it: ADDED/MODIFIED upsert, DELETED."""
+        res = BY_KIND[obj["kind"]]
+        ns = obj["metadata"].get("namespace", "") if res.namespaced else ""
+        name = obj["metadata"]["name"]
+        st = self.state
+        with st.lock:
+            store = st.objects[res.plural]
+            new = copy.deepcopy(obj)
+            new["metadata"]["resourceVersion"] = str(st.next_rv())
+            if type_ == "DELETED":
+                if store.pop((ns, name), None) is None:
+                    raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+                st.record(res.plural, "DELETED", new)
+            else:
+                existed = (ns, name) in store
+                store[(ns, name)] = new
+                st.record(res.plural, "MODIFIED" if existed else "ADDED", new)
+            return new
+
+    def get(self, plural: str, name: str, namespace: str = "") -> Obj | None:
+        with self.state.lock:
+            obj = self.state.objects[plural].get((namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
+
+    def count(self, plural: str) -> int:
+        with self.state.lock:
+            return len(self.state.objects[plural])
+
+    @property
+    def resource_version(self) -> int:
+        return self.state.rv
+
+    # -- HTTP operations (called by the handler)
+
+    def list(self, res: Resource, ns: str, query: dict[str, str]) -> Obj:
+        st = self.state
+        limit = int(query.get("limit") or 0)
+        token = query.get("continue")
+        with st.lock:
+            rv_q = query.get("resourceVersion", "")
+            if rv_q and query.get("resourceVersionMatch") == "Exact" and int(rv_q) < st.compacted:
+                raise ApiError(410, "Expired", f"too old resource version: {rv_q} ({st.compacted})")
+            if token:
+                try:
+                    key, offset = json.loads(base64.urlsafe_b64decode(token))
+                    rv, items = st.snapshots[key]
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ApiError(
+                        410, "Expired", "the provided continue parameter is too old"
+                    ) from exc
+            else:
+                rv = st.rv
+                items = sorted(
+                    (o for (ons, _), o in st.objects[res.plural].items() if not ns or ons == ns),
+                    key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]),
+                )
+                key, offset = uuid.uuid4().hex, 0
+                if limit and len(items) > limit:
+                    st.snapshots[key] = (rv, items)
+        page = items[offset : offset + limit] if limit else items
+        meta: Obj = {"resourceVersion": str(rv)}
+        if limit and offset + limit < len(items):
+            meta["continue"] = base64.urlsafe_b64encode(
+                json.dumps([key, offset + limit]).encode()
+            ).decode()
+            meta["remainingItemCount"] = len(items) - offset - limit
+        elif token:
+            with st.lock:
+                st.snapshots.pop(key, None)
+        # list items carry no kind/apiVersion, as the real server sends them
+        stripped = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.group_version,
+            "metadata": meta,
+            "items": stripped,
+        }
+
+    def read(self, res: Resource, ns: str, name: str) -> Obj:
+        obj = self.get(res.plural, name, ns)
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+        return obj
+
+    def create(self, res: Resource, ns: str, body: Obj) -> Obj:
+        meta = body.setdefault("metadata", {})
+        name = meta.get("name")
+        if not name:
+            raise ApiError(422, "Invalid", "metadata.name: Required value")
+        if res.namespaced:
+            meta["namespace"] = ns
+        with self.state.lock:
+            if (ns, name) in self.state.objects[res.plural]:
+                raise ApiError(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", rfc3339(int(time.time())))
+            body["kind"], body["apiVersion"] = res.kind, res.group_version
+            return self.apply("ADDED", body)
+
+    def replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
+        with self.state.lock:
+            cur = self.state.objects[res.plural].get((ns, name))
+            if cur is None:
+                raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+            want = body.get("metadata", {}).get("resourceVersion")
+            if want and want != cur["metadata"]["resourceVersion"]:
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                )
+            body.setdefault("metadata", {})
+            for k in ("uid", "creationTimestamp", "name"):
+                body["metadata"][k] = cur["metadata"].get(k)
+            if res.namespaced:
+                body["metadata"]["namespace"] = ns
+            body["kind"], body["apiVersion"] = res.kind, res.group_version
+            return self.apply("MODIFIED", body)
+
+    def patch(self, res: Resource, ns: str, name: str, body: Any, content_type: str) -> Obj:
+        with self.state.lock:
+            cur = self.state.objects[res.plural].get((ns, name))
+            if cur is None:
+                raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+            if "json-patch" in content_type:
+                raise ApiError(
+                    415, "UnsupportedMediaType", "json-patch is not supported by the stand-in"
+                )
+            new = merge_patch(cur, body, strategic="strategic" in content_type)
+            new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
+            return self.apply("MODIFIED", new)
+
+    def delete(self, res: Resource, ns: str, name: str) -> Obj:
+        with self.state.lock:
+            cur = self.state.objects[res.plural].get((ns, name))
+            if cur is None:
+                raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+            gone = copy.deepcopy(cur)
+            gone["metadata"].setdefault("deletionTimestamp", rfc3339(int(time.time())))
+            gone["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+            return self.apply("DELETED", gone)
+
+    # -- watch
+
+    def _register(self, conn: socket.socket) -> tuple[int, int]:
+        with self.state.lock:
+            self._watch_ids += 1
+            self._watch_conns[self._watch_ids] = conn
+            self.active_watches += 1
+            return self._watch_ids, self._watch_gen
+
+    def _unregister(self, wid: int) -> None:
+        with self.state.lock:
+            self._watch_conns.pop(wid, None)
+            self._stalled.discard(wid)
+            self.active_watches -= 1
+
+    def watch_lines(
+        self, res: Resource, ns: str, query: dict[str, str], wid: int, gen: int
+    ) -> Iterable[bytes]:
+        """The lines of one watch response, until timeout, a cut, or the client going away."""
+        st = self.state
+        timeout = float(query.get("timeoutSeconds") or 1800)
+        deadline = time.monotonic() + timeout
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
+        rv_q = query.get("resourceVersion", "")
+        with st.lock:
+            if rv_q in ("", "0"):
+                since = st.rv
+                initial = [
+                    json.dumps({"type": "ADDED", "object": o}, separators=(",", ":")).encode()
+                    + b"\n"
+                    for (ons, _), o in sorted(st.objects[res.plural].items())
+                    if not ns or ons == ns
+                ]
+            else:
+                since = int(rv_q)
+                initial = []
+                if since < st.compacted:
+                    err = ApiError(
+                        410, "Expired", f"too old resource version: {since} ({st.compacted})"
+                    ).status()
+                    yield json.dumps({"type": "ERROR", "object": err}).encode() + b"\n"
+                    return
+        yield from initial
+        next_bookmark = time.monotonic() + self.bookmark_interval
+        while True:
+            out: list[bytes] = []
+            with st.lock:
+                while True:
+                    if self._watch_gen != gen:
+                        return
+                    if wid in self._stalled:
+                        # silently stalled: not even timeoutSeconds ends it, only a cut
+                        st.lock.wait(0.2)
+                        continue
+                    now = time.monotonic()
+                    if now >= deadline:
+                        return
+                    if st.history and st.history[-1][0] > since:
+                        break
+                    if bookmarks and now >= next_bookmark:
+                        break
+                    st.lock.wait(
+                        min(deadline, next_bookmark) - now if bookmarks else deadline - now
+                    )
+                if since < st.compacted:
+                    err = ApiError(410, "Expired", f"too old resource version: {since}").status()
+                    yield json.dumps({"type": "ERROR", "object": err}).encode() + b"\n"
+                    return
+                hist = st.history
+                i = bisect.bisect_right(hist, since, key=lambda h: h[0])
+                for rv, plural, ons, line in hist[i:]:
+                    if plural == res.plural and (not ns or ons == ns):
+                        out.append(line)
+                    since = rv
+                if bookmarks and time.monotonic() >= next_bookmark:
+                    bm = {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": res.kind,
+                            "apiVersion": res.group_version,
+                            "metadata": {
+                                "resourceVersion": str(st.rv),
+                                "annotations": {"k8s.io/initial-events-end": "true"},
+                            },
+                        },
+                    }
+                    since = st.rv
+                    out.append(json.dumps(bm).encode() + b"\n")
+                    next_bookmark = time.monotonic() + self.bookmark_interval
+            if out:
+                yield b"".join(out)
+
+
+def _route(path: str) -> tuple[Resource, str, str, str]:
+    """(resource, namespace, name, subresource) of an API path; raises 404 otherwise."""
+    parts = [p for p in path.split("/") if p]
+    if parts[:2] == ["api", "v1"]:
+        rest = parts[2:]
+    elif parts[:3] == ["apis", "coordination.k8s.io", "v1"]:
+        rest = parts[3:]
+    else:
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource ({path})"
+        )
+    ns = ""
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in RESOURCES:
+        ns, rest = rest[1], rest[2:]
+    if not rest or rest[0] not in RESOURCES:
+        raise ApiError(
+            404, "NotFound", f"the server could not find the requested resource ({path})"
+        )
+    res = RESOURCES[rest[0]]
+    name = rest[1] if len(rest) > 1 else ""
+    sub = rest[2] if len(rest) > 2 else ""
+    return res, ns, name, sub
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ApiServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        with self.api.state.lock:
+            self.api._conns.add(self.connection)
+
+    def finish(self) -> None:
+        with self.api.state.lock:
+            self.api._conns.discard(self.connection)
+        with contextlib.suppress(OSError):
+            super().finish()
+
+    def _send_json(self, code: int, body: Obj) -> None:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> Any:
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        try:
+            return json.loads(raw) if raw else {}
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"invalid JSON body: {exc}") from exc
+
+    def _handle(self, method: str) -> None:
+        try:
+            split = urlsplit(self.path)
+            query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+            if split.path in ("/version", "/version/"):
+                self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-sim"})
+                return
+            if split.path in ("/healthz", "/readyz", "/livez"):
+                self._send_json(200, {"status": "ok"})
+                return
+            res, ns, name, _sub = _route(split.path)
+            key = f"{method} {res.plural}"
+            self.api.requests[key] = self.api.requests.get(key, 0) + 1
+            if method == "GET" and not name:
+                if query.get("watch") in ("1", "true", "True"):
+                    self._watch(res, ns, query)
+                else:
+                    self._send_json(200, self.api.list(res, ns, query))
+            elif method == "GET":
+                self._send_json(200, self.api.read(res, ns, name))
+            elif method == "POST":
+                self._send_json(201, self.api.create(res, ns, self._body()))
+            elif method == "PUT":
+                self._send_json(200, self.api.replace(res, ns, name, self._body()))
+            elif method == "PATCH":
+                ctype = self.headers.get("Content-Type", "application/merge-patch+json")
+                self._send_json(200, self.api.patch(res, ns, name, self._body(), ctype))
+            elif method == "DELETE":
+                self._body()
+                self._send_json(200, self.api.delete(res, ns, name))
+            else:
+                raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
+        except ApiError as err:
+            self._send_json(err.code, err.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _watch(self, res: Resource, ns: str, query: dict[str, str]) -> None:
+        wid, gen = self.api._register(self.connection)
+        try:
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for chunk in self.api.watch_lines(res, ns, query, wid, gen):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+            if self.api._watch_gen == gen:  # a cut ends without the last chunk, like a reset
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except OSError:
+            pass
+        finally:
+            self.close_connection = True
+            self.api._unregister(wid)
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+
+class Driver:
+    """Feeds a workload's events into the server in order, in a background thread.
+
+    ``speed`` None replays as fast as possible; otherwise simulated seconds per wall second.
+    ``until`` stops before the first event at or after that simulated time.
+    """
+
+    def __init__(self, api: ApiServer, workload: Workload, speed: float | None = None):
+        self.api, self.workload, self.speed = api, workload, speed
+        self.position = 0  # events applied so far
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def run(self, until: int | None = None) -> None:
+        """Apply events synchronously (from where the last call stopped)."""
+        wl = self.workload
+        t0 = time.monotonic()
+        first_at = wl.events[self.position].at if self.position < len(wl.events) else wl.start
+        while self.position < len(wl.events) and not self._stop.is_set():
+            ev = wl.events[self.position]
+            if until is not None and ev.at >= until:
+                return
+            if self.speed:
+                delay = t0 + (ev.at - first_at) / self.speed - time.monotonic()
+                if delay > 0 and self._stop.wait(delay):
+                    return
+            self.api.apply(ev.type, ev.object)
+            self.position += 1
+
+    def start(self, until: int | None = None) -> Driver:
+        def target() -> None:
+            try:
+                self.run(until)
+            except BaseException as exc:  # surfaced by wait()
+                self.error = exc
+
+        self._thread = threading.Thread(target=target, daemon=True, name="workload-driver")
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once every event (up to ``until``) has been applied."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self.error is not None:
+                raise self.error
+            return not self._thread.is_alive()
+        return True
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.wait(5)
+
+    @property
+    def done(self) -> bool:
+        return self.position >= len(self.workload.events)
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

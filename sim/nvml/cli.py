@@ -1,0 +1,141 @@
+"""Shell control of a simulated node, for the demo and for people:
+
+python -m sim.nvml STATE create PRESET|SPEC.yaml
+python -m sim.nvml STATE show
+python -m sim.nvml STATE set GPU field=value [field=value ...]
+python -m sim.nvml STATE xid GPU XID [--gi N --ci N]
+python -m sim.nvml STATE lose GPU | restore GPU | reset-required GPU [--clear]
+python -m sim.nvml STATE process GPU PID BYTES [--kind graphics] | clear-processes GPU
+python -m sim.nvml STATE nvlink GPU LINK [--replay N --recovery N --crc-flit N --crc-data N]
+python -m sim.nvml STATE fail GPU|system FUNCTION CODE|clear
+python -m sim.nvml STATE env        # shell exports to run an NVML client against STATE
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from sim.nvml.control import SimError, SimNode
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m sim.nvml",
+        description="Drive the simulated GPU node behind the NVML stand-in.",
+    )
+    p.add_argument("state", type=Path, help="state file (GPUQUOTA_SIM_STATE)")
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("create", help="write a fresh node from a preset or spec file")
+    c.add_argument("spec", help="preset (h100x8, a100-mig, l4x2, mixed) or YAML/JSON file")
+    sub.add_parser("show", help="list the GPUs")
+    sub.add_parser("env", help="print shell exports for NVML clients")
+    s = sub.add_parser("set", help="set fields: power_watts=300 gpu_utilization_ratio=0.5")
+    s.add_argument("gpu", type=int)
+    s.add_argument("values", nargs="+", metavar="FIELD=VALUE")
+    x = sub.add_parser("xid", help="inject an XID critical error event")
+    x.add_argument("gpu", type=int)
+    x.add_argument("xid", type=int)
+    x.add_argument("--gi", type=int, default=None, help="GPU instance id (MIG)")
+    x.add_argument("--ci", type=int, default=None, help="compute instance id (MIG)")
+    for name, text in (("lose", "the GPU falls off the bus"), ("restore", "undo lose")):
+        sub.add_parser(name, help=text).add_argument("gpu", type=int)
+    r = sub.add_parser("reset-required", help="the GPU needs a reset")
+    r.add_argument("gpu", type=int)
+    r.add_argument("--clear", action="store_true")
+    pr = sub.add_parser("process", help="add a process using the GPU")
+    pr.add_argument("gpu", type=int)
+    pr.add_argument("pid", type=int)
+    pr.add_argument("bytes", type=int)
+    pr.add_argument("--kind", choices=("compute", "graphics"), default="compute")
+    pr.add_argument("--gi", type=int, default=None)
+    pr.add_argument("--ci", type=int, default=None)
+    sub.add_parser("clear-processes").add_argument("gpu", type=int)
+    nv = sub.add_parser("nvlink", help="set one link's error counters")
+    nv.add_argument("gpu", type=int)
+    nv.add_argument("link", type=int)
+    for counter in ("replay", "recovery", "crc-flit", "crc-data"):
+        nv.add_argument(f"--{counter}", type=int, default=0)
+    f = sub.add_parser("fail", help="force an NVML function's return code")
+    f.add_argument("gpu", help="GPU index, or 'system'")
+    f.add_argument("function", help="e.g. nvmlDeviceGetPowerUsage")
+    f.add_argument("code", help="NVML return code (e.g. 999), or 'clear'")
+    return p
+
+
+def _number(text: str) -> float:
+    if text.lower() in {"true", "yes", "on"}:
+        return 1.0
+    if text.lower() in {"false", "no", "off"}:
+        return 0.0
+    return float(int(text, 0)) if text.lower().startswith("0x") else float(text)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "create":
+        node = SimNode.create(args.state, args.spec)
+        print(f"created {node.path}: {node.gpu_count} GPUs")
+        return 0
+    node = SimNode.attach(args.state)
+    try:
+        return _act(node, args)
+    finally:
+        node.close()
+
+
+def _act(node: SimNode, args: argparse.Namespace) -> int:
+    cmd = args.command
+    if cmd == "show":
+        for i in range(node.gpu_count):
+            flags = [f for f in ("lost", "reset_required") if node.get(i, f)]
+            migs = node.mig_uuids(i)
+            extra = f" MIG x{len(migs)}" if migs else ""
+            print(f"{i} {node.uuid(i)} {node.get(i, 'power_watts'):.0f} W{extra} {' '.join(flags)}")
+    elif cmd == "env":
+        for key, value in node.env().items():
+            print(f"export {key}={shlex.quote(value)}")
+    elif cmd == "set":
+        values: dict[str, object] = {}
+        for item in args.values:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected FIELD=VALUE, got {item!r}")
+            try:
+                values[key] = _number(raw)
+            except ValueError:
+                values[key] = raw  # string fields (name, serial...)
+        node.set(args.gpu, **values)
+    elif cmd == "xid":
+        node.inject_xid(args.gpu, args.xid, args.gi, args.ci)
+    elif cmd in {"lose", "restore"}:
+        node.set_lost(args.gpu, cmd == "lose")
+    elif cmd == "reset-required":
+        node.set_reset_required(args.gpu, not args.clear)
+    elif cmd == "process":
+        node.add_process(args.gpu, args.pid, args.bytes, args.kind, args.gi, args.ci)
+    elif cmd == "clear-processes":
+        node.clear_processes(args.gpu)
+    elif cmd == "nvlink":
+        node.set_nvlink_errors(
+            args.gpu, args.link, args.replay, args.recovery, args.crc_flit, args.crc_data
+        )
+    elif cmd == "fail":
+        gpu = None if args.gpu == "system" else int(args.gpu)
+        code = None if args.code == "clear" else int(args.code, 0)
+        node.fail_call(gpu, args.function, code)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return run(args)
+    except (ValueError, SimError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,74 @@
+/* Internals shared by the stand-in's C files: the handle types NVML leaves opaque, the
+ * process-wide view of the state file, and the checks every device call starts with. */
+#ifndef GQSIM_INTERNAL_H
+#define GQSIM_INTERNAL_H
+
+#define __NVML_API_VERSION_INTERNAL 1 /* lets us define the legacy unversioned symbols too */
+#include <nvml.h>
+#include <stddef.h>
+#include "gqsim_state.h"
+
+#define GQ_EXPORT __attribute__((visibility("default")))
+#define GQ_NONE 0xFFFFFFFFu
+
+struct nvmlDevice_st {
+    int gpu;
+    int mig; /* -1 for the physical GPU, else index into gq_gpu.mig */
+};
+
+struct nvmlGpuInstance_st {
+    int gpu;
+    int mig;
+};
+
+struct nvmlComputeInstance_st {
+    int gpu;
+    int mig;
+};
+
+struct nvmlEventSet_st {
+    uint64_t last_seq;
+    unsigned long long types[GQ_MAX_GPUS];
+};
+
+extern gq_state *gq_nvml_state; /* the mapping nvmlInit made; NULL before */
+extern int gq_init_count;
+extern struct nvmlDevice_st gq_dev_handles[GQ_MAX_GPUS];
+extern struct nvmlDevice_st gq_mig_handles[GQ_MAX_GPUS][GQ_MAX_MIG];
+extern struct nvmlGpuInstance_st gq_gi_handles[GQ_MAX_GPUS][GQ_MAX_MIG];
+extern struct nvmlComputeInstance_st gq_ci_handles[GQ_MAX_GPUS][GQ_MAX_MIG];
+
+/* Shared helpers (gqsim_state.c). */
+gq_state *gq_map(const char *path, int create, int *err);
+int64_t gq_now_ns(void);
+double gq_energy_mj(const gq_gpu *g);
+void gq_lock(gq_state *st);
+void gq_unlock(gq_state *st);
+int gq_fail_code(const gq_fail *fails, const char *function);
+
+/* The checks a device call starts with: initialised, valid handle, lost, forced failure,
+ * reset required. `identity` calls (name, UUID, PCI info...) still work when a reset is
+ * required, as on a real GPU; `allow_mig` says whether a MIG device handle is accepted. */
+nvmlReturn_t gq_enter(nvmlDevice_t dev, const char *function, int identity, int allow_mig,
+                      gq_gpu **gpu);
+nvmlReturn_t gq_enter_system(const char *function);
+
+#define GQ_ENTER(dev, identity, allow_mig)                                           \
+    gq_gpu *g;                                                                       \
+    do {                                                                             \
+        nvmlReturn_t r_ = gq_enter((dev), __func__, (identity), (allow_mig), &g);    \
+        if (r_ != NVML_SUCCESS) return r_;                                           \
+    } while (0)
+
+#define GQ_NUM(g, field) ((g)->num[GQ_F_##field])
+#define GQ_HAS(g, field) (GQ_NUM(g, field) != 0.0)
+#define GQ_IS_MIG(dev) ((dev)->mig >= 0)
+
+/* The profile of MIG instance `mig` of `g` (NULL if the table lacks it). */
+const gq_profile *gq_mig_profile(const gq_gpu *g, int mig);
+
+/* Copies a string into a caller buffer the way NVML does: INSUFFICIENT_SIZE when it does
+ * not fit with its terminator. */
+nvmlReturn_t gq_copy_str(char *out, unsigned int length, const char *value);
+
+#endif

@@ -1,0 +1,25 @@
+"""Fixtures for the cluster stand-ins: an API server with a kubeconfig the real client loads."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client, config
+
+from sim.apiserver import ApiServer
+
+
+@pytest.fixture
+def apiserver() -> Iterator[ApiServer]:
+    with ApiServer(bookmark_interval=0.2) as api:
+        yield api
+
+
+@pytest.fixture
+def kube(apiserver: ApiServer) -> client.ApiClient:
+    path = Path(tempfile.mkdtemp(dir="/tmp")) / "kubeconfig"
+    apiserver.write_kubeconfig(path)
+    return config.new_client_from_config(str(path))

@@ -1,0 +1,170 @@
+"""The API server stand-in, driven through the official kubernetes client over a socket."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import urllib3
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from sim.apiserver import Driver, merge_patch
+from sim.workload import generate
+
+WL = generate(5, 1.0)
+
+
+def watch_lines(resp):
+    buf = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            yield json.loads(line)
+
+
+def test_list_pages_are_one_consistent_snapshot(apiserver, kube):
+    Driver(apiserver, WL).run(until=WL.start + 1800)
+    v1 = client.CoreV1Api(kube)
+    total = apiserver.count("pods")
+    assert total > 4
+    first = json.loads(v1.list_pod_for_all_namespaces(limit=3, _preload_content=False).data)
+    rv = first["metadata"]["resourceVersion"]
+    Driver(apiserver, WL).run()  # the cluster moves on between pages
+    names = [p["metadata"]["name"] for p in first["items"]]
+    token = first["metadata"]["continue"]
+    while token:
+        page = json.loads(
+            v1.list_pod_for_all_namespaces(limit=3, _continue=token, _preload_content=False).data
+        )
+        assert page["metadata"]["resourceVersion"] == rv
+        names += [p["metadata"]["name"] for p in page["items"]]
+        token = page["metadata"].get("continue")
+    assert len(names) == total and "kind" not in first["items"][0]
+    # the model path works on the same objects (all fields the client requires are there)
+    assert len(v1.list_node().items) == apiserver.count("nodes") == 6  # one node was deleted
+
+
+def test_watch_resumes_from_resource_version_with_bookmarks(apiserver, kube):
+    driver = Driver(apiserver, WL)
+    driver.run(until=WL.start + 600)
+    v1 = client.CoreV1Api(kube)
+    rv = json.loads(v1.list_pod_for_all_namespaces(_preload_content=False).data)["metadata"][
+        "resourceVersion"
+    ]
+    resp = v1.list_pod_for_all_namespaces(
+        watch=True,
+        resource_version=rv,
+        allow_watch_bookmarks=True,
+        timeout_seconds=1,
+        _preload_content=False,
+    )
+    threading.Thread(target=driver.run, kwargs={"until": WL.start + 1200}).start()
+    seen = list(watch_lines(resp))  # ends by timeoutSeconds
+    expected = [
+        (e.type, e.object["metadata"]["uid"])
+        for e in WL.events
+        if e.object["kind"] == "Pod" and WL.start + 600 <= e.at < WL.start + 1200
+    ]
+    assert [
+        (e["type"], e["object"]["metadata"]["uid"]) for e in seen if e["type"] != "BOOKMARK"
+    ] == expected
+    assert any(e["type"] == "BOOKMARK" for e in seen)
+    rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in seen]
+    assert rvs == sorted(rvs) and rvs[0] > int(rv)
+
+
+def test_too_old_resource_version_gets_410(apiserver, kube):
+    Driver(apiserver, WL).run(until=WL.start + 600)
+    v1 = client.CoreV1Api(kube)
+    rv = json.loads(v1.list_node(_preload_content=False).data)["metadata"]["resourceVersion"]
+    apiserver.force_gone()
+    (err,) = watch_lines(v1.list_node(watch=True, resource_version=rv, _preload_content=False))
+    assert err["type"] == "ERROR" and err["object"]["code"] == 410
+    with pytest.raises(ApiException) as exc:
+        v1.list_node(resource_version=rv, resource_version_match="Exact")
+    assert exc.value.status == 410
+
+
+def test_stalled_watch_sends_nothing_until_the_client_times_out(apiserver, kube):
+    v1 = client.CoreV1Api(kube)
+    resp = v1.list_node(
+        watch=True,
+        resource_version="0",
+        allow_watch_bookmarks=True,
+        timeout_seconds=30,
+        _preload_content=False,
+        _request_timeout=(2, 0.6),
+    )
+    time.sleep(0.1)
+    apiserver.stall_watches()
+    time.sleep(0.3)
+    Driver(apiserver, WL).run(until=WL.start + 60)
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        list(watch_lines(resp))
+
+
+def test_cut_and_refused_connections(apiserver, kube):
+    v1 = client.CoreV1Api(kube)
+    resp = v1.list_pod_for_all_namespaces(
+        watch=True, resource_version="0", timeout_seconds=30, _preload_content=False
+    )
+    threading.Timer(0.3, apiserver.cut_watches).start()
+    t0 = time.monotonic()
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        list(watch_lines(resp))
+    assert time.monotonic() - t0 < 5
+    apiserver.refuse_for(0.8)
+    with pytest.raises(urllib3.exceptions.MaxRetryError):
+        v1.list_node(_request_timeout=1)
+    time.sleep(1.2)
+    assert v1.list_node(_request_timeout=2).items == []
+
+
+def test_lease_conflicts_and_node_patches(apiserver, kube):
+    co = client.CoordinationV1Api(kube)
+    body = client.V1Lease(metadata={"name": "lock"}, spec=client.V1LeaseSpec(holder_identity="a"))
+    co.create_namespaced_lease("kube-system", body)
+    with pytest.raises(ApiException) as exc:
+        co.create_namespaced_lease("kube-system", body)
+    assert exc.value.status == 409
+    mine = co.read_namespaced_lease("lock", "kube-system")
+    theirs = co.read_namespaced_lease("lock", "kube-system")
+    theirs.spec.holder_identity = "b"
+    co.replace_namespaced_lease("lock", "kube-system", theirs)
+    mine.spec.holder_identity = "a2"
+    with pytest.raises(ApiException) as exc:
+        co.replace_namespaced_lease("lock", "kube-system", mine)
+    assert exc.value.status == 409
+    assert co.read_namespaced_lease("lock", "kube-system").spec.holder_identity == "b"
+
+    Driver(apiserver, WL).run(until=WL.start + 1)
+    v1 = client.CoreV1Api(kube)
+    v1.patch_node(
+        "gpu-h100-0", {"spec": {"taints": [{"key": "gpu-unhealthy", "effect": "NoSchedule"}]}}
+    )
+    v1.patch_node_status(
+        "gpu-h100-0", {"status": {"conditions": [{"type": "GPUHealthy", "status": "False"}]}}
+    )
+    node = v1.read_node("gpu-h100-0")
+    assert [t.key for t in node.spec.taints] == ["gpu-unhealthy"]
+    assert [c.type for c in node.status.conditions] == ["Ready", "GPUHealthy"]
+    with pytest.raises(ApiException) as exc:
+        v1.read_node("nope")
+    assert exc.value.status == 404
+
+
+def test_merge_patch_rules():
+    assert merge_patch({"a": 1, "b": {"c": 2}}, {"b": {"c": None, "d": 3}}) == {
+        "a": 1,
+        "b": {"d": 3},
+    }
+    conds = {"conditions": [{"type": "Ready", "status": "True"}]}
+    merged = merge_patch(
+        conds, {"conditions": [{"type": "Ready", "status": "False"}, {"type": "X"}]}, True
+    )
+    assert merged == {"conditions": [{"type": "Ready", "status": "False"}, {"type": "X"}]}
+    assert merge_patch(conds, {"conditions": [{"type": "X"}]}) == {"conditions": [{"type": "X"}]}
