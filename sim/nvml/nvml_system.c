@@ -140,12 +140,17 @@ GQ_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) {
     return nvmlDeviceGetCount_v2(deviceCount);
 }
 
-/* Handles of lost GPUs are still handed out: every call on them then says GPU_IS_LOST,
- * which is how an agent learns which index fell off the bus. */
+/* Handles of lost GPUs are still handed out (as when the GPU fell off the bus after the
+ * driver enumerated it): every call on them then says GPU_IS_LOST, which is how an agent
+ * learns which index is gone. fail_call(i, "nvmlDeviceGetHandleByIndex", ...) simulates a
+ * driver that refuses the handle itself. */
 GQ_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     nvmlReturn_t rc = gq_enter_system(__func__);
     if (rc != NVML_SUCCESS) return rc;
     if (device == NULL || index >= gq_nvml_state->gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    /* A per-GPU forced code applies here too, e.g. GPU_IS_LOST as some drivers answer. */
+    int code = gq_fail_code(gq_nvml_state->gpus[index].fails, __func__);
+    if (code != 0) return (nvmlReturn_t)code;
     *device = &gq_dev_handles[index];
     return NVML_SUCCESS;
 }
