@@ -217,7 +217,10 @@ class Renderer:
     def exposition(self, snapshot: NodeSnapshot) -> bytes:
         """The text exposition of ``snapshot``; rendered once however many scrapes ask."""
         with self._lock:
-            if self._cached_for is not snapshot:
+            # Equality, not identity: scrape-time views (the health verdict) hand in a new
+            # NodeSnapshot per scrape, and dataclass equality compares its fields by identity
+            # first, so an unchanged snapshot costs a field walk instead of a full render.
+            if self._cached_for is None or self._cached_for != snapshot:
                 self._cached = self.render(snapshot)
                 self._cached_for = snapshot
             return self._cached
