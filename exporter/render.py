@@ -215,12 +215,14 @@ class Renderer:
         self._cached: bytes = b""
 
     def exposition(self, snapshot: NodeSnapshot) -> bytes:
-        """The text exposition of ``snapshot``; rendered once however many scrapes ask."""
+        """The text exposition of ``snapshot``; rendered once however many scrapes ask.
+
+        Scrape-time views (the health verdict) hand in a fresh copy of the same snapshot on
+        every scrape, so the cache compares by value; the comparison is cheap because an
+        unchanged copy shares its device tuples and verdict with the cached one.
+        """
         with self._lock:
-            # Equality, not identity: scrape-time views (the health verdict) hand in a new
-            # NodeSnapshot per scrape, and dataclass equality compares its fields by identity
-            # first, so an unchanged snapshot costs a field walk instead of a full render.
-            if self._cached_for is None or self._cached_for != snapshot:
+            if self._cached_for is not snapshot and self._cached_for != snapshot:
                 self._cached = self.render(snapshot)
                 self._cached_for = snapshot
             return self._cached
