@@ -44,6 +44,9 @@ def _text(status: int, body: str) -> Response:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a burst of concurrent scrapers overflows it
+    # and the kernel drops their SYNs, which costs each one a 1 s retransmit.
+    request_queue_size = 128
     block_on_close = False
     allow_reuse_address = True
     ssl_context: ssl.SSLContext | None = None
