@@ -11,18 +11,23 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import re
 import signal
 import socket
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from exporter import metrics
 from exporter.collect import Collector
+from exporter.deviceplugin.nvmltopology import CachedTopology
+from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
+from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import WebConfig, WebConfigError
 from exporter.webconfig import load as load_web_config
@@ -130,7 +135,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hostname",
         default=None,
-        help="node name for the Hostname label of --compat dcgm (default: this host's name)",
+        help="node name for the Hostname label of --compat dcgm (default: $NODE_NAME, as the "
+        "downward API sets it, else this host's name)",
+    )
+    health_service.add_arguments(parser)
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=str(DEFAULT_SOCKET),
+        metavar="PATH",
+        help="kubelet pod-resources API socket for pod attribution; '' turns attribution off "
+        f"(default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--pod-resources-interval",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often the kubelet is asked which pods hold which GPUs (default 5s)",
     )
     parser.add_argument(
         "--log-level",
@@ -172,10 +193,25 @@ def run(args: argparse.Namespace) -> int:
     api = NvmlApi()
     start_nvml(api)
     collector = Collector(
-        api, interval=args.interval, hostname=args.hostname or socket.gethostname()
+        api,
+        interval=args.interval,
+        hostname=args.hostname or os.environ.get("NODE_NAME") or socket.gethostname(),
     )
     xid = XidWatcher(api)
     collector.xid = xid
+    pods: PodResourcesWatcher | None = None
+    if args.pod_resources_socket:
+        pods = PodResourcesWatcher(
+            Path(args.pod_resources_socket), interval=args.pod_resources_interval
+        )
+        collector.add_enricher(pods.enrich)
+    try:
+        health = health_service.HealthService.from_args(
+            args, topology=CachedTopology(api), hostname=collector.hostname
+        )
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
     host, port = args.listen
     try:
         server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
@@ -185,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
         if exc.errno == errno.EADDRINUSE:
             raise SetupError(f"cannot listen on {where}: the port is already in use") from None
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
+
+    health.attach(collector, xid, server)
 
     stopping = threading.Event()
 
@@ -196,6 +234,9 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     xid.start()
+    health.start()
+    if pods is not None:
+        pods.start()  # before the first collection, so it is attributed
     collector.start()
     server.start()
     bound_host, bound_port = server.address
@@ -211,7 +252,10 @@ def run(args: argparse.Namespace) -> int:
         stopping.wait()
     finally:
         server.stop()
+        health.stop()
         collector.stop()
+        if pods is not None:
+            pods.stop()
         xid.stop()
         api.shutdown()
     return 0

@@ -11,6 +11,7 @@ credentials and which reveal nothing but "up".
 
 from __future__ import annotations
 
+import gzip
 import logging
 import socket
 import ssl
@@ -24,6 +25,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collect import Collector
 from exporter.render import CONTENT_TYPE, Renderer
+from exporter.snapshot import NodeSnapshot
 from exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
@@ -37,12 +39,20 @@ READY_AFTER_INTERVALS = 3  # /readyz fails when the newest snapshot is older tha
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
+def _accepts_gzip(headers: Any) -> bool:
+    encodings = str(headers.get("Accept-Encoding", "")).lower()
+    return any(part.split(";")[0].strip() == "gzip" for part in encodings.split(","))
+
+
 def _text(status: int, body: str) -> Response:
     return status, "text/plain; charset=utf-8", body.encode()
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a burst of concurrent scrapers overflows it
+    # and the kernel drops their SYNs, which costs each one a 1 s retransmit.
+    request_queue_size = 128
     block_on_close = False
     allow_reuse_address = True
     ssl_context: ssl.SSLContext | None = None
@@ -72,6 +82,9 @@ class _Server6(_Server):
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes; without TCP_NODELAY, Nagle's algorithm and the
+    # client's delayed ACK add ~40 ms to every keep-alive scrape.
+    disable_nagle_algorithm = True
     timeout = 30  # seconds a connection may sit idle before its thread gives up
 
     def do_GET(self) -> None:
@@ -88,6 +101,12 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         route = exporter.routes.get(path)
+        if path == "/metrics" and route == exporter.metrics and _accepts_gzip(self.headers):
+            status, content_type, body = exporter.metrics(gzipped=True)
+            self._send(
+                status, content_type, body, {"Content-Encoding": "gzip"} if status == 200 else None
+            )
+            return
         if route is None:
             self._send(*_text(404, f"{path} not found\n"))
             return
@@ -134,10 +153,12 @@ class ExporterServer:
         self.registry = registry
         self.routes: dict[str, Route] = {
             "/": self._index,
-            "/metrics": self._metrics,
+            "/metrics": self.metrics,
             "/healthz": self._healthz,
             "/readyz": self._readyz,
         }
+        # Joins applied to the latest snapshot at scrape time (the health verdict of this moment).
+        self.snapshot_views: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
         # Binding here (not in start) makes "port in use" an error at construction.
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
@@ -160,9 +181,13 @@ class ExporterServer:
             raise ValueError(f"route path must start with '/': {path!r}")
         self.routes[path] = route
 
+    def add_snapshot_view(self, view: Callable[[NodeSnapshot], NodeSnapshot]) -> None:
+        """``view(snapshot) -> snapshot`` runs on every scrape before rendering."""
+        self.snapshot_views.append(view)
+
     def start(self) -> None:
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.2}, name="http"
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="http"
         )
         self._thread.daemon = True
         self._thread.start()
@@ -175,14 +200,17 @@ class ExporterServer:
             self._thread = None
 
     # --- routes ------------------------------------------------------------------------------
-    def _metrics(self) -> Response:
+    def metrics(self, *, gzipped: bool = False) -> Response:
+        """/metrics: the latest snapshot, through the scrape-time views, rendered."""
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
-        body = self.renderer.exposition(snapshot)
-        if self.registry is not None:
-            body += generate_latest(self.registry)
-        return 200, CONTENT_TYPE, body
+        for view in self.snapshot_views:
+            snapshot = view(snapshot)
+        if self.registry is None:
+            return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, gzipped=gzipped)
+        body = self.renderer.exposition(snapshot) + generate_latest(self.registry)
+        return 200, CONTENT_TYPE, gzip.compress(body, compresslevel=1) if gzipped else body
 
     def _healthz(self) -> Response:
         if self.collector.is_alive():

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from enum import Enum
 from operator import attrgetter
 
-from exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
+from exporter.health.rules import State
+from exporter.snapshot import CLOCK_EVENT_REASONS, DeviceSnapshot, DeviceState, NodeSnapshot
 
 PREFIX = "gpu_"
 SELF_PREFIX = "gpuquota_exporter_"
@@ -53,18 +54,6 @@ DCGM_LABELS = (
 )
 DCGM_MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
 
-# NVML clock event (throttle) reason bits, nvmlClocksEventReason*; label value -> bit.
-CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
-    ("gpu_idle", 0x1),
-    ("applications_clocks_setting", 0x2),
-    ("sw_power_cap", 0x4),
-    ("hw_slowdown", 0x8),
-    ("sync_boost", 0x10),
-    ("sw_thermal_slowdown", 0x20),
-    ("hw_thermal_slowdown", 0x40),
-    ("hw_power_brake_slowdown", 0x80),
-    ("display_clock_setting", 0x100),
-)
 
 NVLINK_ERROR_TYPES: tuple[tuple[str, str], ...] = (
     ("replay", "replay_errors"),
@@ -206,6 +195,28 @@ def _read_nvlink(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample
             value = getattr(counters, attr)
             if value is not None:
                 yield (link, kind), float(value)
+
+
+def _read_health_state(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    verdict = node.health.get(device.uuid) if node.health is not None else None
+    if verdict is None:
+        return
+    for state in State:
+        yield (state.label,), 1.0 if verdict.state is state else 0.0
+
+
+def _read_health_reasons(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    verdict = node.health.get(device.uuid) if node.health is not None else None
+    if verdict is None:
+        return
+    for reason in verdict.reasons:
+        yield (reason.code, reason.action.label), 1.0
+
+
+def _read_health_since(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    verdict = node.health.get(device.uuid) if node.health is not None else None
+    if verdict is not None:
+        yield (), verdict.since
 
 
 def _read_processes(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
@@ -588,7 +599,8 @@ METRICS: list[MetricSpec] = [
         unit="",
         help="NVLink errors per link, by type (replay, recovery, crc_flit, crc_data).",
         labels=("link", "type"),
-        source="nvmlDeviceGetNvLinkErrorCounter",
+        source="nvmlDeviceGetNvLinkErrorCounter (re-read when the per-GPU totals from "
+        "nvmlDeviceGetFieldValues change)",
         accessor="DeviceSnapshot.nvlinks",
         read_device=_read_nvlink,
     ),
@@ -601,6 +613,43 @@ METRICS: list[MetricSpec] = [
         source="nvmlEventSetWait_v2 (nvmlEventTypeXidCriticalError)",
         accessor="NodeSnapshot.xid_counts[uuid]",
         read_device=_read_xids,
+    ),
+    # --- health (exporter/health/, docs/health.md) ----------------------------------------
+    MetricSpec(
+        name=f"{P}health_state",
+        type="gauge",
+        unit="",
+        help="1 for the device's health verdict (healthy, degraded, unhealthy; docs/health.md), "
+        "0 for the others. Unhealthy devices are withdrawn from the kubelet device plugin.",
+        labels=("state",),
+        source="health checker: XID events and NVML conditions (exporter/health/rules.py)",
+        accessor="NodeSnapshot.health[uuid].state",
+        scope=Scope.IDENTITY,
+        read_device=_read_health_state,
+    ),
+    MetricSpec(
+        name=f"{P}health_reason",
+        type="gauge",
+        unit="",
+        help="1 for each active reason behind the device's health verdict (xid_79, gpu_lost, "
+        "row_remap_pending, ...), with the recommended action (none, restart_app, reset_gpu, "
+        "reboot_node).",
+        labels=("reason", "action"),
+        source="health checker: XID events and NVML conditions (exporter/health/rules.py)",
+        accessor="NodeSnapshot.health[uuid].reasons",
+        scope=Scope.IDENTITY,
+        read_device=_read_health_reasons,
+    ),
+    MetricSpec(
+        name=f"{P}health_since_timestamp_seconds",
+        type="gauge",
+        unit="seconds",
+        help="Unix time at which the device entered its current health state.",
+        labels=(),
+        source="health checker",
+        accessor="NodeSnapshot.health[uuid].since",
+        scope=Scope.IDENTITY,
+        read_device=_read_health_since,
     ),
     # --- processes ------------------------------------------------------------------------
     MetricSpec(

@@ -29,7 +29,6 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # migration that rebuilds that index.
 SPAN_CLASS_BOUNDS = (3600, 86400, 7 * 86400, 35 * 86400)
 # written the way PostgreSQL reflects it back, so Alembic's comparison of models and migrations
-# of models and migrations sees the same index
 SPAN_CLASS_SQL = (
     "(\nCASE\n"
     + "".join(

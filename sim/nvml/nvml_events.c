@@ -21,7 +21,8 @@ static unsigned long long gq_supported_events(const gq_gpu *g) {
 }
 
 GQ_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
-    if (gq_nvml_state == NULL || gq_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = gq_enter_system(__func__);
+    if (r != NVML_SUCCESS) return r;
     if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     struct nvmlEventSet_st *s = calloc(1, sizeof(*s));
     if (s == NULL) return NVML_ERROR_MEMORY;
@@ -31,7 +32,8 @@ GQ_EXPORT nvmlReturn_t nvmlEventSetCreate(nvmlEventSet_t *set) {
 }
 
 GQ_EXPORT nvmlReturn_t nvmlEventSetFree(nvmlEventSet_t set) {
-    if (gq_nvml_state == NULL || gq_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = gq_enter_system(__func__);
+    if (r != NVML_SUCCESS) return r;
     if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     free(set);
     return NVML_SUCCESS;
@@ -84,8 +86,10 @@ static int64_t gq_mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static nvmlReturn_t gq_wait(nvmlEventSet_t set, gq_xid *event, unsigned int timeoutms) {
-    if (gq_nvml_state == NULL || gq_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
+static nvmlReturn_t gq_wait(nvmlEventSet_t set, gq_xid *event, unsigned int timeoutms,
+                            const char *fn) {
+    nvmlReturn_t r = gq_enter_system(fn);
+    if (r != NVML_SUCCESS) return r;
     if (set == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     gq_state *st = gq_nvml_state;
     int64_t deadline = gq_mono_ns() + (int64_t)timeoutms * 1000000LL;
@@ -106,7 +110,7 @@ GQ_EXPORT nvmlReturn_t nvmlEventSetWait_v2(nvmlEventSet_t set, nvmlEventData_t *
                                            unsigned int timeoutms) {
     if (data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     gq_xid e;
-    nvmlReturn_t r = gq_wait(set, &e, timeoutms);
+    nvmlReturn_t r = gq_wait(set, &e, timeoutms, __func__);
     if (r != NVML_SUCCESS) return r;
     memset(data, 0, sizeof(*data));
     /* As NVML does, the event names the physical GPU; MIG events carry the instance ids. */
@@ -129,7 +133,7 @@ GQ_EXPORT nvmlReturn_t nvmlEventSetWait(nvmlEventSet_t set, gq_event_data_v1 *da
                                         unsigned int timeoutms) {
     if (data == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     gq_xid e;
-    nvmlReturn_t r = gq_wait(set, &e, timeoutms);
+    nvmlReturn_t r = gq_wait(set, &e, timeoutms, __func__);
     if (r != NVML_SUCCESS) return r;
     data->device = &gq_dev_handles[e.gpu];
     data->eventType = nvmlEventTypeXidCriticalError;

@@ -135,3 +135,14 @@ def test_events_from_another_process(make_node):
         for stream in (proc.stdout, proc.stderr):
             if stream:
                 stream.close()
+
+
+def test_a_forced_failure_of_the_wait_is_reported_not_taken_for_a_timeout(nvml, event_set):
+    node = nvml("l4x2")
+    es = event_set(0)
+    node.fail_call(None, "nvmlEventSetWait", pynvml.NVML_ERROR_UNKNOWN)  # matches _v2 too
+    with pytest.raises(pynvml.NVMLError_Unknown):
+        pynvml.nvmlEventSetWait_v2(es, 1000)
+    node.fail_call(None, "nvmlEventSetWait", None)
+    node.inject_xid(0, 79)
+    assert pynvml.nvmlEventSetWait_v2(es, 1000).eventData == 79

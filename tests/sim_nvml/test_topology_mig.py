@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import pynvml
 import pytest
 
+from sim.nvml.models import MODELS
 from sim.nvml.spec import load
 
 
@@ -143,3 +146,14 @@ def test_processes_on_a_mig_instance(nvml):
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(second) == []
     assert pynvml.nvmlDeviceGetMemoryInfo(first).used == 2**30
     assert [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(parent)] == [4242]
+
+
+@pytest.mark.parametrize(
+    "model", [m for m in MODELS.values() if m.mig_profiles], ids=lambda m: m.key
+)
+def test_profile_names_follow_the_device_plugin_rule(model):
+    """k8s-device-plugin names a MIG device "<slices>g.<ceil(memory MiB / 1024)>gb" from
+    nvmlDeviceGetAttributes; the model table must agree with the names it gives."""
+    for p in model.mig_profiles:
+        assert p.name == f"{p.slices}g.{math.ceil(p.memory_mb / 1024)}gb"
+        assert p.memory_mb * 2**20 < model.memory_total_bytes

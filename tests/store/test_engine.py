@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from quota.engine import Accountant
-from quota.store.db import Store, StoreError
+from quota.store.db import QuotaSampleRow, Store, StoreError
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -329,18 +329,23 @@ def test_database_outage_keeps_the_batch_for_the_next_flush(store: Store, cluste
 def test_a_failing_batch_writes_nothing(store: Store, cluster: str) -> None:
     accountant = Accountant(store, cluster)
     accountant.apply("ADDED", node(created=10), 100)
+    accountant.apply("ADDED", namespace(created=10), 100)
     accountant.apply("ADDED", pod("a", start=1000), 1000)
-    accountant.apply("ADDED", namespace("x" * 300, created=10), 100)  # too long for PostgreSQL
-    if store.dialect == "sqlite":
-        pytest.skip("SQLite does not enforce VARCHAR lengths")
-    with pytest.raises(StoreError):
-        accountant.flush()
+    batch = accountant._batch()
+    assert batch.allocations and batch.node_capacity and batch.namespace_labels
+    # the last row of the batch breaks a NOT NULL constraint: the rows before it roll back
+    broken = QuotaSampleRow(None, "q", "requests.nvidia.com/gpu", 1.0, 0.0, [], 5)  # type: ignore[arg-type]
+    batch.quota_samples.append(broken)
+    with pytest.raises(StoreError, match="write to"):
+        store.write(cluster, batch)
     assert rows.everything(store, cluster) == {
         "allocations": {},
         "capacity": [],
         "labels": [],
         "samples": [],
     }
+    accountant.flush()  # the Accountant's own batch is intact
+    assert len(rows.allocations(store, cluster)) == 1
 
 
 def test_bookmarks_and_resource_versions_reach_the_heartbeat(store: Store, cluster: str) -> None:
@@ -354,3 +359,25 @@ def test_bookmarks_and_resource_versions_reach_the_heartbeat(store: Store, clust
     (beat,) = rows.heartbeat(store, cluster)
     assert beat == {"holder": "pod-7", "at": 1002, "resource_versions": {"Pod": "57"}}
     assert Accountant(store, cluster).resource_versions == {"Pod": "57"}
+
+
+def test_gone_pods_are_forgotten_after_retention_and_late_events_ignored(
+    store: Store, cluster: str
+) -> None:
+    accountant = Accountant(store, cluster, retention_seconds=100)
+    accountant.apply("ADDED", node(created=0), 0)
+    accountant.apply("ADDED", pod("a", start=1000), 1000)
+    accountant.apply("DELETED", pod("a", start=1000, deletion=1050, grace=0), 1050)
+    accountant.apply("ADDED", pod("b", name="b", start=1000), 1000)
+    accountant.flush()
+    assert accountant.tracked()["pods"] == 2  # within retention: kept for late events
+    accountant.apply("MODIFIED", pod("b", name="b", start=1000), 1200)
+    accountant.flush()
+    assert accountant.tracked()["pods"] == 1
+    # a late stale copy of the forgotten pod neither returns to memory nor changes its row
+    accountant.apply("MODIFIED", pod("a", start=1000), 1010)
+    assert accountant.tracked()["pods"] == 1
+    assert accountant.pending() == 0
+    assert accountant.quota_usage() == {("team-a", "nvidia.com/gpu"): 1}
+    a = rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]
+    assert (a["ended_at"], a["end_reason"]) == (1050, "deletion_timestamp")
