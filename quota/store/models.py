@@ -28,7 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 # comparisons are NULL, open intervals. Indexed by ix_allocations_span; changing it needs a
 # migration that rebuilds that index.
 SPAN_CLASS_BOUNDS = (3600, 86400, 7 * 86400, 35 * 86400)
-# written the way PostgreSQL reflects it back, so Alembic's comparison of models and migrations
+# written the way PostgreSQL reflects it back, so Alembic finds models and migrations equal
 SPAN_CLASS_SQL = (
     "(\nCASE\n"
     + "".join(
