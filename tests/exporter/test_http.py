@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import gzip
 import http.client
 import ssl
 import threading
@@ -213,3 +214,12 @@ def test_scrape_does_not_wait_for_a_slow_collection(serve) -> None:
         assert stuck.is_set() and not gate.is_set()
     finally:
         gate.set()
+
+
+def test_gzip_when_asked(serve) -> None:
+    _node, _collector, server = serve(interval=5.0)
+    status, zipped, response = get(server, "/metrics", {"Accept-Encoding": "gzip"})
+    assert status == 200 and response.getheader("Content-Encoding") == "gzip"
+    _status, plain, response = get(server, "/metrics", {"Accept-Encoding": "identity"})
+    assert response.getheader("Content-Encoding") is None
+    assert gzip.decompress(zipped) == plain and len(zipped) < len(plain)
