@@ -294,3 +294,42 @@ def test_empty_period_gives_a_zero_report(store: Store, report: Any) -> None:
     assert doc["rows"] == [] and doc["total"]["gpu_seconds_raw"] == 0
     table = report("--month", "2026-10", "--now", NOW, db=store)
     assert table.rc == 0 and "no GPU usage" in table.out
+
+
+def test_csv_idle_rows_add_up(store: Store, report: Any, tmp_path: Path) -> None:
+    card = tmp_path / "card.yaml"
+    card.write_text(f"default_rate: 1\nmodels:\n  {H100}: 3\n")
+    store.capacity("n1", OCT, None, units=8)
+    store.capacity("n2", OCT, OCT + 7 * H, units=3, model=A100, pool="pool-b")
+    store.alloc("ml", OCT, OCT + 5 * H, units=3)
+    store.alloc("web", OCT, OCT + 3 * H, model=A100, pool="pool-b")
+    result = report(
+        "--month",
+        "2026-10",
+        "--idle",
+        "--rate-card",
+        str(card),
+        "--format",
+        "csv",
+        "--now",
+        NOW,
+        db=store,
+    )
+    assert result.rc == 0, result.err
+    records = list(csv.DictReader(io.StringIO(result.out)))
+    idle = [r for r in records if r["row"] == "idle"]
+    (total,) = [r for r in records if r["row"] == "idle_total"]
+    assert {(r["model"], r["node_pool"]) for r in idle} == {(H100, "pool-a"), (A100, "pool-b")}
+    for column in (
+        "allocatable_gpu_hours",
+        "allocated_gpu_hours",
+        "idle_gpu_hours",
+        "idle_cost_USD",
+    ):
+        assert sum(Decimal(r[column]) for r in idle) == Decimal(total[column]), column
+    b = next(r for r in idle if r["model"] == A100)
+    assert (Decimal(b["allocatable_gpu_hours"]), Decimal(b["idle_gpu_hours"])) == (
+        Decimal(21),
+        Decimal(18),
+    )
+    assert Decimal(b["idle_cost_USD"]) == 18  # A100 not in the card: default rate
