@@ -333,3 +333,22 @@ def test_csv_idle_rows_add_up(store: Store, report: Any, tmp_path: Path) -> None
         Decimal(18),
     )
     assert Decimal(b["idle_cost_USD"]) == 18  # A100 not in the card: default rate
+
+
+def test_quota_by_label_as_it_was(store: Store, report: Any) -> None:
+    store.labels("ml", {"team": "vision"}, OCT - 86400, OCT + 10 * H)
+    store.labels("ml", {"team": "speech"}, OCT + 10 * H, None)
+    store.quota("ml", OCT - 100, hard=4, used=2)
+    store.quota("web", OCT - 100, hard=1, used=0)  # web never had labels
+    store.alloc("ml", OCT, OCT + 20 * H)
+    doc = rows_json(report, store, "--month", "2026-10", "--by", "label:team")
+    g = by_group(doc)
+    month = 31 * 24
+    assert g[("vision",)]["quota_unused_gpu_hours"] == 2 * 10
+    assert g[("speech",)]["quota_unused_gpu_hours"] == 2 * (month - 10)
+    assert g[(None,)]["quota_unused_gpu_hours"] == month
+    assert g[("vision",)]["quota_avg_hard"] == pytest.approx(4 * 10 / month, abs=0.005)
+    assert g[("vision",)]["quota_peak_used"] is None  # peaks of namespaces do not add up
+    assert g[("vision",)]["gpu_seconds_raw"] == 10 * H
+    assert g[(None,)]["gpu_seconds_raw"] == 0  # quota but no usage: still a row
+    assert doc["total"]["quota_avg_hard"] == pytest.approx(5.0)
