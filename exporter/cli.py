@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import re
 import signal
 import socket
@@ -134,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hostname",
         default=None,
-        help="node name for the Hostname label of --compat dcgm (default: this host's name)",
+        help="node name for the Hostname label of --compat dcgm (default: $NODE_NAME, as the "
+        "downward API sets it, else this host's name)",
     )
     health_service.add_arguments(parser)
     parser.add_argument(
@@ -191,7 +193,9 @@ def run(args: argparse.Namespace) -> int:
     api = NvmlApi()
     start_nvml(api)
     collector = Collector(
-        api, interval=args.interval, hostname=args.hostname or socket.gethostname()
+        api,
+        interval=args.interval,
+        hostname=args.hostname or os.environ.get("NODE_NAME") or socket.gethostname(),
     )
     xid = XidWatcher(api)
     collector.xid = xid
