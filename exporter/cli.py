@@ -17,6 +17,7 @@ import socket
 import sys
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from exporter import metrics
@@ -25,6 +26,7 @@ from exporter.deviceplugin.nvmltopology import CachedTopology
 from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
+from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import WebConfig, WebConfigError
 from exporter.webconfig import load as load_web_config
@@ -136,6 +138,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     health_service.add_arguments(parser)
     parser.add_argument(
+        "--pod-resources-socket",
+        default=str(DEFAULT_SOCKET),
+        metavar="PATH",
+        help="kubelet pod-resources API socket for pod attribution; '' turns attribution off "
+        f"(default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--pod-resources-interval",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often the kubelet is asked which pods hold which GPUs (default 5s)",
+    )
+    parser.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -179,6 +195,12 @@ def run(args: argparse.Namespace) -> int:
     )
     xid = XidWatcher(api)
     collector.xid = xid
+    pods: PodResourcesWatcher | None = None
+    if args.pod_resources_socket:
+        pods = PodResourcesWatcher(
+            Path(args.pod_resources_socket), interval=args.pod_resources_interval
+        )
+        collector.add_enricher(pods.enrich)
     try:
         health = health_service.HealthService.from_args(
             args, topology=CachedTopology(api), hostname=collector.hostname
@@ -209,6 +231,8 @@ def run(args: argparse.Namespace) -> int:
 
     xid.start()
     health.start()
+    if pods is not None:
+        pods.start()  # before the first collection, so it is attributed
     collector.start()
     server.start()
     bound_host, bound_port = server.address
@@ -226,6 +250,8 @@ def run(args: argparse.Namespace) -> int:
         server.stop()
         health.stop()
         collector.stop()
+        if pods is not None:
+            pods.stop()
         xid.stop()
         api.shutdown()
     return 0

@@ -23,7 +23,15 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml import GPU_IS_LOST, NVLINK_MAX_LINKS, RESET_REQUIRED, Handle, NvmlApi, NvmlError
+from exporter.nvml import (
+    GPU_IS_LOST,
+    NVLINK_MAX_LINKS,
+    RESET_REQUIRED,
+    Handle,
+    NvmlApi,
+    NvmlError,
+    handle_key,
+)
 from exporter.snapshot import (
     DeviceSnapshot,
     DeviceState,
@@ -54,10 +62,26 @@ class _DeviceDownError(Exception):
 
 
 class _Reads:
-    """Runs one device's NVML reads, collecting failures instead of raising them."""
+    """Runs one device's NVML reads, collecting failures instead of raising them.
 
-    def __init__(self) -> None:
+    ``value`` additionally remembers which readings the device does not support (NVML
+    answered NOT_SUPPORTED): a capability does not change while the driver runs, so those
+    calls are skipped until the device's cache is reset.
+    """
+
+    def __init__(self, unsupported: set[tuple[int, str, tuple[Any, ...]]] | None = None) -> None:
         self.errors: list[tuple[str, str]] = []
+        self.unsupported = unsupported if unsupported is not None else set()
+
+    def value(self, read: Callable[..., Any], handle: Handle, *args: Any) -> Any:
+        key = (handle_key(handle), read.__name__, args)
+        if key in self.unsupported:
+            return None
+        failures = len(self.errors)
+        result = self(read, handle, *args)
+        if result is None and len(self.errors) == failures:
+            self.unsupported.add(key)
+        return result
 
     def __call__(self, read: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -87,6 +111,7 @@ class _GpuCache:
     ecc: bool | None = None  # ECC mode; None: not supported (no ECC counters then)
     migs: list[_MigCache] | None = None
     mig_scanned_at: int = 0
+    unsupported: set[tuple[int, str, tuple[Any, ...]]] = field(default_factory=set)
     last_identity: dict[str, Any] = field(default_factory=dict)  # survives a loss
 
 
@@ -237,7 +262,9 @@ class Collector:
 
     def _read_gpu(self, index: int) -> list[DeviceSnapshot]:
         cache = self._gpus[index]
-        reads = _Reads()
+        if self._collections - cache.mig_scanned_at >= MIG_RESCAN_COLLECTIONS:
+            cache.unsupported.clear()  # re-probe now and then (firmware/driver changes)
+        reads = _Reads(cache.unsupported)
         api = self.api
         try:
             if cache.handle is None:
@@ -280,6 +307,7 @@ class Collector:
     def _forget(cache: _GpuCache, *, handle_too: bool) -> None:
         cache.identity = None
         cache.migs = None
+        cache.unsupported.clear()
         if handle_too:
             cache.handle = None
 
@@ -308,41 +336,47 @@ class Collector:
     def _read_values(self, handle: Handle, cache: _GpuCache, reads: _Reads) -> dict[str, Any]:
         api = self.api
         v: dict[str, Any] = {}
-        util = reads(api.utilization, handle)
+        util = reads.value(api.utilization, handle)
         if util is not None:
             v["gpu_utilization_ratio"] = util[0] / 100.0
             v["memory_utilization_ratio"] = util[1] / 100.0
-        v["encoder_utilization_ratio"] = _scale(reads(api.encoder_utilization, handle), 0.01)
-        v["decoder_utilization_ratio"] = _scale(reads(api.decoder_utilization, handle), 0.01)
-        v.update(_memory_fields(reads(api.memory, handle)))
-        v["gpu_temperature_celsius"] = _scale(reads(api.temperature, handle), 1.0)
-        v["memory_temperature_celsius"] = _scale(reads(api.memory_temperature, handle), 1.0)
-        v["power_watts"] = _scale(reads(api.power_usage_mw, handle), 1e-3)
-        v["power_limit_watts"] = _scale(reads(api.power_limit_mw, handle), 1e-3)
-        v["energy_joules"] = _scale(reads(api.energy_mj, handle), 1e-3)
-        v["sm_clock_hertz"] = _scale(reads(api.clock_mhz, handle, pynvml.NVML_CLOCK_SM), 1e6)
-        v["memory_clock_hertz"] = _scale(reads(api.clock_mhz, handle, pynvml.NVML_CLOCK_MEM), 1e6)
+        v["encoder_utilization_ratio"] = _scale(reads.value(api.encoder_utilization, handle), 0.01)
+        v["decoder_utilization_ratio"] = _scale(reads.value(api.decoder_utilization, handle), 0.01)
+        v.update(_memory_fields(reads.value(api.memory, handle)))
+        v["gpu_temperature_celsius"] = _scale(reads.value(api.temperature, handle), 1.0)
+        v["memory_temperature_celsius"] = _scale(reads.value(api.memory_temperature, handle), 1.0)
+        v["power_watts"] = _scale(reads.value(api.power_usage_mw, handle), 1e-3)
+        v["power_limit_watts"] = _scale(reads.value(api.power_limit_mw, handle), 1e-3)
+        v["energy_joules"] = _scale(reads.value(api.energy_mj, handle), 1e-3)
+        v["sm_clock_hertz"] = _scale(reads.value(api.clock_mhz, handle, pynvml.NVML_CLOCK_SM), 1e6)
+        v["memory_clock_hertz"] = _scale(
+            reads.value(api.clock_mhz, handle, pynvml.NVML_CLOCK_MEM), 1e6
+        )
         v["pcie_tx_bytes_per_second"] = _scale(
-            reads(api.pcie_throughput_kbps, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES), 1024.0
+            reads.value(api.pcie_throughput_kbps, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES), 1024.0
         )
         v["pcie_rx_bytes_per_second"] = _scale(
-            reads(api.pcie_throughput_kbps, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES), 1024.0
+            reads.value(api.pcie_throughput_kbps, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES), 1024.0
         )
-        v["pcie_replay_total"] = reads(api.pcie_replay_counter, handle)
-        v["fan_speed_ratio"] = _scale(reads(api.fan_speed_percent, handle), 0.01)
-        v["performance_state"] = reads(api.performance_state, handle)
-        v["clock_event_reasons"] = reads(api.clock_event_reasons, handle)
+        v["pcie_replay_total"] = reads.value(api.pcie_replay_counter, handle)
+        v["fan_speed_ratio"] = _scale(reads.value(api.fan_speed_percent, handle), 0.01)
+        v["performance_state"] = reads.value(api.performance_state, handle)
+        v["clock_event_reasons"] = reads.value(api.clock_event_reasons, handle)
         if cache.ecc:
             corrected, uncorrected = (
                 pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
             )
             volatile, aggregate = pynvml.NVML_VOLATILE_ECC, pynvml.NVML_AGGREGATE_ECC
-            v["ecc_corrected_volatile"] = reads(api.ecc_errors, handle, corrected, volatile)
-            v["ecc_uncorrected_volatile"] = reads(api.ecc_errors, handle, uncorrected, volatile)
-            v["ecc_corrected_aggregate"] = reads(api.ecc_errors, handle, corrected, aggregate)
-            v["ecc_uncorrected_aggregate"] = reads(api.ecc_errors, handle, uncorrected, aggregate)
-        remap = reads(api.remapped_rows, handle)
+            v["ecc_corrected_volatile"] = reads.value(api.ecc_errors, handle, corrected, volatile)
+            v["ecc_uncorrected_volatile"] = reads.value(
+                api.ecc_errors, handle, uncorrected, volatile
+            )
+            v["ecc_corrected_aggregate"] = reads.value(api.ecc_errors, handle, corrected, aggregate)
+            v["ecc_uncorrected_aggregate"] = reads.value(
+                api.ecc_errors, handle, uncorrected, aggregate
+            )
+        remap = reads.value(api.remapped_rows, handle)
         if remap is not None:
             (
                 v["remapped_rows_correctable"],
@@ -350,22 +384,22 @@ class Collector:
                 v["remap_pending"],
                 v["remap_failure"],
             ) = remap
-        v["retired_pages_single_bit"] = reads(
+        v["retired_pages_single_bit"] = reads.value(
             api.retired_pages,
             handle,
             pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
         )
-        v["retired_pages_double_bit"] = reads(
+        v["retired_pages_double_bit"] = reads.value(
             api.retired_pages, handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
         )
-        v["retired_pages_pending"] = reads(api.retired_pages_pending, handle)
+        v["retired_pages_pending"] = reads.value(api.retired_pages_pending, handle)
         v["nvlinks"] = tuple(self._read_nvlink(handle, link, reads) for link in cache.nvlinks or ())
         v["processes"] = self._read_processes(handle, reads)
         return v
 
     def _read_nvlink(self, handle: Handle, link: int, reads: _Reads) -> NvLinkCounters:
         counts = {
-            name: reads(self.api.nvlink_error, handle, link, counter)
+            name: reads.value(self.api.nvlink_error, handle, link, counter)
             for name, counter in _NVLINK_COUNTERS
         }
         return NvLinkCounters(link=link, **counts)
@@ -373,7 +407,7 @@ class Collector:
     def _read_processes(self, handle: Handle, reads: _Reads) -> tuple[ProcessUsage, ...]:
         found: list[ProcessUsage] = []
         for kind in ("compute", "graphics"):
-            for pid, used in reads(self.api.processes, handle, kind) or ():
+            for pid, used in reads.value(self.api.processes, handle, kind) or ():
                 found.append(ProcessUsage(pid=pid, used_memory_bytes=used, kind=kind))
         return tuple(found)
 
@@ -389,7 +423,7 @@ class Collector:
             cache.mig_scanned_at = self._collections
         snapshots = []
         for slot, mig in enumerate(cache.migs):
-            values = _memory_fields(reads(self.api.memory, mig.handle))
+            values = _memory_fields(reads.value(self.api.memory, mig.handle))
             snapshots.append(
                 DeviceSnapshot(
                     index=slot,

@@ -20,6 +20,7 @@ import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
@@ -31,6 +32,7 @@ from exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LabelPairs = tuple[tuple[str, str], ...]
+L = TypeVar("L")  # how label prefixes are held: pairs, or pre-rendered text
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,40 +111,57 @@ def _pod_pairs(ref: PodRef) -> LabelPairs:
 
 
 @dataclass(frozen=True, slots=True)
-class _DeviceLabels:
+class _DeviceLabels(Generic[L]):
     """Label prefixes of one device for one snapshot, each a list of one or more variants."""
 
-    identity: list[LabelPairs]  # IDENTITY rows: never multiplied by pods
-    device: list[LabelPairs]  # DEVICE rows: one variant per pod holder with --pod-labels
-    dcgm: list[LabelPairs]  # dcgm rows: dcgm's labels, plus pod/namespace/container if held
+    identity: list[L]  # IDENTITY rows: never multiplied by pods
+    device: list[L]  # DEVICE rows: one variant per pod holder with --pod-labels
+    dcgm: list[L]  # dcgm rows: dcgm's labels, plus pod/namespace/container if held
 
 
 def _device_labels(
-    device: DeviceSnapshot, snapshot: NodeSnapshot, options: RenderOptions
-) -> _DeviceLabels:
+    device: DeviceSnapshot,
+    snapshot: NodeSnapshot,
+    options: RenderOptions,
+    convert: Callable[[LabelPairs], L],
+) -> _DeviceLabels[L]:
     base = native_labels(device)
     holders = _holders(snapshot, device.uuid)
-    per_device = [base]
+    identity = [convert(base)]
+    per_device = identity
     if options.pod_labels and holders:
-        per_device = [base + _pod_pairs(ref) for ref in holders]
-    dcgm: list[LabelPairs] = []
+        per_device = [convert(base + _pod_pairs(ref)) for ref in holders]
+    dcgm: list[L] = []
     if "dcgm" in options.compat:
         dbase = dcgm_labels(device, snapshot)
-        dcgm = [dbase + _pod_pairs(ref) for ref in holders] if holders else [dbase]
-    return _DeviceLabels(identity=[base], device=per_device, dcgm=dcgm)
+        pairs = [dbase + _pod_pairs(ref) for ref in holders] if holders else [dbase]
+        dcgm = [convert(p) for p in pairs]
+    return _DeviceLabels(identity=identity, device=per_device, dcgm=dcgm)
 
 
-def series(
-    snapshot: NodeSnapshot, options: RenderOptions, table: list[MetricSpec]
-) -> Iterator[tuple[MetricSpec, Iterator[tuple[LabelPairs, float]]]]:
-    """Every row with its series (full label pairs and value), in table order."""
-    labels = [_device_labels(d, snapshot, options) for d in snapshot.devices]
+# One row's samples: (label prefixes, the row's own label values, value).
+RowSamples = Iterator[tuple[list[L], tuple[str, ...], float]]
 
-    def row_series(spec: MetricSpec) -> Iterator[tuple[LabelPairs, float]]:
+
+def walk(
+    snapshot: NodeSnapshot,
+    options: RenderOptions,
+    table: list[MetricSpec],
+    convert: Callable[[LabelPairs], L],
+) -> Iterator[tuple[MetricSpec, RowSamples[L]]]:
+    """The transformation step: every row of ``table`` with its samples, in table order.
+
+    Each device's label prefixes are built (and passed through ``convert``) once per
+    snapshot; a sample is emitted once per prefix (one per pod holder with --pod-labels).
+    """
+    labels = [_device_labels(d, snapshot, options, convert) for d in snapshot.devices]
+    no_prefix = [convert(())]
+
+    def row(spec: MetricSpec) -> RowSamples[L]:
         if spec.scope is Scope.NODE:
             assert spec.read_node is not None
             for values, value in spec.read_node(snapshot):
-                yield tuple(zip(spec.labels, values, strict=True)), value
+                yield no_prefix, values, value
             return
         assert spec.read_device is not None
         for device, device_labels in zip(snapshot.devices, labels, strict=True):
@@ -153,12 +172,31 @@ def series(
             else:
                 prefixes = device_labels.device
             for values, value in spec.read_device(device, snapshot):
-                extra = tuple(zip(spec.labels, values, strict=True))
-                for prefix in prefixes:
-                    yield prefix + extra, value
+                yield prefixes, values, value
 
     for spec in table:
-        yield spec, row_series(spec)
+        yield spec, row(spec)
+
+
+def series(
+    snapshot: NodeSnapshot, options: RenderOptions, table: list[MetricSpec]
+) -> Iterator[tuple[MetricSpec, Iterator[tuple[LabelPairs, float]]]]:
+    """Every row with its series as full label pairs and value, in table order."""
+
+    def pairs(
+        spec: MetricSpec, samples: RowSamples[LabelPairs]
+    ) -> Iterator[tuple[LabelPairs, float]]:
+        for prefixes, values, value in samples:
+            extra = tuple(zip(spec.labels, values, strict=True))
+            for prefix in prefixes:
+                yield prefix + extra, value
+
+    for spec, samples in walk(snapshot, options, table, _identity):
+        yield spec, pairs(spec, samples)
+
+
+def _identity(pairs: LabelPairs) -> LabelPairs:
+    return pairs
 
 
 class Renderer:
@@ -186,21 +224,25 @@ class Renderer:
 
     def render(self, snapshot: NodeSnapshot) -> bytes:
         out: list[str] = []
-        append = out.append
-        text_cache: dict[LabelPairs, str] = {}
-        for spec, rows in series(snapshot, self.options, self.table):
+        extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        for spec, samples in walk(snapshot, self.options, self.table, _pairs_text):
+            name = spec.name
             lines: list[str] = []
-            for pairs, value in rows:
-                text = text_cache.get(pairs)
-                if text is None:
-                    text = text_cache[pairs] = _pairs_text(pairs)
-                if text:
-                    lines.append(f"{spec.name}{{{text}}} {format_value(value)}\n")
-                else:
-                    lines.append(f"{spec.name} {format_value(value)}\n")
+            for prefixes, values, value in samples:
+                extra = ""
+                if values:
+                    key = (spec.labels, values)
+                    extra = extra_text.get(key, "")
+                    if not extra:
+                        extra = extra_text[key] = _pairs_text(
+                            tuple(zip(spec.labels, values, strict=True))
+                        )
+                number = format_value(value)
+                for prefix in prefixes:
+                    text = f"{prefix},{extra}" if prefix and extra else prefix or extra
+                    lines.append(f"{name}{{{text}}} {number}\n" if text else f"{name} {number}\n")
             if lines:
-                append(f"# HELP {spec.name} {escape_help(spec.help)}\n")
-                append(f"# TYPE {spec.name} {spec.type}\n")
+                out.append(f"# HELP {name} {escape_help(spec.help)}\n# TYPE {name} {spec.type}\n")
                 out.extend(lines)
         return "".join(out).encode()
 

@@ -143,6 +143,6 @@ def test_unimplemented_functions_answer_not_supported(nvml):
     nvml("h100x8")
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError) as err:
-        pynvml.nvmlDeviceGetBAR1MemoryInfo(h)
+        pynvml.nvmlDeviceGetGspFirmwareVersion(h)
     assert err.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert pynvml.nvmlErrorString(pynvml.NVML_ERROR_GPU_IS_LOST) == "GPU is lost"

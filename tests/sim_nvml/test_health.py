@@ -155,3 +155,23 @@ def test_processes_per_kind_and_update(nvml):
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(0)) == []
     node.clear_processes(1)
     assert pynvml.nvmlDeviceGetComputeRunningProcesses(h) == []
+
+
+def test_board_facts_monitoring_tools_show(nvml):
+    node = nvml("mixed")
+    h100, _, _, l4 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(4))
+    node.set(0, gpu_temperature_celsius=66, bar1_used_bytes=64 * 2**20)
+    assert pynvml.nvmlDeviceGetTemperatureV(h100, pynvml.NVML_TEMPERATURE_GPU) == 66
+    bar1 = pynvml.nvmlDeviceGetBAR1MemoryInfo(h100)
+    assert (bar1.bar1Total, bar1.bar1Used) == (128 * 2**30, 64 * 2**20)
+    assert bar1.bar1Free == bar1.bar1Total - bar1.bar1Used
+    assert pynvml.nvmlDeviceGetPowerManagementLimitConstraints(h100) == [200_000, 700_000]
+    assert pynvml.nvmlDeviceGetPersistenceMode(h100) == pynvml.NVML_FEATURE_ENABLED
+    assert pynvml.nvmlDeviceGetComputeMode(h100) == pynvml.NVML_COMPUTEMODE_DEFAULT
+    assert pynvml.nvmlDeviceGetDisplayActive(h100) == pynvml.NVML_FEATURE_DISABLED
+    assert pynvml.nvmlDeviceGetBrand(l4) == pynvml.NVML_BRAND_NVIDIA
+    slowdown = pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    assert pynvml.nvmlDeviceGetTemperatureThreshold(l4, slowdown) > 80
+    mem_max = pynvml.NVML_TEMPERATURE_THRESHOLD_MEM_MAX
+    assert pynvml.nvmlDeviceGetTemperatureThreshold(h100, mem_max) > 80
+    assert _code(pynvml.nvmlDeviceGetTemperatureThreshold, l4, mem_max) == NS  # GDDR6
