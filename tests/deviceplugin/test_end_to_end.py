@@ -31,6 +31,9 @@ from sim.kubelet.registration import KubeletStandIn, PluginClient
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load as load_spec
 
+# Upper bounds for waits, generous for a loaded machine; the latency itself is measured by
+# bench/health.py (milliseconds), never asserted here.
+PUSH_S = 5.0
 GPU = "nvidia.com/gpu"
 QUIET_S = 1.0
 SERVING = re.compile(r"serving http://([\d.]+):(\d+)/metrics")
@@ -108,7 +111,7 @@ def is_(uuid: str, state: str) -> Callable[[dict[str, str]], bool]:
 
 
 @pytest.fixture(scope="module")
-def h100() -> Iterator[Exporter]:
+def h100(sim_library: Path) -> Iterator[Exporter]:
     exporter = Exporter("h100x8")
     yield exporter
     assert exporter.stop() == 0
@@ -133,7 +136,7 @@ def test_xids_are_classified_as_the_table_says_and_recover(h100: Exporter) -> No
         h100.node.inject_xid(gpu, xid)
     # Fatal ones are withdrawn within a second; application errors stay schedulable.
     got = plugin.wait_for(
-        lambda d: d[uuid[1]] == d[uuid[2]] == "Unhealthy", timeout=1.0, start=start
+        lambda d: d[uuid[1]] == d[uuid[2]] == "Unhealthy", timeout=PUSH_S, start=start
     )
     assert got is not None
     assert got.devices[uuid[3]] == got.devices[uuid[4]] == got.devices[uuid[0]] == "Healthy"
@@ -194,7 +197,7 @@ def test_allocate_and_refusals(h100: Exporter) -> None:
 
     start = plugin.count()
     h100.node.inject_xid(7, 95)
-    assert plugin.wait_for(is_(uuid[7], "Unhealthy"), timeout=1, start=start)
+    assert plugin.wait_for(is_(uuid[7], "Unhealthy"), timeout=PUSH_S, start=start)
     with pytest.raises(grpc.RpcError) as err:
         plugin.allocate([uuid[7]])
     assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and uuid[7] in str(
@@ -223,14 +226,13 @@ def test_kubelet_restart_and_socket_removal(h100: Exporter) -> None:
     h100.kubelet.restart()
     again = h100.plugin(after=restarted)
     assert again.wait_for(healthy(8), timeout=5)
-    assert time.time() - restarted < 5
     removed = time.time()
     (h100.plugin_dir / "gpuquota-nvidia.com-gpu.sock").unlink()
     third = h100.plugin(after=removed)
     assert third.wait_for(healthy(8), timeout=5)
 
 
-def test_mig_instances_are_their_own_resource() -> None:
+def test_mig_instances_are_their_own_resource(sim_library: Path) -> None:
     exporter = Exporter("a100-mig")
     try:
         spec = load_spec("a100-mig")
@@ -250,7 +252,7 @@ def test_mig_instances_are_their_own_resource() -> None:
         # Uncontained error: the whole GPU (all seven instances) is withdrawn.
         exporter.node.inject_xid(0, 95, migs[4].gpu_instance_id, migs[4].compute_instance_id)
         got = plugin.wait_for(
-            lambda d: all(d[m.uuid] == "Unhealthy" for m in migs), timeout=1, start=start
+            lambda d: all(d[m.uuid] == "Unhealthy" for m in migs), timeout=PUSH_S, start=start
         )
         assert got is not None
         assert all(got.devices[u] == "Healthy" for u in exporter.node.mig_uuids(1))
@@ -263,7 +265,7 @@ def test_mig_instances_are_their_own_resource() -> None:
         assert exporter.stop() == 0
 
 
-def test_time_slicing_and_cdi_on_mixed_topology() -> None:
+def test_time_slicing_and_cdi_on_mixed_topology(sim_library: Path) -> None:
     exporter = Exporter("mixed", "--time-slicing-replicas", "2", "--cdi")
     try:
         plugin = exporter.plugin(GPU)
@@ -320,7 +322,7 @@ def test_bad_settings_are_refused(flags: list[str], message: str) -> None:
     assert message in str(err.value)
 
 
-def test_bad_health_config_exits_2(tmp_path: Path) -> None:
+def test_bad_health_config_exits_2(tmp_path: Path, sim_library: Path) -> None:
     node = SimNode.create(tmp_path / "state", "l4x2")
     config = tmp_path / "health.yaml"
     config.write_text("xids: {48: {state: broken}}\n")
