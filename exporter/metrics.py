@@ -599,7 +599,8 @@ METRICS: list[MetricSpec] = [
         unit="",
         help="NVLink errors per link, by type (replay, recovery, crc_flit, crc_data).",
         labels=("link", "type"),
-        source="nvmlDeviceGetNvLinkErrorCounter",
+        source="nvmlDeviceGetNvLinkErrorCounter (re-read when the per-GPU totals from "
+        "nvmlDeviceGetFieldValues change)",
         accessor="DeviceSnapshot.nvlinks",
         read_device=_read_nvlink,
     ),

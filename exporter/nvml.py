@@ -32,6 +32,14 @@ DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
 _UNSUPPORTED = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 NVLINK_MAX_LINKS = int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
+FI_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
+# Per-GPU totals over all links, in NvLinkCounters field order (replay, recovery, flit, data).
+FI_NVLINK_TOTALS = (
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+)
 _NO_INSTANCE = 0xFFFFFFFF  # eventData gpuInstanceId/computeInstanceId when not MIG
 
 
@@ -196,18 +204,25 @@ class NvmlApi:
     def temperature(self, handle: Handle) -> int | None:
         return self._int("nvmlDeviceGetTemperature", handle, pynvml.NVML_TEMPERATURE_GPU)
 
-    def memory_temperature(self, handle: Handle) -> float | None:
-        """HBM temperature from the field-value API (NVML_FI_DEV_MEMORY_TEMP)."""
-        values = self._call("nvmlDeviceGetFieldValues", handle, [pynvml.NVML_FI_DEV_MEMORY_TEMP])
-        if not values:
-            return None
-        field = values[0]
-        code = int(field.nvmlReturn)
-        if code in _UNSUPPORTED:
-            return None
-        if code != SUCCESS:
-            raise NvmlError("nvmlDeviceGetFieldValues", code, _error_string(code))
-        return _field_value(field)
+    def field_values(self, handle: Handle, field_ids: tuple[int, ...]) -> list[float | None]:
+        """Several readings in one call (nvmlDeviceGetFieldValues), in ``field_ids`` order.
+
+        A field the device does not support reads as None; any other per-field failure
+        fails the whole batch with that field's code.
+        """
+        values = self._call("nvmlDeviceGetFieldValues", handle, list(field_ids))
+        if values is None:
+            return [None] * len(field_ids)
+        out: list[float | None] = []
+        for field in values:
+            code = int(field.nvmlReturn)
+            if code in _UNSUPPORTED:
+                out.append(None)
+            elif code != SUCCESS:
+                raise NvmlError("nvmlDeviceGetFieldValues", code, _error_string(code))
+            else:
+                out.append(_field_value(field))
+        return out
 
     def power_usage_mw(self, handle: Handle) -> int | None:
         return self._int("nvmlDeviceGetPowerUsage", handle)

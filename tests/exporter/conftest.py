@@ -13,6 +13,7 @@ import pytest
 
 from exporter.nvml import NvmlApi
 from sim.nvml.control import SimNode
+from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
 
 
 @pytest.fixture(scope="session")
@@ -120,3 +121,37 @@ def sim_exports(sim_library: Path, *functions: str) -> None:
     missing = [f for f in functions if f not in implemented]
     if missing:
         pytest.skip(f"the NVML stand-in does not implement {', '.join(missing)} yet")
+
+
+@pytest.fixture
+def start_exporter(
+    make_node: Callable[..., SimNode], sim_dir: Path
+) -> Iterator[Callable[..., Exporter]]:
+    """start_exporter(node, *flags) -> a running gpu-exporter subprocess, ready to scrape."""
+    started: list[Exporter] = []
+
+    def start(node: SimNode, *args: str) -> Exporter:
+        port = free_port()
+        log = sim_dir / f"exporter-{port}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [*EXPORTER, "--listen", f"127.0.0.1:{port}", *args],
+                env=base_env(**node.env()),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        exporter = Exporter(proc, port, log)
+        started.append(exporter)
+        exporter.wait_ready()
+        return exporter
+
+    yield start
+    for exporter in started:
+        if exporter.proc.poll() is None:
+            exporter.proc.terminate()
+        try:
+            exporter.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            exporter.proc.kill()
+            exporter.proc.communicate()

@@ -280,6 +280,7 @@ def test_exposition_is_cached_per_snapshot() -> None:
     first = node()
     body = renderer.exposition(first)
     assert renderer.exposition(first) is body
+    assert renderer.exposition(replace(first)) is body  # an equal copy (scrape-time view)
     second = replace(first, devices=(gpu(0, power_watts=100.0),))
     assert renderer.exposition(second) != body
 

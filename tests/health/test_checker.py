@@ -6,10 +6,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from exporter.xid import XidEvent
 
 from exporter.health.checker import HealthChecker
 from exporter.health.rules import HealthConfig, NodeHealth, State
+from exporter.xid import XidEvent
 from tests.health.factory import gpus, node
 
 

@@ -107,6 +107,19 @@ def test_exporter_attributes_time_sliced_and_whole_gpus(node: SimNode, socket_pa
             exporter.stop()
 
 
+def test_exporter_attributes_every_mig_instance(socket_path: Path) -> None:
+    with SimNode.create(socket_path.parent / "mig.state", "a100-mig") as node:
+        migs = [u for i in range(node.gpu_count) for u in node.mig_uuids(i)]
+        assert len(migs) == 28
+        with PodResourcesServer(socket_path, node_assignments([], migs)):
+            exporter = Exporter(node, socket_path)
+            try:
+                expected = {(u, "research", f"notebook-{i}") for i, u in enumerate(migs)}
+                wait_for(lambda: pod_info(exporter.port) == expected)
+            finally:
+                exporter.stop()
+
+
 def test_exporter_without_kubelet_runs_then_attributes_once_it_appears(
     node: SimNode, socket_path: Path
 ) -> None:

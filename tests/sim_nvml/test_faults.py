@@ -39,6 +39,14 @@ def test_a_lost_gpu_fails_every_call_and_spares_the_others(nvml):
     assert pynvml.nvmlDeviceGetUUID(h) == node.uuid(3)
 
 
+def test_a_driver_that_refuses_the_handle_of_a_lost_gpu(nvml):
+    node = nvml("l4x2")
+    node.set_lost(1)
+    node.fail_call(1, "nvmlDeviceGetHandleByIndex", LOST)
+    assert _code(pynvml.nvmlDeviceGetHandleByIndex, 1) == LOST
+    assert pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(0)) == node.uuid(0)
+
+
 def test_a_lost_parent_takes_its_mig_instances_with_it(nvml):
     node = nvml("a100-mig")
     mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(pynvml.nvmlDeviceGetHandleByIndex(1), 0)
