@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from exporter import cli
-from exporter.nvml import NvmlApi
 from sim.nvml.control import SimNode
 from tests.exporter.procs import Exporter, base_env, run_cli
 from tests.exporter.test_render import parse, value
@@ -93,6 +92,13 @@ def test_missing_nvml_library_says_what_to_do() -> None:
         assert hint in result.stderr
 
 
+def test_no_gpus(make_node: Callable[..., SimNode]) -> None:
+    node = make_node({"gpus": []})
+    result = run_cli(env=base_env(**node.env()))
+    assert result.returncode == 1
+    assert "NVML reports no GPUs" in result.stderr
+
+
 def test_port_in_use(make_node: Callable[..., SimNode]) -> None:
     node = make_node("l4x2")
     with socket.socket() as busy:
@@ -112,21 +118,3 @@ def test_nvml_init_failure(make_node: Callable[..., SimNode]) -> None:
     result = run_cli(env=base_env(**node.env()))
     assert result.returncode == 1
     assert "kernel driver is not loaded" in result.stderr
-
-
-class _NoGpus(NvmlApi):
-    """NVML that initialises and counts zero GPUs: the stand-in cannot simulate that."""
-
-    def init(self) -> None:
-        pass
-
-    def device_count(self) -> int:
-        return 0
-
-    def shutdown(self) -> None:
-        pass
-
-
-def test_no_gpus_message() -> None:
-    with pytest.raises(cli.SetupError, match="NVML reports no GPUs on this node"):
-        cli.start_nvml(_NoGpus())
