@@ -162,9 +162,9 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
     if plugin is None:
         raise SystemExit("demo: the device plugin did not register with the kubelet stand-in")
     uuid = node.uuid(3)
-    wait_until("the device list", lambda: uuid in plugin.devices, timeout=10)
-    healthy = sum(1 for h in plugin.devices.values() if h == "Healthy")
-    print(f"device plugin stream: {healthy}/{len(plugin.devices)} devices Healthy")
+    wait_until("the device list", lambda: uuid in plugin.devices(), timeout=10)
+    healthy = sum(1 for h in plugin.devices().values() if h == "Healthy")
+    print(f"device plugin stream: {healthy}/{len(plugin.devices())} devices Healthy")
 
     def everywhere(state: str) -> None:
         health = device_health(base, uuid)
@@ -182,7 +182,7 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
             )
         print()
         print(f"  metrics:         {state_lines[0] if state_lines else '(no gpu_health_state)'}")
-        print(f"  device plugin:   {uuid} {plugin.devices.get(uuid)}")
+        print(f"  device plugin:   {uuid} {plugin.devices().get(uuid)}")
         if health["state"] != state:
             raise SystemExit(f"demo: expected {state}, the health endpoint says {health['state']}")
 
@@ -190,14 +190,14 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
     node.inject_xid(3, 79)
     took = wait_until(
         "GPU 3 Unhealthy in the device plugin stream",
-        lambda: plugin.devices.get(uuid) == "Unhealthy",
+        lambda: plugin.devices().get(uuid) == "Unhealthy",
     )
     print(f"XID 79 injected; Unhealthy in the ListAndWatch stream after {took * 1000:.0f} ms")
     wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "Unhealthy")
     everywhere("Unhealthy")
     print(f"\nno further XID for the {QUIET_PERIOD_S} s quiet period...")
     wait_until(
-        "recovery", lambda: plugin.devices.get(uuid) == "Healthy", timeout=QUIET_PERIOD_S + 15
+        "recovery", lambda: plugin.devices().get(uuid) == "Healthy", timeout=QUIET_PERIOD_S + 15
     )
     wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "Healthy")
     print(f"Healthy again {time.monotonic() - injected:.1f} s after the XID")
@@ -319,7 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         with ExitStack() as stack:
             node, kubelet, base = node_act(stack, work)
             health_act(node, kubelet, base)
-        db, start, end, truth = (None, 0, 0, {})
         with ExitStack() as stack:
             db, start, end, truth = cluster_act(stack, work)
         report_act(db, start, end, truth)
