@@ -180,7 +180,20 @@ grid.add(
         unit="bytes",
     )
 )
-grid.add(table("Pod attribution", (f"gpu_pod_info{{{SEL}}}", "")), w=24)
+grid.add(table("Pod attribution", (f"gpu_pod_info{{{SEL}}}", "")), w=18)
+grid.add(
+    timeseries(
+        "kubelet pod-resources",
+        ('gpuquota_exporter_pod_resources_up{instance=~"$node"}', "{{instance}} up"),
+        (
+            'increase(gpuquota_exporter_pod_resources_errors_total{instance=~"$node"}'
+            "[$__rate_interval])",
+            "{{instance}} errors",
+        ),
+        description="Whether the exporter can ask the kubelet which pods hold which GPUs.",
+    ),
+    w=6,
+)
 
 dashboard = Dashboard(
     title="GPU node",
