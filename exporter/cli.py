@@ -29,8 +29,7 @@ from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
-from exporter.webconfig import WebConfig, WebConfigError
-from exporter.webconfig import load as load_web_config
+from exporter.webconfig import ReloadingWebConfig, WebConfigError
 from exporter.xid import XidWatcher
 
 log = logging.getLogger("gpu-exporter")
@@ -183,10 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     compat = frozenset().union(*args.compat) if args.compat else frozenset()
     renderer = Renderer(RenderOptions(compat=compat, pod_labels=args.pod_labels))
-    web_config: WebConfig | None = None
+    web_config: ReloadingWebConfig | None = None
     if args.web_config_file:
         try:
-            web_config = load_web_config(args.web_config_file)
+            web_config = ReloadingWebConfig(args.web_config_file)
         except WebConfigError as exc:
             raise UsageError(str(exc)) from None
 

@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.collect import Collector
 from exporter.render import CONTENT_TYPE, Renderer
 from exporter.snapshot import NodeSnapshot
-from exporter.webconfig import WebConfig
+from exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +62,11 @@ class _Server(ThreadingHTTPServer):
         # The TLS handshake runs here, in the connection's own thread, so one slow client
         # cannot hold up accept() for everybody else.
         if self.ssl_context is not None:
+            config = self.exporter.web_config  # the current one: certificates may rotate
+            context = config.ssl_context if config and config.ssl_context else self.ssl_context
             request.settimeout(HANDSHAKE_TIMEOUT_S)
             try:
-                request = self.ssl_context.wrap_socket(request, server_side=True)
+                request = context.wrap_socket(request, server_side=True)
             except (ssl.SSLError, OSError) as exc:
                 log.debug("TLS handshake with %s failed: %s", client_address, exc)
                 request.close()
@@ -143,12 +145,12 @@ class ExporterServer:
         *,
         host: str = "",
         port: int = 9400,
-        web_config: WebConfig | None = None,
+        web_config: WebConfig | ReloadingWebConfig | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.collector = collector
         self.renderer = renderer
-        self.web_config = web_config
+        self._web_config = web_config
         # Other parts' prometheus_client collectors, appended to /metrics.
         self.registry = registry
         self.routes: dict[str, Route] = {
@@ -163,13 +165,20 @@ class ExporterServer:
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
         self._server.exporter = self
-        self._server.ssl_context = web_config.ssl_context if web_config else None
+        initial = self.web_config
+        self._server.ssl_context = initial.ssl_context if initial else None
         self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         host, port = self._server.server_address[:2]
         return str(host), int(port)
+
+    @property
+    def web_config(self) -> WebConfig | None:
+        """The web config in force now (a reloading one is re-read when its files change)."""
+        source = self._web_config
+        return source.current() if isinstance(source, ReloadingWebConfig) else source
 
     @property
     def scheme(self) -> str:

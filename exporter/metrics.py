@@ -13,6 +13,7 @@ never reported as 0.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -260,6 +261,20 @@ def _read_driver(node: NodeSnapshot) -> Iterator[Sample]:
     cuda = node.cuda_driver_version
     cuda_text = "" if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"
     yield (_label(node.driver_version), _label(node.nvml_version), cuda_text), 1.0
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpuquota")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+VERSION = _version()
+
+
+def _read_build(_node: NodeSnapshot) -> Iterator[Sample]:
+    yield (VERSION,), 1.0
 
 
 def _lost(node: NodeSnapshot) -> float:
@@ -676,6 +691,17 @@ METRICS: list[MetricSpec] = [
         read_node=_read_driver,
     ),
     MetricSpec(
+        name=f"{S}build_info",
+        type="gauge",
+        unit="",
+        help="The running gpu-exporter's version; always 1.",
+        labels=("version",),
+        source="package metadata",
+        accessor="-",
+        scope=Scope.NODE,
+        read_node=_read_build,
+    ),
+    MetricSpec(
         name=f"{S}nvml_up",
         type="gauge",
         unit="",
@@ -685,6 +711,34 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.ok",
         scope=Scope.NODE,
         read_node=_node_value(lambda n: float(n.ok)),
+    ),
+    MetricSpec(
+        name=f"{S}pod_resources_up",
+        type="gauge",
+        unit="",
+        help="1 when the last kubelet pod-resources List answered, 0 when it failed or the "
+        "socket is missing (attribution then keeps its last mapping for a while); absent "
+        "when attribution is off.",
+        labels=(),
+        source="kubelet pod-resources v1 List",
+        accessor="NodeSnapshot.pod_attribution.up",
+        scope=Scope.NODE,
+        read_node=_node_value(
+            lambda n: None if n.pod_attribution is None else n.pod_attribution.up
+        ),
+    ),
+    MetricSpec(
+        name=f"{S}pod_resources_errors_total",
+        type="counter",
+        unit="",
+        help="Failed kubelet pod-resources List calls (errors, deadlines, a vanished socket).",
+        labels=(),
+        source="kubelet pod-resources v1 List",
+        accessor="NodeSnapshot.pod_attribution.errors_total",
+        scope=Scope.NODE,
+        read_node=_node_value(
+            lambda n: None if n.pod_attribution is None else n.pod_attribution.errors_total
+        ),
     ),
     MetricSpec(
         name=f"{S}collection_duration_seconds",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import http.client
+import os
 import ssl
 import threading
 import time
@@ -20,7 +21,7 @@ from exporter.collect import Collector
 from exporter.http import ExporterServer
 from exporter.nvml import NvmlApi
 from exporter.render import Renderer
-from exporter.webconfig import WebConfig, load
+from exporter.webconfig import ReloadingWebConfig, WebConfig, load
 from sim.nvml.control import SimNode
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
@@ -31,7 +32,9 @@ def serve(nvml_on: NvmlOn) -> Iterator[Callable[..., tuple[SimNode, Collector, E
     running: list[tuple[Collector, ExporterServer]] = []
 
     def start(
-        spec: str = "l4x2", web_config: WebConfig | None = None, interval: float = 0.1
+        spec: str = "l4x2",
+        web_config: WebConfig | ReloadingWebConfig | None = None,
+        interval: float = 0.1,
     ) -> tuple[SimNode, Collector, ExporterServer]:
         node, api = nvml_on(spec)
         collector = Collector(api, interval=interval)
@@ -223,3 +226,17 @@ def test_gzip_when_asked(serve) -> None:
     _status, plain, response = get(server, "/metrics", {"Accept-Encoding": "identity"})
     assert response.getheader("Content-Encoding") is None
     assert gzip.decompress(zipped) == plain and len(zipped) < len(plain)
+
+
+def test_web_config_changes_apply_without_restart(serve, tmp_path: Path) -> None:
+    old = bcrypt.hashpw(b"old", bcrypt.gensalt(rounds=4)).decode()
+    new = bcrypt.hashpw(b"new", bcrypt.gensalt(rounds=4)).decode()
+    config_file = tmp_path / "web.yml"
+    config_file.write_text(f"basic_auth_users:\n  prom: '{old}'\n")
+    _node, _collector, server = serve(web_config=ReloadingWebConfig(config_file, check_every=0))
+    assert get(server, "/metrics", _auth("prom", "old"))[0] == 200
+    stamp = config_file.stat().st_mtime_ns + 2_000_000_000
+    config_file.write_text(f"basic_auth_users:\n  prom: '{new}'\n")
+    os.utime(config_file, ns=(stamp, stamp))
+    assert get(server, "/metrics", _auth("prom", "old"))[0] == 401
+    assert get(server, "/metrics", _auth("prom", "new"))[0] == 200
