@@ -1,0 +1,160 @@
+"""Kubernetes API access for the controller: config loading, raw paged lists, raw watch lines.
+
+Objects stay plain dicts: responses are read with ``_preload_content=False`` and parsed with
+json.loads, skipping the client's model deserialisation, which is far slower and larger for
+big lists. List items get their ``kind`` back (the API server leaves it out of list items).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+Obj = dict[str, Any]
+
+# what the rules never read and real objects carry in bulk: dropped on arrival
+_DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+class KubeConfigError(RuntimeError):
+    """The kubeconfig or in-cluster configuration cannot be used: one line."""
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 5.0
+    read: float = 90.0  # a watch silent this long (no event, no bookmark) is restarted
+    watch: int = 300  # timeoutSeconds asked of the server for each watch
+
+
+def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
+    """An ApiClient from ``kubeconfig``, else in-cluster, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        if kubeconfig:
+            if not Path(kubeconfig).exists():
+                raise KubeConfigError(f"kubeconfig {kubeconfig}: no such file")
+            cfg = client.Configuration()
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=cfg
+            )
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            cfg = client.Configuration()
+            config.load_kube_config(context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except KubeConfigError:
+        raise
+    except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError) as exc:
+        where = kubeconfig or "in-cluster/default kubeconfig"
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KubeConfigError(f"kubeconfig {where}: {msg}") from None
+    except Exception as exc:  # yaml errors and the like: still one clear line
+        where = kubeconfig or "default kubeconfig"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KubeConfigError(f"kubeconfig {where}: {first}") from None
+    # the Lease lock of kubernetes.leaderelection uses the default configuration
+    client.Configuration.set_default(cfg)
+    return client.ApiClient(cfg)
+
+
+def slim(obj: Obj, kind: str) -> Obj:
+    """Give a list item its kind back and drop bulky fields the rules never read."""
+    obj.setdefault("kind", kind)
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        ann = meta.get("annotations")
+        if isinstance(ann, dict):
+            for key in _DROP_ANNOTATIONS:
+                ann.pop(key, None)
+    return obj
+
+
+class Kube:
+    """Raw list and watch of the four kinds the controller follows."""
+
+    KINDS = ("Node", "Namespace", "ResourceQuota", "Pod")
+
+    def __init__(
+        self, api: client.ApiClient, timeouts: Timeouts = Timeouts(), page_size: int = 500
+    ):
+        self.api = api
+        self.timeouts = timeouts
+        self.page_size = page_size
+        core = client.CoreV1Api(api)
+        self._calls: dict[str, Callable[..., Any]] = {
+            "Pod": core.list_pod_for_all_namespaces,
+            "Node": core.list_node,
+            "Namespace": core.list_namespace,
+            "ResourceQuota": core.list_resource_quota_for_all_namespaces,
+        }
+
+    @property
+    def host(self) -> str:
+        return str(self.api.configuration.host)
+
+    def list(self, kind: str) -> tuple[list[Obj], str]:
+        """Every object of ``kind`` (paged, one consistent snapshot) and the list's version."""
+        items: list[Obj] = []
+        token: str | None = None
+        version = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": self.page_size}
+            if token:
+                kwargs["_continue"] = token
+            resp = self._calls[kind](
+                _preload_content=False,
+                _request_timeout=(self.timeouts.connect, self.timeouts.read),
+                **kwargs,
+            )
+            try:
+                page = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            meta = page.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            items.extend(slim(o, kind) for o in page.get("items") or [])
+            token = meta.get("continue") or None
+            if not token:
+                return items, version
+
+    def watch(self, kind: str, resource_version: str) -> Iterator[Obj]:
+        """Watch events from ``resource_version`` as dicts, until the server ends the stream.
+
+        Raises urllib3's ReadTimeoutError when nothing (not even a bookmark) arrives within
+        the read timeout, and its ProtocolError when the connection is cut.
+        """
+        resp = self._calls[kind](
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.timeouts.watch,
+            _preload_content=False,
+            _request_timeout=(self.timeouts.connect, self.timeouts.read),
+        )
+        try:
+            buf = b""
+            for chunk in resp.stream(amt=None, decode_content=False):
+                buf += chunk
+                while True:
+                    nl = buf.find(b"\n")
+                    if nl < 0:
+                        break
+                    line, buf = buf[:nl], buf[nl + 1 :]
+                    if line.strip():
+                        event = json.loads(line)
+                        obj = event.get("object")
+                        if isinstance(obj, dict) and event.get("type") != "ERROR":
+                            slim(obj, kind)
+                        yield event
+        finally:
+            resp.close()
+            resp.release_conn()

@@ -1,0 +1,166 @@
+"""One list+watch loop per kind, in its own thread, feeding a queue the controller drains.
+
+A loop lists (paged, raw JSON), then watches from the list's resourceVersion with bookmarks;
+it resumes from the last version it saw when a watch ends, is cut, or stays silent past the
+client read timeout (a stalled connection), and relists on 410 Gone. Errors back off
+exponentially with jitter. Given a stored version (from the controller's heartbeat), the first
+watch resumes from it instead, so events missed while the controller was down are replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError, ReadTimeoutError
+
+from quota.controller.kube import Kube, Obj
+from quota.controller.metrics import ControllerMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Backoff:
+    """Exponential back-off with full jitter: 0.5 s, 1 s, 2 s ... up to ``cap``."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None):
+        self.base, self.cap, self.attempt = base, cap, 0
+        self.rng = rng or random.Random()
+
+    def next(self) -> float:
+        delay = min(self.cap, self.base * 2**self.attempt)
+        self.attempt += 1
+        return float(delay / 2 + self.rng.uniform(0, delay / 2))
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+@dataclass(frozen=True)
+class Message:
+    """What a watch loop hands the controller."""
+
+    op: str  # "event" | "resync" (full list: vanished objects close) | "list" (no closing)
+    kind: str
+    observed_at: int
+    event_type: str = ""
+    obj: Obj | None = None
+    items: list[Obj] | None = None
+    version: str = ""
+
+
+class GoneError(Exception):
+    pass
+
+
+class WatchLoop(threading.Thread):
+    def __init__(
+        self,
+        kind: str,
+        kube: Kube,
+        out: queue.Queue[Message],
+        metrics: ControllerMetrics,
+        stop: threading.Event,
+        resume_from: str | None = None,
+    ):
+        super().__init__(name=f"watch-{kind}", daemon=True)
+        self.kind, self.kube, self.out, self.metrics, self.stop_event = (
+            kind,
+            kube,
+            out,
+            metrics,
+            stop,
+        )
+        self.resume_from = resume_from
+        self.synced = threading.Event()
+        self.version: str | None = None
+        self.last_activity = 0.0
+        self.last_error: str | None = None
+        self.healthy = False
+        self.backoff = Backoff()
+
+    def _now(self) -> int:
+        return int(time.time())
+
+    def _initial(self) -> None:
+        """List (or resume): sets self.version."""
+        if self.resume_from:
+            if self.kind != "Pod":
+                # facts of nodes/namespaces/quotas are needed now; vanished ones are closed
+                # by the replayed DELETED events, not estimated
+                items, _ = self.kube.list(self.kind)
+                self.out.put(Message("list", self.kind, self._now(), items=items))
+            self.version, self.resume_from = self.resume_from, None
+            log.info("%s: resuming the watch from stored version %s", self.kind, self.version)
+        else:
+            if self.synced.is_set():
+                self.metrics.relists.labels(self.kind).inc()
+            items, version = self.kube.list(self.kind)
+            self.out.put(Message("resync", self.kind, self._now(), items=items, version=version))
+            self.version = version
+            log.info("%s: listed %d at version %s", self.kind, len(items), version)
+        self.healthy = True
+        self.last_activity = time.monotonic()
+        self.synced.set()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                if self.version is None:
+                    self._initial()
+                self._watch_once()
+                self.metrics.watch_restarts.labels(self.kind, "timeout").inc()
+            except GoneError:
+                log.info("%s: version %s is gone (410): relisting", self.kind, self.version)
+                self.version = None
+                self.resume_from = None
+            except ReadTimeoutError:
+                self.healthy = False
+                log.warning("%s: watch silent past the read timeout: restarting it", self.kind)
+                self.metrics.watch_restarts.labels(self.kind, "stalled").inc()
+            except (HTTPError, ApiException, OSError, ValueError) as exc:
+                self.healthy = False
+                if isinstance(exc, ApiException) and exc.status == 410:
+                    self.version, self.resume_from = None, None
+                self.last_error = _describe(exc)
+                delay = self.backoff.next()
+                log.warning("%s: %s; retrying in %.1fs", self.kind, self.last_error, delay)
+                self.metrics.watch_restarts.labels(self.kind, "error").inc()
+                self.stop_event.wait(delay)
+
+    def _watch_once(self) -> None:
+        assert self.version is not None
+        for event in self.kube.watch(self.kind, self.version):
+            if self.stop_event.is_set():
+                return
+            etype = event.get("type")
+            obj: Any = event.get("object")
+            if etype == "ERROR":
+                if isinstance(obj, dict) and obj.get("code") == 410:
+                    raise GoneError()
+                raise ValueError(
+                    f"watch error: {obj.get('message') if isinstance(obj, dict) else obj}"
+                )
+            if not isinstance(obj, dict):
+                continue
+            version = (obj.get("metadata") or {}).get("resourceVersion")
+            if version:
+                self.version = str(version)
+            self.last_activity = time.monotonic()
+            self.healthy = True
+            self.backoff.reset()
+            self.out.put(Message("event", self.kind, self._now(), event_type=str(etype), obj=obj))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"API server answered {exc.status} {exc.reason}"
+    reason = getattr(exc, "reason", None)
+    text = str(reason or exc).strip() or type(exc).__name__
+    return text.splitlines()[0][:300]
