@@ -1,21 +1,25 @@
 """Kubernetes API access for the controller: config loading, raw paged lists, raw watch lines.
 
-Objects stay plain dicts: responses are read with ``_preload_content=False`` and parsed with
-json.loads, skipping the client's model deserialisation, which is far slower and larger for
-big lists. List items get their ``kind`` back (the API server leaves it out of list items).
+Objects stay plain dicts: requests go through the official client's ApiClient (its
+configuration, authentication, TLS and connection pool) with the response left unread
+(preload off), and the bytes are parsed with json.loads. This skips the generated API classes
+and their model deserialisation: importing CoreV1Api alone builds hundreds of pydantic models
+(seconds of start-up), and turning a large list into models is far slower and larger than
+plain dicts. List items get their ``kind`` back (the API server leaves it out of list items).
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
+from urllib3 import BaseHTTPResponse
 
 Obj = dict[str, Any]
 
@@ -25,6 +29,22 @@ _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 
 class KubeConfigError(RuntimeError):
     """The kubeconfig or in-cluster configuration cannot be used: one line."""
+
+
+class ApiStatusError(RuntimeError):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"API server answered {status} {reason}: {message}")
+        self.status = status
+
+
+PATHS = {
+    "Pod": "/api/v1/pods",
+    "Node": "/api/v1/nodes",
+    "Namespace": "/api/v1/namespaces",
+    "ResourceQuota": "/api/v1/resourcequotas",
+}
 
 
 @dataclass(frozen=True)
@@ -60,6 +80,9 @@ def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient
         where = kubeconfig or "default kubeconfig"
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise KubeConfigError(f"kubeconfig {where}: {first}") from None
+    # the watch loops retry with their own back-off; urllib3's silent retries would only hide
+    # the outage from them
+    cfg.retries = 0
     # the Lease lock of kubernetes.leaderelection uses the default configuration
     client.Configuration.set_default(cfg)
     return client.ApiClient(cfg)
@@ -89,17 +112,37 @@ class Kube:
         self.api = api
         self.timeouts = timeouts
         self.page_size = page_size
-        core = client.CoreV1Api(api)
-        self._calls: dict[str, Callable[..., Any]] = {
-            "Pod": core.list_pod_for_all_namespaces,
-            "Node": core.list_node,
-            "Namespace": core.list_namespace,
-            "ResourceQuota": core.list_resource_quota_for_all_namespaces,
-        }
 
     @property
     def host(self) -> str:
         return str(self.api.configuration.host)
+
+    def _get(self, kind: str, query: list[tuple[str, str]]) -> BaseHTTPResponse:
+        method, url, headers, body, post = self.api.param_serialize(
+            "GET",
+            PATHS[kind],
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(
+            method,
+            url,
+            headers,
+            body,
+            post,
+            _request_timeout=(self.timeouts.connect, self.timeouts.read),
+        )
+        raw: BaseHTTPResponse = resp.response
+        if resp.status >= 400:
+            try:
+                message = str(json.loads(raw.data).get("message", ""))
+            except (ValueError, AttributeError):
+                message = ""
+            finally:
+                raw.release_conn()
+            raise ApiStatusError(resp.status, str(resp.reason), message)
+        return raw
 
     def list(self, kind: str) -> tuple[list[Obj], str]:
         """Every object of ``kind`` (paged, one consistent snapshot) and the list's version."""
@@ -107,14 +150,10 @@ class Kube:
         token: str | None = None
         version = ""
         while True:
-            kwargs: dict[str, Any] = {"limit": self.page_size}
+            query = [("limit", str(self.page_size))]
             if token:
-                kwargs["_continue"] = token
-            resp = self._calls[kind](
-                _preload_content=False,
-                _request_timeout=(self.timeouts.connect, self.timeouts.read),
-                **kwargs,
-            )
+                query.append(("continue", token))
+            resp = self._get(kind, query)
             try:
                 page = json.loads(resp.data)
             finally:
@@ -132,13 +171,14 @@ class Kube:
         Raises urllib3's ReadTimeoutError when nothing (not even a bookmark) arrives within
         the read timeout, and its ProtocolError when the connection is cut.
         """
-        resp = self._calls[kind](
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self.timeouts.watch,
-            _preload_content=False,
-            _request_timeout=(self.timeouts.connect, self.timeouts.read),
+        resp = self._get(
+            kind,
+            [
+                ("watch", "true"),
+                ("resourceVersion", resource_version),
+                ("allowWatchBookmarks", "true"),
+                ("timeoutSeconds", str(self.timeouts.watch)),
+            ],
         )
         try:
             buf = b""

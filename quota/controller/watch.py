@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from quota.controller.kube import Kube, Obj
+from quota.controller.kube import ApiStatusError, Kube, Obj
 from quota.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,9 @@ class WatchLoop(threading.Thread):
                 self.healthy = False
                 log.warning("%s: watch silent past the read timeout: restarting it", self.kind)
                 self.metrics.watch_restarts.labels(self.kind, "stalled").inc()
-            except (HTTPError, ApiException, OSError, ValueError) as exc:
+            except (HTTPError, ApiException, ApiStatusError, OSError, ValueError) as exc:
                 self.healthy = False
-                if isinstance(exc, ApiException) and exc.status == 410:
+                if isinstance(exc, ApiException | ApiStatusError) and exc.status == 410:
                     self.version, self.resume_from = None, None
                 self.last_error = _describe(exc)
                 delay = self.backoff.next()
