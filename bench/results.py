@@ -14,5 +14,9 @@ def write_section(name: str, markdown: str, path: Path = BENCHMARKS_MD) -> None:
     text = path.read_text() if path.exists() else "# Benchmarks\n"
     block = f"{begin}\n{markdown.strip()}\n{end}"
     pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.DOTALL)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else f"{text.rstrip()}\n\n{block}\n"
+    text = (
+        pattern.sub(lambda _: block, text)
+        if pattern.search(text)
+        else f"{text.rstrip()}\n\n{block}\n"
+    )
     path.write_text(text)

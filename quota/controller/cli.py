@@ -222,7 +222,14 @@ def run(args: argparse.Namespace) -> int:
         c.stop()
     store.close()
     if "error" in outcome:
-        return _fail(str(outcome["error"]))
-    if outcome.get("lost"):
-        return EXIT_LOST_LEASE
-    return 0
+        code = _fail(str(outcome["error"]))
+    else:
+        code = EXIT_LOST_LEASE if outcome.get("lost") else 0
+    if args.lease_name:
+        # the election library's renew thread cannot be stopped; everything is written and
+        # closed, so leave without waiting for it (or racing it during interpreter shutdown)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

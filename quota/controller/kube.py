@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,8 +144,10 @@ class Kube:
             raise ApiStatusError(resp.status, str(resp.reason), message)
         return raw
 
-    def list(self, kind: str) -> tuple[list[Obj], str]:
-        """Every object of ``kind`` (paged, one consistent snapshot) and the list's version."""
+    def list(self, kind: str, keep: Callable[[Obj], bool] | None = None) -> tuple[list[Obj], str]:
+        """Every object of ``kind`` (paged, one consistent snapshot) and the list's version.
+
+        ``keep`` filters each page as it arrives, so what it drops is never held all at once."""
         items: list[Obj] = []
         token: str | None = None
         version = ""
@@ -160,7 +162,12 @@ class Kube:
                 resp.release_conn()
             meta = page.get("metadata") or {}
             version = str(meta.get("resourceVersion") or version)
-            items.extend(slim(o, kind) for o in page.get("items") or [])
+            items.extend(
+                o
+                for o in (slim(o, kind) for o in page.get("items") or [])
+                if keep is None or keep(o)
+            )
+            del page
             token = meta.get("continue") or None
             if not token:
                 return items, version

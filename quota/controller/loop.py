@@ -73,7 +73,13 @@ class Controller:
         started = time.monotonic()
         for kind in Kube.KINDS:
             loop = WatchLoop(
-                kind, self.kube, self.queue, self.metrics, self.stop_event, stored.get(kind)
+                kind,
+                self.kube,
+                self.queue,
+                self.metrics,
+                self.stop_event,
+                stored.get(kind),
+                keep=self._has_gpus if kind == "Pod" else None,
             )
             loop.start()
             self.loops.append(loop)
@@ -87,6 +93,13 @@ class Controller:
                         f"{loop.last_error or 'no answer'}"
                     )
         self._sync_started = started
+
+    def _has_gpus(self, pod: dict[str, object]) -> bool:
+        """Whether the accounting cares about this pod (GPU requests cannot change later)."""
+        try:
+            return bool(acc.effective_units(pod, self.acct.config))
+        except acc.AccountingError:
+            return True  # let the Accountant report it
 
     # -- run
 

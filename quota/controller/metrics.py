@@ -77,6 +77,12 @@ class ControllerMetrics:
             "Seconds from start (or taking the lease) to synced",
             registry=r,
         )
+        self.ignored = Counter(
+            "gpuquota_controller_ignored_objects",
+            "Objects dropped on arrival because the accounting ignores them (pods without GPUs)",
+            ["kind"],
+            registry=r,
+        )
         self.accounting_errors = Counter(
             "gpuquota_controller_accounting_errors",
             "Objects the accounting rules could not read (skipped)",

@@ -14,6 +14,7 @@ import queue
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ class WatchLoop(threading.Thread):
         metrics: ControllerMetrics,
         stop: threading.Event,
         resume_from: str | None = None,
+        keep: Callable[[Obj], bool] | None = None,
     ):
         super().__init__(name=f"watch-{kind}", daemon=True)
         self.kind, self.kube, self.out, self.metrics, self.stop_event = (
@@ -78,6 +80,7 @@ class WatchLoop(threading.Thread):
             stop,
         )
         self.resume_from = resume_from
+        self.keep = keep  # objects the accounting ignores (pods without GPUs) stop here
         self.synced = threading.Event()
         self.version: str | None = None
         self.last_activity = 0.0
@@ -94,14 +97,14 @@ class WatchLoop(threading.Thread):
             if self.kind != "Pod":
                 # facts of nodes/namespaces/quotas are needed now; vanished ones are closed
                 # by the replayed DELETED events, not estimated
-                items, _ = self.kube.list(self.kind)
+                items, _ = self.kube.list(self.kind, self.keep)
                 self.out.put(Message("list", self.kind, self._now(), items=items))
             self.version, self.resume_from = self.resume_from, None
             log.info("%s: resuming the watch from stored version %s", self.kind, self.version)
         else:
             if self.synced.is_set():
                 self.metrics.relists.labels(self.kind).inc()
-            items, version = self.kube.list(self.kind)
+            items, version = self.kube.list(self.kind, self.keep)
             self.out.put(Message("resync", self.kind, self._now(), items=items, version=version))
             self.version = version
             log.info("%s: listed %d at version %s", self.kind, len(items), version)
@@ -155,6 +158,10 @@ class WatchLoop(threading.Thread):
             self.last_activity = time.monotonic()
             self.healthy = True
             self.backoff.reset()
+            if etype != "BOOKMARK" and self.keep is not None and not self.keep(obj):
+                self.metrics.events.labels(self.kind, str(etype)).inc()
+                self.metrics.ignored.labels(self.kind).inc()
+                continue
             self.out.put(Message("event", self.kind, self._now(), event_type=str(etype), obj=obj))
 
 
