@@ -40,6 +40,7 @@ bench: $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m bench.health
 	$(BIN)/python -m bench.controller
 	$(BIN)/python -m bench.report
+	$(BIN)/python -m bench.sim_nvml
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

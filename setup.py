@@ -48,9 +48,7 @@ class BuildPy(build_py):
         if not self.editable_mode:
             target = Path(self.build_lib) / "quota" / "migrations"
             shutil.rmtree(target, ignore_errors=True)
-            shutil.copytree(
-                ROOT / "alembic", target, ignore=shutil.ignore_patterns("__pycache__")
-            )
+            shutil.copytree(ROOT / "alembic", target, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 setup(cmdclass={"build_py": BuildPy})

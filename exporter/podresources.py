@@ -10,7 +10,8 @@ How NVIDIA's device plugin names devices, and how they map back:
   a replica id ``GPU-...::N``, so several pods share one GPU and every one of them is listed.
 * ``nvidia.com/mig-<profile>``: MIG device UUIDs (``MIG-...``).
 * With ``deviceIDStrategy: index`` the ids are NVML indices; the enricher resolves a plain
-  number through the snapshot's own index -> UUID table.
+  number through the snapshot's own index -> UUID table (MIG devices named by index pairs
+  are not resolved: use the plugin's default uuid strategy with MIG).
 
 Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
 logged once, and the refresher keeps looking so attribution starts when the socket appears.

@@ -10,6 +10,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the health checker's verdict, joined at render time (exporter/health/)
+    from exporter.health.rules import NodeHealth
+
+# NVML clock event (throttle) reason bits, nvmlClocksEventReason*, as read into
+# DeviceSnapshot.clock_event_reasons; label value -> bit. The metric table and the health
+# rules both read them from here.
+CLOCK_EVENT_REASONS: tuple[tuple[str, int], ...] = (
+    ("gpu_idle", 0x1),
+    ("applications_clocks_setting", 0x2),
+    ("sw_power_cap", 0x4),
+    ("hw_slowdown", 0x8),
+    ("sync_boost", 0x10),
+    ("sw_thermal_slowdown", 0x20),
+    ("hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", 0x80),
+    ("display_clock_setting", 0x100),
+)
 
 
 class DeviceState(Enum):
@@ -127,3 +146,13 @@ class NodeSnapshot:
     # device UUID (GPU- or MIG-) -> pods holding it; several on time-sliced GPUs
     pods: dict[str, tuple[PodRef, ...]] = field(default_factory=dict)
     ok: bool = True  # False when NVML itself could not be read this round
+    # The most recent XID code per device UUID (dcgm-exporter's DCGM_FI_DEV_XID_ERRORS).
+    xid_last: dict[str, int] = field(default_factory=dict)
+    # NVML function name -> failed calls since the exporter started (all devices together).
+    nvml_errors_total: dict[str, int] = field(default_factory=dict)
+    # Unix time of the last collection in which NVML answered (ok=True), this one or earlier.
+    last_success_at: float | None = None
+    collections_total: int = 0  # collections since the exporter started, this one included
+    # The health checker's current verdict for every device; set when rendering (None: no
+    # health checking), so metrics show the same state as the health endpoint at that moment.
+    health: NodeHealth | None = None

@@ -273,7 +273,7 @@ class Accountant:
             return  # a late event of a pod already closed, written and dropped from memory
         pod = self._pods.get(facts.uid)
         if pod is None:
-            pod = _Pod(uid=facts.uid, namespace=facts.namespace, name=facts.name, node=facts.node)
+            pod = _Pod(uid=facts.uid, namespace=facts.namespace, name=facts.name, node=None)
             self._pods[facts.uid] = pod
             if facts.request.best_effort_gpu:
                 log.debug(

@@ -88,6 +88,8 @@ class DevicePluginManager:
 
     def reconcile(self) -> None:
         """One round of the checks above; safe to call at any time."""
+        if not self.board.ready:  # no verdict yet: advertising nothing would be a lie
+            return
         with self._lock:
             wanted = self.resources()
             for resource in [r for r in self.servers if r not in wanted]:

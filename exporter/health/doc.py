@@ -71,7 +71,7 @@ def render(text: str) -> str:
         if not pattern.search(text):
             raise ValueError(f"markers {begin} ... {end} are missing")
         block = f"{begin}\n{make()}\n{end}"
-        text = pattern.sub(lambda _m, block=block: block, text)
+        text = pattern.sub(lambda _m: block, text)  # noqa: B023 (used at once)
     return text
 
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import IntEnum
 
+from exporter.snapshot import CLOCK_EVENT_REASONS as SNAPSHOT_CLOCK_REASONS
 from exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
 
 
@@ -541,7 +542,7 @@ DEFAULT_CONDITION_RULES: Mapping[str, ConditionRule] = {
         ConditionRule("hw_thermal_slowdown", "hardware thermal slowdown", _D, _NO, edge=False),
         ConditionRule("sw_thermal_slowdown", "driver thermal slowdown", _D, _NO, edge=False),
         ConditionRule(
-            "hw_power_brake",
+            "hw_power_brake_slowdown",
             "hardware power brake slowdown (external power brake asserted)",
             _D,
             _NO,
@@ -557,12 +558,16 @@ DEFAULT_CONDITION_RULES: Mapping[str, ConditionRule] = {
     )
 }
 
-# nvmlClocksEventReason* bits (nvml.h) that mean the hardware is protecting itself.
+# Clock event reasons (exporter/snapshot.py) that mean the hardware is protecting itself;
+# each is a condition of the same name. Idle, power cap and sync boost are normal operation.
+SLOWDOWN_REASONS = (
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+)
 CLOCK_EVENT_REASONS: Mapping[str, int] = {
-    "hw_slowdown": 0x08,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake": 0x80,
+    name: bit for name, bit in SNAPSHOT_CLOCK_REASONS if name in SLOWDOWN_REASONS
 }
 
 DEFAULT_QUIET_PERIOD_S = 300.0
@@ -615,9 +620,16 @@ class NodeHealth:
     devices: tuple[DeviceHealth, ...]
     generation: int  # bumps on every change; consumers wait on it
     updated_at: float
+    _index: dict[str, DeviceHealth] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_index", {d.uuid: d for d in self.devices})
 
     def by_uuid(self) -> dict[str, DeviceHealth]:
-        return {d.uuid: d for d in self.devices}
+        return dict(self._index)
+
+    def get(self, uuid: str) -> DeviceHealth | None:
+        return self._index.get(uuid)
 
 
 @dataclass(slots=True)

@@ -4,21 +4,19 @@ stdout unless the whole report was computed)."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, inspect
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from quota.options import add_db_option
 from quota.report import compute, period, query, ratecard, render
+from quota.store.db import Store, StoreError, open_store, safe_url
 
-DEFAULT_DB = "sqlite:///gpuquota.db"
-DB_ENV = "GPUQUOTA_DB"
 QUOTA_KEYS = {"namespace", "cluster"}
 
 EPILOG = """\
@@ -68,8 +66,8 @@ class ReportError(Exception):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        "GPU-hour chargeback: GPU-hours per group over a period, their cost, quota use and "
-        "the fleet's idle GPU-hours, computed in the database from the quota store."
+        "GPU-hour chargeback: GPU-hours per group over a period, their cost, quota use\n"
+        "and the fleet's idle GPU-hours, computed in the database from the quota store."
     )
     parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -146,12 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         help="also draw GPU-hours per group over time (.png or .svg; needs gpuquota[chart])",
     )
-    parser.add_argument(
-        "--db",
-        metavar="URL",
-        default=None,
-        help=f"SQLAlchemy URL of the quota store (default ${DB_ENV} or {DEFAULT_DB})",
-    )
+    add_db_option(parser)
 
 
 def parse_keys(values: Sequence[str] | None) -> list[str]:
@@ -227,8 +220,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     edges = compute.sub_windows(
         window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
     )
-    url = args.db or os.environ.get(DB_ENV) or DEFAULT_DB
-    with _Connect(url) as conn:
+    with _Connect(args.db) as conn:
         try:
             rows = query.usage(conn, keys, edges, now, args.cluster)
             report = compute.aggregate(keys, rows, edges, card, buckets)
@@ -271,10 +263,11 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
 
 
 class _Connect:
-    """Open the store read-only-in-spirit and check it has the tables, or raise ReportError."""
+    """Open the store (at the schema revision this version reads), or raise ReportError."""
 
     def __init__(self, url: str) -> None:
         self.url = url
+        self.store: Store | None = None
         self.conn: Connection | None = None
 
     def __enter__(self) -> Connection:
@@ -282,32 +275,27 @@ class _Connect:
             parsed = make_url(self.url)
         except ArgumentError as exc:
             raise ReportError(f"--db: not a database URL: {self.url!r}") from exc
-        shown = parsed.render_as_string(hide_password=True)
         if parsed.get_backend_name() == "sqlite":
+            # opening a missing SQLite file would create an empty one
             path = parsed.database
             if path and path != ":memory:" and not Path(path).exists():
-                raise ReportError(f"database {shown}: file {path} does not exist")
+                raise ReportError(f"database {safe_url(self.url)}: file {path} does not exist")
         try:
-            engine = create_engine(parsed, connect_args=_connect_args(parsed.get_backend_name()))
-            self.conn = engine.connect()
-            tables = set(inspect(self.conn).get_table_names())
-        except (SQLAlchemyError, ImportError) as exc:
-            raise ReportError(f"cannot connect to database {shown}: {_first_line(exc)}") from exc
-        if "allocations" not in tables:
-            self.conn.close()
+            self.store = open_store(self.url)
+            self.conn = self.store.engine.connect()
+        except StoreError as exc:
+            raise ReportError(str(exc)) from exc
+        except SQLAlchemyError as exc:
             raise ReportError(
-                f"database {shown} has no gpuquota tables (run `gpuquota db upgrade`)"
-            )
+                f"cannot connect to database {safe_url(self.url)}: {_first_line(exc)}"
+            ) from exc
         return self.conn
 
     def __exit__(self, *exc: object) -> None:
         if self.conn is not None:
             self.conn.close()
-            self.conn.engine.dispose()
-
-
-def _connect_args(backend: str) -> dict[str, Any]:
-    return {"connect_timeout": 5} if backend == "postgresql" else {}
+        if self.store is not None:
+            self.store.close()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -8,10 +8,11 @@ rounded total exactly (largest remainder), which is what the totals row shows.
 from __future__ import annotations
 
 import bisect
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
+from typing import Any, Literal
 
 from quota.report.query import CapacityRow, QuotaRow, UsageRow
 from quota.report.ratecard import RateCard
@@ -90,38 +91,63 @@ def aggregate(
     card: RateCard | None,
     bucket_edges: Sequence[int] | None = None,
 ) -> Report:
-    """Sum usage rows per group; price each sub-window at the rate in force at its start."""
+    """Sum usage rows per group; price each sub-window at the rate in force at its start.
+
+    The loop adds integers only: physical seconds are kept as numerators over the physical
+    fraction's denominator (and cost numerators per denominator and rate), and turned into
+    Fractions once per group at the end."""
     buckets = list(bucket_edges) if bucket_edges else [edges[0], edges[-1]]
     bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
-    groups: dict[tuple[str | None, ...], Group] = {}
+    n_buckets = len(buckets) - 1
+    fractions: dict[tuple[str, int, float], Fraction] = {}
+    rates: dict[tuple[str | None, int], tuple[Fraction, bool]] = {}
+    # per group: raw seconds, {denominator: numerator}, {(denominator, rate): numerator},
+    # {(denominator, bucket): numerator}, estimated raw seconds, estimated intervals
+    acc: dict[tuple[str | None, ...], list[Any]] = {}
     unpriced: set[str] = set()
-    estimated = 0
     for row in rows:
-        g = groups.setdefault(row.keys, Group(row.keys, series=[Fraction(0)] * (len(buckets) - 1)))
-        per_row = physical_per_row(row, card)
+        a = acc.get(row.keys)
+        if a is None:
+            a = acc[row.keys] = [0, defaultdict(int), defaultdict(int), defaultdict(int), 0, 0]
+        fkey = (row.resource_name, row.raw_units, row.physical_gpus)
+        per_row = fractions.get(fkey)
+        if per_row is None:
+            per_row = fractions[fkey] = physical_per_row(row, card)
+        p, q = per_row.numerator, per_row.denominator
         for i, seconds in enumerate(row.seconds):
             if not seconds:
                 continue
-            g.raw_seconds += row.raw_units * seconds
-            physical = per_row * seconds
-            g.physical_seconds += physical
-            g.series[bucket_of[i]] += physical
+            a[0] += row.raw_units * seconds
+            a[1][q] += p * seconds
+            a[3][(q, bucket_of[i])] += p * seconds
             if card is not None:
-                rate, fallback = card.rate(row.gpu_model, edges[i])
-                g.cost += physical * rate / HOUR
-                if fallback:
+                rkey = (row.gpu_model, edges[i])
+                found = rates.get(rkey)
+                if found is None:
+                    found = rates[rkey] = card.rate(row.gpu_model, edges[i])
+                a[2][(q, found[0])] += p * seconds
+                if found[1]:
                     unpriced.add(row.gpu_model or "(unknown model)")
-        g.estimated_raw_seconds += row.raw_units * row.estimated_seconds
-        g.estimated_intervals += row.estimated_intervals
-        estimated += row.estimated_intervals
-    ordered = sorted(groups.values(), key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
+        a[4] += row.raw_units * row.estimated_seconds
+        a[5] += row.estimated_intervals
+    groups = []
+    for key, (raw, phys, cost, series, est_s, est_n) in acc.items():
+        g = Group(key, series=[Fraction(0)] * n_buckets)
+        g.raw_seconds = raw
+        g.physical_seconds = sum((Fraction(n, q) for q, n in phys.items()), Fraction(0))
+        g.cost = sum((Fraction(n, q) * r for (q, r), n in cost.items()), Fraction(0)) / HOUR
+        for (q, b), n in series.items():
+            g.series[b] += Fraction(n, q)
+        g.estimated_raw_seconds, g.estimated_intervals = est_s, est_n
+        groups.append(g)
+    groups.sort(key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
     return Report(
         tuple(keys),
-        ordered,
+        groups,
         card is not None,
         card.currency if card else None,
         unpriced_models=sorted(unpriced),
-        estimated_intervals=estimated,
+        estimated_intervals=sum(g.estimated_intervals for g in groups),
         bucket_edges=buckets,
     )
 

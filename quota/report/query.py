@@ -9,11 +9,12 @@ buckets), so pricing and charting need no second pass. Python only sees the grou
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     ColumnElement,
     Integer,
@@ -67,8 +68,65 @@ def _least_sqlite(element: least, compiler: SQLCompiler, **kw: Any) -> str:
 
 
 def clipped(start: Any, end: Any, lo: Any, hi: Any) -> ColumnElement[int]:
-    """Seconds of [start, end) inside [lo, hi), never negative."""
-    return greatest(least(end, hi) - greatest(start, lo), 0)
+    """Seconds of [start, end) inside [lo, hi), never negative.
+
+    Cast to a 32-bit integer (a clipped length is at most the window, far below 2**31 s) so
+    PostgreSQL sums it in a bigint accumulator instead of numeric."""
+    return cast(greatest(least(end, hi) - greatest(start, lo), 0), Integer)
+
+
+def t(value: int) -> ColumnElement[int]:
+    """A bound unix time as BIGINT (PostgreSQL would otherwise cast it to integer)."""
+    return literal(value, BigInteger)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which allocation rows a window can touch, phrased so that B-tree indexes serve it.
+
+    "Overlaps [lo, hi)" is not one index range, so it is split in two ranges: open intervals
+    (ended_at IS NULL: ix_allocations_open) and closed ones that started in
+    [lo - longest closed interval, hi) (ix_allocations_window). The longest closed interval
+    comes from the ix_allocations_duration expression index in one index probe. The cluster
+    equality leads both indexes, so a report over every cluster names them all (found with a
+    loose index scan)."""
+
+    clusters: tuple[str, ...]
+    longest: int | None  # longest closed interval in seconds; None: no closed intervals
+
+    @classmethod
+    def of(cls, conn: Connection, cluster: str | None) -> Scope:
+        a = Allocation
+        longest = conn.execute(select(func.max(a.ended_at - a.started_at))).scalar()
+        if cluster is not None:
+            return cls((cluster,), None if longest is None else int(longest))
+        return cls(tuple(distinct_clusters(conn)), None if longest is None else int(longest))
+
+    def parts(self, lo: int, hi: int) -> list[ColumnElement[bool]]:
+        """Two conditions whose rows together are those overlapping [lo, hi), each one index
+        range; queried apart (SQLite would not use both ranges of one OR)."""
+        a = Allocation
+        cluster = a.cluster.in_(self.clusters)
+        closed = and_(
+            cluster,
+            a.started_at >= t(lo - (self.longest or 0)),
+            a.started_at < t(hi),
+            a.ended_at > t(lo),
+        )
+        running = and_(cluster, a.ended_at.is_(None), a.started_at < t(hi))
+        return [closed, running]
+
+
+def distinct_clusters(conn: Connection) -> list[str]:
+    """Cluster names in the allocations table by a loose index scan (one probe per cluster)."""
+    a = Allocation
+    inner = Allocation.__table__.alias("inner")
+    seed = select(func.min(a.cluster).label("name")).cte("clusters", recursive=True)
+    step = select(
+        select(func.min(inner.c.cluster)).where(inner.c.cluster > seed.c.name).scalar_subquery()
+    ).where(seed.c.name.is_not(None))
+    walk = seed.union_all(step)
+    return [r[0] for r in conn.execute(select(walk.c.name).where(walk.c.name.is_not(None)))]
 
 
 @dataclass(frozen=True)
@@ -115,16 +173,23 @@ def usage(
     namespace had no recorded labels comes back with label value None."""
     label_keys = [k.split(":", 1)[1] for k in keys if k.startswith("label:")]
     plain = [k for k in keys if not k.startswith("label:")]
-    base = _usage_query(plain, [], edges, now, cluster)
-    base_rows = [_usage_row(plain, r, len(edges) - 1) for r in conn.execute(base)]
+    scope = Scope.of(conn, cluster)
+    n = len(edges) - 1
+    parts = scope.parts(edges[0], min(edges[-1], now))
+    base_rows = _merged(
+        _usage_row(plain, r, n)
+        for part in parts
+        for r in conn.execute(_usage_query(plain, [], edges, now, part))
+    )
     if not label_keys:
         return base_rows
-    labelled = _usage_query(plain, label_keys, edges, now, cluster)
     # Query results carry plain keys first, then label values; restore the requested order.
-    rows = [
-        _usage_row(plain + [f"label:{k}" for k in label_keys], r, len(edges) - 1)
-        for r in conn.execute(labelled)
-    ]
+    labelled_keys = plain + [f"label:{k}" for k in label_keys]
+    rows = _merged(
+        _usage_row(labelled_keys, r, n)
+        for part in parts
+        for r in conn.execute(_usage_query(plain, label_keys, edges, now, part))
+    )
     rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
     order = [k for k in keys if not k.startswith("label:")] + [
         k for k in keys if k.startswith("label:")
@@ -151,23 +216,23 @@ def _usage_query(
     label_keys: Sequence[str],
     edges: Sequence[int],
     now: int,
-    cluster: str | None,
+    where: ColumnElement[bool],
 ) -> Select[Any]:
     a = Allocation
     start: Any = a.started_at
-    end: Any = func.coalesce(a.ended_at, now)
+    end: Any = func.coalesce(a.ended_at, t(now))
     lo_bound: Any = None
     hi_bound: Any = None
     group: list[Any] = [c for k in plain for c in GROUP_COLUMNS[k]]
     if label_keys:
         nl = NamespaceLabels
-        lo_bound, hi_bound = nl.valid_from, func.coalesce(nl.valid_to, FAR_FUTURE)
+        lo_bound, hi_bound = nl.valid_from, func.coalesce(nl.valid_to, t(FAR_FUTURE))
         group += [nl.labels[k].as_string() for k in label_keys]
     lo, hi = edges[0], min(edges[-1], now)
 
     def clip(b0: int, b1: int) -> ColumnElement[int]:
-        w0: Any = literal(b0) if lo_bound is None else greatest(lo_bound, b0)
-        w1: Any = literal(min(b1, now)) if hi_bound is None else least(hi_bound, min(b1, now))
+        w0: Any = t(b0) if lo_bound is None else greatest(lo_bound, t(b0))
+        w1: Any = t(min(b1, now)) if hi_bound is None else least(hi_bound, t(min(b1, now)))
         return clipped(start, end, w0, w1)
 
     windows = [func.sum(clip(b0, b1)) for b0, b1 in itertools.pairwise(edges)]
@@ -184,12 +249,7 @@ def _usage_query(
         func.count(),
         func.sum(case((est, 1), else_=0)),
     ]
-    stmt = select(*columns).where(
-        a.started_at < hi,
-        or_(a.ended_at > lo, a.ended_at.is_(None)),
-    )
-    if cluster is not None:
-        stmt = stmt.where(a.cluster == cluster)
+    stmt = select(*columns).where(where)
     if label_keys:
         nl = NamespaceLabels
         stmt = stmt.join(
@@ -200,10 +260,33 @@ def _usage_query(
                 nl.valid_from < hi,
                 or_(nl.valid_to.is_(None), nl.valid_to > lo),
                 nl.valid_from < end,
-                func.coalesce(nl.valid_to, FAR_FUTURE) > a.started_at,
+                func.coalesce(nl.valid_to, t(FAR_FUTURE)) > a.started_at,
             ),
         )
     return stmt.group_by(*group, a.resource_name, a.gpu_model, a.raw_units, a.physical_gpus)
+
+
+def _merged(rows: Iterable[UsageRow]) -> list[UsageRow]:
+    """Add up rows of the same group and price class (from the closed and running parts)."""
+    out: dict[tuple[Any, ...], UsageRow] = {}
+    for r in rows:
+        key = (r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        seen = out.get(key)
+        if seen is None:
+            out[key] = r
+            continue
+        out[key] = UsageRow(
+            r.keys,
+            r.resource_name,
+            r.gpu_model,
+            r.raw_units,
+            r.physical_gpus,
+            tuple(a + b for a, b in zip(seen.seconds, r.seconds, strict=True)),
+            seen.estimated_seconds + r.estimated_seconds,
+            seen.intervals + r.intervals,
+            seen.estimated_intervals + r.estimated_intervals,
+        )
+    return list(out.values())
 
 
 def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRow:
@@ -274,7 +357,7 @@ def capacity(
 ) -> list[CapacityRow]:
     """Allocatable GPU seconds of GPU nodes per model, pool and sub-window."""
     c = NodeCapacity
-    end: Any = func.coalesce(c.ended_at, now)
+    end: Any = func.coalesce(c.ended_at, t(now))
     lo, hi = edges[0], min(edges[-1], now)
     windows = [
         func.sum(clipped(c.started_at, end, b0, min(b1, now)))

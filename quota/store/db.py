@@ -19,12 +19,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import (
     Connection,
     Engine,
@@ -49,6 +45,11 @@ from quota.store.models import (
     NodeCapacity,
     QuotaSample,
 )
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+# alembic is imported where it is used: it is a second of start-up that only migrations need
 
 DEFAULT_URL = "sqlite:///gpuquota.db"
 ENV_URL = "GPUQUOTA_DB"
@@ -173,6 +174,8 @@ def migrations_path() -> Path:
 
 
 def _alembic_config(connection: Connection | None = None) -> Config:
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(migrations_path()))
     if connection is not None:
@@ -181,6 +184,8 @@ def _alembic_config(connection: Connection | None = None) -> Config:
 
 
 def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
     assert head is not None
     return head
@@ -245,6 +250,8 @@ def _connected(url: str) -> Iterator[Connection]:
 
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` to ``revision`` (default: the latest)."""
+    from alembic import command
+
     with _connected(url) as connection:
         try:
             command.upgrade(_alembic_config(connection), revision)
@@ -255,6 +262,8 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str) -> None:
     """Migrate the database at ``url`` back to ``revision`` ("base" removes every table)."""
+    from alembic import command
+
     with _connected(url) as connection:
         try:
             command.downgrade(_alembic_config(connection), revision)
@@ -265,6 +274,8 @@ def downgrade(url: str, revision: str) -> None:
 
 def current(url: str) -> str | None:
     """The database's schema revision, None for an empty database."""
+    from alembic.runtime.migration import MigrationContext
+
     with _connected(url) as connection:
         return MigrationContext.configure(connection).get_current_revision()
 

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     String,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -67,6 +68,9 @@ class Allocation(Base):
         Index("ix_allocations_window", "cluster", "started_at", "ended_at"),
         Index("ix_allocations_open", "cluster", "ended_at"),
         Index("ix_allocations_namespace", "cluster", "namespace", "started_at"),
+        # the longest closed interval in one index probe: the report scans closed intervals
+        # that started in [window start - longest, window end) (migration 0002)
+        Index("ix_allocations_duration", text("(ended_at - started_at)")),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)

@@ -82,6 +82,35 @@ def one_pod_each(
     ]
 
 
+def node_assignments(
+    gpu_uuids: Sequence[str],
+    mig_uuids: Sequence[str] = (),
+    *,
+    shared_gpus: int = 1,
+    replicas: int = 3,
+    mig_resource: str = "nvidia.com/mig-1g.5gb",
+) -> list[Assignment]:
+    """A plausible node for the demo: the first ``shared_gpus`` whole GPUs time-sliced among
+    ``replicas`` inference pods each, the other whole GPUs one training pod each, and every
+    MIG device one research pod each. Pass only GPUs without MIG as ``gpu_uuids``."""
+    shared, whole = gpu_uuids[:shared_gpus], gpu_uuids[shared_gpus:]
+    return [
+        *[
+            Assignment("inference", f"infer-{g}-{r}", "server", GPU_RESOURCE, (f"{uuid}::{r}",))
+            for g, uuid in enumerate(shared)
+            for r in range(replicas)
+        ],
+        *[
+            Assignment("training", f"train-{i}", "trainer", GPU_RESOURCE, (uuid,))
+            for i, uuid in enumerate(whole)
+        ],
+        *[
+            Assignment("research", f"notebook-{i}", "jupyter", mig_resource, (uuid,))
+            for i, uuid in enumerate(mig_uuids)
+        ],
+    ]
+
+
 class _Lister(pb_grpc.PodResourcesListerServicer):
     def __init__(self, owner: PodResourcesServer) -> None:
         self._owner = owner

@@ -96,6 +96,7 @@ def build(out: Path, cc: str = "gcc") -> Path:
             "-Wall",
             "-Wextra",
             "-Wno-deprecated-declarations",
+            "-Werror=implicit-function-declaration",
             "-fvisibility=hidden",
             f"-I{header.parent}",
             f"-I{CSRC}",

@@ -420,6 +420,16 @@ class SimNode:
                 mig_mode_enabled=bool(g.mig),
                 nvlink_count=m.nvlinks,
                 multiprocessor_count=m.multiprocessors,
+                bar1_total_bytes=m.bar1_mib * 2**20,
+                bar1_used_bytes=2 * 2**20,
+                power_min_watts=m.power_min_watts,
+                brand=m.brand,
+                persistence_mode=True,
+                compute_mode=0,  # NVML_COMPUTEMODE_DEFAULT
+                temp_shutdown_celsius=92,
+                temp_slowdown_celsius=89,
+                temp_memory_max_celsius=95,
+                temp_gpu_max_celsius=87,
                 energy_joules=0.0,
             )
             lib.gqsim_set_num(ptr, i, self._num_field("nvlink_group"), float(g.nvlink_group))

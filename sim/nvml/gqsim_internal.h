@@ -64,6 +64,9 @@ nvmlReturn_t gq_enter_system(const char *function);
 #define GQ_HAS(g, field) (GQ_NUM(g, field) != 0.0)
 #define GQ_IS_MIG(dev) ((dev)->mig >= 0)
 
+/* The profile of MIG instance `mig` of `g` (NULL if the table lacks it). */
+const gq_profile *gq_mig_profile(const gq_gpu *g, int mig);
+
 /* Copies a string into a caller buffer the way NVML does: INSUFFICIENT_SIZE when it does
  * not fit with its terminator. */
 nvmlReturn_t gq_copy_str(char *out, unsigned int length, const char *value);

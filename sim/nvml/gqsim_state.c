@@ -84,6 +84,7 @@ int64_t gq_now_ns(void) {
 /* Energy since "driver load" in millijoules: the stored base plus power x elapsed time. */
 double gq_energy_mj(const gq_gpu *g) {
     double base_mj = g->num[GQ_F_energy_base_mj];
+    if (g->num[GQ_F_energy_base_ns] <= 0) return base_mj; /* counter not started yet */
     double elapsed_ns = (double)(gq_now_ns() - (int64_t)g->num[GQ_F_energy_base_ns]);
     if (elapsed_ns < 0) elapsed_ns = 0;
     return base_mj + g->num[GQ_F_power_watts] * elapsed_ns / 1e6;

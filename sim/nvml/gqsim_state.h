@@ -40,9 +40,12 @@
     X(pci_subsystem_id) X(numa_node) X(has_ecc) X(has_fan) X(has_encoder)                   \
     X(has_memory_temperature) X(has_remapping) X(has_page_retirement) X(has_mig)            \
     X(nvlink_count) X(nvlink_group) X(mig_mode_enabled) X(lost) X(reset_required)           \
-    X(energy_base_mj) X(energy_base_ns) X(multiprocessor_count)
+    X(energy_base_mj) X(energy_base_ns) X(multiprocessor_count)       \
+    X(bar1_total_bytes) X(bar1_used_bytes) X(temp_shutdown_celsius) X(temp_slowdown_celsius)   \
+    X(temp_memory_max_celsius) X(temp_gpu_max_celsius) X(persistence_mode) X(compute_mode)     \
+    X(power_min_watts) X(brand)
 
-#define GQ_STR_FIELDS(X) X(name) X(uuid) X(serial) X(vbios_version) X(board_part_number) X(brand)
+#define GQ_STR_FIELDS(X) X(name) X(uuid) X(serial) X(vbios_version) X(board_part_number)
 
 #define GQ_ENUM_ENTRY(n) GQ_F_##n,
 enum gq_num_field { GQ_NUM_FIELDS(GQ_ENUM_ENTRY) GQ_NUM_COUNT };

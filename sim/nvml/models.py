@@ -36,6 +36,7 @@ class GpuModel:
     memory_total_bytes: int
     memory_reserved_bytes: int
     power_limit_watts: float
+    power_min_watts: float
     idle_power_watts: float
     compute_capability: tuple[int, int]
     multiprocessors: int
@@ -46,7 +47,9 @@ class GpuModel:
     pci_subsystem_id: int
     pcie_generation: int
     pcie_width: int
+    bar1_mib: int
     vbios_version: str
+    brand: int  # nvmlBrandType_t: 2 Tesla (Volta), 14 NVIDIA (later data-centre boards)
     board_part_number: str
     nvlinks: int = 0
     ecc: bool = True
@@ -75,6 +78,7 @@ H100_SXM5_80GB = GpuModel(
     memory_total_bytes=81559 * MIB,
     memory_reserved_bytes=566 * MIB,
     power_limit_watts=700.0,
+    power_min_watts=200.0,
     idle_power_watts=72.0,
     compute_capability=(9, 0),
     multiprocessors=132,
@@ -85,7 +89,9 @@ H100_SXM5_80GB = GpuModel(
     pci_subsystem_id=0x16C110DE,
     pcie_generation=5,
     pcie_width=16,
+    bar1_mib=131072,
     vbios_version="96.00.99.00.01",
+    brand=14,
     board_part_number="692-2G520-0200-000",
     nvlinks=18,
     mig_profiles=(
@@ -94,7 +100,7 @@ H100_SXM5_80GB = GpuModel(
         _p("2g.20gb", 1, 14, 2, 3, 32, 19968),
         _p("3g.40gb", 2, 9, 3, 2, 60, 40192),
         _p("4g.40gb", 3, 5, 4, 1, 64, 40192),
-        _p("7g.80gb", 4, 0, 7, 1, 132, 80768),
+        _p("7g.80gb", 4, 0, 7, 1, 132, 81152),
     ),
 )
 
@@ -104,6 +110,7 @@ A100_SXM4_40GB = GpuModel(
     memory_total_bytes=40960 * MIB,
     memory_reserved_bytes=429 * MIB,
     power_limit_watts=400.0,
+    power_min_watts=100.0,
     idle_power_watts=54.0,
     compute_capability=(8, 0),
     multiprocessors=108,
@@ -114,7 +121,9 @@ A100_SXM4_40GB = GpuModel(
     pci_subsystem_id=0x134F10DE,
     pcie_generation=4,
     pcie_width=16,
+    bar1_mib=65536,
     vbios_version="92.00.19.00.10",
+    brand=14,
     board_part_number="692-2G506-0200-002",
     nvlinks=12,
     mig_profiles=(
@@ -133,6 +142,7 @@ L4 = GpuModel(
     memory_total_bytes=23034 * MIB,
     memory_reserved_bytes=301 * MIB,
     power_limit_watts=72.0,
+    power_min_watts=40.0,
     idle_power_watts=16.0,
     compute_capability=(8, 9),
     multiprocessors=58,
@@ -143,7 +153,9 @@ L4 = GpuModel(
     pci_subsystem_id=0x16CA10DE,
     pcie_generation=4,
     pcie_width=16,
+    bar1_mib=32768,
     vbios_version="95.04.29.00.06",
+    brand=14,
     board_part_number="900-2G193-0000-001",
     ecc=False,
     encoder=True,
@@ -157,6 +169,7 @@ V100_SXM2_32GB = GpuModel(
     memory_total_bytes=32768 * MIB,
     memory_reserved_bytes=0,
     power_limit_watts=300.0,
+    power_min_watts=150.0,
     idle_power_watts=42.0,
     compute_capability=(7, 0),
     multiprocessors=80,
@@ -167,7 +180,9 @@ V100_SXM2_32GB = GpuModel(
     pci_subsystem_id=0x124910DE,
     pcie_generation=3,
     pcie_width=16,
+    bar1_mib=32768,
     vbios_version="88.00.80.00.01",
+    brand=2,
     board_part_number="900-2G503-0430-000",
     nvlinks=6,
     encoder=True,

@@ -145,12 +145,101 @@ GQ_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemor
     return NVML_SUCCESS;
 }
 
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    GQ_ENTER(device, 0, 1);
+    if (bar1 == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    double total = GQ_NUM(g, bar1_total_bytes), used = GQ_NUM(g, bar1_used_bytes);
+    if (used > total) used = total;
+    bar1->bar1Total = (unsigned long long)total;
+    bar1->bar1Used = (unsigned long long)used;
+    bar1->bar1Free = (unsigned long long)(total - used);
+    return NVML_SUCCESS;
+}
+
 GQ_EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t device,
                                                 nvmlTemperatureSensors_t sensorType,
                                                 unsigned int *temp) {
     GQ_ENTER(device, 0, 0);
     if (temp == NULL || sensorType != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
     *temp = (unsigned)(GQ_NUM(g, gpu_temperature_celsius) + 0.5);
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t device,
+                                                 nvmlTemperature_t *temperature) {
+    GQ_ENTER(device, 0, 0);
+    if (temperature == NULL || temperature->sensorType != NVML_TEMPERATURE_GPU)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (temperature->version != nvmlTemperature_v1) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    temperature->temperature = (int)(GQ_NUM(g, gpu_temperature_celsius) + 0.5);
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetTemperatureThreshold(nvmlDevice_t device,
+                                                         nvmlTemperatureThresholds_t thresholdType,
+                                                         unsigned int *temp) {
+    GQ_ENTER(device, 0, 0);
+    if (temp == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    double v;
+    switch (thresholdType) {
+    case NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: v = GQ_NUM(g, temp_shutdown_celsius); break;
+    case NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: v = GQ_NUM(g, temp_slowdown_celsius); break;
+    case NVML_TEMPERATURE_THRESHOLD_GPU_MAX: v = GQ_NUM(g, temp_gpu_max_celsius); break;
+    case NVML_TEMPERATURE_THRESHOLD_MEM_MAX:
+        if (!GQ_HAS(g, has_memory_temperature)) return NVML_ERROR_NOT_SUPPORTED;
+        v = GQ_NUM(g, temp_memory_max_celsius);
+        break;
+    default: return NVML_ERROR_NOT_SUPPORTED;
+    }
+    *temp = (unsigned)v;
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t device,
+                                                                    unsigned int *minLimit,
+                                                                    unsigned int *maxLimit) {
+    GQ_ENTER(device, 0, 0);
+    if (minLimit == NULL || maxLimit == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *minLimit = (unsigned)(GQ_NUM(g, power_min_watts) * 1000.0 + 0.5);
+    *maxLimit = (unsigned)(GQ_NUM(g, power_limit_watts) * 1000.0 + 0.5);
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t device, nvmlEnableState_t *mode) {
+    GQ_ENTER(device, 0, 0);
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = GQ_HAS(g, persistence_mode) ? NVML_FEATURE_ENABLED : NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, nvmlComputeMode_t *mode) {
+    GQ_ENTER(device, 0, 0);
+    if (mode == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *mode = (nvmlComputeMode_t)(int)GQ_NUM(g, compute_mode);
+    return NVML_SUCCESS;
+}
+
+/* Data-centre boards drive no display. */
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetDisplayMode(nvmlDevice_t device, nvmlEnableState_t *display) {
+    GQ_ENTER(device, 0, 0);
+    (void)g;
+    if (display == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *display = NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetDisplayActive(nvmlDevice_t device, nvmlEnableState_t *isActive) {
+    GQ_ENTER(device, 0, 0);
+    (void)g;
+    if (isActive == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *isActive = NVML_FEATURE_DISABLED;
+    return NVML_SUCCESS;
+}
+
+GQ_EXPORT nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t device, nvmlBrandType_t *type) {
+    GQ_ENTER(device, 1, 0);
+    if (type == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    *type = (nvmlBrandType_t)(int)GQ_NUM(g, brand);
     return NVML_SUCCESS;
 }
 

@@ -17,11 +17,11 @@ GQ_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     pthread_mutex_lock(&gq_init_lock);
     nvmlReturn_t rc = NVML_SUCCESS;
-    if (gq_init_count == 0) {
-        /* (Re)map on the first init: the state file may have been re-created (a new inode)
-         * or GPUQUOTA_SIM_STATE may name another node since the last shutdown. An old
-         * mapping is left in place, never unmapped: a thread still waiting for events after
-         * nvmlShutdown must not touch unmapped memory. */
+    {
+        /* (Re)map when GPUQUOTA_SIM_STATE names another file (or the file was re-created,
+         * a new inode) than the one mapped: in one test process, each test's node wins.
+         * Handles are indices, so they stay valid. An old mapping is never unmapped: a
+         * thread still waiting for events on it must not touch unmapped memory. */
         const char *path = getenv("GPUQUOTA_SIM_STATE");
         struct stat sb;
         if (path == NULL || path[0] == '\0') {
@@ -45,6 +45,8 @@ GQ_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
             }
         }
     }
+    /* A session already open keeps its node when the file has gone meanwhile. */
+    if (rc != NVML_SUCCESS && gq_init_count > 0 && gq_nvml_state != NULL) rc = NVML_SUCCESS;
     if (rc == NVML_SUCCESS) {
         int code = gq_fail_code(gq_nvml_state->system_fails, "nvmlInit");
         if (code != 0) rc = (nvmlReturn_t)code;
@@ -138,12 +140,17 @@ GQ_EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *deviceCount) {
     return nvmlDeviceGetCount_v2(deviceCount);
 }
 
-/* Handles of lost GPUs are still handed out: every call on them then says GPU_IS_LOST,
- * which is how an agent learns which index fell off the bus. */
+/* Handles of lost GPUs are still handed out (as when the GPU fell off the bus after the
+ * driver enumerated it): every call on them then says GPU_IS_LOST, which is how an agent
+ * learns which index is gone. fail_call(i, "nvmlDeviceGetHandleByIndex", ...) simulates a
+ * driver that refuses the handle itself. */
 GQ_EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     nvmlReturn_t rc = gq_enter_system(__func__);
     if (rc != NVML_SUCCESS) return rc;
     if (device == NULL || index >= gq_nvml_state->gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    /* A per-GPU forced code applies here too, e.g. GPU_IS_LOST as some drivers answer. */
+    int code = gq_fail_code(gq_nvml_state->gpus[index].fails, __func__);
+    if (code != 0) return (nvmlReturn_t)code;
     *device = &gq_dev_handles[index];
     return NVML_SUCCESS;
 }

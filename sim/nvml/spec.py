@@ -47,6 +47,14 @@ _UUID_NAMESPACE = uuid.UUID("6b1d2f0e-3c1a-4f5e-9d7b-0a8c4e2f1b3d")
 _TOP_KEYS = {"name", "gpus", "nvlink", "driver_version", "cuda_driver_version"}
 _SHORT_KEYS = {"model", "count", "mig", "values"}
 _GPU_KEYS = {"model", "count", "mig", "values"}
+# slices -> (allowed placement starts, memory slices occupied)
+_PLACEMENTS: dict[int, tuple[tuple[int, ...], int]] = {
+    1: ((0, 1, 2, 3, 4, 5, 6), 1),
+    2: ((0, 2, 4), 2),
+    3: ((0, 4), 4),
+    4: ((0,), 4),
+    7: ((0,), 8),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,15 +195,22 @@ def _mig_instances(m: GpuModel, names: list[str], gpu_uuid: str) -> tuple[MigSpe
     for p in {p.name: p for p in profiles}.values():
         if sum(q.name == p.name for q in profiles) > p.max_instances:
             raise ValueError(f"at most {p.max_instances} x {p.name} fit on {m.key}")
-    # Larger instances first, as nvidia-smi places them; GPU instance ids count up from 1
-    # in the order NVML assigns them for a fresh partitioning.
-    order = sorted(profiles, key=lambda p: -p.slices)
+    # Larger instances first, each at the lowest free start NVML allows for its size (A100
+    # and H100 place by memory slice: 8 of them, a 3g instance takes 4). GPU instance ids
+    # count up from 1 in creation order, as on a freshly partitioned GPU.
+    taken: set[int] = set()
     out = []
-    start = 0
-    for gi, p in enumerate(order, start=1):
+    for gi, p in enumerate(sorted(profiles, key=lambda p: -p.slices), start=1):
+        starts, size = _PLACEMENTS[p.slices]
+        start = next(
+            (s for s in starts if not taken & set(range(s, s + size))),
+            None,
+        )
+        if start is None:
+            raise ValueError(f"MIG instances {', '.join(names)} do not fit together on {m.key}")
+        taken |= set(range(start, start + size))
         mig_uuid = "MIG-" + str(uuid.uuid5(_UUID_NAMESPACE, f"{gpu_uuid}/{gi}/0"))
         out.append(MigSpec(p, gi, 0, start, mig_uuid))
-        start += p.slices
     return tuple(out)
 
 

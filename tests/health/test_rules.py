@@ -203,7 +203,7 @@ def test_nvlink_error_increase_is_degraded() -> None:
         (0x8, ["hw_slowdown"]),
         (0x40, ["hw_thermal_slowdown"]),
         (0x20, ["sw_thermal_slowdown"]),
-        (0x80 | 0x1, ["hw_power_brake"]),
+        (0x80 | 0x1, ["hw_power_brake_slowdown"]),
     ],
 )
 def test_clock_event_reasons(bits: int, expected: list[str]) -> None:

@@ -22,6 +22,7 @@ from sim.kubelet.podresources import (
     Assignment,
     PodResourcesServer,
     load_assignments,
+    node_assignments,
     one_pod_each,
     time_sliced,
 )
@@ -286,6 +287,20 @@ def test_stand_in_serves_get_and_allocatable(
         assert missing.value.code() == grpc.StatusCode.NOT_FOUND
         kubelet.remove_pod("ns", "p")
         assert list(stub.List(pb.ListPodResourcesRequest(), timeout=2).pod_resources) == []
+
+
+def test_demo_node_shares_the_first_gpu_and_gives_each_mig_device_a_pod(
+    kubelet: PodResourcesServer, socket_path: Path
+) -> None:
+    kubelet.set_assignments(node_assignments([GPU0, GPU1], [MIG0, MIG1], replicas=2))
+    with PodResourcesWatcher(socket_path) as watcher:
+        mapping = watcher.mapping()
+    assert mapping == {
+        GPU0: (ref("inference", "infer-0-0", "server"), ref("inference", "infer-0-1", "server")),
+        GPU1: (ref("training", "train-0", "trainer"),),
+        MIG0: (ref("research", "notebook-0", "jupyter"),),
+        MIG1: (ref("research", "notebook-1", "jupyter"),),
+    }
 
 
 def test_assignment_file_errors_name_the_problem(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from sqlalchemy import Engine, create_engine, delete, insert, text
 from sqlalchemy.exc import OperationalError
 
 from quota.report import cli
+from quota.store import db
 from quota.store.models import Allocation, Base, NamespaceLabels, NodeCapacity, QuotaSample
 
 H100 = "NVIDIA-H100-80GB-HBM3"
@@ -158,8 +159,8 @@ class Store:
 @pytest.fixture(scope="session")
 def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
     url = f"sqlite:///{tmp_path_factory.mktemp('report') / 'store.db'}"
+    db.upgrade(url)
     engine = create_engine(url)
-    Base.metadata.create_all(engine)
     yield Store(url, engine)
     engine.dispose()
 
@@ -176,8 +177,8 @@ def postgres_store(postgres_url: str) -> Iterator[Store]:
         pytest.skip(f"PostgreSQL not reachable at {postgres_url}: {exc.orig}")
     sep = "&" if "?" in postgres_url else "?"
     url = f"{postgres_url}{sep}options=-csearch_path%3D{schema}"
+    db.upgrade(url)
     engine = create_engine(url)
-    Base.metadata.create_all(engine)
     try:
         yield Store(url, engine)
     finally:

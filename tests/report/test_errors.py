@@ -75,7 +75,7 @@ def test_database_without_tables(report: Any, tmp_path: Path) -> None:
     import sqlite3
 
     sqlite3.connect(empty).close()
-    assert_refused(report(db=f"sqlite:///{empty}"), "no gpuquota tables", "db upgrade")
+    assert_refused(report(db=f"sqlite:///{empty}"), "empty database", "gpuquota db upgrade")
 
 
 def test_not_a_url(report: Any) -> None:

@@ -143,6 +143,20 @@ def test_unimplemented_functions_answer_not_supported(nvml):
     nvml("h100x8")
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     with pytest.raises(pynvml.NVMLError) as err:
-        pynvml.nvmlDeviceGetBAR1MemoryInfo(h)
+        pynvml.nvmlDeviceGetGspFirmwareVersion(h)
     assert err.value.value == pynvml.NVML_ERROR_NOT_SUPPORTED
     assert pynvml.nvmlErrorString(pynvml.NVML_ERROR_GPU_IS_LOST) == "GPU is lost"
+
+
+def test_init_switches_to_the_node_named_now(nvml, make_node):
+    first = nvml("l4x2")
+    assert pynvml.nvmlDeviceGetCount() == 2
+    second = make_node("h100x8", "second.state")
+    second.preload()
+    pynvml.nvmlInit()  # a second session in the same process: the newest node wins
+    try:
+        assert pynvml.nvmlDeviceGetCount() == 8
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert pynvml.nvmlDeviceGetUUID(h) == second.uuid(0) != first.uuid(0)
+    finally:
+        pynvml.nvmlShutdown()

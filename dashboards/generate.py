@@ -1,0 +1,118 @@
+"""Generate the Grafana JSON beside each ``dashboards/*.dashboard.py`` source.
+
+    python -m dashboards.generate           # write every <name>.json
+    python -m dashboards.generate --check   # exit 1, naming the files, if any JSON is stale
+
+The JSON is committed (so users can import it without Python) and a test runs ``--check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from grafanalib._gen import DashboardEncoder
+from grafanalib.core import Dashboard
+
+HERE = Path(__file__).resolve().parent
+SUFFIX = ".dashboard.py"
+
+
+def sources(folder: Path = HERE) -> list[Path]:
+    return sorted(folder.glob(f"*{SUFFIX}"))
+
+
+def json_path(source: Path) -> Path:
+    return source.with_name(source.name.removesuffix(SUFFIX) + ".json")
+
+
+def load(source: Path) -> Dashboard:
+    """Run a dashboard source and return the ``dashboard`` it defines."""
+    spec = importlib.util.spec_from_file_location(source.name.removesuffix(".py"), source)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"{source}: cannot be loaded as Python")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    dashboard = getattr(module, "dashboard", None)
+    if not isinstance(dashboard, Dashboard):
+        raise SystemExit(f"{source}: defines no grafanalib Dashboard named 'dashboard'")
+    return dashboard
+
+
+def render(dashboard: Dashboard) -> str:
+    out = io.StringIO()
+    json.dump(dashboard.to_json_data(), out, sort_keys=True, indent=2, cls=DashboardEncoder)
+    out.write("\n")
+    return out.getvalue()
+
+
+def rendered(folder: Path = HERE) -> dict[Path, str]:
+    return {json_path(src): render(load(src)) for src in sources(folder)}
+
+
+def stale(folder: Path = HERE) -> list[str]:
+    """Names of the JSON files that are missing or differ from what their source generates."""
+    return [
+        path.name
+        for path, text in rendered(folder).items()
+        if not path.exists() or path.read_text() != text
+    ]
+
+
+def expressions(data: Any) -> list[str]:
+    """Every PromQL expression in a dashboard's JSON (panel targets and query variables)."""
+    found: list[str] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "expr" and isinstance(value, str):
+                found.append(value)
+            elif key == "query" and isinstance(value, str) and data.get("type") == "query":
+                found.append(_variable_selector(value))
+            else:
+                found.extend(expressions(value))
+    elif isinstance(data, list):
+        for item in data:
+            found.extend(expressions(item))
+    return found
+
+
+def _variable_selector(query: str) -> str:
+    """The series a query variable reads: ``label_values(sel, label)`` -> ``sel``."""
+    inner = query.strip()
+    for function in ("label_values(", "query_result("):
+        if inner.startswith(function) and inner.endswith(")"):
+            inner = inner[len(function) : -1]
+            if function == "label_values(":
+                selector, _, _ = inner.rpartition(",")
+                return selector.strip()
+    return inner
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="fail if committed JSON is stale")
+    args = parser.parse_args(argv)
+    if args.check:
+        out_of_date = stale()
+        if out_of_date:
+            print(
+                f"stale dashboard JSON: {', '.join(out_of_date)}; "
+                "run `python -m dashboards.generate`",
+                file=sys.stderr,
+            )
+            return 1
+        return 0
+    for path, text in rendered().items():
+        path.write_text(text)
+        print(f"wrote {path.relative_to(HERE.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,187 @@
+"""Per-node GPU dashboard: utilisation, memory, power, temperature, clocks, throttling,
+errors and health, and which pods hold which GPU (through the pod attribution join metric).
+
+Generated into gpu-node.json by ``python -m dashboards.generate``; metric names come from
+exporter/metrics.py only (a test checks).
+"""
+
+from grafanalib.core import Dashboard, Templating, Time
+
+from dashboards.panels import Grid, datasource_variable, query_variable, stat, table, timeseries
+
+# Every exporter series carries gpu (NVML index) and uuid; the node is the scrape target.
+SEL = 'instance=~"$node", gpu=~"$gpu"'
+BY_GPU = "{{instance}} GPU {{gpu}}"
+BY_POD = "{{namespace}}/{{pod}}"
+
+grid = Grid()
+grid.row("Overview")
+grid.add(stat("GPUs", f"count(gpu_info{{{SEL}}})"), w=4, h=4)
+grid.add(
+    stat("Mean utilisation", f"avg(gpu_utilization_ratio{{{SEL}}})", unit="percentunit"),
+    w=4,
+    h=4,
+)
+grid.add(stat("Power draw", f"sum(gpu_power_watts{{{SEL}}})", unit="watt"), w=4, h=4)
+grid.add(
+    stat(
+        "Memory used",
+        f"sum(gpu_memory_used_bytes{{{SEL}}}) / sum(gpu_memory_total_bytes{{{SEL}}})",
+        unit="percentunit",
+    ),
+    w=4,
+    h=4,
+)
+grid.add(
+    stat(
+        "Devices down",
+        f'count(gpu_device_state{{{SEL}, state!="ok"}} == 1) or vector(0)',
+        description="GPUs and MIG instances NVML reports lost, needing a reset, or unreadable.",
+    ),
+    w=4,
+    h=4,
+)
+grid.add(
+    stat("XID errors (range)", f"sum(increase(gpu_xid_errors_total{{{SEL}}}[$__range]))"),
+    w=4,
+    h=4,
+)
+
+grid.row("Utilisation and memory")
+grid.add(
+    timeseries(
+        "GPU utilisation",
+        (f"gpu_utilization_ratio{{{SEL}}}", BY_GPU),
+        unit="percentunit",
+        minimum=0,
+        maximum=1,
+        description="Share of time one or more kernels ran (NVML utilization.gpu).",
+    )
+)
+grid.add(
+    timeseries(
+        "Memory controller utilisation",
+        (f"gpu_memory_utilization_ratio{{{SEL}}}", BY_GPU),
+        unit="percentunit",
+        minimum=0,
+        maximum=1,
+    )
+)
+grid.add(
+    timeseries(
+        "Framebuffer memory used",
+        (f"gpu_memory_used_bytes{{{SEL}}}", BY_GPU),
+        (f"gpu_memory_total_bytes{{{SEL}}}", "{{instance}} GPU {{gpu}} total"),
+        unit="bytes",
+        minimum=0,
+    ),
+    w=24,
+)
+
+grid.row("Power, temperature and clocks")
+grid.add(
+    timeseries(
+        "Power draw",
+        (f"gpu_power_watts{{{SEL}}}", BY_GPU),
+        (f"gpu_power_limit_watts{{{SEL}}}", "{{instance}} GPU {{gpu}} limit"),
+        unit="watt",
+        minimum=0,
+    )
+)
+grid.add(
+    timeseries(
+        "Temperature",
+        (f"gpu_temperature_celsius{{{SEL}}}", BY_GPU),
+        (f"gpu_memory_temperature_celsius{{{SEL}}}", "{{instance}} GPU {{gpu}} memory"),
+        unit="celsius",
+    )
+)
+grid.add(
+    timeseries(
+        "SM clock",
+        (f"gpu_sm_clock_hertz{{{SEL}}}", BY_GPU),
+        unit="hertz",
+    )
+)
+grid.add(
+    timeseries(
+        "Throttle reasons active",
+        (f"gpu_clock_event_reason{{{SEL}}} == 1", "{{instance}} GPU {{gpu}} {{reason}}"),
+        description="Why clocks are held down (NVML clock event reasons); 1 while active.",
+    )
+)
+
+grid.row("Errors and health")
+grid.add(
+    timeseries(
+        "XID errors",
+        (
+            f"increase(gpu_xid_errors_total{{{SEL}}}[$__rate_interval])",
+            "{{instance}} GPU {{gpu}} XID {{xid}}",
+        ),
+    )
+)
+grid.add(
+    timeseries(
+        "Uncorrectable ECC errors",
+        (
+            f'increase(gpu_ecc_volatile_errors_total{{{SEL}, type="uncorrected"}}[$__rate_interval])',
+            BY_GPU,
+        ),
+    )
+)
+grid.add(
+    table(
+        "Device state",
+        (f"gpu_device_state{{{SEL}}} == 1", ""),
+        description="What NVML said about each GPU/MIG instance in the last collection "
+        "(ok, lost, reset_required, error); health reasons are on the /health endpoint.",
+    ),
+    w=24,
+)
+
+grid.row("Pods on these GPUs")
+grid.add(
+    timeseries(
+        "GPU utilisation by pod",
+        (
+            f"gpu_pod_info{{{SEL}}} * on(uuid) group_left gpu_utilization_ratio{{{SEL}}}",
+            BY_POD,
+        ),
+        unit="percentunit",
+        description=(
+            "Utilisation of the GPU each pod holds. Time-sliced GPUs show every pod sharing "
+            "them with the whole GPU's utilisation: NVML cannot split it."
+        ),
+    )
+)
+grid.add(
+    timeseries(
+        "Framebuffer memory by pod's GPU",
+        (
+            f"gpu_pod_info{{{SEL}}} * on(uuid) group_left gpu_memory_used_bytes{{{SEL}}}",
+            BY_POD,
+        ),
+        unit="bytes",
+    )
+)
+grid.add(table("Pod attribution", (f"gpu_pod_info{{{SEL}}}", "")), w=24)
+
+dashboard = Dashboard(
+    title="GPU node",
+    uid="gpuquota-gpu-node",
+    description="GPUs of selected nodes as gpu-exporter sees them, with the pods holding them.",
+    tags=["gpuquota", "gpu"],
+    timezone="browser",
+    refresh="30s",
+    time=Time("now-3h", "now"),
+    graphTooltip=1,
+    templating=Templating(
+        list=[
+            datasource_variable(),
+            query_variable("node", "Node", "label_values(gpu_info, instance)"),
+            query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$node"}, gpu)'),
+        ]
+    ),
+    panels=grid.panels,
+).auto_panel_ids()

@@ -1,0 +1,109 @@
+"""Per-namespace GPU quota and chargeback dashboard: ResourceQuota hard limits against GPUs
+in use and allocated (raw requests and physical GPUs), and GPU-hours over the time range.
+
+Generated into gpu-quota.json by ``python -m dashboards.generate``; metric names are the
+quota controller's (dashboards/known_metrics.py lists them).
+"""
+
+from grafanalib.core import Dashboard, Templating, Time
+
+from dashboards.panels import Grid, datasource_variable, query_variable, stat, table, timeseries
+
+NS = 'namespace=~"$namespace"'
+RAW = f'gpuquota_namespace_gpus_allocated{{{NS}, kind="raw"}}'
+PHYSICAL = f'gpuquota_namespace_gpus_allocated{{{NS}, kind="physical"}}'
+# GPU-hours over the dashboard's range from the allocation gauge: mean GPUs x hours.
+GPU_HOURS = "sum by (namespace) (avg_over_time({sel}[$__range])) * $__range_s / 3600"
+
+grid = Grid()
+grid.row("Cluster")
+grid.add(stat("GPUs allocated (physical)", f"sum({PHYSICAL})"), w=6, h=4)
+grid.add(stat("GPUs allocated (requests)", f"sum({RAW})"), w=6, h=4)
+grid.add(
+    stat("GPU-hours in range (physical)", f"sum({GPU_HOURS.format(sel=PHYSICAL)})"),
+    w=6,
+    h=4,
+)
+grid.add(
+    stat(
+        "Namespaces at >= 90% of quota",
+        f"count(gpuquota_namespace_gpu_quota_used{{{NS}}} "
+        f"/ gpuquota_namespace_gpu_quota_hard{{{NS}}} >= 0.9) or vector(0)",
+    ),
+    w=6,
+    h=4,
+)
+
+grid.row("Quota per namespace")
+grid.add(
+    timeseries(
+        "Quota used vs hard",
+        (f"sum by (namespace) (gpuquota_namespace_gpu_quota_used{{{NS}}})", "{{namespace}} used"),
+        (f"sum by (namespace) (gpuquota_namespace_gpu_quota_hard{{{NS}}})", "{{namespace}} hard"),
+        description="requests.nvidia.com/gpu in the namespaces' ResourceQuotas.",
+    )
+)
+grid.add(
+    timeseries(
+        "Quota utilisation",
+        (
+            f"sum by (namespace) (gpuquota_namespace_gpu_quota_used{{{NS}}}) "
+            f"/ sum by (namespace) (gpuquota_namespace_gpu_quota_hard{{{NS}}})",
+            "{{namespace}}",
+        ),
+        unit="percentunit",
+        minimum=0,
+    )
+)
+grid.add(
+    timeseries(
+        "GPUs allocated (physical)",
+        (f"sum by (namespace) ({PHYSICAL})", "{{namespace}}"),
+        stacked=True,
+        description="Whole physical GPUs: a time-sliced replica counts as its share.",
+    )
+)
+grid.add(
+    timeseries(
+        "GPUs allocated (requests)",
+        (f"sum by (namespace) ({RAW})", "{{namespace}}"),
+        stacked=True,
+        description="nvidia.com/gpu and MIG resources as the pods requested them.",
+    )
+)
+
+grid.row("Chargeback")
+grid.add(
+    table(
+        "GPU-hours in range",
+        (GPU_HOURS.format(sel=PHYSICAL), "physical"),
+        (GPU_HOURS.format(sel=RAW), "requests"),
+        description=(
+            "Estimated from the allocation gauge. The billable figures come from "
+            "`gpuquota report`, which integrates exact pod lifetimes."
+        ),
+    ),
+    w=24,
+)
+
+dashboard = Dashboard(
+    title="GPU quota and chargeback",
+    uid="gpuquota-gpu-quota",
+    description="Per-namespace GPU quota, allocation and GPU-hours from the gpuquota controller.",
+    tags=["gpuquota", "gpu", "quota"],
+    timezone="browser",
+    refresh="1m",
+    time=Time("now-7d", "now"),
+    graphTooltip=1,
+    templating=Templating(
+        list=[
+            datasource_variable(),
+            query_variable(
+                "namespace",
+                "Namespace",
+                "label_values(gpuquota_namespace_gpus_allocated, namespace)",
+            ),
+        ]
+    ),
+    panels=grid.panels,
+).auto_panel_ids()

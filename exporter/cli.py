@@ -1,0 +1,283 @@
+"""``gpu-exporter``: the per-node agent's command line.
+
+Wires collect -> enrich -> render: NVML (NvmlApi) -> Collector (+ XidWatcher) -> enrichers ->
+Renderer -> ExporterServer. Every problem the exporter cannot run with (a bad flag, a bad web
+config, the port in use, no NVML library, no GPUs) ends it with one line on stderr naming the
+problem and a non-zero exit status: 2 for bad input, 1 for the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import re
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from exporter import metrics
+from exporter.collect import Collector
+from exporter.deviceplugin.nvmltopology import CachedTopology
+from exporter.health import service as health_service
+from exporter.http import ExporterServer
+from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
+from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
+from exporter.render import Renderer, RenderOptions
+from exporter.webconfig import WebConfig, WebConfigError
+from exporter.webconfig import load as load_web_config
+from exporter.xid import XidWatcher
+
+log = logging.getLogger("gpu-exporter")
+
+PROG = "gpu-exporter"
+MIN_INTERVAL_S = 0.1
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+NO_LIBRARY = (
+    "cannot load libnvidia-ml.so.1 (NVML): install the NVIDIA driver; on a GPU node in "
+    "Kubernetes, mount the driver into the container (NVIDIA container toolkit / GPU "
+    "operator); for the demo, `make demo` builds the NVML stand-in "
+    "(build/sim/libnvidia-ml.so.1) and runs against it"
+)
+
+
+class UsageError(Exception):
+    """Bad input on the command line or in a file it names (exit 2)."""
+
+
+class SetupError(Exception):
+    """The machine cannot run the exporter as asked (exit 1)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def parse_duration(text: str) -> float:
+    """'1s', '500ms', '2m', '1.5' (seconds) -> seconds."""
+    match = _DURATION.match(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 1s, 500ms, 2m)")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds < MIN_INTERVAL_S:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is below the minimum of 100ms")
+    return seconds
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """':9400', '0.0.0.0:9400', '[::]:9400', 'localhost:0' -> (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit() or int(port_text) > 65535:
+        raise argparse.ArgumentTypeError(
+            f"invalid listen address {text!r} (use [host]:port, e.g. :9400)"
+        )
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def parse_compat(text: str) -> frozenset[str]:
+    modes = frozenset(part.strip() for part in text.split(",") if part.strip())
+    unknown = sorted(modes - metrics.COMPAT_MODES)
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(
+            f"invalid compat mode {text!r} (choose from {', '.join(sorted(metrics.COMPAT_MODES))})"
+        )
+    return modes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog=PROG,
+        description="Per-node GPU exporter: NVML metrics for Prometheus, with pod attribution.",
+    )
+    parser.add_argument(
+        "--listen",
+        type=parse_listen,
+        default=("", 9400),
+        metavar="[HOST]:PORT",
+        help="address to serve /metrics on (default :9400)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=parse_duration,
+        default=1.0,
+        metavar="DURATION",
+        help="how often NVML is read, e.g. 1s, 500ms (default 1s)",
+    )
+    parser.add_argument(
+        "--compat",
+        type=parse_compat,
+        action="append",
+        default=[],
+        metavar="MODE",
+        help="also emit another exporter's metric names; 'dcgm' = dcgm-exporter's defaults",
+    )
+    parser.add_argument(
+        "--pod-labels",
+        action="store_true",
+        help="put namespace/pod/container on every per-GPU series (one series per holder)",
+    )
+    parser.add_argument(
+        "--web.config.file",
+        dest="web_config_file",
+        metavar="PATH",
+        help="exporter-toolkit web config (TLS, basic auth)",
+    )
+    parser.add_argument(
+        "--hostname",
+        default=None,
+        help="node name for the Hostname label of --compat dcgm (default: this host's name)",
+    )
+    health_service.add_arguments(parser)
+    parser.add_argument(
+        "--pod-resources-socket",
+        default=str(DEFAULT_SOCKET),
+        metavar="PATH",
+        help="kubelet pod-resources API socket for pod attribution; '' turns attribution off "
+        f"(default {DEFAULT_SOCKET})",
+    )
+    parser.add_argument(
+        "--pod-resources-interval",
+        type=parse_duration,
+        default=5.0,
+        metavar="DURATION",
+        help="how often the kubelet is asked which pods hold which GPUs (default 5s)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log verbosity (default info)",
+    )
+    return parser
+
+
+def _fail(message: str, status: int) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return run(args)
+    except UsageError as exc:
+        return _fail(str(exc), 2)
+    except SetupError as exc:
+        return _fail(str(exc), 1)
+
+
+def run(args: argparse.Namespace) -> int:
+    compat = frozenset().union(*args.compat) if args.compat else frozenset()
+    renderer = Renderer(RenderOptions(compat=compat, pod_labels=args.pod_labels))
+    web_config: WebConfig | None = None
+    if args.web_config_file:
+        try:
+            web_config = load_web_config(args.web_config_file)
+        except WebConfigError as exc:
+            raise UsageError(str(exc)) from None
+
+    api = NvmlApi()
+    start_nvml(api)
+    collector = Collector(
+        api, interval=args.interval, hostname=args.hostname or socket.gethostname()
+    )
+    xid = XidWatcher(api)
+    collector.xid = xid
+    pods: PodResourcesWatcher | None = None
+    if args.pod_resources_socket:
+        pods = PodResourcesWatcher(
+            Path(args.pod_resources_socket), interval=args.pod_resources_interval
+        )
+        collector.add_enricher(pods.enrich)
+    try:
+        health = health_service.HealthService.from_args(
+            args, topology=CachedTopology(api), hostname=collector.hostname
+        )
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
+    host, port = args.listen
+    try:
+        server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
+    except OSError as exc:
+        api.shutdown()
+        where = f"{host or '*'}:{port}"
+        if exc.errno == errno.EADDRINUSE:
+            raise SetupError(f"cannot listen on {where}: the port is already in use") from None
+        raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
+
+    health.attach(collector, xid, server)
+
+    stopping = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stopping.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    xid.start()
+    health.start()
+    if pods is not None:
+        pods.start()  # before the first collection, so it is attributed
+    collector.start()
+    server.start()
+    bound_host, bound_port = server.address
+    log.info(
+        "serving %s://%s:%d/metrics for %d GPU(s), collecting every %.3gs",
+        server.scheme,
+        bound_host or "*",
+        bound_port,
+        api.device_count(),
+        collector.interval,
+    )
+    try:
+        stopping.wait()
+    finally:
+        server.stop()
+        health.stop()
+        collector.stop()
+        if pods is not None:
+            pods.stop()
+        xid.stop()
+        api.shutdown()
+    return 0
+
+
+def start_nvml(api: NvmlApi) -> None:
+    """nvmlInit and check there is a GPU, turning failures into one clear message."""
+    try:
+        api.init()
+    except NvmlError as exc:
+        if exc.code == LIBRARY_NOT_FOUND:
+            raise SetupError(NO_LIBRARY) from None
+        if exc.code == DRIVER_NOT_LOADED:
+            raise SetupError(
+                "NVML is installed but the NVIDIA kernel driver is not loaded on this node"
+            ) from None
+        raise SetupError(f"NVML failed to initialise: {exc.message}") from None
+    try:
+        count = api.device_count()
+    except NvmlError as exc:
+        api.shutdown()
+        raise SetupError(f"NVML cannot count GPUs: {exc.message}") from None
+    if count == 0:
+        api.shutdown()
+        raise SetupError("NVML reports no GPUs on this node; nothing to export")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

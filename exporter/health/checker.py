@@ -1,0 +1,135 @@
+"""The health checker: feeds snapshots, XID events and time into the rules on its own thread.
+
+The collector's subscribe() callback and the XID watcher's listener only put the input on
+a queue, so neither the collection loop nor the NVML event thread ever waits on health work.
+The worker applies each input to the ``HealthTracker`` (exporter/health/rules.py), wakes up
+by itself when an event reason's quiet period runs out, and publishes every new
+``NodeHealth`` on the ``HealthBoard`` that the metrics, the HTTP endpoint and the device
+plugin read.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from exporter.health.board import HealthBoard
+from exporter.health.rules import HealthConfig, HealthTracker, NodeHealth
+from exporter.snapshot import NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+MAX_SLEEP_S = 1.0
+
+HealthListener = Callable[[NodeHealth, NodeHealth], None]  # (before, after)
+
+
+class XidLike(Protocol):
+    """What the checker reads from exporter.xid.XidEvent."""
+
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def xid(self) -> int: ...
+    @property
+    def at(self) -> float: ...
+    @property
+    def gpu_instance_id(self) -> int | None: ...
+    @property
+    def compute_instance_id(self) -> int | None: ...
+
+
+_STOP = object()
+
+
+class HealthChecker:
+    def __init__(
+        self,
+        config: HealthConfig | None = None,
+        board: HealthBoard | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.tracker = HealthTracker(config)
+        self.board = board or HealthBoard()
+        self._clock = clock
+        self._inputs: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._listeners: list[HealthListener] = []
+        self._thread: threading.Thread | None = None
+
+    # -- inputs: cheap, never block -------------------------------------------------------
+
+    def on_snapshot(self, snapshot: NodeSnapshot) -> None:
+        self._inputs.put(snapshot)
+
+    def on_xid(self, event: XidLike) -> None:
+        self._inputs.put(event)
+
+    def add_listener(self, listener: HealthListener) -> None:
+        """Called on the checker's thread after each change (keep it short, or hand off)."""
+        self._listeners.append(listener)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="health-checker", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._inputs.put(_STOP)
+            self._thread.join()
+            self._thread = None
+
+    def current(self) -> NodeHealth:
+        return self.board.current()
+
+    # -- worker -----------------------------------------------------------------------------
+
+    def _timeout(self) -> float:
+        expiry = self.tracker.next_expiry()
+        if expiry is None:
+            return MAX_SLEEP_S
+        return min(MAX_SLEEP_S, max(0.0, expiry - self._clock()))
+
+    def _run(self) -> None:
+        while True:
+            try:
+                item = self._inputs.get(timeout=self._timeout())
+            except queue.Empty:
+                item = None
+            if item is _STOP:
+                return
+            try:
+                self._apply(item)
+            except Exception:  # a bad input must not kill health checking
+                log.exception("health checker failed on %r", item)
+
+    def _apply(self, item: object) -> None:
+        before = self.tracker.health
+        now = self._clock()
+        if isinstance(item, NodeSnapshot):
+            after = self.tracker.observe_snapshot(item, now)
+        elif item is not None:
+            event: XidLike = item  # type: ignore[assignment]
+            if not event.uuid:  # the watcher could not tell which GPU: nothing to pin it on
+                log.warning(
+                    "XID %d on an unidentified GPU ignored by the health checker", event.xid
+                )
+                return
+            after = self.tracker.observe_xid(
+                event.uuid, event.xid, event.at, event.gpu_instance_id, event.compute_instance_id
+            )
+        else:
+            after = self.tracker.expire(now)
+        first = isinstance(item, NodeSnapshot) and not self.board.ready
+        if after.generation != before.generation or first:
+            self.board.publish(after)
+            for listener in self._listeners:
+                try:
+                    listener(before, after)
+                except Exception:
+                    log.exception("health listener %r failed", listener)

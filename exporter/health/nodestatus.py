@@ -1,0 +1,149 @@
+"""Optional (off by default): show unhealthy GPUs on the Node object itself.
+
+With ``--node-condition`` the node gets a condition ``GPUUnhealthy`` (status "True" while any
+GPU or MIG instance is unhealthy, "False" once all recovered, with the devices and reasons in
+the message); with ``--node-taint`` it gets the taint ``gpuquota.io/gpu-unhealthy=true:NoSchedule``
+while any device is unhealthy, removed on recovery. Both go through the official kubernetes
+client on a thread of their own, retried with backoff, so a slow or absent API server never
+delays health checking. Only the latest wanted state is applied (changes coalesce).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from exporter.health.rules import NodeHealth, State
+
+log = logging.getLogger(__name__)
+
+CONDITION_TYPE = "GPUUnhealthy"
+TAINT_KEY = "gpuquota.io/gpu-unhealthy"
+TAINT_EFFECT = "NoSchedule"
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    unhealthy: bool
+    reason: str  # CamelCase, as Kubernetes condition reasons are
+    message: str
+
+
+def wanted_status(health: NodeHealth) -> Wanted:
+    """Pure: the node-level verdict for one NodeHealth."""
+    sick = [d for d in health.devices if d.state is State.UNHEALTHY]
+    if not sick:
+        return Wanted(
+            False,
+            "AllGPUsHealthy",
+            f"all {len(health.devices)} GPU devices are healthy or degraded",
+        )
+    parts = []
+    for device in sick:
+        codes = ",".join(r.code for r in device.reasons if r.state is State.UNHEALTHY)
+        parts.append(f"{device.uuid} ({codes}; action {device.action.label})")
+    return Wanted(True, "GPUUnhealthy", f"{len(sick)} unhealthy: " + "; ".join(parts))
+
+
+def taints_with(existing: list[dict[str, Any]], unhealthy: bool) -> list[dict[str, Any]] | None:
+    """Pure: the node's taint list with ours added or removed; None when nothing changes."""
+    others = [t for t in existing if t.get("key") != TAINT_KEY]
+    ours = [t for t in existing if t.get("key") == TAINT_KEY]
+    if unhealthy:
+        if ours and all(t.get("effect") == TAINT_EFFECT for t in ours):
+            return None
+        return [*others, {"key": TAINT_KEY, "value": "true", "effect": TAINT_EFFECT}]
+    return others if ours else None
+
+
+class NodeStatusUpdater:
+    """A health listener that patches the Node through a kubernetes ``CoreV1Api``."""
+
+    def __init__(
+        self,
+        core_api: Any,
+        node_name: str,
+        taint: bool,
+        condition: bool,
+        max_backoff_s: float = 30.0,
+    ):
+        self.api = core_api
+        self.node_name = node_name
+        self.taint = taint
+        self.condition = condition
+        self.max_backoff_s = max_backoff_s
+        self._cond = threading.Condition()
+        self._wanted: Wanted | None = None
+        self._applied: Wanted | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="node-status", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __call__(self, before: NodeHealth, after: NodeHealth) -> None:
+        wanted = wanted_status(after)
+        with self._cond:
+            if wanted != self._wanted:
+                self._wanted = wanted
+                self._cond.notify_all()
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._wanted != self._applied)
+                if self._stopping:
+                    return
+                wanted = self._wanted
+            if wanted is None:
+                continue
+            try:
+                self.apply(wanted)
+            except Exception as exc:  # the API server is down or refuses: try again later
+                log.warning(
+                    "cannot update node %s (retrying in %.1fs): %s", self.node_name, backoff, exc
+                )
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, backoff)
+                backoff = min(self.max_backoff_s, backoff * 2)
+                continue
+            backoff = 0.5
+            with self._cond:
+                self._applied = wanted
+
+    def apply(self, wanted: Wanted) -> None:
+        if self.taint:
+            node = self.api.read_node(self.node_name)
+            existing = [
+                {
+                    k: v
+                    for k, v in (("key", t.key), ("value", t.value), ("effect", t.effect))
+                    if v is not None
+                }
+                for t in (node.spec.taints or [])
+            ]
+            taints = taints_with(existing, wanted.unhealthy)
+            if taints is not None:
+                self.api.patch_node(self.node_name, {"spec": {"taints": taints}})
+        if self.condition:
+            now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+            condition = {
+                "type": CONDITION_TYPE,
+                "status": "True" if wanted.unhealthy else "False",
+                "reason": wanted.reason,
+                "message": wanted.message,
+                "lastHeartbeatTime": now,
+                "lastTransitionTime": now,
+            }
+            self.api.patch_node_status(self.node_name, {"status": {"conditions": [condition]}})

@@ -1,0 +1,969 @@
+"""The one table of every metric the exporter emits.
+
+Each row names a metric, its Prometheus type and base unit, its help text, the labels it adds
+to the device labels, the NVML function its value comes from and how to read that value from
+a snapshot. The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
+are both generated from this table, so a metric exists exactly when it has a row here.
+
+Rows with ``compat="dcgm"`` reproduce dcgm-exporter's default counters (names, units, labels)
+and are emitted only with ``--compat dcgm``. A reader returns no sample when the snapshot
+field is ``None`` (NVML said NOT_SUPPORTED, or the read failed): the series is left out,
+never reported as 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from operator import attrgetter
+
+from exporter.health.rules import State
+from exporter.snapshot import CLOCK_EVENT_REASONS, DeviceSnapshot, DeviceState, NodeSnapshot
+
+PREFIX = "gpu_"
+SELF_PREFIX = "gpuquota_exporter_"
+
+# The extra label values of one series (in the row's ``labels`` order) and its value.
+Sample = tuple[tuple[str, ...], float]
+DeviceReader = Callable[[DeviceSnapshot, NodeSnapshot], Iterable[Sample]]
+NodeReader = Callable[[NodeSnapshot], Iterable[Sample]]
+
+
+class Scope(Enum):
+    """Which label set a row's series carry."""
+
+    DEVICE = "device"  # per GPU / MIG device; with --pod-labels one series per pod holding it
+    IDENTITY = "identity"  # per device, never multiplied by pods (info and join metrics)
+    NODE = "node"  # about the node or the exporter itself: no device labels
+
+
+# Labels every per-device series carries; MIG instances add MIG_LABELS.
+DEVICE_LABELS = ("gpu", "uuid")
+MIG_LABELS = ("gpu_instance_id", "mig_profile")
+POD_LABELS = ("namespace", "pod", "container")
+# dcgm-exporter's label set for its own rows (the MIG and pod labels only where they apply).
+DCGM_LABELS = (
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "DCGM_FI_DRIVER_VERSION",
+)
+DCGM_MIG_LABELS = ("GPU_I_PROFILE", "GPU_I_ID")
+
+
+NVLINK_ERROR_TYPES: tuple[tuple[str, str], ...] = (
+    ("replay", "replay_errors"),
+    ("recovery", "recovery_errors"),
+    ("crc_flit", "crc_flit_errors"),
+    ("crc_data", "crc_data_errors"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One row of the table."""
+
+    name: str  # exposed name; counters end in _total (dcgm compat rows keep dcgm's names)
+    type: str  # "gauge" or "counter"
+    unit: str  # base unit, for the docs ("" when dimensionless)
+    help: str
+    labels: tuple[str, ...]  # labels this row adds to its scope's labels
+    source: str  # NVML function (or other origin) the value comes from
+    accessor: str  # where the value lives in the snapshot
+    scope: Scope = Scope.DEVICE
+    read_device: DeviceReader | None = None
+    read_node: NodeReader | None = None
+    compat: str | None = None  # "dcgm": only emitted with --compat dcgm
+
+    def __post_init__(self) -> None:
+        if self.type not in ("gauge", "counter"):
+            raise ValueError(f"{self.name}: type must be gauge or counter, not {self.type}")
+        needs_node = self.scope is Scope.NODE
+        if needs_node != (self.read_node is not None) or needs_node == (
+            self.read_device is not None
+        ):
+            raise ValueError(f"{self.name}: give read_node for NODE rows, read_device otherwise")
+        if self.compat is None and self.type == "counter" and not self.name.endswith("_total"):
+            raise ValueError(f"{self.name}: counter names end in _total")
+
+
+def _scalar(attr: str, scale: float = 1.0) -> DeviceReader:
+    get = attrgetter(attr)
+
+    def read(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+        value = get(device)
+        if value is not None:
+            yield (), float(value) * scale
+
+    return read
+
+
+def device_row(
+    name: str,
+    type_: str,
+    unit: str,
+    help_: str,
+    source: str,
+    attr: str,
+    *,
+    scale: float = 1.0,
+    compat: str | None = None,
+) -> MetricSpec:
+    """A row with one series per device, read from one DeviceSnapshot field."""
+    shown = attr if scale == 1.0 else f"{attr} * {scale:g}"
+    return MetricSpec(
+        name=name,
+        type=type_,
+        unit=unit,
+        help=help_,
+        labels=(),
+        source=source,
+        accessor=f"DeviceSnapshot.{shown}",
+        read_device=_scalar(attr, scale),
+        compat=compat,
+    )
+
+
+def _label(value: object) -> str:
+    return "" if value is None else str(value)
+
+
+def _read_info(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    if device.mig is not None:
+        return
+    mig_mode = "" if device.mig_mode_enabled is None else str(device.mig_mode_enabled).lower()
+    yield (
+        (
+            _label(device.name),
+            _label(device.serial),
+            _label(device.pci_bus_id),
+            _label(device.vbios_version),
+            _label(node.driver_version),
+            _label(device.compute_capability),
+            mig_mode,
+        ),
+        1.0,
+    )
+
+
+def _read_mig_info(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    if device.mig is None:
+        return
+    mig = device.mig
+    yield (mig.parent_uuid, str(mig.compute_instance_id), mig.profile), 1.0
+
+
+def _read_state(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    for state in DeviceState:
+        yield (state.value,), 1.0 if device.state is state else 0.0
+
+
+def _read_pods(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    for ref in node.pods.get(device.uuid, ()):
+        yield (ref.namespace, ref.pod, ref.container), 1.0
+
+
+def _read_clock_events(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    mask = device.clock_event_reasons
+    if mask is None:
+        return
+    for reason, bit in CLOCK_EVENT_REASONS:
+        yield (reason,), 1.0 if mask & bit else 0.0
+
+
+def _pair(first: str, second: str, values: tuple[str, str]) -> DeviceReader:
+    """Two fields of one device as one metric with a label telling them apart."""
+    get_first, get_second = attrgetter(first), attrgetter(second)
+
+    def read(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+        for label, get in zip(values, (get_first, get_second), strict=True):
+            value = get(device)
+            if value is not None:
+                yield (label,), float(value)
+
+    return read
+
+
+def _read_nvlink(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    for counters in device.nvlinks:
+        link = str(counters.link)
+        for kind, attr in NVLINK_ERROR_TYPES:
+            value = getattr(counters, attr)
+            if value is not None:
+                yield (link, kind), float(value)
+
+
+def _read_health_state(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    verdict = node.health.get(device.uuid) if node.health is not None else None
+    if verdict is None:
+        return
+    for state in State:
+        yield (state.label,), 1.0 if verdict.state is state else 0.0
+
+
+def _read_health_reasons(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    verdict = node.health.get(device.uuid) if node.health is not None else None
+    if verdict is None:
+        return
+    for reason in verdict.reasons:
+        yield (reason.code, reason.action.label), 1.0
+
+
+def _read_health_since(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    verdict = node.health.get(device.uuid) if node.health is not None else None
+    if verdict is not None:
+        yield (), verdict.since
+
+
+def _read_processes(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    for proc in device.processes:
+        if proc.used_memory_bytes is not None:
+            yield (str(proc.pid), proc.kind), float(proc.used_memory_bytes)
+
+
+def _read_xids(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    for xid, count in sorted(node.xid_counts.get(device.uuid, {}).items()):
+        yield (str(xid),), float(count)
+
+
+def _read_last_xid(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    # dcgm-exporter reports 0 until the first XID on a GPU; MIG instances have none.
+    if device.mig is None and device.state is not DeviceState.ERROR:
+        yield (), float(node.xid_last.get(device.uuid, 0))
+
+
+def _node_value(get: Callable[[NodeSnapshot], float | None]) -> NodeReader:
+    def read(node: NodeSnapshot) -> Iterator[Sample]:
+        value = get(node)
+        if value is not None:
+            yield (), float(value)
+
+    return read
+
+
+def _read_nvml_errors(node: NodeSnapshot) -> Iterator[Sample]:
+    for function, count in sorted(node.nvml_errors_total.items()):
+        yield (function,), float(count)
+
+
+def _read_device_counts(node: NodeSnapshot) -> Iterator[Sample]:
+    migs = sum(1 for d in node.devices if d.mig is not None)
+    yield ("gpu",), float(len(node.devices) - migs)
+    yield ("mig",), float(migs)
+
+
+def _read_driver(node: NodeSnapshot) -> Iterator[Sample]:
+    cuda = node.cuda_driver_version
+    cuda_text = "" if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"
+    yield (_label(node.driver_version), _label(node.nvml_version), cuda_text), 1.0
+
+
+def _lost(node: NodeSnapshot) -> float:
+    return float(sum(1 for d in node.devices if d.state is DeviceState.LOST))
+
+
+P = PREFIX
+S = SELF_PREFIX
+MIB = 1.0 / (1024 * 1024)
+
+METRICS: list[MetricSpec] = [
+    # --- identity -------------------------------------------------------------------------
+    MetricSpec(
+        name=f"{P}info",
+        type="gauge",
+        unit="",
+        help="Identity of each physical GPU; always 1. Join on uuid for model, PCI bus id, "
+        "driver and VBIOS version, compute capability and MIG mode.",
+        labels=(
+            "model",
+            "serial",
+            "pci_bus_id",
+            "vbios_version",
+            "driver_version",
+            "compute_capability",
+            "mig_mode",
+        ),
+        source="nvmlDeviceGetName, nvmlDeviceGetSerial, nvmlDeviceGetPciInfo_v3, "
+        "nvmlDeviceGetVbiosVersion, nvmlSystemGetDriverVersion, "
+        "nvmlDeviceGetCudaComputeCapability, nvmlDeviceGetMigMode",
+        accessor="DeviceSnapshot.name/serial/pci_bus_id/vbios_version/compute_capability/"
+        "mig_mode_enabled, NodeSnapshot.driver_version",
+        scope=Scope.IDENTITY,
+        read_device=_read_info,
+    ),
+    MetricSpec(
+        name=f"{P}mig_info",
+        type="gauge",
+        unit="",
+        help="Identity of each MIG instance; always 1. uuid is the MIG device's own UUID.",
+        labels=("parent_uuid", "compute_instance_id", "profile"),
+        source="nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId, "
+        "nvmlDeviceGetComputeInstanceId, nvmlDeviceGetAttributes_v2",
+        accessor="DeviceSnapshot.mig",
+        scope=Scope.IDENTITY,
+        read_device=_read_mig_info,
+    ),
+    MetricSpec(
+        name=f"{P}device_state",
+        type="gauge",
+        unit="",
+        help="1 for the device's state in the last collection (ok, lost: "
+        "NVML_ERROR_GPU_IS_LOST, reset_required, error), 0 for the others.",
+        labels=("state",),
+        source="NVML return codes",
+        accessor="DeviceSnapshot.state",
+        scope=Scope.IDENTITY,
+        read_device=_read_state,
+    ),
+    MetricSpec(
+        name=f"{P}pod_info",
+        type="gauge",
+        unit="",
+        help="1 for each pod container holding the device (kubelet pod-resources API); "
+        "several on time-sliced GPUs. Join on uuid to attribute any gpu_* series.",
+        labels=POD_LABELS,
+        source="kubelet pod-resources v1 List",
+        accessor="NodeSnapshot.pods[uuid]",
+        scope=Scope.IDENTITY,
+        read_device=_read_pods,
+    ),
+    # --- utilisation ----------------------------------------------------------------------
+    device_row(
+        f"{P}utilization_ratio",
+        "gauge",
+        "ratio",
+        "Fraction of the last sample period in which a kernel ran on the GPU (0-1).",
+        "nvmlDeviceGetUtilizationRates",
+        "gpu_utilization_ratio",
+    ),
+    device_row(
+        f"{P}memory_utilization_ratio",
+        "gauge",
+        "ratio",
+        "Fraction of the last sample period in which device memory was read or written (0-1).",
+        "nvmlDeviceGetUtilizationRates",
+        "memory_utilization_ratio",
+    ),
+    device_row(
+        f"{P}encoder_utilization_ratio",
+        "gauge",
+        "ratio",
+        "Video encoder utilisation (0-1).",
+        "nvmlDeviceGetEncoderUtilization",
+        "encoder_utilization_ratio",
+    ),
+    device_row(
+        f"{P}decoder_utilization_ratio",
+        "gauge",
+        "ratio",
+        "Video decoder utilisation (0-1).",
+        "nvmlDeviceGetDecoderUtilization",
+        "decoder_utilization_ratio",
+    ),
+    # --- framebuffer memory ---------------------------------------------------------------
+    device_row(
+        f"{P}memory_total_bytes",
+        "gauge",
+        "bytes",
+        "Framebuffer memory installed (for MIG: the instance's share).",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "memory_total_bytes",
+    ),
+    device_row(
+        f"{P}memory_used_bytes",
+        "gauge",
+        "bytes",
+        "Framebuffer memory allocated.",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "memory_used_bytes",
+    ),
+    device_row(
+        f"{P}memory_free_bytes",
+        "gauge",
+        "bytes",
+        "Framebuffer memory free.",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "memory_free_bytes",
+    ),
+    device_row(
+        f"{P}memory_reserved_bytes",
+        "gauge",
+        "bytes",
+        "Framebuffer memory reserved by the driver and firmware.",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "memory_reserved_bytes",
+    ),
+    # --- thermals and power ---------------------------------------------------------------
+    device_row(
+        f"{P}temperature_celsius",
+        "gauge",
+        "celsius",
+        "GPU die temperature.",
+        "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
+        "gpu_temperature_celsius",
+    ),
+    device_row(
+        f"{P}memory_temperature_celsius",
+        "gauge",
+        "celsius",
+        "HBM memory temperature.",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)",
+        "memory_temperature_celsius",
+    ),
+    device_row(
+        f"{P}power_watts",
+        "gauge",
+        "watts",
+        "Power draw of the board.",
+        "nvmlDeviceGetPowerUsage",
+        "power_watts",
+    ),
+    device_row(
+        f"{P}power_limit_watts",
+        "gauge",
+        "watts",
+        "Enforced power limit.",
+        "nvmlDeviceGetEnforcedPowerLimit",
+        "power_limit_watts",
+    ),
+    device_row(
+        f"{P}energy_joules_total",
+        "counter",
+        "joules",
+        "Energy consumed since the driver was loaded.",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "energy_joules",
+    ),
+    device_row(
+        f"{P}fan_speed_ratio",
+        "gauge",
+        "ratio",
+        "Fan speed as a fraction of its maximum (0-1); absent on passively cooled boards.",
+        "nvmlDeviceGetFanSpeed",
+        "fan_speed_ratio",
+    ),
+    # --- clocks and performance -----------------------------------------------------------
+    device_row(
+        f"{P}sm_clock_hertz",
+        "gauge",
+        "hertz",
+        "Current SM clock.",
+        "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+        "sm_clock_hertz",
+    ),
+    device_row(
+        f"{P}memory_clock_hertz",
+        "gauge",
+        "hertz",
+        "Current memory clock.",
+        "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)",
+        "memory_clock_hertz",
+    ),
+    device_row(
+        f"{P}performance_state",
+        "gauge",
+        "",
+        "Performance state: 0 (P0, maximum performance) to 15 (P15, minimum).",
+        "nvmlDeviceGetPerformanceState",
+        "performance_state",
+    ),
+    MetricSpec(
+        name=f"{P}clock_event_reason",
+        type="gauge",
+        unit="",
+        help="1 while the reason is holding clocks down (throttling), 0 otherwise; one series "
+        "per NVML clock event reason.",
+        labels=("reason",),
+        source="nvmlDeviceGetCurrentClocksEventReasons",
+        accessor="DeviceSnapshot.clock_event_reasons (bitmask)",
+        read_device=_read_clock_events,
+    ),
+    # --- PCIe -----------------------------------------------------------------------------
+    device_row(
+        f"{P}pcie_tx_bytes_per_second",
+        "gauge",
+        "bytes/second",
+        "PCIe transmit throughput over NVML's last 20 ms sample.",
+        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)",
+        "pcie_tx_bytes_per_second",
+    ),
+    device_row(
+        f"{P}pcie_rx_bytes_per_second",
+        "gauge",
+        "bytes/second",
+        "PCIe receive throughput over NVML's last 20 ms sample.",
+        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)",
+        "pcie_rx_bytes_per_second",
+    ),
+    device_row(
+        f"{P}pcie_replays_total",
+        "counter",
+        "",
+        "PCIe replay (retransmission) events.",
+        "nvmlDeviceGetPcieReplayCounter",
+        "pcie_replay_total",
+    ),
+    # --- memory errors --------------------------------------------------------------------
+    device_row(
+        f"{P}ecc_mode_enabled",
+        "gauge",
+        "",
+        "1 when ECC is enabled; absent on boards without ECC.",
+        "nvmlDeviceGetEccMode",
+        "ecc_mode_enabled",
+    ),
+    MetricSpec(
+        name=f"{P}ecc_volatile_errors_total",
+        type="counter",
+        unit="",
+        help="ECC errors since the driver was loaded, by type (corrected, uncorrected).",
+        labels=("type",),
+        source="nvmlDeviceGetTotalEccErrors(NVML_VOLATILE_ECC)",
+        accessor="DeviceSnapshot.ecc_corrected_volatile / ecc_uncorrected_volatile",
+        read_device=_pair(
+            "ecc_corrected_volatile", "ecc_uncorrected_volatile", ("corrected", "uncorrected")
+        ),
+    ),
+    MetricSpec(
+        name=f"{P}ecc_aggregate_errors_total",
+        type="counter",
+        unit="",
+        help="ECC errors over the board's lifetime (persisted in the InfoROM), by type.",
+        labels=("type",),
+        source="nvmlDeviceGetTotalEccErrors(NVML_AGGREGATE_ECC)",
+        accessor="DeviceSnapshot.ecc_corrected_aggregate / ecc_uncorrected_aggregate",
+        read_device=_pair(
+            "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", ("corrected", "uncorrected")
+        ),
+    ),
+    MetricSpec(
+        name=f"{P}remapped_rows_total",
+        type="counter",
+        unit="",
+        help="Memory rows remapped, by the kind of error that caused it.",
+        labels=("cause",),
+        source="nvmlDeviceGetRemappedRows",
+        accessor="DeviceSnapshot.remapped_rows_correctable / remapped_rows_uncorrectable",
+        read_device=_pair(
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            ("correctable", "uncorrectable"),
+        ),
+    ),
+    device_row(
+        f"{P}row_remap_pending",
+        "gauge",
+        "",
+        "1 when a row remap is pending (takes effect at the next GPU reset).",
+        "nvmlDeviceGetRemappedRows",
+        "remap_pending",
+    ),
+    device_row(
+        f"{P}row_remap_failure",
+        "gauge",
+        "",
+        "1 when a row remap failed (no spare rows left): the GPU needs servicing.",
+        "nvmlDeviceGetRemappedRows",
+        "remap_failure",
+    ),
+    MetricSpec(
+        name=f"{P}retired_pages_total",
+        type="counter",
+        unit="",
+        help="Memory pages retired (pre-Ampere page retirement), by cause.",
+        labels=("cause",),
+        source="nvmlDeviceGetRetiredPages",
+        accessor="DeviceSnapshot.retired_pages_single_bit / retired_pages_double_bit",
+        read_device=_pair(
+            "retired_pages_single_bit",
+            "retired_pages_double_bit",
+            ("single_bit_ecc", "double_bit_ecc"),
+        ),
+    ),
+    device_row(
+        f"{P}retired_pages_pending",
+        "gauge",
+        "",
+        "1 when pages are waiting to be retired at the next reboot.",
+        "nvmlDeviceGetRetiredPagesPendingStatus",
+        "retired_pages_pending",
+    ),
+    # --- interconnect and driver events ---------------------------------------------------
+    MetricSpec(
+        name=f"{P}nvlink_errors_total",
+        type="counter",
+        unit="",
+        help="NVLink errors per link, by type (replay, recovery, crc_flit, crc_data).",
+        labels=("link", "type"),
+        source="nvmlDeviceGetNvLinkErrorCounter (re-read when the per-GPU totals from "
+        "nvmlDeviceGetFieldValues change)",
+        accessor="DeviceSnapshot.nvlinks",
+        read_device=_read_nvlink,
+    ),
+    MetricSpec(
+        name=f"{P}xid_errors_total",
+        type="counter",
+        unit="",
+        help="XID events reported by the driver since the exporter started, per XID code.",
+        labels=("xid",),
+        source="nvmlEventSetWait_v2 (nvmlEventTypeXidCriticalError)",
+        accessor="NodeSnapshot.xid_counts[uuid]",
+        read_device=_read_xids,
+    ),
+    # --- health (exporter/health/, docs/health.md) ----------------------------------------
+    MetricSpec(
+        name=f"{P}health_state",
+        type="gauge",
+        unit="",
+        help="1 for the device's health verdict (healthy, degraded, unhealthy; docs/health.md), "
+        "0 for the others. Unhealthy devices are withdrawn from the kubelet device plugin.",
+        labels=("state",),
+        source="health checker: XID events and NVML conditions (exporter/health/rules.py)",
+        accessor="NodeSnapshot.health[uuid].state",
+        scope=Scope.IDENTITY,
+        read_device=_read_health_state,
+    ),
+    MetricSpec(
+        name=f"{P}health_reason",
+        type="gauge",
+        unit="",
+        help="1 for each active reason behind the device's health verdict (xid_79, gpu_lost, "
+        "row_remap_pending, ...), with the recommended action (none, restart_app, reset_gpu, "
+        "reboot_node).",
+        labels=("reason", "action"),
+        source="health checker: XID events and NVML conditions (exporter/health/rules.py)",
+        accessor="NodeSnapshot.health[uuid].reasons",
+        scope=Scope.IDENTITY,
+        read_device=_read_health_reasons,
+    ),
+    MetricSpec(
+        name=f"{P}health_since_timestamp_seconds",
+        type="gauge",
+        unit="seconds",
+        help="Unix time at which the device entered its current health state.",
+        labels=(),
+        source="health checker",
+        accessor="NodeSnapshot.health[uuid].since",
+        scope=Scope.IDENTITY,
+        read_device=_read_health_since,
+    ),
+    # --- processes ------------------------------------------------------------------------
+    MetricSpec(
+        name=f"{P}process_memory_used_bytes",
+        type="gauge",
+        unit="bytes",
+        help="Framebuffer memory used by each process running on the device.",
+        labels=("pid", "kind"),
+        source="nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3",
+        accessor="DeviceSnapshot.processes",
+        read_device=_read_processes,
+    ),
+    # --- the node and the exporter itself -------------------------------------------------
+    MetricSpec(
+        name=f"{P}driver_info",
+        type="gauge",
+        unit="",
+        help="NVIDIA driver, NVML and CUDA driver API versions on this node; always 1.",
+        labels=("driver_version", "nvml_version", "cuda_driver_version"),
+        source="nvmlSystemGetDriverVersion, nvmlSystemGetNVMLVersion, "
+        "nvmlSystemGetCudaDriverVersion",
+        accessor="NodeSnapshot.driver_version / nvml_version / cuda_driver_version",
+        scope=Scope.NODE,
+        read_node=_read_driver,
+    ),
+    MetricSpec(
+        name=f"{S}nvml_up",
+        type="gauge",
+        unit="",
+        help="1 when NVML answered in the last collection, 0 when it could not be read at all.",
+        labels=(),
+        source="nvmlDeviceGetCount",
+        accessor="NodeSnapshot.ok",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: float(n.ok)),
+    ),
+    MetricSpec(
+        name=f"{S}collection_duration_seconds",
+        type="gauge",
+        unit="seconds",
+        help="How long the last NVML collection took.",
+        labels=(),
+        source="exporter",
+        accessor="NodeSnapshot.collection_seconds",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: n.collection_seconds),
+    ),
+    MetricSpec(
+        name=f"{S}collections_total",
+        type="counter",
+        unit="",
+        help="NVML collections since the exporter started.",
+        labels=(),
+        source="exporter",
+        accessor="NodeSnapshot.collections_total",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: n.collections_total),
+    ),
+    MetricSpec(
+        name=f"{S}last_success_timestamp_seconds",
+        type="gauge",
+        unit="seconds",
+        help="Unix time of the last collection in which NVML answered.",
+        labels=(),
+        source="exporter",
+        accessor="NodeSnapshot.last_success_at",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: n.last_success_at),
+    ),
+    MetricSpec(
+        name=f"{S}nvml_errors_total",
+        type="counter",
+        unit="",
+        help="NVML calls that failed (NOT_SUPPORTED excluded), by NVML function.",
+        labels=("function",),
+        source="exporter",
+        accessor="NodeSnapshot.nvml_errors_total",
+        scope=Scope.NODE,
+        read_node=_read_nvml_errors,
+    ),
+    MetricSpec(
+        name=f"{S}devices",
+        type="gauge",
+        unit="",
+        help="Devices in the last collection, by kind (gpu, mig).",
+        labels=("kind",),
+        source="exporter",
+        accessor="NodeSnapshot.devices",
+        scope=Scope.NODE,
+        read_node=_read_device_counts,
+    ),
+    MetricSpec(
+        name=f"{S}devices_lost",
+        type="gauge",
+        unit="",
+        help="Devices NVML reported as lost (NVML_ERROR_GPU_IS_LOST) in the last collection.",
+        labels=(),
+        source="exporter",
+        accessor="NodeSnapshot.devices[].state",
+        scope=Scope.NODE,
+        read_node=_node_value(_lost),
+    ),
+    # --- dcgm-exporter default counters (--compat dcgm) -----------------------------------
+    device_row(
+        "DCGM_FI_DEV_SM_CLOCK",
+        "gauge",
+        "MHz",
+        "SM clock frequency (in MHz).",
+        "nvmlDeviceGetClockInfo(NVML_CLOCK_SM)",
+        "sm_clock_hertz",
+        scale=1e-6,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_MEM_CLOCK",
+        "gauge",
+        "MHz",
+        "Memory clock frequency (in MHz).",
+        "nvmlDeviceGetClockInfo(NVML_CLOCK_MEM)",
+        "memory_clock_hertz",
+        scale=1e-6,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_MEMORY_TEMP",
+        "gauge",
+        "celsius",
+        "Memory temperature (in C).",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_MEMORY_TEMP)",
+        "memory_temperature_celsius",
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_GPU_TEMP",
+        "gauge",
+        "celsius",
+        "GPU temperature (in C).",
+        "nvmlDeviceGetTemperature(NVML_TEMPERATURE_GPU)",
+        "gpu_temperature_celsius",
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_POWER_USAGE",
+        "gauge",
+        "watts",
+        "Power draw (in W).",
+        "nvmlDeviceGetPowerUsage",
+        "power_watts",
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "counter",
+        "millijoules",
+        "Total energy consumption since boot (in mJ).",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "energy_joules",
+        scale=1000.0,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+        "counter",
+        "KB/second",
+        "Total number of bytes transmitted through PCIe TX (in KB) via NVML.",
+        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)",
+        "pcie_tx_bytes_per_second",
+        scale=1.0 / 1024,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "counter",
+        "KB/second",
+        "Total number of bytes received through PCIe RX (in KB) via NVML.",
+        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)",
+        "pcie_rx_bytes_per_second",
+        scale=1.0 / 1024,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "counter",
+        "",
+        "Total number of PCIe retries.",
+        "nvmlDeviceGetPcieReplayCounter",
+        "pcie_replay_total",
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "gauge",
+        "percent",
+        "GPU utilization (in %).",
+        "nvmlDeviceGetUtilizationRates",
+        "gpu_utilization_ratio",
+        scale=100.0,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "gauge",
+        "percent",
+        "Memory utilization (in %).",
+        "nvmlDeviceGetUtilizationRates",
+        "memory_utilization_ratio",
+        scale=100.0,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_ENC_UTIL",
+        "gauge",
+        "percent",
+        "Encoder utilization (in %).",
+        "nvmlDeviceGetEncoderUtilization",
+        "encoder_utilization_ratio",
+        scale=100.0,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_DEC_UTIL",
+        "gauge",
+        "percent",
+        "Decoder utilization (in %).",
+        "nvmlDeviceGetDecoderUtilization",
+        "decoder_utilization_ratio",
+        scale=100.0,
+        compat="dcgm",
+    ),
+    MetricSpec(
+        name="DCGM_FI_DEV_XID_ERRORS",
+        type="gauge",
+        unit="",
+        help="Value of the last XID error encountered.",
+        labels=(),
+        source="nvmlEventSetWait_v2 (nvmlEventTypeXidCriticalError)",
+        accessor="NodeSnapshot.xid_last[uuid]",
+        read_device=_read_last_xid,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_FB_FREE",
+        "gauge",
+        "MiB",
+        "Framebuffer memory free (in MiB).",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "memory_free_bytes",
+        scale=MIB,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_FB_USED",
+        "gauge",
+        "MiB",
+        "Framebuffer memory used (in MiB).",
+        "nvmlDeviceGetMemoryInfo_v2",
+        "memory_used_bytes",
+        scale=MIB,
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "",
+        "Number of remapped rows for uncorrectable errors",
+        "nvmlDeviceGetRemappedRows",
+        "remapped_rows_uncorrectable",
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "counter",
+        "",
+        "Number of remapped rows for correctable errors",
+        "nvmlDeviceGetRemappedRows",
+        "remapped_rows_correctable",
+        compat="dcgm",
+    ),
+    device_row(
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        "gauge",
+        "",
+        "Whether remapping of rows has failed",
+        "nvmlDeviceGetRemappedRows",
+        "remap_failure",
+        compat="dcgm",
+    ),
+]
+
+COMPAT_MODES = frozenset(spec.compat for spec in METRICS if spec.compat is not None)
+
+# dcgm-exporter default counters with no NVML source; documented, never emitted.
+DCGM_NOT_EMITTED: tuple[tuple[str, str], ...] = (
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "NVLink throughput counters are DCGM-only; per-link errors are in gpu_nvlink_errors_total",
+    ),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU guests only"),
+    ("DCGM_FI_PROF_*", "DCGM profiling (DCP) fields need the DCGM host engine, not NVML"),
+)
+
+
+def rows(compat: frozenset[str] = frozenset()) -> list[MetricSpec]:
+    """The rows emitted with the given compat modes, in table order."""
+    return [spec for spec in METRICS if spec.compat is None or spec.compat in compat]
+
+
+def check_table(table: Iterable[MetricSpec] = METRICS) -> None:
+    """Raise ValueError when two rows share a name (the table must stay one-per-metric)."""
+    seen: set[str] = set()
+    for spec in table:
+        if spec.name in seen:
+            raise ValueError(f"metric {spec.name} is defined twice")
+        seen.add(spec.name)
+
+
+check_table()

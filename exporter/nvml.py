@@ -1,0 +1,410 @@
+"""The only module that calls NVML (through nvidia-ml-py's pynvml).
+
+Every call goes through ``NvmlApi._call``, which turns pynvml's exceptions into one shape:
+NOT_SUPPORTED (and FUNCTION_NOT_FOUND: a driver too old for the function) becomes ``None``,
+any other failure raises ``NvmlError(function, code, message)``. Values come back in NVML's
+own units; converting them to base units is the collector's job.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pynvml
+
+Handle = Any  # pynvml's c_nvmlDevice_t (an opaque pointer)
+EventSet = Any
+
+SUCCESS = pynvml.NVML_SUCCESS
+NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
+NOT_FOUND = pynvml.NVML_ERROR_NOT_FOUND
+TIMEOUT = pynvml.NVML_ERROR_TIMEOUT
+LIBRARY_NOT_FOUND = pynvml.NVML_ERROR_LIBRARY_NOT_FOUND
+FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
+GPU_IS_LOST = pynvml.NVML_ERROR_GPU_IS_LOST
+RESET_REQUIRED = pynvml.NVML_ERROR_RESET_REQUIRED
+DRIVER_NOT_LOADED = pynvml.NVML_ERROR_DRIVER_NOT_LOADED
+
+_UNSUPPORTED = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
+NVLINK_MAX_LINKS = int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))
+XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
+FI_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
+# Per-GPU totals over all links, in NvLinkCounters field order (replay, recovery, flit, data).
+FI_NVLINK_TOTALS = (
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+)
+_NO_INSTANCE = 0xFFFFFFFF  # eventData gpuInstanceId/computeInstanceId when not MIG
+
+
+class NvmlError(Exception):
+    """An NVML call failed with something other than NOT_SUPPORTED."""
+
+    def __init__(self, function: str, code: int, message: str) -> None:
+        super().__init__(f"{function}: {message} (NVML code {code})")
+        self.function = function
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    total: int
+    used: int
+    free: int
+    reserved: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    handle_key: int
+    event_type: int
+    data: int  # the XID code for XID events
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def handle_key(handle: Handle) -> int:
+    """A hashable identity for a device handle (handles compare by address)."""
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+class NvmlApi:
+    """Thin typed wrapper over pynvml; one instance per process."""
+
+    def __init__(self) -> None:
+        self._functions: dict[str, Callable[..., Any]] = {}
+
+    def _call(self, function: str, *args: Any) -> Any:
+        fn = self._functions.get(function)
+        if fn is None:
+            fn = self._functions[function] = getattr(pynvml, function)
+        try:
+            return fn(*args)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in _UNSUPPORTED:
+                return None
+            raise NvmlError(function, code, _message(exc)) from None
+
+    def _int(self, function: str, *args: Any) -> int | None:
+        return _optional_int(self._call(function, *args))
+
+    # --- library -----------------------------------------------------------------------------
+    def init(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            raise NvmlError("nvmlInit", code, _message(exc)) from None
+
+    def shutdown(self) -> None:
+        self._call("nvmlShutdown")
+
+    def driver_version(self) -> str | None:
+        value = self._call("nvmlSystemGetDriverVersion")
+        return None if value is None else _text(value)
+
+    def nvml_version(self) -> str | None:
+        value = self._call("nvmlSystemGetNVMLVersion")
+        return None if value is None else _text(value)
+
+    def cuda_driver_version(self) -> int | None:
+        value = self._call("nvmlSystemGetCudaDriverVersion")
+        return None if value is None else int(value)
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount") or 0)
+
+    def handle(self, index: int) -> Handle:
+        return self._call("nvmlDeviceGetHandleByIndex", index)
+
+    # --- identity ----------------------------------------------------------------------------
+    def uuid(self, handle: Handle) -> str | None:
+        value = self._call("nvmlDeviceGetUUID", handle)
+        return None if value is None else _text(value)
+
+    def name(self, handle: Handle) -> str | None:
+        value = self._call("nvmlDeviceGetName", handle)
+        return None if value is None else _text(value)
+
+    def serial(self, handle: Handle) -> str | None:
+        value = self._call("nvmlDeviceGetSerial", handle)
+        return None if value is None else _text(value)
+
+    def vbios_version(self, handle: Handle) -> str | None:
+        value = self._call("nvmlDeviceGetVbiosVersion", handle)
+        return None if value is None else _text(value)
+
+    def pci_bus_id(self, handle: Handle) -> str | None:
+        info = self._call("nvmlDeviceGetPciInfo", handle)
+        return None if info is None else _text(info.busId)
+
+    def minor_number(self, handle: Handle) -> int | None:
+        value = self._call("nvmlDeviceGetMinorNumber", handle)
+        return None if value is None else int(value)
+
+    def compute_capability(self, handle: Handle) -> str | None:
+        value = self._call("nvmlDeviceGetCudaComputeCapability", handle)
+        return None if value is None else f"{value[0]}.{value[1]}"
+
+    def mig_mode(self, handle: Handle) -> bool | None:
+        value = self._call("nvmlDeviceGetMigMode", handle)
+        return None if value is None else bool(value[0])
+
+    # --- readings ----------------------------------------------------------------------------
+    def utilization(self, handle: Handle) -> tuple[int, int] | None:
+        """(gpu %, memory controller %)."""
+        value = self._call("nvmlDeviceGetUtilizationRates", handle)
+        return None if value is None else (int(value.gpu), int(value.memory))
+
+    def encoder_utilization(self, handle: Handle) -> int | None:
+        value = self._call("nvmlDeviceGetEncoderUtilization", handle)
+        return None if value is None else int(value[0])
+
+    def decoder_utilization(self, handle: Handle) -> int | None:
+        value = self._call("nvmlDeviceGetDecoderUtilization", handle)
+        return None if value is None else int(value[0])
+
+    def memory(self, handle: Handle) -> MemoryInfo | None:
+        try:
+            value = self._call_memory_v2(handle)
+        except NvmlError as exc:
+            if exc.code not in (pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,):
+                raise
+            value = None
+        if value is not None:
+            return MemoryInfo(
+                int(value.total), int(value.used), int(value.free), int(value.reserved)
+            )
+        v1 = self._call("nvmlDeviceGetMemoryInfo", handle)
+        if v1 is None:
+            return None
+        return MemoryInfo(int(v1.total), int(v1.used), int(v1.free), None)
+
+    def _call_memory_v2(self, handle: Handle) -> Any:
+        try:
+            return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in _UNSUPPORTED:
+                return None
+            raise NvmlError("nvmlDeviceGetMemoryInfo_v2", code, _message(exc)) from None
+
+    def temperature(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetTemperature", handle, pynvml.NVML_TEMPERATURE_GPU)
+
+    def field_values(self, handle: Handle, field_ids: tuple[int, ...]) -> list[float | None]:
+        """Several readings in one call (nvmlDeviceGetFieldValues), in ``field_ids`` order.
+
+        A field the device does not support reads as None; any other per-field failure
+        fails the whole batch with that field's code.
+        """
+        values = self._call("nvmlDeviceGetFieldValues", handle, list(field_ids))
+        if values is None:
+            return [None] * len(field_ids)
+        out: list[float | None] = []
+        for field in values:
+            code = int(field.nvmlReturn)
+            if code in _UNSUPPORTED:
+                out.append(None)
+            elif code != SUCCESS:
+                raise NvmlError("nvmlDeviceGetFieldValues", code, _error_string(code))
+            else:
+                out.append(_field_value(field))
+        return out
+
+    def power_usage_mw(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetPowerUsage", handle)
+
+    def power_limit_mw(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetEnforcedPowerLimit", handle)
+
+    def energy_mj(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetTotalEnergyConsumption", handle)
+
+    def clock_mhz(self, handle: Handle, clock: int) -> int | None:
+        return self._int("nvmlDeviceGetClockInfo", handle, clock)
+
+    def pcie_throughput_kbps(self, handle: Handle, counter: int) -> int | None:
+        return self._int("nvmlDeviceGetPcieThroughput", handle, counter)
+
+    def pcie_replay_counter(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetPcieReplayCounter", handle)
+
+    def fan_speed_percent(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetFanSpeed", handle)
+
+    def performance_state(self, handle: Handle) -> int | None:
+        value = self._call("nvmlDeviceGetPerformanceState", handle)
+        # NVML_PSTATE_UNKNOWN (32) means the driver does not know: leave the series out.
+        return None if value is None or int(value) > 15 else int(value)
+
+    def clock_event_reasons(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+    def ecc_mode(self, handle: Handle) -> bool | None:
+        value = self._call("nvmlDeviceGetEccMode", handle)
+        return None if value is None else bool(value[0])
+
+    def ecc_errors(self, handle: Handle, error_type: int, counter_type: int) -> int | None:
+        return self._int("nvmlDeviceGetTotalEccErrors", handle, error_type, counter_type)
+
+    def remapped_rows(self, handle: Handle) -> tuple[int, int, bool, bool] | None:
+        value = self._call("nvmlDeviceGetRemappedRows", handle)
+        if value is None:
+            return None
+        corr, unc, pending, failure = value
+        return int(corr), int(unc), bool(pending), bool(failure)
+
+    def retired_pages(self, handle: Handle, cause: int) -> int | None:
+        value = self._call("nvmlDeviceGetRetiredPages", handle, cause)
+        return None if value is None else len(value)
+
+    def retired_pages_pending(self, handle: Handle) -> bool | None:
+        value = self._call("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+        return None if value is None else bool(value)
+
+    def nvlink_active(self, handle: Handle, link: int) -> bool | None:
+        """None when the device has no NVLink (or not this many links)."""
+        try:
+            value = self._call("nvmlDeviceGetNvLinkState", handle, link)
+        except NvmlError as exc:
+            if exc.code in (pynvml.NVML_ERROR_INVALID_ARGUMENT, NOT_FOUND):
+                return None
+            raise
+        return None if value is None else bool(value)
+
+    def nvlink_error(self, handle: Handle, link: int, counter: int) -> int | None:
+        return self._int("nvmlDeviceGetNvLinkErrorCounter", handle, link, counter)
+
+    # --- topology (the device plugin's GetPreferredAllocation) ---------------------------
+    def nvlink_remote_bus_id(self, handle: Handle, link: int) -> str | None:
+        """PCI bus ID of the device at the far end of an active NVLink."""
+        value = self._call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
+        return None if value is None else _text(value.busId)
+
+    def nvlink_remote_is_switch(self, handle: Handle, link: int) -> bool | None:
+        """True when the far end is an NVSwitch, False for a GPU, None when unknown."""
+        value = self._call("nvmlDeviceGetNvLinkRemoteDeviceType", handle, link)
+        if value is None:
+            return None
+        return int(value) == int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
+
+    def topology_level(self, first: Handle, second: Handle) -> int | None:
+        """NVML_TOPOLOGY_* of the pair's closest common PCIe ancestor (0 close .. 50 far)."""
+        return self._int("nvmlDeviceGetTopologyCommonAncestor", first, second)
+
+    def processes(self, handle: Handle, kind: str) -> list[tuple[int, int | None]] | None:
+        """(pid, used bytes or None) for compute or graphics processes."""
+        function = (
+            "nvmlDeviceGetComputeRunningProcesses"
+            if kind == "compute"
+            else "nvmlDeviceGetGraphicsRunningProcesses"
+        )
+        value = self._call(function, handle)
+        if value is None:
+            return None
+        return [(int(p.pid), _optional_int(p.usedGpuMemory)) for p in value]
+
+    # --- MIG ---------------------------------------------------------------------------------
+    def max_mig_devices(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetMaxMigDeviceCount", handle)
+
+    def mig_handle(self, handle: Handle, slot: int) -> Handle | None:
+        """The MIG device in ``slot``, or None when the slot is empty."""
+        try:
+            return self._call("nvmlDeviceGetMigDeviceHandleByIndex", handle, slot)
+        except NvmlError as exc:
+            if exc.code in (NOT_FOUND, pynvml.NVML_ERROR_INVALID_ARGUMENT):
+                return None
+            raise
+
+    def gpu_instance_id(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetGpuInstanceId", handle)
+
+    def compute_instance_id(self, handle: Handle) -> int | None:
+        return self._int("nvmlDeviceGetComputeInstanceId", handle)
+
+    def mig_profile(self, handle: Handle) -> str | None:
+        """The profile name as the device plugin names it: "<slices>g.<GiB rounded up>gb"."""
+        attrs = self._call("nvmlDeviceGetAttributes", handle)
+        if attrs is None:
+            return None
+        gib = math.ceil(int(attrs.memorySizeMB) / 1024)
+        return f"{int(attrs.gpuInstanceSliceCount)}g.{gib}gb"
+
+    # --- events ------------------------------------------------------------------------------
+    def event_set_create(self) -> EventSet:
+        return self._call("nvmlEventSetCreate")
+
+    def register_events(self, handle: Handle, event_types: int, event_set: EventSet) -> bool:
+        """False when the device does not support these events."""
+        try:
+            pynvml.nvmlDeviceRegisterEvents(handle, event_types, event_set)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code in _UNSUPPORTED:
+                return False
+            raise NvmlError("nvmlDeviceRegisterEvents", code, _message(exc)) from None
+        return True
+
+    def event_wait(self, event_set: EventSet, timeout_ms: int) -> RawEvent | None:
+        """The next event, or None after ``timeout_ms`` without one."""
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, timeout_ms)
+        except pynvml.NVMLError as exc:
+            code = int(exc.value)
+            if code == TIMEOUT:
+                return None
+            # Unlike a reading, "not supported" here must not look like "no event yet".
+            raise NvmlError("nvmlEventSetWait_v2", code, _message(exc)) from None
+        gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
+        return RawEvent(
+            handle_key=handle_key(data.device),
+            event_type=int(data.eventType),
+            data=int(data.eventData),
+            gpu_instance_id=None if gi == _NO_INSTANCE else gi,
+            compute_instance_id=None if ci == _NO_INSTANCE else ci,
+        )
+
+    def event_set_free(self, event_set: EventSet) -> None:
+        self._call("nvmlEventSetFree", event_set)
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _field_value(field: Any) -> float:
+    kind = int(field.valueType)
+    value = field.value
+    by_type = {
+        pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal",
+        pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+        pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal",
+    }
+    return float(getattr(value, by_type.get(kind, "uiVal")))
+
+
+def _message(exc: Exception) -> str:
+    try:
+        return str(exc)
+    except Exception:  # nvmlErrorString itself failed: the library may not be loaded at all
+        return f"NVML error {getattr(exc, 'value', '?')}"
+
+
+def _error_string(code: int) -> str:
+    return _message(pynvml.NVMLError(code))

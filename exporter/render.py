@@ -1,0 +1,277 @@
+"""Turns a NodeSnapshot into the Prometheus text exposition, following the metric table.
+
+The render step of collect -> enrich -> render. Two outputs come from the same table walk
+(``series``):
+
+* ``Renderer.exposition(snapshot)``: text format 0.0.4 bytes for /metrics. Each device's label
+  string is built once per snapshot and reused by every row, and the bytes are cached per
+  snapshot, so concurrent scrapes of one snapshot render it once.
+* ``SnapshotCollector``: a prometheus_client custom collector yielding the same families, for
+  embedding the exporter's metrics in another prometheus_client registry.
+
+The exposition is written here rather than by prometheus_client's ``generate_latest`` because
+the dcgm compat rows need dcgm-exporter's exact names, and prometheus_client renames every
+counter to end in ``_total``.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from exporter import metrics
+from exporter.metrics import MetricSpec, Scope
+from exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+LabelPairs = tuple[tuple[str, str], ...]
+L = TypeVar("L")  # how label prefixes are held: pairs, or pre-rendered text
+
+
+@dataclass(frozen=True, slots=True)
+class RenderOptions:
+    compat: frozenset[str] = frozenset()  # e.g. {"dcgm"}
+    pod_labels: bool = False  # put namespace/pod/container on every per-device series
+
+
+def escape_label_value(value: str) -> str:
+    if "\\" in value or '"' in value or "\n" in value:
+        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return value
+
+
+def escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def format_value(value: float) -> str:
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(value)
+
+
+def _pairs_text(pairs: LabelPairs) -> str:
+    return ",".join(f'{k}="{escape_label_value(v)}"' for k, v in pairs)
+
+
+def _holders(snapshot: NodeSnapshot, uuid: str) -> tuple[PodRef, ...]:
+    # A container holding two time-sliced replicas of one GPU is still one holder.
+    return tuple(dict.fromkeys(snapshot.pods.get(uuid, ())))
+
+
+def native_labels(device: DeviceSnapshot) -> LabelPairs:
+    """The labels on every per-device series: gpu and uuid, plus the MIG instance's own."""
+    if device.mig is None:
+        return (("gpu", str(device.index)), ("uuid", device.uuid))
+    return (
+        ("gpu", str(device.mig.parent_index)),
+        ("uuid", device.uuid),
+        ("gpu_instance_id", str(device.mig.gpu_instance_id)),
+        ("mig_profile", device.mig.profile),
+    )
+
+
+def dcgm_labels(device: DeviceSnapshot, snapshot: NodeSnapshot) -> LabelPairs:
+    """dcgm-exporter's labels: MIG instances are named by their parent GPU plus GPU_I_*."""
+    parent = device
+    if device.mig is not None:
+        parent_uuid = device.mig.parent_uuid
+        parent = next((d for d in snapshot.devices if d.uuid == parent_uuid), device)
+    minor = parent.minor_number
+    pairs: LabelPairs = (
+        ("gpu", str(device.mig.parent_index if device.mig else device.index)),
+        ("UUID", device.mig.parent_uuid if device.mig else device.uuid),
+        ("pci_bus_id", parent.pci_bus_id or ""),
+        ("device", "" if minor is None else f"nvidia{minor}"),
+        ("modelName", parent.name or ""),
+        ("Hostname", snapshot.hostname),
+        ("DCGM_FI_DRIVER_VERSION", snapshot.driver_version or ""),
+    )
+    if device.mig is not None:
+        pairs += (
+            ("GPU_I_PROFILE", device.mig.profile),
+            ("GPU_I_ID", str(device.mig.gpu_instance_id)),
+        )
+    return pairs
+
+
+def _pod_pairs(ref: PodRef) -> LabelPairs:
+    return (("namespace", ref.namespace), ("pod", ref.pod), ("container", ref.container))
+
+
+@dataclass(frozen=True, slots=True)
+class _DeviceLabels(Generic[L]):
+    """Label prefixes of one device for one snapshot, each a list of one or more variants."""
+
+    identity: list[L]  # IDENTITY rows: never multiplied by pods
+    device: list[L]  # DEVICE rows: one variant per pod holder with --pod-labels
+    dcgm: list[L]  # dcgm rows: dcgm's labels, plus pod/namespace/container if held
+
+
+def _device_labels(
+    device: DeviceSnapshot,
+    snapshot: NodeSnapshot,
+    options: RenderOptions,
+    convert: Callable[[LabelPairs], L],
+) -> _DeviceLabels[L]:
+    base = native_labels(device)
+    holders = _holders(snapshot, device.uuid)
+    identity = [convert(base)]
+    per_device = identity
+    if options.pod_labels and holders:
+        per_device = [convert(base + _pod_pairs(ref)) for ref in holders]
+    dcgm: list[L] = []
+    if "dcgm" in options.compat:
+        dbase = dcgm_labels(device, snapshot)
+        pairs = [dbase + _pod_pairs(ref) for ref in holders] if holders else [dbase]
+        dcgm = [convert(p) for p in pairs]
+    return _DeviceLabels(identity=identity, device=per_device, dcgm=dcgm)
+
+
+# One row's samples: (label prefixes, the row's own label values, value).
+RowSamples = Iterator[tuple[list[L], tuple[str, ...], float]]
+
+
+def walk(
+    snapshot: NodeSnapshot,
+    options: RenderOptions,
+    table: list[MetricSpec],
+    convert: Callable[[LabelPairs], L],
+) -> Iterator[tuple[MetricSpec, RowSamples[L]]]:
+    """The transformation step: every row of ``table`` with its samples, in table order.
+
+    Each device's label prefixes are built (and passed through ``convert``) once per
+    snapshot; a sample is emitted once per prefix (one per pod holder with --pod-labels).
+    """
+    labels = [_device_labels(d, snapshot, options, convert) for d in snapshot.devices]
+    no_prefix = [convert(())]
+
+    def row(spec: MetricSpec) -> RowSamples[L]:
+        if spec.scope is Scope.NODE:
+            assert spec.read_node is not None
+            for values, value in spec.read_node(snapshot):
+                yield no_prefix, values, value
+            return
+        assert spec.read_device is not None
+        for device, device_labels in zip(snapshot.devices, labels, strict=True):
+            if spec.compat == "dcgm":
+                prefixes = device_labels.dcgm
+            elif spec.scope is Scope.IDENTITY:
+                prefixes = device_labels.identity
+            else:
+                prefixes = device_labels.device
+            for values, value in spec.read_device(device, snapshot):
+                yield prefixes, values, value
+
+    for spec in table:
+        yield spec, row(spec)
+
+
+def series(
+    snapshot: NodeSnapshot, options: RenderOptions, table: list[MetricSpec]
+) -> Iterator[tuple[MetricSpec, Iterator[tuple[LabelPairs, float]]]]:
+    """Every row with its series as full label pairs and value, in table order."""
+
+    def pairs(
+        spec: MetricSpec, samples: RowSamples[LabelPairs]
+    ) -> Iterator[tuple[LabelPairs, float]]:
+        for prefixes, values, value in samples:
+            extra = tuple(zip(spec.labels, values, strict=True))
+            for prefix in prefixes:
+                yield prefix + extra, value
+
+    for spec, samples in walk(snapshot, options, table, _identity):
+        yield spec, pairs(spec, samples)
+
+
+def _identity(pairs: LabelPairs) -> LabelPairs:
+    return pairs
+
+
+class Renderer:
+    """Renders snapshots with fixed options; caches the bytes of the latest snapshot."""
+
+    def __init__(
+        self, options: RenderOptions = RenderOptions(), table: list[MetricSpec] | None = None
+    ) -> None:
+        unknown = options.compat - metrics.COMPAT_MODES
+        if unknown:
+            raise ValueError(f"unknown compat mode(s): {', '.join(sorted(unknown))}")
+        self.options = options
+        self.table = metrics.rows(options.compat) if table is None else table
+        self._lock = threading.Lock()
+        self._cached_for: NodeSnapshot | None = None
+        self._cached: bytes = b""
+
+    def exposition(self, snapshot: NodeSnapshot) -> bytes:
+        """The text exposition of ``snapshot``; rendered once however many scrapes ask.
+
+        Scrape-time views (the health verdict) hand in a fresh copy of the same snapshot on
+        every scrape, so the cache compares by value; the comparison is cheap because an
+        unchanged copy shares its device tuples and verdict with the cached one.
+        """
+        with self._lock:
+            if self._cached_for is not snapshot and self._cached_for != snapshot:
+                self._cached = self.render(snapshot)
+                self._cached_for = snapshot
+            return self._cached
+
+    def render(self, snapshot: NodeSnapshot) -> bytes:
+        out: list[str] = []
+        extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
+        for spec, samples in walk(snapshot, self.options, self.table, _pairs_text):
+            name = spec.name
+            lines: list[str] = []
+            for prefixes, values, value in samples:
+                extra = ""
+                if values:
+                    key = (spec.labels, values)
+                    extra = extra_text.get(key, "")
+                    if not extra:
+                        extra = extra_text[key] = _pairs_text(
+                            tuple(zip(spec.labels, values, strict=True))
+                        )
+                number = format_value(value)
+                for prefix in prefixes:
+                    text = f"{prefix},{extra}" if prefix and extra else prefix or extra
+                    lines.append(f"{name}{{{text}}} {number}\n" if text else f"{name} {number}\n")
+            if lines:
+                out.append(f"# HELP {name} {escape_help(spec.help)}\n# TYPE {name} {spec.type}\n")
+                out.extend(lines)
+        return "".join(out).encode()
+
+
+class SnapshotCollector(Collector):
+    """prometheus_client custom collector over the latest snapshot of ``source``."""
+
+    def __init__(
+        self, source: Callable[[], NodeSnapshot | None], options: RenderOptions = RenderOptions()
+    ) -> None:
+        self._source = source
+        self._options = options
+        self._table = metrics.rows(options.compat)
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._source()
+        if snapshot is None:
+            return
+        for spec, rows in series(snapshot, self._options, self._table):
+            name = spec.name
+            if spec.type == "counter" and name.endswith("_total"):
+                name = name[: -len("_total")]
+            family = Metric(name, spec.help, spec.type)
+            for pairs, value in rows:
+                family.add_sample(spec.name, dict(pairs), value)
+            if family.samples:
+                yield family

@@ -1,0 +1,208 @@
+"""TLS and basic auth for the HTTP endpoint, from a Prometheus exporter-toolkit web config.
+
+The file format is the one every official Prometheus exporter reads with
+``--web.config.file``::
+
+    tls_server_config:
+      cert_file: server.crt          # relative paths are relative to this file
+      key_file: server.key
+      client_auth_type: RequireAndVerifyClientCert   # optional
+      client_ca_file: ca.crt                         # with the Verify* client auth types
+      min_version: TLS12                             # optional
+    http_server_config:
+      headers: {X-Frame-Options: deny}               # optional extra response headers
+    basic_auth_users:
+      prometheus: $2b$12$...                         # bcrypt hashes
+
+Everything is checked when the file is loaded (the certificate and key are loaded, the
+hashes parsed), so a bad file stops the exporter at start with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import ssl
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+
+class WebConfigError(ValueError):
+    """The web config file is unreadable or invalid; the message names the problem."""
+
+
+# exporter-toolkit client_auth_type -> Python's verify mode. The two "any certificate"
+# modes (RequestClientCert, RequireAnyClientCert) accept unverified certificates, which
+# Python's ssl module cannot do; they are refused rather than silently made stricter.
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_TLS_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+_TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
+_TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
+             "max_version"}  # fmt: skip
+_HTTP_KEYS = {"headers", "http2"}
+_DUMMY_HASH = bcrypt.hashpw(b"unused", bcrypt.gensalt(rounds=4))
+
+
+@dataclass(eq=False)
+class WebConfig:
+    path: Path | None = None
+    ssl_context: ssl.SSLContext | None = None
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: dict[str, str] = field(default_factory=dict)
+    _verified: set[bytes] = field(default_factory=set, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.users)
+
+    def authorized(self, header: str | None) -> bool:
+        """Whether an Authorization header satisfies basic_auth_users (True if none set)."""
+        if not self.users:
+            return True
+        if not header or not header.startswith("Basic "):
+            return False
+        try:
+            decoded = base64.b64decode(header[6:].strip(), validate=True).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        user, sep, password = decoded.partition(":")
+        if not sep:
+            return False
+        hashed = self.users.get(user)
+        # bcrypt costs ~100 ms by design; remember credentials that passed so a scrape every
+        # second does not pay it each time (keyed by a digest, never the password itself).
+        key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed or b""))).digest()
+        with self._lock:
+            if key in self._verified:
+                return True
+        ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
+        if ok:
+            with self._lock:
+                self._verified.add(key)
+        return ok
+
+
+def load(path: str | Path) -> WebConfig:
+    """Read and check a web config file; raises WebConfigError naming the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise WebConfigError(f"cannot read web config {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return WebConfig(path=path)
+    where = f"web config {path}"
+    doc = _mapping(data, where, _TOP_KEYS)
+    config = WebConfig(path=path)
+    if doc.get("tls_server_config") is not None:
+        config.ssl_context = _tls(
+            _mapping(doc["tls_server_config"], f"{where}: tls_server_config", _TLS_KEYS),
+            path.parent,
+            where,
+        )
+    if doc.get("http_server_config") is not None:
+        http = _mapping(doc["http_server_config"], f"{where}: http_server_config", _HTTP_KEYS)
+        headers = http.get("headers") or {}
+        if not isinstance(headers, dict):
+            raise WebConfigError(f"{where}: http_server_config.headers must be a mapping")
+        config.headers = {str(k): str(v) for k, v in headers.items()}
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict):
+        raise WebConfigError(f"{where}: basic_auth_users must map user names to bcrypt hashes")
+    for user, hashed in users.items():
+        config.users[str(user)] = _bcrypt_hash(hashed, f"{where}: basic_auth_users.{user}")
+    return config
+
+
+def _mapping(value: Any, where: str, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise WebConfigError(f"{where} must be a mapping")
+    unknown = sorted(str(k) for k in value if k not in allowed)
+    if unknown:
+        raise WebConfigError(
+            f"{where}: unknown field(s) {', '.join(unknown)} "
+            f"(supported: {', '.join(sorted(allowed))})"
+        )
+    return value
+
+
+def _file(value: Any, base: Path, where: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise WebConfigError(f"{where} must be a file path")
+    path = Path(value)
+    path = path if path.is_absolute() else base / path
+    if not path.is_file():
+        raise WebConfigError(f"{where}: {path} does not exist")
+    return path
+
+
+def _tls(tls: dict[str, Any], base: Path, where: str) -> ssl.SSLContext:
+    if "cert_file" not in tls or "key_file" not in tls:
+        raise WebConfigError(f"{where}: tls_server_config needs both cert_file and key_file")
+    cert = _file(tls["cert_file"], base, f"{where}: tls_server_config.cert_file")
+    key = _file(tls["key_file"], base, f"{where}: tls_server_config.key_file")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = _version(tls.get("min_version", "TLS12"), "min_version", where)
+    if "max_version" in tls:
+        context.maximum_version = _version(tls["max_version"], "max_version", where)
+    try:
+        context.load_cert_chain(cert, key)
+    except (ssl.SSLError, OSError) as exc:
+        raise WebConfigError(
+            f"{where}: cannot load certificate {cert} with key {key}: {exc}"
+        ) from None
+    auth = tls.get("client_auth_type", "NoClientCert")
+    if auth not in _CLIENT_AUTH:
+        raise WebConfigError(
+            f"{where}: tls_server_config.client_auth_type {auth!r} is not supported "
+            f"(use one of {', '.join(_CLIENT_AUTH)})"
+        )
+    context.verify_mode = _CLIENT_AUTH[auth]
+    if auth != "NoClientCert":
+        if "client_ca_file" not in tls:
+            raise WebConfigError(f"{where}: client_auth_type {auth} needs client_ca_file")
+        ca = _file(tls["client_ca_file"], base, f"{where}: tls_server_config.client_ca_file")
+        try:
+            context.load_verify_locations(cafile=str(ca))
+        except (ssl.SSLError, OSError) as exc:
+            raise WebConfigError(f"{where}: cannot load client_ca_file {ca}: {exc}") from None
+    return context
+
+
+def _version(value: Any, name: str, where: str) -> ssl.TLSVersion:
+    if value not in _TLS_VERSIONS:
+        raise WebConfigError(
+            f"{where}: tls_server_config.{name} {value!r} is not one of {', '.join(_TLS_VERSIONS)}"
+        )
+    return _TLS_VERSIONS[value]
+
+
+def _bcrypt_hash(value: Any, where: str) -> bytes:
+    if not isinstance(value, str) or not value.startswith(("$2a$", "$2b$", "$2y$")):
+        raise WebConfigError(f"{where} must be a bcrypt hash ($2a$/$2b$/$2y$...)")
+    hashed = value.encode()
+    try:
+        bcrypt.checkpw(b"", hashed)
+    except ValueError:
+        raise WebConfigError(f"{where} is not a valid bcrypt hash") from None
+    return hashed

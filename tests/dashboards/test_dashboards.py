@@ -1,0 +1,104 @@
+"""The dashboards: committed JSON matches its source, and every query is valid PromQL over
+metric names that exist."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from dashboards import generate
+from dashboards.known_metrics import known_metric_names
+from dashboards.promql import metric_names
+
+PROMTOOL = shutil.which("promtool")
+# Grafana's variables, given values so promtool can parse the expressions.
+GRAFANA_VALUES = {
+    "$__rate_interval": "1m",
+    "$__range_s": "3600",
+    "$__range": "1h",
+}
+
+
+def concrete(expr: str) -> str:
+    for var, value in GRAFANA_VALUES.items():
+        expr = expr.replace(var, value)
+    return expr.replace("$node", ".*").replace("$gpu", ".*").replace("$namespace", ".*")
+
+
+def all_expressions() -> dict[str, list[str]]:
+    return {
+        path.name: generate.expressions(json.loads(text))
+        for path, text in generate.rendered().items()
+    }
+
+
+def test_committed_json_is_what_the_sources_generate() -> None:
+    assert generate.sources(), "no dashboards/*.dashboard.py found"
+    for path, text in generate.rendered().items():
+        assert path.exists(), f"{path.name} is not committed: run python -m dashboards.generate"
+        assert path.read_text() == text, f"{path.name} is stale: run python -m dashboards.generate"
+    assert generate.main(["--check"]) == 0
+
+
+def test_check_fails_on_stale_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for src in generate.sources():
+        shutil.copy(src, tmp_path / src.name)
+    rendered = generate.rendered(tmp_path)
+    for path, text in rendered.items():
+        path.write_text(text)
+    assert generate.stale(tmp_path) == []
+    victim = next(iter(rendered))
+    victim.write_text(victim.read_text().replace("GPU", "CPU", 1))
+    assert generate.stale(tmp_path) == [victim.name]
+
+
+def test_every_metric_a_dashboard_uses_exists() -> None:
+    known = known_metric_names()
+    for name, exprs in all_expressions().items():
+        assert exprs, f"{name} has no queries"
+        used = set().union(*(metric_names(e) for e in exprs))
+        assert used, f"{name}: no metric names found in its queries"
+        assert used <= known, f"{name} uses unknown metrics {sorted(used - known)}"
+
+
+def test_node_dashboard_covers_what_operators_look_for() -> None:
+    used = set().union(*(metric_names(e) for e in all_expressions()["gpu-node.json"]))
+    for fact in ("utilization", "memory", "power", "temperature", "clock", "xid", "ecc", "pod"):
+        assert any(fact in name for name in used), f"gpu-node dashboard shows nothing on {fact}"
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian package prometheus) not installed")
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    rules = [
+        {"record": f"dashboard:q{i}", "expr": concrete(expr)}
+        for i, expr in enumerate(e for exprs in all_expressions().values() for e in exprs)
+        if not expr.startswith("label_values(")
+    ]
+    rule_file = tmp_path / "rules.json"  # JSON is YAML: promtool reads it
+    rule_file.write_text(json.dumps({"groups": [{"name": "dashboards", "rules": rules}]}))
+    checked = subprocess.run(
+        [str(PROMTOOL), "check", "rules", str(rule_file)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("expr", "names"),
+    [
+        ('gpu_power_watts{hostname=~"$node"}', {"gpu_power_watts"}),
+        (
+            'sum by (namespace) (avg_over_time(a_b{kind="raw"}[$__range])) * $__range_s / 3600',
+            {"a_b"},
+        ),
+        ("x * on(uuid) group_left(pod) y == 1 or vector(0)", {"x", "y"}),
+        ("increase(c_total[5m] offset 1h) > 1e3 and bool up", {"c_total", "up"}),
+        ('label_replace(m, "dst", "$1", "src", "(.*)")', {"m"}),
+        ("rate(foo:bar_total[1m])", {"foo:bar_total"}),
+    ],
+)
+def test_metric_names_in_promql(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names

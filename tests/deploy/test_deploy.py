@@ -1,0 +1,191 @@
+"""deploy/: every YAML parses, kustomize builds base and overlays, the manifests carry what the
+exporter and controller need, and the alert rules are valid, tested and use known metrics."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dashboards.known_metrics import known_metric_names
+from dashboards.promql import metric_names
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+RULE = DEPLOY / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
+ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
+KUBECTL = shutil.which("kubectl")
+PROMTOOL = shutil.which("promtool")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
+needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) missing")
+
+
+def yaml_files() -> list[Path]:
+    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
+
+
+def kustomize(folder: Path) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    built = subprocess.run(
+        [KUBECTL, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
+    )
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    for doc in docs:
+        if doc["kind"] == kind and doc["metadata"]["name"] == name:
+            return doc
+    raise AssertionError(
+        f"no {kind}/{name} in {[(d['kind'], d['metadata']['name']) for d in docs]}"
+    )
+
+
+def rule_groups() -> list[dict[str, Any]]:
+    rule = yaml.safe_load(RULE.read_text())
+    assert rule["kind"] == "PrometheusRule"
+    groups: list[dict[str, Any]] = rule["spec"]["groups"]
+    return groups
+
+
+def test_every_yaml_parses_into_named_kubernetes_objects() -> None:
+    files = yaml_files()
+    assert len(files) >= 10
+    for path in files:
+        docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+        assert docs, f"{path} is empty"
+        for doc in docs:
+            assert isinstance(doc, dict), f"{path}: a document is not a mapping"
+            if path.name == "kustomization.yaml":
+                assert doc["kind"] == "Kustomization"
+                continue
+            if isinstance(doc, dict) and "apiVersion" not in doc:
+                continue  # a strategic-merge patch fragment would still name its kind
+            assert doc.get("kind"), f"{path}: document without kind"
+            assert doc.get("metadata", {}).get("name"), f"{path}: {doc['kind']} without a name"
+
+
+@needs_kubectl
+def test_base_exporter_daemonset_reaches_the_kubelet_sockets_on_gpu_nodes() -> None:
+    docs = kustomize(DEPLOY / "base")
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} <= {
+        "gpuquota",
+        None,  # cluster-scoped objects
+    }
+    pod = find(docs, "DaemonSet", "gpu-exporter")["spec"]["template"]
+    spec = pod["spec"]
+    host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    assert host_paths == {"/var/lib/kubelet/pod-resources", "/var/lib/kubelet/device-plugins"}
+    assert spec["nodeSelector"]
+    assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+    container = spec["containers"][0]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert host_paths <= mounts
+    assert any(
+        a.startswith("--pod-resources-socket=/var/lib/kubelet/pod-resources/")
+        for a in container["args"]
+    )
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    port = int(pod["metadata"]["annotations"]["prometheus.io/port"])
+    assert port in {p["containerPort"] for p in container["ports"]}
+
+
+@needs_kubectl
+def test_base_controller_is_two_replicas_with_the_rbac_it_needs() -> None:
+    docs = kustomize(DEPLOY / "base")
+    deployment = find(docs, "Deployment", "gpuquota-controller")
+    assert deployment["spec"]["replicas"] == 2
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    cluster_role = find(docs, "ClusterRole", "gpuquota-controller")
+    granted = {
+        (resource, verb)
+        for rule in cluster_role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    for resource in ("pods", "nodes", "namespaces", "resourcequotas"):
+        assert {(resource, "list"), (resource, "watch")} <= granted, resource
+    lease_role = find(docs, "Role", "gpuquota-leader-election")
+    lease_verbs = {v for r in lease_role["rules"] if "leases" in r["resources"] for v in r["verbs"]}
+    assert {"get", "create", "update"} <= lease_verbs
+    for kind, name in (
+        ("ClusterRoleBinding", "gpuquota-controller"),
+        ("RoleBinding", "gpuquota-leader-election"),
+    ):
+        subjects = find(docs, kind, name)["subjects"]
+        assert {"kind": "ServiceAccount", "name": account, "namespace": "gpuquota"} in subjects
+
+
+@needs_kubectl
+def test_overlays_build_and_change_what_they_say() -> None:
+    base = kustomize(DEPLOY / "base")
+    dcgm = kustomize(DEPLOY / "overlays" / "dcgm-compat")
+    args = find(dcgm, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]["containers"][0][
+        "args"
+    ]
+    assert "--compat=dcgm" in args
+
+    postgres = kustomize(DEPLOY / "overlays" / "postgres")
+    assert not [d for d in postgres if d["kind"] == "PersistentVolumeClaim"]
+    pod = find(postgres, "Deployment", "gpuquota-controller")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["GPUQUOTA_DB_URL"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
+    assert "podAffinity" not in pod.get("affinity", {})
+
+    operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")
+    kinds = [d["kind"] for d in operator]
+    assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
+    assert len(operator) == len(base) + 3
+
+
+def test_alerts_use_only_known_metrics() -> None:
+    known = known_metric_names()
+    alerts = [r for g in rule_groups() for r in g["rules"] if "alert" in r]
+    names = {a["alert"] for a in alerts}
+    assert {
+        "GPUUnhealthy",
+        "GPUXidError",
+        "GPUEccUncorrectable",
+        "GPUExporterDown",
+        "GPUQuotaNearLimit",
+    } <= names
+    for alert in alerts:
+        used = metric_names(alert["expr"])
+        assert used, f"{alert['alert']}: no metric in {alert['expr']!r}"
+        assert used <= known, f"{alert['alert']} uses unknown metrics {sorted(used - known)}"
+
+
+@needs_promtool
+def test_alert_rules_are_valid_and_fire_as_their_unit_tests_say(tmp_path: Path) -> None:
+    rules = tmp_path / "rules.yaml"
+    rules.write_text(json.dumps({"groups": rule_groups()}))
+    assert PROMTOOL is not None
+    checked = subprocess.run(
+        [PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tests = tmp_path / "alerts_test.yaml"
+    tests.write_text(ALERT_TESTS.read_text().replace("RULES_FILE", str(rules)))
+    tested = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    assert re.search(r"SUCCESS", tested.stdout + tested.stderr)
+
+
+def test_dockerfile_copies_only_what_exists() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    sources = [
+        src
+        for line in dockerfile.splitlines()
+        if line.startswith("COPY ") and "--from=" not in line
+        for src in line.split()[1:-1]
+    ]
+    assert "pyproject.toml" in sources
+    for src in sources:
+        assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"

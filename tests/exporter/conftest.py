@@ -1,0 +1,157 @@
+"""Fixtures for the exporter tests: promtool, self-signed certificates, the NVML stand-in."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.nvml import NvmlApi
+from sim.nvml.control import SimNode
+from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
+
+
+@pytest.fixture(scope="session")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool not installed (Debian: apt-get install prometheus)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A CA, a server certificate for 127.0.0.1/localhost and a client certificate."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl CLI not installed")
+    d = tmp_path_factory.mktemp("tls")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], cwd=d, check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
+        "-days", "2", "-subj", "/CN=gpuquota test CA")  # fmt: skip
+    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for name in ("server", "client"):
+        run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out",
+            f"{name}.csr", "-subj", f"/CN={name}")  # fmt: skip
+        run("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{name}.crt", "-days", "2", "-extfile", "san.ext")  # fmt: skip
+    return {p.stem + p.suffix.replace(".", "_"): p for p in d.iterdir()}
+
+
+# --- the NVML stand-in ---------------------------------------------------------------------------
+
+SIM_BUILD_LOCK = Path("/tmp/gpuquota-sim-build.lock")
+
+
+@pytest.fixture(scope="session")
+def sim_library() -> Path:
+    """The NVML stand-in library, built when missing or older than its sources."""
+    import fcntl
+
+    from sim.nvml import build
+    from sim.nvml.control import library_path
+
+    lib = library_path()
+    sources = [*build.CSRC.glob("*.c"), *build.CSRC.glob("*.h"), Path(build.__file__)]
+    with SIM_BUILD_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers / other areas may build at once
+        if not lib.is_file() or max(p.stat().st_mtime for p in sources) > lib.stat().st_mtime:
+            build.build(lib)
+    return lib
+
+
+@pytest.fixture
+def sim_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="gq-exp-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def make_node(sim_dir: Path, sim_library: Path) -> Iterator[Callable[..., SimNode]]:
+    """make_node(spec) -> a fresh SimNode in a private state file."""
+    nodes: list[SimNode] = []
+
+    def make(spec: Any, name: str = "node.state") -> SimNode:
+        node = SimNode.create(sim_dir / name, spec)
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.close()
+
+
+@pytest.fixture
+def nvml_on(
+    make_node: Callable[..., SimNode],
+) -> Iterator[Callable[[Any], tuple[SimNode, NvmlApi]]]:
+    """nvml_on(spec) -> (node, api): this process's NVML initialised on a fresh node."""
+    started: list[NvmlApi] = []
+
+    def start(spec: Any) -> tuple[SimNode, NvmlApi]:
+        node = make_node(spec)
+        node.preload()
+        api = NvmlApi()
+        api.init()
+        started.append(api)
+        return node, api
+
+    yield start
+    for api in started:
+        api.shutdown()
+
+
+def sim_exports(sim_library: Path, *functions: str) -> None:
+    """Skip (naming what is missing) while the stand-in does not implement ``functions``.
+
+    Every other function of nvml.h exists in the stand-in as a NOT_SUPPORTED stub.
+    """
+    from sim.nvml import build
+
+    implemented = build.implemented_functions()
+    missing = [f for f in functions if f not in implemented]
+    if missing:
+        pytest.skip(f"the NVML stand-in does not implement {', '.join(missing)} yet")
+
+
+@pytest.fixture
+def start_exporter(
+    make_node: Callable[..., SimNode], sim_dir: Path
+) -> Iterator[Callable[..., Exporter]]:
+    """start_exporter(node, *flags) -> a running gpu-exporter subprocess, ready to scrape."""
+    started: list[Exporter] = []
+
+    def start(node: SimNode, *args: str) -> Exporter:
+        port = free_port()
+        log = sim_dir / f"exporter-{port}.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                [*EXPORTER, "--listen", f"127.0.0.1:{port}", *args],
+                env=base_env(**node.env()),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        exporter = Exporter(proc, port, log)
+        started.append(exporter)
+        exporter.wait_ready()
+        return exporter
+
+    yield start
+    for exporter in started:
+        if exporter.proc.poll() is None:
+            exporter.proc.terminate()
+        try:
+            exporter.proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            exporter.proc.kill()
+            exporter.proc.communicate()

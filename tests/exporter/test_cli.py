@@ -1,0 +1,123 @@
+"""`gpu-exporter` as a subprocess against the NVML stand-in (node.env()): end to end, and
+every way the command line refuses to start."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from exporter import cli
+from sim.nvml.control import SimNode
+from tests.exporter.procs import Exporter, base_env, run_cli
+from tests.exporter.test_render import parse, value
+
+
+def test_end_to_end_scrape_and_clean_shutdown(
+    make_node: Callable[..., SimNode], start_exporter: Callable[..., Exporter], promtool: str
+) -> None:
+    node = make_node("mixed")
+    node.set(1, power_watts=250.0)
+    exporter = start_exporter(node, "--interval", "200ms", "--hostname", "gpu-node-9")
+    status, body = exporter.get("/metrics")
+    assert status == 200
+    samples = parse(body)
+    assert value(samples, "gpu_power_watts", uuid=node.uuid(1)) == 250
+    assert value(samples, "gpuquota_exporter_devices", kind="gpu") == 4
+    assert value(samples, "gpuquota_exporter_devices", kind="mig") == 3
+    check = subprocess.run(
+        [promtool, "check", "metrics"], input=body, capture_output=True, check=False
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert exporter.get("/healthz")[0] == 200
+
+    exporter.proc.send_signal(signal.SIGTERM)
+    exporter.proc.wait(timeout=10)
+    assert exporter.proc.returncode == 0, exporter.log.read_text()
+
+
+def test_compat_dcgm_and_pod_labels_flags(
+    make_node: Callable[..., SimNode], start_exporter: Callable[..., Exporter]
+) -> None:
+    node = make_node("l4x2")
+    exporter = start_exporter(node, "--compat", "dcgm", "--pod-labels", "--hostname", "n-1")
+    samples = parse(exporter.get("/metrics")[1])
+    labels = {"gpu": "0", "UUID": node.uuid(0), "Hostname": "n-1", "device": "nvidia0"}
+    assert value(samples, "DCGM_FI_DEV_GPU_TEMP", **labels) > 0
+    assert value(samples, "DCGM_FI_DEV_FB_FREE", modelName="NVIDIA L4", **labels) > 0
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--compat", "foo"], "invalid compat mode 'foo' (choose from dcgm)"),
+        (["--interval", "-1"], "invalid duration '-1'"),
+        (["--interval", "10ms"], "below the minimum of 100ms"),
+        (["--interval", "soon"], "invalid duration 'soon'"),
+        (["--listen", "9400"], "invalid listen address '9400'"),
+        (["--listen", ":99999"], "invalid listen address ':99999'"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_flags_exit_2_with_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(args)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("gpu-exporter: error: ")
+    assert message in err
+
+
+def test_bad_web_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "web.yml"
+    config.write_text("basic_auth_users:\n  prom: hunter2\n")
+    assert cli.main(["--web.config.file", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "must be a bcrypt hash" in err
+
+
+def test_missing_nvml_library_says_what_to_do() -> None:
+    result = run_cli(env=base_env(LD_LIBRARY_PATH="/nonexistent"))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    for hint in ("libnvidia-ml.so.1", "install the NVIDIA driver", "mount the driver", "make demo"):
+        assert hint in result.stderr
+
+
+def test_no_gpus(make_node: Callable[..., SimNode]) -> None:
+    try:
+        node = make_node({"gpus": []})
+    except ValueError as exc:
+        pytest.skip(f"the NVML stand-in cannot simulate a node without GPUs: {exc}")
+    result = run_cli(env=base_env(**node.env()))
+    assert result.returncode == 1
+    assert "NVML reports no GPUs" in result.stderr
+
+
+def test_port_in_use(make_node: Callable[..., SimNode]) -> None:
+    node = make_node("l4x2")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("--listen", f"127.0.0.1:{port}", env=base_env(**node.env()))
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(
+        f"cannot listen on 127.0.0.1:{port}: the port is already in use"
+    )
+
+
+def test_nvml_init_failure(make_node: Callable[..., SimNode]) -> None:
+    node = make_node("l4x2")
+    node.fail_call(None, "nvmlInit", 9)  # NVML_ERROR_DRIVER_NOT_LOADED
+    result = run_cli(env=base_env(**node.env()))
+    assert result.returncode == 1
+    assert "kernel driver is not loaded" in result.stderr

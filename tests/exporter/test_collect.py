@@ -1,0 +1,457 @@
+"""The collector, XID watcher and renderer in-process, through the real pynvml against the
+NVML stand-in (node.preload())."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from exporter.collect import Collector
+from exporter.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
+from exporter.render import Renderer, RenderOptions
+from exporter.snapshot import DeviceState, NodeSnapshot, PodRef
+from exporter.xid import XidEvent, XidWatcher
+from sim.nvml.control import SimNode
+from sim.nvml.models import GpuModel
+from sim.nvml.spec import GpuSpec, load
+from tests.exporter.conftest import sim_exports
+from tests.exporter.test_render import parse, value
+
+NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
+PRESETS = ["h100x8", "a100-mig", "l4x2", "mixed"]
+NVML_ERROR_UNKNOWN = 999
+EVENTS = ("nvmlEventSetCreate", "nvmlDeviceRegisterEvents", "nvmlEventSetWait_v2")
+FULL = (
+    *EVENTS,
+    "nvmlDeviceGetTotalEccErrors",
+    "nvmlDeviceGetRemappedRows",
+    "nvmlDeviceGetNvLinkErrorCounter",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetGpuInstanceId",
+    "nvmlDeviceGetFieldValues",
+)
+
+ALWAYS = {
+    "gpu_info",
+    "gpu_device_state",
+    "gpu_memory_total_bytes",
+    "gpu_memory_used_bytes",
+    "gpu_memory_free_bytes",
+    "gpu_memory_reserved_bytes",
+    "gpu_temperature_celsius",
+    "gpu_power_watts",
+    "gpu_power_limit_watts",
+    "gpu_energy_joules_total",
+    "gpu_sm_clock_hertz",
+    "gpu_memory_clock_hertz",
+    "gpu_pcie_tx_bytes_per_second",
+    "gpu_pcie_rx_bytes_per_second",
+    "gpu_pcie_replays_total",
+    "gpu_performance_state",
+    "gpu_clock_event_reason",
+    "gpu_process_memory_used_bytes",
+    "gpu_xid_errors_total",
+}
+# Engine utilisation is not reported on a MIG-enabled parent (NVML answers per instance).
+UTILISATION = {
+    "gpu_utilization_ratio",
+    "gpu_memory_utilization_ratio",
+    "gpu_decoder_utilization_ratio",
+}
+BY_FEATURE: dict[str, set[str]] = {
+    "encoder": {"gpu_encoder_utilization_ratio"},
+    "fan": {"gpu_fan_speed_ratio"},
+    "memory_temperature": {"gpu_memory_temperature_celsius"},
+    "ecc": {
+        "gpu_ecc_mode_enabled",
+        "gpu_ecc_volatile_errors_total",
+        "gpu_ecc_aggregate_errors_total",
+    },
+    "row_remapping": {
+        "gpu_remapped_rows_total",
+        "gpu_row_remap_pending",
+        "gpu_row_remap_failure",
+    },
+    "page_retirement": {"gpu_retired_pages_total", "gpu_retired_pages_pending"},
+}
+MIG_DEVICE = {
+    "gpu_mig_info",
+    "gpu_device_state",
+    "gpu_memory_total_bytes",
+    "gpu_memory_used_bytes",
+    "gpu_memory_free_bytes",
+    "gpu_memory_reserved_bytes",
+}
+DCGM_ALWAYS = {
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+}
+DCGM_UTILISATION = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_DEC_UTIL"}
+DCGM_BY_FEATURE: dict[str, set[str]] = {
+    "encoder": {"DCGM_FI_DEV_ENC_UTIL"},
+    "memory_temperature": {"DCGM_FI_DEV_MEMORY_TEMP"},
+    "row_remapping": {
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    },
+}
+
+
+def expected_native(gpu: GpuSpec) -> set[str]:
+    model: GpuModel = gpu.model
+    names = set(ALWAYS)
+    if not gpu.mig:
+        names |= UTILISATION
+    for feature, metrics in BY_FEATURE.items():
+        if getattr(model, feature) and not (feature == "encoder" and gpu.mig):
+            names |= metrics
+    if model.nvlinks:
+        names.add("gpu_nvlink_errors_total")  # connected or not, the links have counters
+    return names
+
+
+def expected_dcgm(gpu: GpuSpec) -> set[str]:
+    names = set(DCGM_ALWAYS)
+    if not gpu.mig:
+        names |= DCGM_UTILISATION
+    for feature, metrics in DCGM_BY_FEATURE.items():
+        if getattr(gpu.model, feature) and not (feature == "encoder" and gpu.mig):
+            names |= metrics
+    return names
+
+
+def names_by_key(samples: dict[str, list[tuple[dict[str, str], float]]], key: str) -> dict:
+    out: dict[Any, set[str]] = {}
+    for name, series in samples.items():
+        for labels, _value in series:
+            if key in labels:
+                out.setdefault((labels[key], labels.get("GPU_I_ID")), set()).add(name)
+    return out
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+# --- every metric on every preset --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_metric_on_every_preset(nvml_on: NvmlOn, sim_library, preset: str) -> None:
+    sim_exports(sim_library, *FULL)
+    node, api = nvml_on(preset)
+    spec = load(preset)
+    for gpu in spec.gpus:
+        node.add_process(gpu.index, 1000 + gpu.index, (1 + gpu.index) * 2**30)
+    xid = XidWatcher(api)
+    xid.start()
+    try:
+        for gpu in spec.gpus:
+            node.inject_xid(gpu.index, 31)
+        wait_for(lambda: sum(sum(c.values()) for c in xid.counts().values()) == len(spec.gpus))
+        collector = Collector(api, hostname="sim", xid=xid)
+        snapshot = collector.collect_once()
+    finally:
+        xid.stop()
+
+    native = parse(Renderer().render(snapshot))
+    by_uuid = names_by_key(native, "uuid")
+    for gpu in spec.gpus:
+        got = by_uuid[(gpu.uuid, None)]
+        if gpu.mig:  # real NVML answers engine utilisation per instance only; allow either
+            got -= UTILISATION
+        assert got == expected_native(gpu), f"GPU {gpu.index} ({gpu.model.key})"
+        for mig in gpu.mig:
+            assert by_uuid[(mig.uuid, None)] == MIG_DEVICE, mig.uuid
+            labels = {"uuid": mig.uuid, "gpu": str(gpu.index)}
+            assert value(native, "gpu_mig_info", parent_uuid=gpu.uuid, **labels) == 1
+            got_profile = value(native, "gpu_mig_info", profile=mig.profile.name, **labels)
+            assert got_profile == 1
+    assert value(native, "gpuquota_exporter_devices", kind="gpu") == len(spec.gpus)
+    migs = sum(len(g.mig) for g in spec.gpus)
+    assert value(native, "gpuquota_exporter_devices", kind="mig") == migs
+    assert value(native, "gpuquota_exporter_nvml_up") == 1
+    assert value(native, "gpu_driver_info", driver_version=spec.driver_version) == 1
+    assert snapshot.nvml_errors_total == {}, snapshot.nvml_errors_total
+
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    dcgm_only = {k: v for k, v in dcgm.items() if k.startswith("DCGM_")}
+    by_dcgm = names_by_key(dcgm_only, "UUID")
+    for gpu in spec.gpus:
+        got = by_dcgm[(gpu.uuid, None)] - (DCGM_UTILISATION if gpu.mig else set())
+        assert got == expected_dcgm(gpu), f"GPU {gpu.index}"
+        for mig in gpu.mig:
+            key = (gpu.uuid, str(mig.gpu_instance_id))
+            assert by_dcgm[key] == {"DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_USED"}
+
+
+def test_values_follow_the_stand_in(nvml_on: NvmlOn, sim_library) -> None:
+    sim_exports(sim_library, *FULL)
+    node, api = nvml_on("h100x8")
+    for i in range(node.gpu_count):
+        node.set(
+            i,
+            power_watts=100.0 + i,
+            gpu_utilization_ratio=i / 10,
+            memory_utilization_ratio=i / 20,
+            gpu_temperature_celsius=40.0 + i,
+            memory_used_bytes=(i + 1) * 2**30,
+            sm_clock_hertz=(1000 + i) * 1e6,
+            clock_event_reasons=0x40 if i == 3 else 0,
+            ecc_uncorrected_aggregate=i,
+            performance_state=2 if i == 5 else 0,
+        )
+    node.set_nvlink_errors(2, 5, replay=3, crc_flit=7)
+    snapshot = Collector(api).collect_once()
+    samples = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    for i in range(node.gpu_count):
+        labels = {"gpu": str(i), "uuid": node.uuid(i)}
+        assert value(samples, "gpu_power_watts", **labels) == pytest.approx(100.0 + i)
+        assert value(samples, "gpu_utilization_ratio", **labels) == pytest.approx(i / 10)
+        assert value(samples, "gpu_memory_utilization_ratio", **labels) == pytest.approx(i / 20)
+        assert value(samples, "gpu_temperature_celsius", **labels) == 40 + i
+        assert value(samples, "gpu_memory_used_bytes", **labels) == (i + 1) * 2**30
+        assert value(samples, "gpu_sm_clock_hertz", **labels) == (1000 + i) * 1e6
+        assert value(samples, "gpu_ecc_aggregate_errors_total", type="uncorrected", **labels) == i
+        throttled = value(samples, "gpu_clock_event_reason", reason="hw_thermal_slowdown", **labels)
+        assert throttled == (1 if i == 3 else 0)
+        assert value(samples, "gpu_performance_state", **labels) == (2 if i == 5 else 0)
+        dcgm = {"gpu": str(i), "UUID": node.uuid(i)}
+        assert value(samples, "DCGM_FI_DEV_POWER_USAGE", **dcgm) == pytest.approx(100.0 + i)
+        assert value(samples, "DCGM_FI_DEV_GPU_UTIL", **dcgm) == pytest.approx(i * 10)
+        assert value(samples, "DCGM_FI_DEV_FB_USED", **dcgm) == (i + 1) * 1024
+        assert value(samples, "DCGM_FI_DEV_SM_CLOCK", **dcgm) == 1000 + i
+    link = {"gpu": "2", "link": "5"}
+    assert value(samples, "gpu_nvlink_errors_total", type="replay", **link) == 3
+    assert value(samples, "gpu_nvlink_errors_total", type="crc_flit", **link) == 7
+
+
+def test_energy_counter_rises_with_power(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("l4x2")
+    node.set(0, power_watts=70.0, energy_joules=1000.0)
+    collector = Collector(api)
+    first = collector.collect_once().devices[0].energy_joules
+    time.sleep(0.2)
+    second = collector.collect_once().devices[0].energy_joules
+    assert first is not None and second is not None
+    assert 1000.0 <= first < second < 1000.0 + 70.0 * 2
+
+
+# --- faults ------------------------------------------------------------------------------------
+
+
+def test_gpu_lost_mid_run_leaves_the_others_reporting(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    collector = Collector(api)
+    before = collector.collect_once()
+    assert all(d.state is DeviceState.OK for d in before.devices)
+
+    node.set_lost(3)
+    during = collector.collect_once()
+    states = {d.index: d.state for d in during.devices}
+    assert states[3] is DeviceState.LOST
+    assert all(s is DeviceState.OK for i, s in states.items() if i != 3)
+    lost = during.devices[3]
+    assert lost.uuid == node.uuid(3)  # still named, from the cached identity
+    assert lost.power_watts is None
+    assert sum(during.nvml_errors_total.values()) >= 1
+
+    samples = parse(Renderer().render(during))
+    assert value(samples, "gpu_device_state", uuid=node.uuid(3), state="lost") == 1
+    assert value(samples, "gpuquota_exporter_devices_lost") == 1
+    assert value(samples, "gpu_info", uuid=node.uuid(3)) == 1
+    assert len(samples["gpu_power_watts"]) == 7
+    errors = sum(v for _lbl, v in samples["gpuquota_exporter_nvml_errors_total"])
+    assert errors >= 1
+
+    node.set_lost(3, lost=False)
+    after = collector.collect_once()
+    assert after.devices[3].state is DeviceState.OK
+    assert after.devices[3].power_watts is not None
+
+
+def test_reset_required_is_flagged(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("l4x2")
+    collector = Collector(api)
+    collector.collect_once()
+    node.set_reset_required(1)
+    snapshot = collector.collect_once()
+    assert snapshot.devices[1].state is DeviceState.RESET_REQUIRED
+    assert snapshot.devices[0].state is DeviceState.OK
+
+
+def test_one_failing_function_hides_only_its_value(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.fail_call(1, "nvmlDeviceGetPowerUsage", NVML_ERROR_UNKNOWN)
+    collector = Collector(api)
+    snapshot = collector.collect_once()
+    snapshot = collector.collect_once()
+    gpu1 = snapshot.devices[1]
+    assert gpu1.state is DeviceState.OK
+    assert gpu1.power_watts is None
+    assert gpu1.gpu_temperature_celsius is not None
+    assert gpu1.errors and gpu1.errors[0][0] == "nvmlDeviceGetPowerUsage"
+    assert snapshot.devices[0].power_watts is not None
+    assert snapshot.nvml_errors_total == {"nvmlDeviceGetPowerUsage": 2}
+
+    samples = parse(Renderer().render(snapshot))
+    assert {lbl["gpu"] for lbl, _ in samples["gpu_power_watts"]} == {
+        str(i) for i in range(8) if i != 1
+    }
+    assert (
+        value(samples, "gpuquota_exporter_nvml_errors_total", function="nvmlDeviceGetPowerUsage")
+        == 2
+    )
+
+    node.fail_call(1, "nvmlDeviceGetPowerUsage", None)
+    assert collector.collect_once().devices[1].power_watts is not None
+
+
+def test_not_supported_is_omitted_and_not_an_error(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("l4x2")
+    node.fail_call(0, "nvmlDeviceGetTemperature", NOT_SUPPORTED)
+    snapshot = Collector(api).collect_once()
+    assert snapshot.devices[0].gpu_temperature_celsius is None
+    assert snapshot.devices[1].gpu_temperature_celsius is not None
+    assert snapshot.nvml_errors_total == {}
+    text = Renderer().render(snapshot).decode()
+    assert 'gpu_temperature_celsius{gpu="0"' not in text
+
+
+def test_lost_identity_read_keeps_other_gpus(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("l4x2")
+    node.set_lost(0)
+    snapshot = Collector(api).collect_once()  # GPU 0 lost before its identity was ever read
+    assert snapshot.devices[0].state is DeviceState.LOST
+    assert snapshot.devices[1].state is DeviceState.OK
+    # Renders without a UUID it never learned; the lost flag is still visible.
+    samples = parse(Renderer().render(snapshot))
+    assert value(samples, "gpu_device_state", gpu="0", state="lost") == 1
+
+
+def test_nvml_code_for_lost_matches_the_stand_in() -> None:
+    assert GPU_IS_LOST == 15
+
+
+# --- XID events --------------------------------------------------------------------------------
+
+
+def test_xid_watcher_counts_and_notifies(nvml_on: NvmlOn, sim_library) -> None:
+    sim_exports(sim_library, *EVENTS)
+    node, api = nvml_on("mixed")
+    xid = XidWatcher(api)
+    seen: list[XidEvent] = []
+    xid.add_listener(seen.append)
+    xid.add_listener(lambda _e: 1 / 0)  # a broken listener must not stop the others
+    xid.start()
+    try:
+        node.inject_xid(0, 79)
+        node.inject_xid(0, 79)
+        node.inject_xid(2, 94, gpu_instance_id=1, compute_instance_id=0)
+        wait_for(lambda: len(seen) == 3)
+    finally:
+        started = time.monotonic()
+        xid.stop()
+        assert time.monotonic() - started < 1.5  # the wait times out every 500 ms
+    assert xid.counts() == {node.uuid(0): {79: 2}, node.uuid(2): {94: 1}}
+    assert xid.last()[node.uuid(0)] == 79
+    mig_event = seen[2]
+    assert (mig_event.uuid, mig_event.gpu_index, mig_event.xid) == (node.uuid(2), 2, 94)
+    assert (mig_event.gpu_instance_id, mig_event.compute_instance_id) == (1, 0)
+    assert seen[0].gpu_instance_id is None
+    assert not xid.is_alive()
+
+
+# --- the loop, enrichers and subscribers -------------------------------------------------------
+
+
+def test_background_loop_enrichers_and_subscribers(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("l4x2")
+    collector = Collector(api, interval=0.1)
+    uuid0 = node.uuid(0)
+
+    def add_pods(snapshot: NodeSnapshot) -> NodeSnapshot:
+        return replace(snapshot, pods={uuid0: (PodRef("team-a", "job-1", "main"),)})
+
+    def broken(_snapshot: NodeSnapshot) -> NodeSnapshot:
+        raise RuntimeError("kubelet away")
+
+    got: list[NodeSnapshot] = []
+    done = threading.Event()
+
+    def on_snapshot(snapshot: NodeSnapshot) -> None:
+        got.append(snapshot)
+        if len(got) >= 3:
+            done.set()
+
+    collector.add_enricher(broken)
+    collector.add_enricher(add_pods)
+    collector.subscribe(on_snapshot)
+    collector.start()
+    try:
+        assert done.wait(3)
+        assert collector.is_alive()
+    finally:
+        collector.stop()
+    assert not collector.is_alive()
+    latest = collector.latest()
+    assert latest is not None and latest is got[-1]
+    assert [s.collections_total for s in got[:3]] == [1, 2, 3]
+    assert latest.pods == {uuid0: (PodRef("team-a", "job-1", "main"),)}
+    samples = parse(Renderer().render(latest))
+    assert value(samples, "gpu_pod_info", uuid=uuid0, namespace="team-a", pod="job-1") == 1
+
+
+def test_nvlink_counters_follow_changes_between_collections(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    collector = Collector(api)
+    first = collector.collect_once().devices[4].nvlinks
+    assert len(first) == 18 and all(c.crc_data_errors == 0 for c in first)
+    unchanged = collector.collect_once().devices[4].nvlinks
+    assert unchanged is first  # totals unchanged: per-link counters not re-read
+    node.set_nvlink_errors(4, 17, crc_data=5, recovery=1)
+    changed = collector.collect_once().devices[4].nvlinks
+    assert (changed[17].crc_data_errors, changed[17].recovery_errors) == (5, 1)
+    assert changed[0].crc_data_errors == 0
+
+
+def test_xid_registration_failure_leaves_one_gpu_out(nvml_on: NvmlOn, sim_library, caplog) -> None:
+    sim_exports(sim_library, *EVENTS)
+    caplog.set_level(logging.INFO, logger="exporter.xid")
+    node, api = nvml_on("l4x2")
+    node.fail_call(0, "nvmlDeviceRegisterEvents", NOT_SUPPORTED)
+    xid = XidWatcher(api)
+    seen: list[XidEvent] = []
+    xid.add_listener(seen.append)
+    xid.start()
+    try:
+        assert xid.watched == [node.uuid(1)]
+        node.inject_xid(1, 13)
+        wait_for(lambda: len(seen) == 1)
+    finally:
+        xid.stop()
+    assert [r.message for r in caplog.records if "XID" in r.message] == [
+        "GPU 0 does not report XID events; not watching it",
+        f"XID 13 on GPU 1 ({node.uuid(1)})",
+    ]
