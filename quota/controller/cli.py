@@ -47,8 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-name",
-        default="",
-        help="elect one writer through this Lease (default: no election, single replica)",
+        default=os.environ.get("GPUQUOTA_LEASE_NAME", ""),
+        help="elect one writer through this Lease (env GPUQUOTA_LEASE_NAME; default: no election, single replica)",
     )
     parser.add_argument(
         "--lease-namespace",
@@ -57,8 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--identity",
-        default=f"{socket.gethostname()}-{os.getpid()}",
-        help="this replica's name in the Lease (default host-pid)",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the Lease (env POD_NAME; default host-pid)",
     )
     parser.add_argument(
         "--lease-duration",
