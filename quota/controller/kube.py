@@ -190,12 +190,11 @@ class Kube:
         try:
             buf = b""
             for chunk in resp.stream(amt=None, decode_content=False):
-                buf += chunk
-                while True:
-                    nl = buf.find(b"\n")
-                    if nl < 0:
-                        break
-                    line, buf = buf[:nl], buf[nl + 1 :]
+                # one chunk can hold thousands of lines: split once (slicing the rest of the
+                # buffer line by line would be quadratic)
+                lines = (buf + chunk).split(b"\n")
+                buf = lines.pop()
+                for line in lines:
                     if line.strip():
                         event = json.loads(line)
                         obj = event.get("object")

@@ -27,6 +27,9 @@ from quota.store.db import StoreError
 log = logging.getLogger(__name__)
 
 
+ALLOCATION_METRICS_EVERY = 5.0  # seconds
+
+
 class StartupError(RuntimeError):
     """The controller cannot start (API server unreachable): one line naming the cause."""
 
@@ -59,6 +62,7 @@ class Controller:
         self._db_backoff = Backoff(base=0.5, cap=30.0)
         self._quota_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
         self._alloc_series: set[tuple[str, str, str]] = set()
+        self._alloc_metrics_at = 0.0
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -205,6 +209,11 @@ class Controller:
     # -- namespace metrics
 
     def _allocation_metrics(self) -> None:
+        # walks every open allocation: under load at most every few seconds
+        now = time.monotonic()
+        if not self.queue.empty() and now - self._alloc_metrics_at < ALLOCATION_METRICS_EVERY:
+            return
+        self._alloc_metrics_at = now
         raw: dict[tuple[str, str], float] = {}
         phys: dict[tuple[str, str], float] = {}
         for row in self.acct.open_allocations():

@@ -81,6 +81,8 @@ class WatchLoop(threading.Thread):
         )
         self.resume_from = resume_from
         self.keep = keep  # objects the accounting ignores (pods without GPUs) stop here
+        # a pod's requests never change: decide once per UID, not on every event
+        self._kept: dict[str, bool] = {}
         self.synced = threading.Event()
         self.version: str | None = None
         self.last_activity = 0.0
@@ -97,20 +99,36 @@ class WatchLoop(threading.Thread):
             if self.kind != "Pod":
                 # facts of nodes/namespaces/quotas are needed now; vanished ones are closed
                 # by the replayed DELETED events, not estimated
-                items, _ = self.kube.list(self.kind, self.keep)
+                items, _ = self.kube.list(self.kind, self._listed if self.keep else None)
                 self.out.put(Message("list", self.kind, self._now(), items=items))
             self.version, self.resume_from = self.resume_from, None
             log.info("%s: resuming the watch from stored version %s", self.kind, self.version)
         else:
             if self.synced.is_set():
                 self.metrics.relists.labels(self.kind).inc()
-            items, version = self.kube.list(self.kind, self.keep)
+            self._kept.clear()
+            items, version = self.kube.list(self.kind, self._listed if self.keep else None)
             self.out.put(Message("resync", self.kind, self._now(), items=items, version=version))
             self.version = version
             log.info("%s: listed %d at version %s", self.kind, len(items), version)
         self.healthy = True
         self.last_activity = time.monotonic()
         self.synced.set()
+
+    def _keeps(self, etype: str, obj: Obj) -> bool:
+        assert self.keep is not None
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
+            return self.keep(obj)
+        kept = self._kept.get(uid)
+        if kept is None:
+            kept = self._kept[uid] = self.keep(obj)
+        if etype == "DELETED":
+            del self._kept[uid]
+        return kept
+
+    def _listed(self, obj: Obj) -> bool:
+        return self._keeps("ADDED", obj)
 
     def run(self) -> None:
         while not self.stop_event.is_set():
@@ -158,7 +176,7 @@ class WatchLoop(threading.Thread):
             self.last_activity = time.monotonic()
             self.healthy = True
             self.backoff.reset()
-            if etype != "BOOKMARK" and self.keep is not None and not self.keep(obj):
+            if etype != "BOOKMARK" and self.keep is not None and not self._keeps(str(etype), obj):
                 self.metrics.events.labels(self.kind, str(etype)).inc()
                 self.metrics.ignored.labels(self.kind).inc()
                 continue
