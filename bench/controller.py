@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
             rss_sync = rss_peak_mb(proc.pid)
             cpu_sync = cpu_seconds(proc.pid)
             print(
-                f"synced: {sync_s:.1f}s listing+applying ({wall_sync:.1f}s from process start), peak RSS {rss_sync:.0f} MB"
+                f"synced: {sync_s:.1f}s listing+applying ({wall_sync:.1f}s from process start), peak RSS {rss_sync:.0f} MB, controller CPU {cpu_sync:.1f}s"
             )
 
             events = churn(args.events, args.pods, max(1, args.gpu_pods // 8 + 1))
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                 ).scalar_one()
             rss = rss_peak_mb(proc.pid)
             print(
-                f"{len(events)} events (fed in {fed:.1f}s) stored in {elapsed:.1f}s: {events_per_s:.0f} events/s; {rows} allocation rows; peak RSS {rss:.0f} MB"
+                f"{len(events)} events (fed in {fed:.1f}s) stored in {elapsed:.1f}s: {events_per_s:.0f} events/s; {rows} allocation rows; peak RSS {rss:.0f} MB, controller CPU {cpu_events:.1f}s"
             )
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)

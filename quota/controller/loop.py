@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from quota import accounting as acc
 from quota.controller.kube import Kube
 from quota.controller.metrics import ControllerMetrics
-from quota.controller.watch import Backoff, Message, WatchLoop
+from quota.controller.watch import Backoff, Message, WatchLoop, put
 from quota.engine import Accountant
 from quota.store.db import StoreError
 
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 
 ALLOCATION_METRICS_EVERY = 5.0  # seconds
+QUEUE_SIZE = 2000  # messages between the watch loops and the Accountant
 
 
 class StartupError(RuntimeError):
@@ -53,7 +54,9 @@ class Controller:
         self.kube, self.acct, self.metrics, self.settings = kube, accountant, metrics, settings
         self.clock = clock
         self.stop_event = threading.Event()
-        self.queue: queue.Queue[Message] = queue.Queue()
+        # bounded: a burst of events waits in the socket, not in memory
+        self.queue: queue.Queue[Message] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._startup_error: StartupError | None = None
         self.loops: list[WatchLoop] = []
         self.synced = threading.Event()
         self._since_flush = 0
@@ -96,7 +99,13 @@ class Controller:
                         f"cannot list {kind}s from the Kubernetes API server at {self.kube.host}: "
                         f"{loop.last_error or 'no answer'}"
                     )
-        self._sync_started = started
+        put(self.queue, Message("synced", "", 0), self.stop_event)
+
+    def _start(self) -> None:
+        try:
+            self.start_watches()
+        except StartupError as exc:
+            self._startup_error = exc
 
     def _has_gpus(self, pod: dict[str, object]) -> bool:
         """Whether the accounting cares about this pod (GPU requests cannot change later)."""
@@ -110,9 +119,9 @@ class Controller:
     def run(self) -> None:
         """Start the watches, then apply and flush until stop(); a last flush on the way out."""
         t0 = time.monotonic()
-        self.start_watches()
-        # every initial list is queued ahead of this marker: handling it means synced
-        self.queue.put(Message("synced", "", 0))
+        # the loops start one after the other while this thread already drains the queue;
+        # every initial list is queued ahead of the "synced" marker
+        threading.Thread(target=self._start, name="start-watches", daemon=True).start()
         while not self.stop_event.is_set():
             try:
                 msg: Message | None = self.queue.get(timeout=0.2)
@@ -135,6 +144,8 @@ class Controller:
                 except queue.Empty:
                     msg = None
             self._maybe_flush()
+        if self._startup_error is not None:
+            raise self._startup_error
         self._flush()
 
     def _handle(self, msg: Message) -> None:

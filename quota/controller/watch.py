@@ -56,6 +56,17 @@ class Message:
     version: str = ""
 
 
+def put(out: queue.Queue[Message], msg: Message, stop: threading.Event) -> bool:
+    """Put ``msg``, waiting while the queue is full; False if stopped meanwhile."""
+    while not stop.is_set():
+        try:
+            out.put(msg, timeout=0.2)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 class GoneError(Exception):
     pass
 
@@ -100,7 +111,7 @@ class WatchLoop(threading.Thread):
                 # facts of nodes/namespaces/quotas are needed now; vanished ones are closed
                 # by the replayed DELETED events, not estimated
                 items, _ = self.kube.list(self.kind, self._listed if self.keep else None)
-                self.out.put(Message("list", self.kind, self._now(), items=items))
+                put(self.out, Message("list", self.kind, self._now(), items=items), self.stop_event)
             self.version, self.resume_from = self.resume_from, None
             log.info("%s: resuming the watch from stored version %s", self.kind, self.version)
         else:
@@ -108,7 +119,11 @@ class WatchLoop(threading.Thread):
                 self.metrics.relists.labels(self.kind).inc()
             self._kept.clear()
             items, version = self.kube.list(self.kind, self._listed if self.keep else None)
-            self.out.put(Message("resync", self.kind, self._now(), items=items, version=version))
+            put(
+                self.out,
+                Message("resync", self.kind, self._now(), items=items, version=version),
+                self.stop_event,
+            )
             self.version = version
             log.info("%s: listed %d at version %s", self.kind, len(items), version)
         self.healthy = True
@@ -180,7 +195,11 @@ class WatchLoop(threading.Thread):
                 self.metrics.events.labels(self.kind, str(etype)).inc()
                 self.metrics.ignored.labels(self.kind).inc()
                 continue
-            self.out.put(Message("event", self.kind, self._now(), event_type=str(etype), obj=obj))
+            put(
+                self.out,
+                Message("event", self.kind, self._now(), event_type=str(etype), obj=obj),
+                self.stop_event,
+            )
 
 
 def _describe(exc: BaseException) -> str:
