@@ -222,7 +222,8 @@ class Controller:
     def _allocation_metrics(self) -> None:
         # walks every open allocation: under load at most every few seconds
         now = time.monotonic()
-        if not self.queue.empty() and now - self._alloc_metrics_at < ALLOCATION_METRICS_EVERY:
+        busy = self.queue.qsize() > QUEUE_SIZE // 20
+        if busy and now - self._alloc_metrics_at < ALLOCATION_METRICS_EVERY:
             return
         self._alloc_metrics_at = now
         raw: dict[tuple[str, str], float] = {}
