@@ -142,7 +142,9 @@ Command: `{command}` (the defaults are also run by `make bench`).
 
 Target: p99 under 1 s. The path is event-driven end to end: the exporter's XID thread wakes
 from `nvmlEventSetWait_v2` on the event, hands it to the health checker's queue, the checker
-publishes the new state and wakes every ListAndWatch stream waiting on it.
+publishes the new state and wakes every ListAndWatch stream waiting on it. Conditions that
+NVML reports without an event (a GPU that stops answering, a pending row remap) are seen at
+the next collection, so their delay is bounded by `--interval` (1 s by default) instead.
 
 **Compared with NVIDIA's k8s-device-plugin.** Its health goroutine also blocks in
 `nvmlEventSetWait` (a 5000 ms timeout that only bounds how long it waits when *nothing*

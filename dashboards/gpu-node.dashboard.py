@@ -34,9 +34,9 @@ grid.add(
 )
 grid.add(
     stat(
-        "Devices down",
-        f'count(gpu_device_state{{{SEL}, state!="ok"}} == 1) or vector(0)',
-        description="GPUs and MIG instances NVML reports lost, needing a reset, or unreadable.",
+        "Unhealthy devices",
+        f'count(gpu_health_state{{{SEL}, state="unhealthy"}} == 1) or vector(0)',
+        description="GPUs and MIG instances the health checker withdrew from new pods.",
     ),
     w=4,
     h=4,
@@ -131,11 +131,26 @@ grid.add(
     )
 )
 grid.add(
+    timeseries(
+        "Health state",
+        (f'gpu_health_state{{{SEL}, state="degraded"}} == 1', "{{instance}} {{uuid}} degraded"),
+        (f'gpu_health_state{{{SEL}, state="unhealthy"}} == 1', "{{instance}} {{uuid}} unhealthy"),
+        description="Devices that are not healthy (docs/health.md); healthy ones draw nothing.",
+    )
+)
+grid.add(
+    timeseries(
+        "Device state (NVML)",
+        (f'gpu_device_state{{{SEL}, state!="ok"}} == 1', "{{instance}} {{uuid}} {{state}}"),
+        description="Devices NVML reports lost, needing a reset, or unreadable.",
+    )
+)
+grid.add(
     table(
-        "Device state",
-        (f"gpu_device_state{{{SEL}}} == 1", ""),
-        description="What NVML said about each GPU/MIG instance in the last collection "
-        "(ok, lost, reset_required, error); health reasons are on the /health endpoint.",
+        "Active health reasons and recommended actions",
+        (f"gpu_health_reason{{{SEL}}} == 1", ""),
+        description="One row per reason behind a degraded or unhealthy verdict "
+        "(xid_79, gpu_lost, row_remap_pending, ...) with NVIDIA's recommended action.",
     ),
     w=24,
 )
@@ -165,7 +180,20 @@ grid.add(
         unit="bytes",
     )
 )
-grid.add(table("Pod attribution", (f"gpu_pod_info{{{SEL}}}", "")), w=24)
+grid.add(table("Pod attribution", (f"gpu_pod_info{{{SEL}}}", "")), w=18)
+grid.add(
+    timeseries(
+        "kubelet pod-resources",
+        ('gpuquota_exporter_pod_resources_up{instance=~"$node"}', "{{instance}} up"),
+        (
+            'increase(gpuquota_exporter_pod_resources_errors_total{instance=~"$node"}'
+            "[$__rate_interval])",
+            "{{instance}} errors",
+        ),
+        description="Whether the exporter can ask the kubelet which pods hold which GPUs.",
+    ),
+    w=6,
+)
 
 dashboard = Dashboard(
     title="GPU node",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import errno
 import logging
+import os
 import re
 import signal
 import socket
@@ -28,8 +29,7 @@ from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
-from exporter.webconfig import WebConfig, WebConfigError
-from exporter.webconfig import load as load_web_config
+from exporter.webconfig import ReloadingWebConfig, WebConfigError
 from exporter.xid import XidWatcher
 
 log = logging.getLogger("gpu-exporter")
@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--hostname",
         default=None,
-        help="node name for the Hostname label of --compat dcgm (default: this host's name)",
+        help="node name for the Hostname label of --compat dcgm (default: $NODE_NAME, as the "
+        "downward API sets it, else this host's name)",
     )
     health_service.add_arguments(parser)
     parser.add_argument(
@@ -181,17 +182,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def run(args: argparse.Namespace) -> int:
     compat = frozenset().union(*args.compat) if args.compat else frozenset()
     renderer = Renderer(RenderOptions(compat=compat, pod_labels=args.pod_labels))
-    web_config: WebConfig | None = None
+    web_config: ReloadingWebConfig | None = None
     if args.web_config_file:
         try:
-            web_config = load_web_config(args.web_config_file)
+            web_config = ReloadingWebConfig(args.web_config_file)
         except WebConfigError as exc:
             raise UsageError(str(exc)) from None
 
     api = NvmlApi()
     start_nvml(api)
     collector = Collector(
-        api, interval=args.interval, hostname=args.hostname or socket.gethostname()
+        api,
+        interval=args.interval,
+        hostname=args.hostname or os.environ.get("NODE_NAME") or socket.gethostname(),
     )
     xid = XidWatcher(api)
     collector.xid = xid

@@ -6,9 +6,12 @@ subscribers (the health checker). Scrapes only ever read ``latest()``.
 
 Cost: identity (name, serial, VBIOS, PCI, compute capability, MIG layout, which NVLinks
 exist, whether ECC is on) is read once per device and cached; a device is re-read from
-scratch only after one of its calls failed. Failures stay local: an error on one function
-of one GPU leaves that value out (and counts it), NVML_ERROR_GPU_IS_LOST or RESET_REQUIRED
-stops reading that GPU for this round and flags it, and the other GPUs are read as usual.
+scratch after it was lost, needed a reset or could not be identified (a single failing
+reading leaves the cache alone: it says nothing about who the device is).
+
+Failures stay local: an error on one function of one GPU leaves that value out (and counts
+it), NVML_ERROR_GPU_IS_LOST or RESET_REQUIRED stops reading that GPU for this round and flags
+it, and the other GPUs are read as usual.
 """
 
 from __future__ import annotations
@@ -304,8 +307,6 @@ class Collector:
             **identity,
             **values,
         )
-        if reads.errors:
-            self._forget(cache, handle_too=False)  # re-read identity next round
         return [gpu, *migs]
 
     @staticmethod

@@ -11,6 +11,7 @@ credentials and which reveal nothing but "up".
 
 from __future__ import annotations
 
+import gzip
 import logging
 import socket
 import ssl
@@ -25,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter.collect import Collector
 from exporter.render import CONTENT_TYPE, Renderer
 from exporter.snapshot import NodeSnapshot
-from exporter.webconfig import WebConfig
+from exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +39,20 @@ READY_AFTER_INTERVALS = 3  # /readyz fails when the newest snapshot is older tha
 HANDSHAKE_TIMEOUT_S = 10.0
 
 
+def _accepts_gzip(headers: Any) -> bool:
+    encodings = str(headers.get("Accept-Encoding", "")).lower()
+    return any(part.split(";")[0].strip() == "gzip" for part in encodings.split(","))
+
+
 def _text(status: int, body: str) -> Response:
     return status, "text/plain; charset=utf-8", body.encode()
 
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default listen backlog is 5: a burst of concurrent scrapers overflows it
+    # and the kernel drops their SYNs, which costs each one a 1 s retransmit.
+    request_queue_size = 128
     block_on_close = False
     allow_reuse_address = True
     ssl_context: ssl.SSLContext | None = None
@@ -53,9 +62,11 @@ class _Server(ThreadingHTTPServer):
         # The TLS handshake runs here, in the connection's own thread, so one slow client
         # cannot hold up accept() for everybody else.
         if self.ssl_context is not None:
+            config = self.exporter.web_config  # the current one: certificates may rotate
+            context = config.ssl_context if config and config.ssl_context else self.ssl_context
             request.settimeout(HANDSHAKE_TIMEOUT_S)
             try:
-                request = self.ssl_context.wrap_socket(request, server_side=True)
+                request = context.wrap_socket(request, server_side=True)
             except (ssl.SSLError, OSError) as exc:
                 log.debug("TLS handshake with %s failed: %s", client_address, exc)
                 request.close()
@@ -92,6 +103,12 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         route = exporter.routes.get(path)
+        if path == "/metrics" and route == exporter.metrics and _accepts_gzip(self.headers):
+            status, content_type, body = exporter.metrics(gzipped=True)
+            self._send(
+                status, content_type, body, {"Content-Encoding": "gzip"} if status == 200 else None
+            )
+            return
         if route is None:
             self._send(*_text(404, f"{path} not found\n"))
             return
@@ -128,17 +145,17 @@ class ExporterServer:
         *,
         host: str = "",
         port: int = 9400,
-        web_config: WebConfig | None = None,
+        web_config: WebConfig | ReloadingWebConfig | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.collector = collector
         self.renderer = renderer
-        self.web_config = web_config
+        self._web_config = web_config
         # Other parts' prometheus_client collectors, appended to /metrics.
         self.registry = registry
         self.routes: dict[str, Route] = {
             "/": self._index,
-            "/metrics": self._metrics,
+            "/metrics": self.metrics,
             "/healthz": self._healthz,
             "/readyz": self._readyz,
         }
@@ -148,13 +165,20 @@ class ExporterServer:
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
         self._server.exporter = self
-        self._server.ssl_context = web_config.ssl_context if web_config else None
+        initial = self.web_config
+        self._server.ssl_context = initial.ssl_context if initial else None
         self._thread: threading.Thread | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         host, port = self._server.server_address[:2]
         return str(host), int(port)
+
+    @property
+    def web_config(self) -> WebConfig | None:
+        """The web config in force now (a reloading one is re-read when its files change)."""
+        source = self._web_config
+        return source.current() if isinstance(source, ReloadingWebConfig) else source
 
     @property
     def scheme(self) -> str:
@@ -185,16 +209,17 @@ class ExporterServer:
             self._thread = None
 
     # --- routes ------------------------------------------------------------------------------
-    def _metrics(self) -> Response:
+    def metrics(self, *, gzipped: bool = False) -> Response:
+        """/metrics: the latest snapshot, through the scrape-time views, rendered."""
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
         for view in self.snapshot_views:
             snapshot = view(snapshot)
-        body = self.renderer.exposition(snapshot)
-        if self.registry is not None:
-            body += generate_latest(self.registry)
-        return 200, CONTENT_TYPE, body
+        if self.registry is None:
+            return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, gzipped=gzipped)
+        body = self.renderer.exposition(snapshot) + generate_latest(self.registry)
+        return 200, CONTENT_TYPE, gzip.compress(body, compresslevel=1) if gzipped else body
 
     def _healthz(self) -> Response:
         if self.collector.is_alive():

@@ -687,6 +687,34 @@ METRICS: list[MetricSpec] = [
         read_node=_node_value(lambda n: float(n.ok)),
     ),
     MetricSpec(
+        name=f"{S}pod_resources_up",
+        type="gauge",
+        unit="",
+        help="1 when the last kubelet pod-resources List answered, 0 when it failed or the "
+        "socket is missing (attribution then keeps its last mapping for a while); absent "
+        "when attribution is off.",
+        labels=(),
+        source="kubelet pod-resources v1 List",
+        accessor="NodeSnapshot.pod_attribution.up",
+        scope=Scope.NODE,
+        read_node=_node_value(
+            lambda n: None if n.pod_attribution is None else n.pod_attribution.up
+        ),
+    ),
+    MetricSpec(
+        name=f"{S}pod_resources_errors_total",
+        type="counter",
+        unit="",
+        help="Failed kubelet pod-resources List calls (errors, deadlines, a vanished socket).",
+        labels=(),
+        source="kubelet pod-resources v1 List",
+        accessor="NodeSnapshot.pod_attribution.errors_total",
+        scope=Scope.NODE,
+        read_node=_node_value(
+            lambda n: None if n.pod_attribution is None else n.pod_attribution.errors_total
+        ),
+    ),
+    MetricSpec(
         name=f"{S}collection_duration_seconds",
         type="gauge",
         unit="seconds",

@@ -39,8 +39,8 @@ none).
 **Missing series.** A function the GPU does not support (NVML_ERROR_NOT_SUPPORTED) leaves
 its series out for that GPU; it is never reported as 0. A failed call leaves that value out
 for that collection and counts in `gpuquota_exporter_nvml_errors_total`. A GPU that fell
-off the bus (NVML_ERROR_GPU_IS_LOST) keeps only `gpu_info` and
-`gpu_device_state{state="lost"} 1`.
+off the bus (NVML_ERROR_GPU_IS_LOST) keeps only its identity (`gpu_info`),
+`gpu_device_state{state="lost"} 1`, its pods and its health verdict.
 """
 
 SCOPES = {

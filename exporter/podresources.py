@@ -26,14 +26,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 
 from exporter.kubeletapi import podresources_v1_pb2 as pb
 from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-from exporter.snapshot import NodeSnapshot, PodRef
+from exporter.snapshot import NodeSnapshot, PodAttributionStatus, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -100,18 +99,6 @@ def attach_pods(snapshot: NodeSnapshot, mapping: Mapping[str, tuple[PodRef, ...]
     return dataclasses.replace(snapshot, pods=pods)
 
 
-@dataclass(frozen=True, slots=True)
-class AttributionStatus:
-    """What the refresher knows about its own health (rendered as exporter metrics)."""
-
-    socket_present: bool
-    up: bool  # the last List call succeeded
-    errors_total: int
-    refreshes_total: int
-    last_success_age_seconds: float | None  # None before the first success
-    devices_attributed: int
-
-
 class PodResourcesWatcher:
     """Keeps a fresh device -> pods mapping from the kubelet, refreshed in its own thread."""
 
@@ -141,7 +128,6 @@ class PodResourcesWatcher:
         self._up = False
         self._socket_present = False
         self._errors = 0
-        self._refreshes = 0
         self._logged_absent = False
         self._logged_error = False
         self._channel: grpc.Channel | None = None
@@ -170,7 +156,6 @@ class PodResourcesWatcher:
             self._mapping = mapping
             self._last_success = self._clock()
             self._up = True
-            self._refreshes += 1
         if self._logged_error:
             log.info("kubelet pod-resources List works again")
             self._logged_error = False
@@ -265,20 +250,16 @@ class PodResourcesWatcher:
             return self._mapping
 
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: the snapshot with its ``pods`` attribution filled in."""
-        return attach_pods(snapshot, self.mapping())
+        """Collector enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in."""
+        enriched = attach_pods(snapshot, self.mapping())
+        return dataclasses.replace(enriched, pod_attribution=self.status())
 
-    def status(self) -> AttributionStatus:
+    def status(self) -> PodAttributionStatus:
         with self._lock:
-            age = None if self._last_success is None else self._clock() - self._last_success
-            mapping_len = len(self._mapping)
-            up = self._up
-            stale = age is not None and not up and age > self.max_stale
-            return AttributionStatus(
-                socket_present=self._socket_present,
-                up=up,
-                errors_total=self._errors,
-                refreshes_total=self._refreshes,
-                last_success_age_seconds=age,
-                devices_attributed=0 if stale or age is None else mapping_len,
-            )
+            socket_present, up, errors = self._socket_present, self._up, self._errors
+        return PodAttributionStatus(
+            socket_present=socket_present,
+            up=up,
+            errors_total=errors,
+            devices_attributed=len(self.mapping()),
+        )

@@ -16,6 +16,7 @@ counter to end in ``_total``.
 
 from __future__ import annotations
 
+import gzip
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -213,9 +214,11 @@ class Renderer:
         self._lock = threading.Lock()
         self._cached_for: NodeSnapshot | None = None
         self._cached: bytes = b""
+        self._cached_gzip: bytes | None = None
 
-    def exposition(self, snapshot: NodeSnapshot) -> bytes:
-        """The text exposition of ``snapshot``; rendered once however many scrapes ask.
+    def exposition(self, snapshot: NodeSnapshot, *, gzipped: bool = False) -> bytes:
+        """The text exposition of ``snapshot`` (or its gzip); rendered (and compressed) once
+        however many scrapes ask.
 
         Scrape-time views (the health verdict) hand in a fresh copy of the same snapshot on
         every scrape, so the cache compares by value; the comparison is cheap because an
@@ -224,8 +227,13 @@ class Renderer:
         with self._lock:
             if self._cached_for is not snapshot and self._cached_for != snapshot:
                 self._cached = self.render(snapshot)
+                self._cached_gzip = None
                 self._cached_for = snapshot
-            return self._cached
+            if not gzipped:
+                return self._cached
+            if self._cached_gzip is None:
+                self._cached_gzip = gzip.compress(self._cached, compresslevel=1)
+            return self._cached_gzip
 
     def render(self, snapshot: NodeSnapshot) -> bytes:
         out: list[str] = []

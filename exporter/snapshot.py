@@ -131,6 +131,16 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
+class PodAttributionStatus:
+    """How pod attribution from the kubelet pod-resources API is doing (exporter/podresources.py)."""
+
+    socket_present: bool
+    up: bool  # the last List call succeeded
+    errors_total: int  # failed List calls (and socket losses) since the exporter started
+    devices_attributed: int  # devices in the mapping in use (0 once it went stale)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeSnapshot:
     """Everything one collection saw, plus the enrichment joined onto it."""
 
@@ -156,3 +166,5 @@ class NodeSnapshot:
     # The health checker's current verdict for every device; set when rendering (None: no
     # health checking), so metrics show the same state as the health endpoint at that moment.
     health: NodeHealth | None = None
+    # Pod attribution's own state, set by its enricher (None: attribution turned off).
+    pod_attribution: PodAttributionStatus | None = None

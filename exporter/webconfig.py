@@ -16,6 +16,9 @@ The file format is the one every official Prometheus exporter reads with
 
 Everything is checked when the file is loaded (the certificate and key are loaded, the
 hashes parsed), so a bad file stops the exporter at start with one line naming the problem.
+While running, ``ReloadingWebConfig`` re-reads the file when it or a file it names changes
+(as exporter-toolkit does), so rotated certificates and changed users take effect without a
+restart; a broken edit is logged and the previous config stays in force.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import ssl
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import bcrypt
 import yaml
+
+log = logging.getLogger(__name__)
 
 
 class WebConfigError(ValueError):
@@ -64,6 +71,7 @@ class WebConfig:
     ssl_context: ssl.SSLContext | None = None
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)
+    files: tuple[Path, ...] = ()  # the config file and the files it names (for reloading)
     _verified: set[bytes] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -110,16 +118,17 @@ def load(path: str | Path) -> WebConfig:
     except yaml.YAMLError as exc:
         raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
     if data is None:
-        return WebConfig(path=path)
+        return WebConfig(path=path, files=(path,))
     where = f"web config {path}"
     doc = _mapping(data, where, _TOP_KEYS)
-    config = WebConfig(path=path)
+    config = WebConfig(path=path, files=(path,))
     if doc.get("tls_server_config") is not None:
-        config.ssl_context = _tls(
+        config.ssl_context, named = _tls(
             _mapping(doc["tls_server_config"], f"{where}: tls_server_config", _TLS_KEYS),
             path.parent,
             where,
         )
+        config.files += named
     if doc.get("http_server_config") is not None:
         http = _mapping(doc["http_server_config"], f"{where}: http_server_config", _HTTP_KEYS)
         headers = http.get("headers") or {}
@@ -156,7 +165,7 @@ def _file(value: Any, base: Path, where: str) -> Path:
     return path
 
 
-def _tls(tls: dict[str, Any], base: Path, where: str) -> ssl.SSLContext:
+def _tls(tls: dict[str, Any], base: Path, where: str) -> tuple[ssl.SSLContext, tuple[Path, ...]]:
     if "cert_file" not in tls or "key_file" not in tls:
         raise WebConfigError(f"{where}: tls_server_config needs both cert_file and key_file")
     cert = _file(tls["cert_file"], base, f"{where}: tls_server_config.cert_file")
@@ -178,6 +187,7 @@ def _tls(tls: dict[str, Any], base: Path, where: str) -> ssl.SSLContext:
             f"(use one of {', '.join(_CLIENT_AUTH)})"
         )
     context.verify_mode = _CLIENT_AUTH[auth]
+    named: tuple[Path, ...] = (cert, key)
     if auth != "NoClientCert":
         if "client_ca_file" not in tls:
             raise WebConfigError(f"{where}: client_auth_type {auth} needs client_ca_file")
@@ -186,7 +196,8 @@ def _tls(tls: dict[str, Any], base: Path, where: str) -> ssl.SSLContext:
             context.load_verify_locations(cafile=str(ca))
         except (ssl.SSLError, OSError) as exc:
             raise WebConfigError(f"{where}: cannot load client_ca_file {ca}: {exc}") from None
-    return context
+        named += (ca,)
+    return context, named
 
 
 def _version(value: Any, name: str, where: str) -> ssl.TLSVersion:
@@ -206,3 +217,54 @@ def _bcrypt_hash(value: Any, where: str) -> bytes:
     except ValueError:
         raise WebConfigError(f"{where} is not a valid bcrypt hash") from None
     return hashed
+
+
+class ReloadingWebConfig:
+    """The web config of ``path``, re-read when any of its files changes (checked at most
+    every ``check_every`` seconds, on use)."""
+
+    def __init__(self, path: str | Path, *, check_every: float = 1.0) -> None:
+        self.path = Path(path)
+        self.check_every = check_every
+        self._config = load(self.path)  # a bad file at start is fatal (WebConfigError)
+        self._stamp = _stamps(self._config.files)
+        self._checked = time.monotonic()
+        self._lock = threading.Lock()
+
+    def current(self) -> WebConfig:
+        now = time.monotonic()
+        if now - self._checked < self.check_every:
+            return self._config
+        with self._lock:
+            self._checked = now
+            stamp = _stamps(self._config.files)
+            if stamp == self._stamp:
+                return self._config
+            self._stamp = stamp  # whatever happens, report a broken edit once
+            try:
+                config = load(self.path)
+            except WebConfigError as exc:
+                log.error("keeping the previous web config: %s", exc)
+                return self._config
+            if (config.ssl_context is None) != (self._config.ssl_context is None):
+                log.error(
+                    "keeping the previous web config: %s switches TLS %s, which needs a restart",
+                    self.path,
+                    "on" if config.ssl_context else "off",
+                )
+                return self._config
+            self._config = config
+            self._stamp = _stamps(config.files)
+            log.info("reloaded web config %s", self.path)
+            return config
+
+
+def _stamps(files: tuple[Path, ...]) -> tuple[tuple[int, int] | None, ...]:
+    out: list[tuple[int, int] | None] = []
+    for path in files:
+        try:
+            st = path.stat()
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)

@@ -108,10 +108,11 @@ class Accountant:
         self.retention_seconds = retention_seconds
         self._pods: dict[str, _Pod] = {}
         self._pods_by_node: dict[str, set[str]] = {}
+        self._gone: set[str] = set()  # pods DELETED or vanished, pruned after retention
         self._forgotten: dict[str, int] = {}  # pruned pod UIDs -> when, to ignore late events
         self._nodes: dict[str, _Node] = {}
         self._deleted_nodes: dict[str, int] = {}
-        self._capacity: dict[tuple[str, str], _Interval] = {}  # (node, resource)
+        self._capacity: dict[str, dict[str, _Interval]] = {}  # node -> resource -> open
         self._node_seen: dict[str, int] = {}
         self._namespaces: dict[str, _Interval] = {}
         self._namespace_seen: dict[str, int] = {}
@@ -166,7 +167,7 @@ class Accountant:
             )
             pod.written[row.resource_name] = row
         for cap in state.node_capacity:
-            self._capacity[(cap.node, cap.resource_name)] = _Interval(
+            self._capacity.setdefault(cap.node, {})[cap.resource_name] = _Interval(
                 cap.started_at, _capacity_value(cap)
             )
         for ns in state.namespace_labels:
@@ -232,12 +233,13 @@ class Accountant:
             for uid, pod in self._pods.items():
                 if not pod.gone and uid not in names:
                     pod.gone = True
+                    self._gone.add(pod.uid)
                     pod.evidence = pod.evidence.merge(
                         acc.EndEvidence(vanished_at=max(hb, pod.last_seen))
                     )
                     self._dirty_pods.add(uid)
         elif kind == "Node":
-            known = {*self._nodes, *(n for n, _ in self._capacity)}
+            known = {*self._nodes, *self._capacity}
             for name in known - names:
                 at = max(hb, self._node_seen.get(name, 0))
                 self._nodes.pop(name, None)
@@ -302,6 +304,7 @@ class Accountant:
         evidence = acc.observed_evidence(facts, observed_at)
         if deleted:
             pod.gone = True
+            self._gone.add(pod.uid)
             evidence = evidence.merge(acc.EndEvidence(deleted_at=observed_at))
         node_deleted = self._deleted_nodes.get(pod.node or "")
         if (
@@ -401,11 +404,10 @@ class Accountant:
         first_sight = current is None
         self._nodes[name] = _Node(gpus, observed_at)
         resources = {r for r, units in gpus.allocatable.items() if units > 0}
-        resources |= {r for (n, r) in self._capacity if n == name}
+        resources |= set(self._capacity.get(name, {}))
         for resource in sorted(resources):
             units = gpus.allocatable.get(resource, 0)
-            key = (name, resource)
-            open_interval = self._capacity.get(key)
+            open_interval = self._capacity.get(name, {}).get(resource)
             if open_interval is not None and observed_at < open_interval.started_at:
                 continue  # already stored by a run that saw a later copy
             share = acc.physical_share(resource, gpus, self.config)
@@ -425,7 +427,7 @@ class Accountant:
             start = observed_at
             if first_sight and open_interval is None and gpus.created_at is not None:
                 start = min(gpus.created_at, observed_at)  # capacity exists since creation
-            self._capacity[key] = _Interval(start, value)
+            self._capacity.setdefault(name, {})[resource] = _Interval(start, value)
             self._queue_capacity(name, resource, start, value, None)
         # pods that started before their node was seen get its facts now
         for uid in self._pods_by_node.get(name, set()):
@@ -436,13 +438,16 @@ class Accountant:
                 self._dirty_pods.add(uid)
 
     def _close_capacity(self, node: str, at: int, only: str | None = None) -> None:
-        for (name, resource), interval in list(self._capacity.items()):
-            if name != node or (only is not None and resource != only):
+        intervals = self._capacity.get(node, {})
+        for resource, interval in list(intervals.items()):
+            if only is not None and resource != only:
                 continue
-            del self._capacity[(name, resource)]
+            del intervals[resource]
             self._queue_capacity(
-                name, resource, interval.started_at, interval.value, max(at, interval.started_at)
+                node, resource, interval.started_at, interval.value, max(at, interval.started_at)
             )
+        if not intervals:
+            self._capacity.pop(node, None)
 
     def _queue_capacity(
         self, node: str, resource: str, start: int, value: Any, end: int | None
@@ -586,6 +591,15 @@ class Accountant:
             if row.ended_at is None
         ]
 
+    def tracked(self) -> dict[str, int]:
+        """How many objects the Accountant holds in memory, per kind (for metrics)."""
+        return {
+            "pods": len(self._pods),
+            "nodes": len(self._nodes),
+            "namespaces": len(self._namespaces),
+            "resourcequotas": len(self._quotas),
+        }
+
     def pending(self) -> int:
         """How many rows the next flush would write."""
         return len(self._batch())
@@ -636,8 +650,10 @@ class Accountant:
     def _prune(self) -> None:
         """Forget pods that are gone and written, once late events for them are unlikely."""
         horizon = self._now - self.retention_seconds
-        for uid, pod in list(self._pods.items()):
-            if pod.gone and pod.last_seen < horizon:
+        for uid in list(self._gone):
+            pod = self._pods[uid]
+            if pod.last_seen < horizon:
+                self._gone.discard(uid)
                 del self._pods[uid]
                 if pod.node:
                     self._pods_by_node.get(pod.node, set()).discard(uid)

@@ -1,8 +1,10 @@
 """Measured utilisation from Prometheus: busy GPU-seconds per namespace over a window.
 
-The exporter publishes ``gpu_utilization_ratio`` per device and the attribution join metric
-``gpu_pod_info{namespace, pod, ...}`` (value 1) per device and pod; both carry the device's
-``uuid``. A GPU shared by several pods splits its busy time evenly among them.
+The exporter (exporter/metrics.py) publishes ``gpu_utilization_ratio`` per device and the
+attribution join metric ``gpu_pod_info{gpu, uuid, namespace, pod, container}`` (value 1, one
+series per container holding the device); both carry the device's ``uuid``. The query first
+reduces each to one series per device (utilisation; ``--pod-labels`` may copy it per pod) and
+per (device, pod), then splits a shared GPU's busy time evenly among the pods holding it.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ def step_for(seconds: int) -> int:
 
 def busy_query(seconds: int, step: int) -> str:
     """PromQL: busy GPU-seconds per namespace over the ``seconds`` before the evaluation time."""
+    util = f"max by ({DEVICE_LABEL}) ({UTIL_METRIC})"
+    pods = f"max by ({DEVICE_LABEL}, namespace, pod) ({JOIN_METRIC})"
     joined = (
-        f"({UTIL_METRIC} * on ({DEVICE_LABEL}) group_right {JOIN_METRIC})"
-        f" / on ({DEVICE_LABEL}) group_left count by ({DEVICE_LABEL}) ({JOIN_METRIC})"
+        f"({util} * on ({DEVICE_LABEL}) group_right {pods})"
+        f" / on ({DEVICE_LABEL}) group_left count by ({DEVICE_LABEL}) ({pods})"
     )
     return f"sum by (namespace) (sum_over_time(({joined})[{seconds}s:{step}s])) * {step}"
 

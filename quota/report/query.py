@@ -24,6 +24,7 @@ from sqlalchemy import (
     cast,
     func,
     literal,
+    literal_column,
     or_,
     select,
 )
@@ -32,7 +33,14 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import GenericFunction
 
-from quota.store.models import Allocation, NamespaceLabels, NodeCapacity, QuotaSample
+from quota.store.models import (
+    SPAN_CLASS_BOUNDS,
+    SPAN_CLASS_SQL,
+    Allocation,
+    NamespaceLabels,
+    NodeCapacity,
+    QuotaSample,
+)
 
 # Keys a report can group by, mapped to Allocation columns (label:<key> is handled apart).
 GROUP_COLUMNS: dict[str, tuple[Any, ...]] = {
@@ -84,12 +92,13 @@ def t(value: int) -> ColumnElement[int]:
 class Scope:
     """Which allocation rows a window can touch, phrased so that B-tree indexes serve it.
 
-    "Overlaps [lo, hi)" is not one index range, so it is split in two ranges: open intervals
-    (ended_at IS NULL: ix_allocations_open) and closed ones that started in
-    [lo - longest closed interval, hi) (ix_allocations_window). The longest closed interval
-    comes from the ix_allocations_duration expression index in one index probe. The cluster
-    equality leads both indexes, so a report over every cluster names them all (found with a
-    loose index scan)."""
+    "Overlaps [lo, hi)" is not one index range. Split by length class (models.SPAN_CLASS_SQL,
+    index ix_allocations_span), it is: a closed interval of class k is shorter than its bound
+    b_k, so it overlaps the window only if it started in [lo - b_k, hi). The last class is
+    bounded by the longest closed interval (one probe of ix_allocations_duration); intervals
+    still running come from ix_allocations_open. Each part is queried apart (SQLite would not
+    use several ranges of one OR) and the grouped rows are added up. The cluster equality
+    leads the indexes, so a report over every cluster names them all (loose index scan)."""
 
     clusters: tuple[str, ...]
     longest: int | None  # longest closed interval in seconds; None: no closed intervals
@@ -98,23 +107,26 @@ class Scope:
     def of(cls, conn: Connection, cluster: str | None) -> Scope:
         a = Allocation
         longest = conn.execute(select(func.max(a.ended_at - a.started_at))).scalar()
-        if cluster is not None:
-            return cls((cluster,), None if longest is None else int(longest))
-        return cls(tuple(distinct_clusters(conn)), None if longest is None else int(longest))
+        clusters = (cluster,) if cluster is not None else tuple(distinct_clusters(conn))
+        return cls(clusters, None if longest is None else int(longest))
 
     def parts(self, lo: int, hi: int) -> list[ColumnElement[bool]]:
-        """Two conditions whose rows together are those overlapping [lo, hi), each one index
-        range; queried apart (SQLite would not use both ranges of one OR)."""
         a = Allocation
         cluster = a.cluster.in_(self.clusters)
-        closed = and_(
-            cluster,
-            a.started_at >= t(lo - (self.longest or 0)),
-            a.started_at < t(hi),
-            a.ended_at > t(lo),
-        )
-        running = and_(cluster, a.ended_at.is_(None), a.started_at < t(hi))
-        return [closed, running]
+        span: ColumnElement[int] = literal_column(SPAN_CLASS_SQL, Integer)
+        bounds = [*SPAN_CLASS_BOUNDS, max(self.longest or 0, SPAN_CLASS_BOUNDS[-1])]
+        parts: list[ColumnElement[bool]] = [
+            and_(
+                cluster,
+                span == k,
+                a.started_at >= t(lo - bound),
+                a.started_at < t(hi),
+                a.ended_at > t(lo),
+            )
+            for k, bound in enumerate(bounds)
+        ]
+        parts.append(and_(cluster, a.ended_at.is_(None), a.started_at < t(hi)))
+        return parts
 
 
 def distinct_clusters(conn: Connection) -> list[str]:

@@ -127,8 +127,9 @@ def parse(raw: Mapping[str, Any], default_name: str = "sim-node") -> NodeSpec:
         raise ValueError(f"unknown spec key(s): {', '.join(sorted(unknown))}")
     name = str(raw.get("name", default_name))
     entries = raw.get("gpus")
-    if not isinstance(entries, Sequence) or isinstance(entries, str) or not entries:
-        raise ValueError("spec needs 'gpus': a non-empty list of {model, count} entries")
+    # an empty list is allowed: a node whose driver sees no GPU (the exporter must say so)
+    if not isinstance(entries, Sequence) or isinstance(entries, str):
+        raise ValueError("spec needs 'gpus': a list of {model, count} entries")
     expanded: list[tuple[GpuModel, list[str], Mapping[str, Any]]] = []
     for n, entry in enumerate(entries):
         expanded.extend(_expand_entry(n, entry))

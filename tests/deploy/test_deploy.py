@@ -151,6 +151,7 @@ def test_alerts_use_only_known_metrics() -> None:
     names = {a["alert"] for a in alerts}
     assert {
         "GPUUnhealthy",
+        "GPULost",
         "GPUXidError",
         "GPUEccUncorrectable",
         "GPUExporterDown",

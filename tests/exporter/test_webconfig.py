@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import base64
+import os
 from pathlib import Path
 
 import bcrypt
 import pytest
 
-from exporter.webconfig import WebConfigError, load
+from exporter.webconfig import ReloadingWebConfig, WebConfigError, load
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 
@@ -97,3 +98,40 @@ def test_tls_settings_are_checked(tmp_path: Path, tls_files: dict[str, Path]) ->
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(WebConfigError, match="cannot read web config"):
         load(tmp_path / "absent.yml")
+
+
+def _touch_later(path: Path, text: str) -> None:
+    """Rewrite ``path`` so that its mtime surely differs (coarse filesystem clocks)."""
+    before = path.stat().st_mtime_ns
+    path.write_text(text)
+    os.utime(path, ns=(before + 2_000_000_000, before + 2_000_000_000))
+
+
+def test_reloads_users_when_the_file_changes(tmp_path: Path, caplog) -> None:
+    path = write(tmp_path, f"basic_auth_users:\n  prom: '{HASH}'\n")
+    reloading = ReloadingWebConfig(path, check_every=0.0)
+    assert reloading.current().authorized(basic("prom", "s3cret"))
+
+    _touch_later(path, f"basic_auth_users:\n  grafana: '{HASH}'\n")
+    assert not reloading.current().authorized(basic("prom", "s3cret"))
+    assert reloading.current().authorized(basic("grafana", "s3cret"))
+
+    _touch_later(path, "basic_auth_users:\n  grafana: plaintext\n")  # a broken edit
+    assert reloading.current().authorized(basic("grafana", "s3cret"))  # previous one stays
+    assert "keeping the previous web config" in caplog.text
+
+
+def test_tls_cannot_be_switched_off_by_a_reload(
+    tmp_path: Path, tls_files: dict[str, Path], caplog
+) -> None:
+    cert, key = tls_files["server_crt"], tls_files["server_key"]
+    path = write(tmp_path, f"tls_server_config:\n  cert_file: {cert}\n  key_file: {key}\n")
+    reloading = ReloadingWebConfig(path, check_every=0.0)
+    _touch_later(path, "")
+    assert reloading.current().ssl_context is not None
+    assert "needs a restart" in caplog.text
+
+
+def test_bad_file_at_start_is_fatal(tmp_path: Path) -> None:
+    with pytest.raises(WebConfigError):
+        ReloadingWebConfig(write(tmp_path, "nonsense: 1\n"))

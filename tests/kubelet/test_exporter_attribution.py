@@ -21,10 +21,19 @@ EXPORTER = Path(sys.executable).with_name("gpu-exporter")
 POD_INFO = re.compile(r"^gpu_pod_info\{([^}]*)\} 1$", re.M)
 
 
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def attribution_up(port: int) -> str | None:
+    match = re.search(r"^gpuquota_exporter_pod_resources_up (\S+)$", scrape(port), re.M)
+    return match.group(1) if match else None
+
+
 def pod_info(port: int) -> set[tuple[str, str, str]]:
     """(uuid, namespace, pod) of every gpu_pod_info series."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        body = response.read().decode()
+    body = scrape(port)
     found = set()
     for labels in POD_INFO.findall(body):
         pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
@@ -99,6 +108,7 @@ def test_exporter_attributes_time_sliced_and_whole_gpus(node: SimNode, socket_pa
                 (u, "training", f"train-{i}") for i, u in enumerate(uuids[1:])
             }
             wait_for(lambda: pod_info(exporter.port) == expected)
+            assert attribution_up(exporter.port) == "1"
             kubelet.remove_pod("training", "train-0")  # a pod ends: its series goes
             wait_for(
                 lambda: pod_info(exporter.port) == expected - {(uuids[1], "training", "train-0")}
@@ -107,17 +117,37 @@ def test_exporter_attributes_time_sliced_and_whole_gpus(node: SimNode, socket_pa
             exporter.stop()
 
 
+def test_exporter_attributes_every_mig_instance(socket_path: Path) -> None:
+    with SimNode.create(socket_path.parent / "mig.state", "a100-mig") as node:
+        migs = [u for i in range(node.gpu_count) for u in node.mig_uuids(i)]
+        assert len(migs) == 28
+        with PodResourcesServer(socket_path, node_assignments([], migs)):
+            exporter = Exporter(node, socket_path)
+            try:
+                expected = {(u, "research", f"notebook-{i}") for i, u in enumerate(migs)}
+                wait_for(lambda: pod_info(exporter.port) == expected)
+            finally:
+                exporter.stop()
+
+
 def test_exporter_without_kubelet_runs_then_attributes_once_it_appears(
     node: SimNode, socket_path: Path
 ) -> None:
     exporter = Exporter(node, socket_path)
     try:
         assert pod_info(exporter.port) == set()  # metrics are served without attribution
+        assert attribution_up(exporter.port) == "0"
         assert exporter.output().count("pod attribution is off") == 1
         with PodResourcesServer(socket_path, node_assignments([node.uuid(0)], replicas=2)):
             wait_for(lambda: len(pod_info(exporter.port)) == 2)
+            wait_for(lambda: attribution_up(exporter.port) == "1")
         time.sleep(0.3)  # gone again: the last mapping is kept for a while, not dropped
         assert len(pod_info(exporter.port)) == 2
+        wait_for(lambda: attribution_up(exporter.port) == "0")
+        errors = re.search(
+            r"^gpuquota_exporter_pod_resources_errors_total (\S+)$", scrape(exporter.port), re.M
+        )
+        assert errors is not None and float(errors.group(1)) >= 1
     finally:
         exporter.stop()
     assert exporter.proc.returncode == 0

@@ -178,9 +178,12 @@ def test_watcher_attributes_time_sliced_gpus_and_mig_devices(
                 mig=MigInfo(GPU1, 1, gpu_instance_id=8, compute_instance_id=0, profile="1g.5gb"),
             ),
         )
-        pods = watcher.enrich(snap).pods
+        enriched = watcher.enrich(snap)
+        pods = enriched.pods
     finally:
         watcher.stop()
+    assert enriched.pod_attribution is not None
+    assert enriched.pod_attribution.up and enriched.pod_attribution.devices_attributed == 3
     assert pods == {
         GPU0: tuple(ref("infer", f"shared-0-{r}") for r in range(3)),
         MIG0: (ref("train", "pod-0"),),

@@ -29,9 +29,11 @@ H = 3600
 
 def test_query_joins_utilisation_with_pod_attribution() -> None:
     q = busy_query(86400, 9)
+    pods = "max by (uuid, namespace, pod) (gpu_pod_info)"
     assert q == (
-        "sum by (namespace) (sum_over_time(((gpu_utilization_ratio * on (uuid) group_right gpu_pod_info)"
-        " / on (uuid) group_left count by (uuid) (gpu_pod_info))[86400s:9s])) * 9"
+        "sum by (namespace) (sum_over_time(((max by (uuid) (gpu_utilization_ratio)"
+        f" * on (uuid) group_right {pods}) / on (uuid) group_left count by (uuid) ({pods}))"
+        "[86400s:9s])) * 9"
     )
     assert step_for(31 * 86400) == 268
     assert step_for(600) == 1
@@ -146,7 +148,7 @@ def _openmetrics(start: int, end: int) -> str:
     lines = ["# TYPE gpu_utilization_ratio gauge"]
     times = range(start, end, 15)
     for uuid, util in (("GPU-a", 0.5), ("GPU-b", 1.0)):
-        lines += [f'gpu_utilization_ratio{{uuid="{uuid}"}} {util} {t}' for t in times]
+        lines += [f'gpu_utilization_ratio{{gpu="0",uuid="{uuid}"}} {util} {t}' for t in times]
     lines.append("# TYPE gpu_pod_info gauge")
     # GPU-a held by one pod of ml; GPU-b time-sliced between a pod of ml and one of web
     for uuid, ns, pod in (("GPU-a", "ml", "a"), ("GPU-b", "ml", "b"), ("GPU-b", "web", "c")):

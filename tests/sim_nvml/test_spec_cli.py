@@ -23,7 +23,7 @@ from sim.nvml.spec import load
         ({"model": "A100-SXM4-40GB", "mig": ["1g.5gb"] * 8}, "at most 7"),
         ({"model": "L4", "count": 0}, "count must be a positive integer"),
         ({"model": "L4", "count": 17}, "at most 16"),
-        ({"gpus": []}, "non-empty list"),
+        ({"gpus": "L4"}, "a list of {model, count} entries"),
         ({"gpus": [{"model": "L4", "colour": "red"}]}, "unknown key(s): colour"),
         ({"model": "L4", "nvlink": "some"}, "nvlink must be"),
         ({"model": "L4", "count": 2, "nvlink": [[0, 1]]}, "GPU 0 (L4) has no NVLink"),

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine
 
+from quota.accounting import AccountingError
 from quota.engine import Accountant
-from quota.store.db import Store, StoreError
+from quota.store.db import QuotaSampleRow, Store, StoreError
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -329,18 +330,23 @@ def test_database_outage_keeps_the_batch_for_the_next_flush(store: Store, cluste
 def test_a_failing_batch_writes_nothing(store: Store, cluster: str) -> None:
     accountant = Accountant(store, cluster)
     accountant.apply("ADDED", node(created=10), 100)
+    accountant.apply("ADDED", namespace(created=10), 100)
     accountant.apply("ADDED", pod("a", start=1000), 1000)
-    accountant.apply("ADDED", namespace("x" * 300, created=10), 100)  # too long for PostgreSQL
-    if store.dialect == "sqlite":
-        pytest.skip("SQLite does not enforce VARCHAR lengths")
-    with pytest.raises(StoreError):
-        accountant.flush()
+    batch = accountant._batch()
+    assert batch.allocations and batch.node_capacity and batch.namespace_labels
+    # the last row of the batch breaks a NOT NULL constraint: the rows before it roll back
+    broken = QuotaSampleRow(None, "q", "requests.nvidia.com/gpu", 1.0, 0.0, [], 5)  # type: ignore[arg-type]
+    batch.quota_samples.append(broken)
+    with pytest.raises(StoreError, match="write to"):
+        store.write(cluster, batch)
     assert rows.everything(store, cluster) == {
         "allocations": {},
         "capacity": [],
         "labels": [],
         "samples": [],
     }
+    accountant.flush()  # the Accountant's own batch is intact
+    assert len(rows.allocations(store, cluster)) == 1
 
 
 def test_bookmarks_and_resource_versions_reach_the_heartbeat(store: Store, cluster: str) -> None:
@@ -354,3 +360,101 @@ def test_bookmarks_and_resource_versions_reach_the_heartbeat(store: Store, clust
     (beat,) = rows.heartbeat(store, cluster)
     assert beat == {"holder": "pod-7", "at": 1002, "resource_versions": {"Pod": "57"}}
     assert Accountant(store, cluster).resource_versions == {"Pod": "57"}
+
+
+def test_gone_pods_are_forgotten_after_retention_and_late_events_ignored(
+    store: Store, cluster: str
+) -> None:
+    accountant = Accountant(store, cluster, retention_seconds=100)
+    accountant.apply("ADDED", node(created=0), 0)
+    accountant.apply("ADDED", pod("a", start=1000), 1000)
+    accountant.apply("DELETED", pod("a", start=1000, deletion=1050, grace=0), 1050)
+    accountant.apply("ADDED", pod("b", name="b", start=1000), 1000)
+    accountant.flush()
+    assert accountant.tracked()["pods"] == 2  # within retention: kept for late events
+    accountant.apply("MODIFIED", pod("b", name="b", start=1000), 1200)
+    accountant.flush()
+    assert accountant.tracked()["pods"] == 1
+    # a late stale copy of the forgotten pod neither returns to memory nor changes its row
+    accountant.apply("MODIFIED", pod("a", start=1000), 1010)
+    assert accountant.tracked()["pods"] == 1
+    assert accountant.pending() == 0
+    assert accountant.quota_usage() == {("team-a", "nvidia.com/gpu"): 1}
+    a = rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]
+    assert (a["ended_at"], a["end_reason"]) == (1050, "deletion_timestamp")
+
+
+def test_pod_started_before_its_node_was_seen_gets_the_node_facts(
+    store: Store, cluster: str
+) -> None:
+    accountant = Accountant(store, cluster)
+    accountant.apply("ADDED", pod("a", start=1000, node="ts-1"), 1000)
+    accountant.flush()
+    assert rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]["gpu_model"] is None
+    shared = node(
+        "ts-1",
+        product="Tesla-T4-SHARED",
+        count=1,
+        allocatable={"nvidia.com/gpu": 4},
+        replicas=4,
+        sharing="mps",
+    )
+    accountant.apply("ADDED", shared, 1100)
+    # later relabelling of the node does not rewrite the recorded facts
+    accountant.apply("MODIFIED", node("ts-1", product="Tesla-T4", count=1), 1200)
+    accountant.flush()
+    a = rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]
+    assert (a["gpu_model"], a["replicas"], a["sharing_strategy"], a["physical_gpus"]) == (
+        "Tesla-T4",
+        4,
+        "mps",
+        0.25,
+    )
+
+
+def test_namespace_recreated_under_the_same_name_starts_a_new_row(
+    store: Store, cluster: str
+) -> None:
+    accountant = Accountant(store, cluster)
+    accountant.apply("ADDED", namespace("ml", {"team": "a"}, created=10), 10)
+    accountant.apply("DELETED", namespace("ml", {"team": "a"}, created=10), 500)
+    accountant.apply("ADDED", namespace("ml", {"team": "a"}, created=600), 600)
+    accountant.apply("MODIFIED", namespace("ml", {"team": "a"}, created=10), 300)  # stale copy
+    accountant.flush()
+    assert [(r["valid_from"], r["valid_to"]) for r in rows.labels(store, cluster)] == [
+        (10, 500),
+        (600, None),
+    ]
+
+
+def test_quota_lines_removed_and_quota_deleted(store: Store, cluster: str) -> None:
+    accountant = Accountant(store, cluster)
+    accountant.apply("ADDED", quota(hard=4, used=1, scopes=["NotBestEffort"]), 100)
+    accountant.apply("MODIFIED", quota(hard=4, used=1, scopes=["NotBestEffort"]), 150)  # unchanged
+    accountant.apply("MODIFIED", quota(hard=None, used=None), 200)  # GPU lines removed
+    accountant.apply("MODIFIED", quota(hard=2, used=0), 300)
+    accountant.apply("MODIFIED", quota(hard=8, used=0), 250)  # stale copy
+    accountant.apply("DELETED", quota(hard=2, used=0), 400)
+    accountant.flush()
+    assert [
+        (r["hard"], r["used"], r["scopes"], r["observed_at"]) for r in rows.samples(store, cluster)
+    ] == [
+        (4.0, 1.0, ["NotBestEffort"], 100),
+        (None, None, [], 200),
+        (2.0, 0.0, [], 300),
+        (None, None, [], 400),
+    ]
+
+
+def test_unreadable_object_changes_nothing(store: Store, cluster: str) -> None:
+    accountant = Accountant(store, cluster)
+    bad = pod("a", start=1000)
+    bad["status"]["startTime"] = "at noon"
+    with pytest.raises(AccountingError, match=r"status\.startTime"):
+        accountant.apply("ADDED", bad, 1000)
+    with pytest.raises(AccountingError, match="no kind"):
+        accountant.apply("ADDED", {"metadata": {}}, 1000)
+    with pytest.raises(AccountingError, match="unknown event type"):
+        accountant.apply("UPSERT", pod(), 1000)
+    assert accountant.pending() == 0
+    assert accountant.tracked()["pods"] == 0

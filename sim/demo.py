@@ -1,0 +1,337 @@
+"""`make demo`: the whole product on a simulated GPU node and cluster, end to end.
+
+Four acts, each through the real interfaces and the real programs:
+
+1. a node of 8 simulated H100s (the NVML stand-in) with pods from a kubelet pod-resources
+   stand-in: `gpu-exporter` serves /metrics with pod-attributed GPU series;
+2. an injected XID 79 turns one GPU Unhealthy in the health endpoint, the metrics and the
+   kubelet device plugin stream, and it turns Healthy again after the quiet period;
+3. a kube-apiserver stand-in fed by the workload generator, watched by `gpuquota controller`
+   writing to SQLite;
+4. `gpuquota report` prints the chargeback report of that cluster, checked against the
+   generator's own truth.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from sim.apiserver import ApiServer, Driver
+from sim.kubelet.podresources import Assignment, PodResourcesServer
+from sim.kubelet.registration import KubeletStandIn
+from sim.nvml.control import SimNode
+from sim.workload import generate
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+GPU = "nvidia.com/gpu"
+RATE_CARD = ROOT / "docs" / "examples" / "ratecard.yaml"
+QUIET_PERIOD_S = 5
+
+
+def title(text: str) -> None:
+    print(f"\n\033[1m== {text} ==\033[0m" if sys.stdout.isatty() else f"\n== {text} ==")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(url: str, timeout: float = 5.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body: bytes = response.read()
+        return body.decode()
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> float:
+    """Poll ``check`` until it holds; returns the seconds it took, or exits naming ``what``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            if check():
+                return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise SystemExit(f"demo: gave up waiting for {what} after {timeout:.0f} s")
+
+
+@contextmanager
+def process(
+    args: list[str], env: dict[str, str] | None, log: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run one of our programs in the background; stop it (SIGTERM) on the way out."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            yield proc
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    if proc.returncode not in (0, -signal.SIGTERM):
+        print(f"(log of {Path(args[0]).name} in {log})")
+
+
+def show_metrics(exposition: str, prefixes: tuple[str, ...], limit: int = 4) -> None:
+    for prefix in prefixes:
+        lines = [line for line in exposition.splitlines() if line.startswith(prefix + "{")]
+        for line in lines[:limit]:
+            print("   ", line)
+        if len(lines) > limit:
+            print(f"    ... {len(lines) - limit} more {prefix} series")
+
+
+def node_act(stack: ExitStack, work: Path) -> tuple[SimNode, KubeletStandIn, str]:
+    title("1. A GPU node: 8 x H100 (NVML stand-in), pods from the kubelet, gpu-exporter")
+    node = SimNode.create(work / "node.state", "h100x8")
+    for i in range(node.gpu_count):
+        node.set(i, gpu_utilization_ratio=0.1 * i, power_watts=120.0 + 60 * i)
+    uuids = [node.uuid(i) for i in range(node.gpu_count)]
+    pods = [
+        Assignment("ml-training", "llama-ft-0", "trainer", GPU, tuple(uuids[0:4])),
+        Assignment("inference", "chat-api-7d9f", "server", GPU, (uuids[4],)),
+        Assignment("research", "notebook-ana", "jupyter", GPU, (f"{uuids[5]}::0",)),
+        Assignment("research", "notebook-bo", "jupyter", GPU, (f"{uuids[5]}::1",)),
+    ]
+    kubelet_pods = PodResourcesServer(work / "pod-resources.sock", pods).start()
+    stack.callback(kubelet_pods.stop)
+    plugin_dir = work / "device-plugins"
+    plugin_dir.mkdir()
+    kubelet = KubeletStandIn(plugin_dir)
+    kubelet.start()
+    stack.callback(kubelet.stop)
+
+    base = f"http://127.0.0.1:{free_port()}"
+    exporter = [
+        str(BIN / "gpu-exporter"),
+        f"--listen={base.removeprefix('http://')}",
+        "--interval=1s",
+        f"--pod-resources-socket={work / 'pod-resources.sock'}",
+        "--device-plugin",
+        f"--device-plugin-dir={plugin_dir}",
+        f"--health-quiet-period={QUIET_PERIOD_S}",
+    ]
+    print("$", " ".join(Path(a).name if a.startswith("/") else a for a in exporter))
+    env = {**os.environ, **node.env()}
+    stack.enter_context(process(exporter, env, work / "gpu-exporter.log"))
+    wait_until("gpu-exporter /readyz", lambda: http_get(f"{base}/readyz") is not None)
+    wait_until(
+        "pod attribution", lambda: "gpu_pod_info{" in http_get(f"{base}/metrics"), timeout=15
+    )
+    print(f"\n{base}/metrics (a selection):")
+    show_metrics(
+        http_get(f"{base}/metrics"),
+        ("gpu_info", "gpu_utilization_ratio", "gpu_power_watts", "gpu_pod_info"),
+    )
+    return node, kubelet, base
+
+
+def device_health(base: str, uuid: str) -> dict[str, object]:
+    report = json.loads(http_get(f"{base}/health"))
+    for device in report["devices"]:
+        if device["uuid"] == uuid:
+            return dict(device)
+    raise SystemExit(f"demo: {uuid} missing from {base}/health")
+
+
+def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
+    title("2. Health: an XID 79 (GPU fallen off the bus) on GPU 3, then recovery")
+    plugin = kubelet.wait_for_plugin(GPU, timeout=15)
+    if plugin is None:
+        raise SystemExit("demo: the device plugin did not register with the kubelet stand-in")
+    uuid = node.uuid(3)
+    wait_until("the device list", lambda: uuid in plugin.devices(), timeout=10)
+    healthy = sum(1 for h in plugin.devices().values() if h == "Healthy")
+    print(f"device plugin stream: {healthy}/{len(plugin.devices())} devices Healthy")
+
+    def everywhere(state: str) -> None:
+        health = device_health(base, uuid)
+        metrics = http_get(f"{base}/metrics")
+        state_lines = [
+            line
+            for line in metrics.splitlines()
+            if line.startswith("gpu_health_state{") and uuid in line and line.endswith(" 1")
+        ]
+        print(f"  health endpoint: {health['state']}", end="")
+        for reason in health.get("reasons", []) or []:  # type: ignore[attr-defined]
+            print(
+                f" - {reason['reason']}: {reason['message']} (action: {reason['action']})",
+                end="",
+            )
+        print()
+        print(f"  metrics:         {state_lines[0] if state_lines else '(no gpu_health_state)'}")
+        print(f"  device plugin:   {uuid} {plugin.devices().get(uuid)}")
+        if health["state"] != state:
+            raise SystemExit(f"demo: expected {state}, the health endpoint says {health['state']}")
+
+    injected = time.monotonic()
+    node.inject_xid(3, 79)
+    took = wait_until(
+        "GPU 3 Unhealthy in the device plugin stream",
+        lambda: plugin.devices().get(uuid) == "Unhealthy",
+    )
+    print(f"XID 79 injected; Unhealthy in the ListAndWatch stream after {took * 1000:.0f} ms")
+    wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "unhealthy")
+    everywhere("unhealthy")
+    print(f"\nno further XID for the {QUIET_PERIOD_S} s quiet period...")
+    wait_until(
+        "recovery", lambda: plugin.devices().get(uuid) == "Healthy", timeout=QUIET_PERIOD_S + 15
+    )
+    wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "healthy")
+    print(f"Healthy again {time.monotonic() - injected:.1f} s after the XID")
+    everywhere("healthy")
+
+
+def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, float]]:
+    title("3. A cluster: kube-apiserver stand-in, generated workload, gpuquota controller")
+    workload = generate(seed=7, hours=8, pods_per_hour=40)
+    api = ApiServer()
+    api.start()
+    stack.callback(api.stop)
+    Driver(api, workload).run()
+    kubeconfig = api.write_kubeconfig(work / "kubeconfig")
+    db = f"sqlite:///{work / 'gpuquota.db'}"
+    metrics_port = free_port()
+    controller = [
+        str(BIN / "gpuquota"),
+        "controller",
+        f"--kubeconfig={kubeconfig}",
+        f"--db={db}",
+        "--cluster=demo",
+        "--migrate",
+        f"--metrics-port={metrics_port}",
+        "--metrics-address=127.0.0.1",
+        "--flush-interval=0.5s",
+    ]
+    print(
+        f"{len(workload.events)} watch events over {workload.end - workload.start} s of simulated time"
+    )
+    print("$ gpuquota controller --kubeconfig=... --db=sqlite:///.../gpuquota.db --cluster=demo")
+    with process(controller, None, work / "controller.log"):
+
+        def synced() -> bool:
+            text = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+            return "gpuquota_namespace_gpus_allocated{" in text and _store_rows(work) > 0
+
+        wait_until("the controller to sync", synced, timeout=60)
+        time.sleep(2)  # let the last batch flush
+        metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
+    print("\nthe store (SQLite):")
+    with sqlite3.connect(work / "gpuquota.db") as conn:
+        for table in ("allocations", "node_capacity", "quota_samples", "namespace_labels"):
+            (count,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
+            print(f"    {table:<18} {count} rows")
+    print("\ncontroller metrics (a selection):")
+    show_metrics(
+        metrics, ("gpuquota_namespace_gpu_quota_hard", "gpuquota_namespace_gpus_allocated")
+    )
+    truth = {
+        ns: seconds / 3600
+        for (ns, _resource), seconds in _sum_by_namespace(workload.truth.gpu_seconds()).items()
+    }
+    return db, workload.start, workload.end, truth
+
+
+def _store_rows(work: Path) -> int:
+    path = work / "gpuquota.db"
+    if not path.exists():
+        return 0
+    try:
+        with sqlite3.connect(path) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM allocations").fetchone()
+            return int(count)
+    except sqlite3.Error:
+        return 0
+
+
+def _sum_by_namespace(seconds: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
+    totals: dict[tuple[str, str], int] = {}
+    for (namespace, _resource), value in seconds.items():
+        totals[(namespace, "")] = totals.get((namespace, ""), 0) + value
+    return totals
+
+
+def report_act(db: str, start: int, end: int, truth: dict[str, float]) -> None:
+    title("4. Chargeback: gpuquota report")
+    args = [
+        str(BIN / "gpuquota"),
+        "report",
+        f"--db={db}",
+        f"--from={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(start))}",
+        f"--to={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(end))}",
+        f"--rate-card={RATE_CARD}",
+        "--idle",
+    ]
+    print("$ gpuquota report --from ... --to ... --rate-card docs/examples/ratecard.yaml --idle")
+    subprocess.run(args, check=True)
+    as_json = subprocess.run([*args, "--format=json"], check=True, capture_output=True, text=True)
+    print("\nraw GPU-hours per namespace, report vs the generator's own truth:")
+    rows = json.loads(as_json.stdout)
+    reported = _raw_hours_by_namespace(rows)
+    for namespace in sorted(truth):
+        print(
+            f"    {namespace:<16} report {reported.get(namespace, 0.0):10.3f}   truth {truth[namespace]:10.3f}"
+        )
+
+
+def _raw_hours_by_namespace(report: object) -> dict[str, float]:
+    rows = report.get("rows", []) if isinstance(report, dict) else []
+    result: dict[str, float] = {}
+    for row in rows:
+        namespace = (
+            row.get("group", {}).get("namespace")
+            if isinstance(row.get("group"), dict)
+            else row.get("namespace")
+        )
+        if namespace is not None:
+            result[str(namespace)] = float(row.get("gpu_hours_raw", row.get("raw_gpu_hours", 0.0)))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make demo", description=textwrap.dedent(__doc__ or ""))
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, store)")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="gq-demo-", dir="/tmp"))
+    try:
+        with ExitStack() as stack:
+            node, kubelet, base = node_act(stack, work)
+            health_act(node, kubelet, base)
+        with ExitStack() as stack:
+            db, start, end, truth = cluster_act(stack, work)
+        report_act(db, start, end, truth)
+        print(
+            f"\ndemo finished; logs and the SQLite store are in {work}"
+            if args.keep
+            else "\ndemo finished"
+        )
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
