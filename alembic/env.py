@@ -1,8 +1,8 @@
 """Alembic environment of the quota store (shipped in the wheel as quota/migrations).
 
-quota.store.db runs it with an open connection in ``config.attributes["connection"]``; run by
-hand (``alembic -x url=sqlite:///gpuquota.db upgrade head`` with a script_location pointing
-here) it connects to the ``url`` given with ``-x`` or ``sqlalchemy.url``.
+`gpuquota db upgrade` (quota.store.db) runs it with an open connection in
+``config.attributes["connection"]``. Run by the alembic command itself, with an ini file whose
+script_location points here, it connects to ``-x url=...`` or ``sqlalchemy.url``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ never reported as 0.
 
 from __future__ import annotations
 
+import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import Enum
@@ -260,6 +261,20 @@ def _read_driver(node: NodeSnapshot) -> Iterator[Sample]:
     cuda = node.cuda_driver_version
     cuda_text = "" if cuda is None else f"{cuda // 1000}.{cuda % 1000 // 10}"
     yield (_label(node.driver_version), _label(node.nvml_version), cuda_text), 1.0
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpuquota")
+    except importlib.metadata.PackageNotFoundError:  # running from a source tree
+        return "unknown"
+
+
+VERSION = _version()
+
+
+def _read_build(_node: NodeSnapshot) -> Iterator[Sample]:
+    yield (VERSION,), 1.0
 
 
 def _lost(node: NodeSnapshot) -> float:
@@ -674,6 +689,17 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.driver_version / nvml_version / cuda_driver_version",
         scope=Scope.NODE,
         read_node=_read_driver,
+    ),
+    MetricSpec(
+        name=f"{S}build_info",
+        type="gauge",
+        unit="",
+        help="The running gpu-exporter's version; always 1.",
+        labels=("version",),
+        source="package metadata",
+        accessor="-",
+        scope=Scope.NODE,
+        read_node=_read_build,
     ),
     MetricSpec(
         name=f"{S}nvml_up",

@@ -8,6 +8,7 @@ command can reject a bad line before anything is written.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -93,13 +94,22 @@ def parse_time(value: Any, where: str) -> int | None:
         raise AccountingError(f"{where}: expected an RFC 3339 timestamp, got {value!r}")
     if isinstance(value, int | float):
         return math.floor(value)
+    seconds = _parse_rfc3339(value)
+    if seconds is None:
+        raise AccountingError(f"{where}: not an RFC 3339 timestamp: {value!r}")
+    return seconds
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_rfc3339(value: str) -> int | None:
+    # objects repeat the same few timestamps many times: parse each once
     text = value.strip()
     if text.endswith(("Z", "z")):
         text = text[:-1] + "+00:00"
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
-        raise AccountingError(f"{where}: not an RFC 3339 timestamp: {value!r}") from None
+        return None
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return math.floor(parsed.timestamp())

@@ -131,7 +131,7 @@ def node_act(stack: ExitStack, work: Path) -> tuple[SimNode, KubeletStandIn, str
         f"--pod-resources-socket={work / 'pod-resources.sock'}",
         "--device-plugin",
         f"--device-plugin-dir={plugin_dir}",
-        f"--health-quiet-period={QUIET_PERIOD_S}s",
+        f"--health-quiet-period={QUIET_PERIOD_S}",
     ]
     print("$", " ".join(Path(a).name if a.startswith("/") else a for a in exporter))
     env = {**os.environ, **node.env()}
@@ -172,12 +172,12 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
         state_lines = [
             line
             for line in metrics.splitlines()
-            if line.startswith("gpu_health_state{") and uuid in line and line.endswith(" 1.0")
+            if line.startswith("gpu_health_state{") and uuid in line and line.endswith(" 1")
         ]
         print(f"  health endpoint: {health['state']}", end="")
         for reason in health.get("reasons", []) or []:  # type: ignore[attr-defined]
             print(
-                f" - {reason.get('summary') or reason.get('reason')}; action: {reason.get('action')}",
+                f" - {reason['reason']}: {reason['message']} (action: {reason['action']})",
                 end="",
             )
         print()
@@ -193,15 +193,15 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
         lambda: plugin.devices().get(uuid) == "Unhealthy",
     )
     print(f"XID 79 injected; Unhealthy in the ListAndWatch stream after {took * 1000:.0f} ms")
-    wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "Unhealthy")
-    everywhere("Unhealthy")
+    wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "unhealthy")
+    everywhere("unhealthy")
     print(f"\nno further XID for the {QUIET_PERIOD_S} s quiet period...")
     wait_until(
         "recovery", lambda: plugin.devices().get(uuid) == "Healthy", timeout=QUIET_PERIOD_S + 15
     )
-    wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "Healthy")
+    wait_until("the health endpoint", lambda: device_health(base, uuid)["state"] == "healthy")
     print(f"Healthy again {time.monotonic() - injected:.1f} s after the XID")
-    everywhere("Healthy")
+    everywhere("healthy")
 
 
 def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, float]]:

@@ -295,6 +295,13 @@ def test_custom_collector_matches_text_rendering() -> None:
     assert via_client == via_renderer
 
 
+def test_build_info_names_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    samples = parse(Renderer().render(node()))
+    assert value(samples, "gpuquota_exporter_build_info", version=version("gpuquota")) == 1
+
+
 def test_unknown_compat_mode_is_refused() -> None:
     with pytest.raises(ValueError, match="foo"):
         Renderer(RenderOptions(compat=frozenset({"foo"})))

@@ -4,12 +4,15 @@ installed console script in a subprocess for a good file, a bad file and a dead 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pytest
 
 from quota.cli import SUBCOMMANDS, build_parser, main
 from quota.store import db
+from sim.workload import generate
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -242,3 +246,37 @@ def test_every_subcommand_module_follows_the_frame() -> None:
     for module in modules.values():
         assert callable(module.add_arguments) and callable(module.run)
     assert parser.parse_args(["replay", "f", "--db", "sqlite://"]).command == "replay"
+
+
+def test_replay_killed_mid_way_then_rerun_matches_a_clean_run(
+    backend: str, empty_db_url: str, tmp_path: Path
+) -> None:
+    workload = generate(5, 3.0, pods_per_hour=120)
+    stream = tmp_path / "w.jsonl"
+    stream.write_text("".join(line + "\n" for line in workload.lines()))
+    replay = [GPUQUOTA, "replay", str(stream), "--db", empty_db_url, "--flush-every", "20"]
+    victim = subprocess.Popen(
+        [*replay, "--cluster", "k"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
+    try:
+        deadline = time.monotonic() + 60
+        written = 0
+        while victim.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(db.StoreError):
+                if db.current(empty_db_url) is not None:
+                    with db.open_store(empty_db_url) as store:
+                        written = len(rows.allocations(store, "k"))
+            if written >= 5:
+                break
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGKILL)
+    finally:
+        victim.wait()
+    assert victim.returncode == -signal.SIGKILL, "replay finished before it could be killed"
+    assert written >= 5
+    assert gpuquota(*replay[1:], "--cluster", "k").returncode == 0
+    assert gpuquota(*replay[1:], "--cluster", "clean").returncode == 0
+    with db.open_store(empty_db_url) as store:
+        killed = rows.everything(store, "k", without_updated_at=True)
+        assert killed == rows.everything(store, "clean", without_updated_at=True)
+        assert len(killed["allocations"]) == len(workload.truth.intervals)
