@@ -3,6 +3,7 @@ exporter and controller need, and the alert rules are valid, tested and use know
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -30,6 +31,7 @@ def yaml_files() -> list[Path]:
     return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
 
 
+@functools.cache
 def kustomize(folder: Path) -> list[dict[str, Any]]:
     assert KUBECTL is not None
     built = subprocess.run(
