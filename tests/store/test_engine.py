@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from quota.accounting import AccountingError
 from quota.engine import Accountant
-from quota.store.db import QuotaSampleRow, Store, StoreError
+from quota.store.db import QuotaSampleRow, Store, StoreError, open_store
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -458,3 +458,26 @@ def test_unreadable_object_changes_nothing(store: Store, cluster: str) -> None:
         accountant.apply("UPSERT", pod(), 1000)
     assert accountant.pending() == 0
     assert accountant.tracked()["pods"] == 0
+
+
+def test_postgresql_restart_drops_connections_and_the_next_flush_reconnects(
+    pg_session_url: str, cluster: str, postgres_url: str
+) -> None:
+    store = open_store(pg_session_url)
+    accountant = Accountant(store, cluster)
+    accountant.apply("ADDED", pod("a", start=1000), 1000)
+    accountant.flush()
+    with store.engine.connect() as conn:  # the pooled connection the next flush will reuse
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    admin = create_engine(postgres_url)
+    try:
+        with admin.begin() as conn:
+            assert conn.execute(
+                text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}
+            ).scalar_one()
+    finally:
+        admin.dispose()
+    accountant.apply("MODIFIED", pod("a", start=1000, phase="Succeeded", finished=1300), 1300)
+    accountant.flush()
+    assert rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]["ended_at"] == 1300
+    store.close()
