@@ -53,6 +53,7 @@ class DevicePluginManager:
         self.poll_s = poll_s
         self.servers: dict[str, DevicePluginServer] = {}
         self._registered: dict[str, tuple[int, int]] = {}  # resource -> kubelet.sock identity
+        self._failed: dict[str, tuple[int, int]] = {}  # resource -> identity that refused it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -116,6 +117,15 @@ class DevicePluginManager:
                 try:
                     server.register()
                 except grpc.RpcError as exc:
-                    log.warning("kubelet refused to register %s: %s", resource, exc)
+                    # Retried every round; say it loudly once per kubelet socket, then quietly.
+                    first = self._failed.get(resource) != kubelet
+                    self._failed[resource] = kubelet
+                    log.log(
+                        logging.WARNING if first else logging.DEBUG,
+                        "cannot register %s with the kubelet (will retry): %s",
+                        resource,
+                        exc.code(),
+                    )
                     continue
+                self._failed.pop(resource, None)
                 self._registered[resource] = kubelet

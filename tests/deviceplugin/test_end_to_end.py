@@ -185,6 +185,34 @@ def test_lost_gpu_until_it_answers_again(h100: Exporter) -> None:
     assert plugin.wait_for(is_(uuid, "Healthy"), timeout=2, start=start)
 
 
+def test_nvml_conditions(h100: Exporter) -> None:
+    plugin = h100.plugin()
+    assert plugin.wait_for(healthy(8), timeout=5)
+    uuid = [h100.node.uuid(i) for i in range(8)]
+
+    def reasons(gpu: int) -> list[tuple[str, str]]:
+        return [(r["reason"], r["action"]) for r in h100.health()[uuid[gpu]]["reasons"]]
+
+    start = plugin.count()
+    h100.node.set(1, remap_pending=True)
+    h100.node.set(2, clock_event_reasons=0x40 | 0x1)  # hardware thermal slowdown (+ idle)
+    h100.node.set_nvlink_errors(3, 0, replay=0, crc_flit=5)
+    before = int(h100.node.get(4, "ecc_uncorrected_volatile"))
+    h100.node.set(4, ecc_uncorrected_volatile=before + 1)
+    assert plugin.wait_for(is_(uuid[4], "Unhealthy"), timeout=PUSH_S, start=start)
+    assert wait_until(lambda: ("row_remap_pending", "reset_gpu") in reasons(1), 3)
+    assert ("hw_thermal_slowdown", "none") in reasons(2)
+    assert wait_until(lambda: ("nvlink_errors", "none") in reasons(3), 3)
+    assert ("ecc_uncorrectable", "reset_gpu") in reasons(4)
+    assert {h100.health()[uuid[i]]["state"] for i in (1, 2, 3)} == {"degraded"}
+    assert plugin.devices()[uuid[1]] == "Healthy"  # degraded GPUs keep taking pods
+    # The pending remap completes at the GPU reset, the slowdown ends; the rest heal by quiet.
+    h100.node.set(1, remap_pending=False)
+    h100.node.set(2, clock_event_reasons=0x1)
+    assert plugin.wait_for(healthy(8), timeout=QUIET_S + PUSH_S, start=start)
+    assert wait_until(lambda: {v["state"] for v in h100.health().values()} == {"healthy"}, 3)
+
+
 def test_allocate_and_refusals(h100: Exporter) -> None:
     plugin = h100.plugin()
     assert plugin.wait_for(healthy(8), timeout=5)

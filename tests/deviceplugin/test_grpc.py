@@ -265,6 +265,27 @@ def test_plugin_waits_for_a_late_kubelet(plugin_dir: Path, start) -> None:
         kubelet.stop()
 
 
+def test_stale_kubelet_socket_then_a_live_kubelet(plugin_dir: Path, start, caplog) -> None:
+    # A kubelet.sock left behind by a dead kubelet: registration fails, the plugin keeps serving.
+    stale = plugin_dir / "kubelet.sock"
+    stale.write_text("")
+    start(Node(*gpus(1)))
+    time.sleep(0.5)
+    warnings = [
+        r
+        for r in caplog.records
+        if "cannot register" in r.getMessage() and r.levelname == "WARNING"
+    ]
+    assert len(warnings) == 1  # said once, retried quietly
+    kubelet = KubeletStandIn(plugin_dir)
+    kubelet.start()  # replaces the stale file with a live socket
+    try:
+        plugin = kubelet.wait_for_plugin(GPU, timeout=10.0)
+        assert plugin is not None and plugin.wait_for(all_healthy)
+    finally:
+        kubelet.stop()
+
+
 def test_clean_shutdown_removes_socket(kubelet: KubeletStandIn, plugin_dir: Path) -> None:
     m = DevicePluginManager(Node(*gpus(1)).board, PluginConfig(), plugin_dir, poll_s=0.1)
     m.start()
