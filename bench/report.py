@@ -15,6 +15,7 @@ Writes the `report` section of docs/benchmarks.md; the last line printed is
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sqlite3
@@ -268,13 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
     args = parser.parse_args(argv)
     n = args.rows
-    load_pg_s = load_sqlite_s = float("nan")
+    loads = args.sqlite.with_suffix(".load.json")  # load times, kept for --reuse runs
     if not args.reuse:
         print(f"loading {n:,} intervals into PostgreSQL (schema {SCHEMA}) ...", file=sys.stderr)
         load_pg_s = load_pg(args.pg_url, n)
         print(f"  {load_pg_s:.1f} s; into SQLite ({args.sqlite}) ...", file=sys.stderr)
         load_sqlite_s = load_sqlite(args.sqlite, n)
         print(f"  {load_sqlite_s:.1f} s", file=sys.stderr)
+        loads.write_text(json.dumps({"rows": n, "pg_s": load_pg_s, "sqlite_s": load_sqlite_s}))
+    saved = json.loads(loads.read_text()) if loads.exists() else {}
+    if saved.get("rows") != n:
+        raise SystemExit(f"no data of {n} rows to reuse: run without --reuse first")
+    load_pg_s, load_sqlite_s = saved["pg_s"], saved["sqlite_s"]
+    load_before = os.getloadavg()[0]
     pg_url = _pg_schema_url(args.pg_url)
     sqlite_url = f"sqlite:///{args.sqlite}"
     pg_s, pg_out = time_report(pg_url)
@@ -284,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
     check(pg_out, expected)
     check(sqlite_out, expected_sqlite)
     groups = pg_out.count("\ngroup,")
+    load_after = os.getloadavg()[0]
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     markdown = f"""### `gpuquota report`: monthly report by namespace over a year of history
 
@@ -301,6 +309,9 @@ CLI's own code path (`cli.build`: clip-and-sum in SQL, exact totals, CSV renderi
 | SQLite | **{sqlite_s:.3f} s** | {naive_sqlite_s:.2f} s | {load_sqlite_s:.0f} s |
 
 Both approaches give the same GPU-seconds for every namespace (checked by the benchmark).
+The machine is shared: its 1-minute load average was {load_before:.1f} before and
+{load_after:.1f} after the timed runs (2 cores), so these are upper bounds of what an idle
+machine gives.
 Targets: under 1 s on PostgreSQL and under 5 s on SQLite for 10 million intervals.
 """
     if not args.no_write:

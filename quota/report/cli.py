@@ -18,8 +18,6 @@ from quota.options import add_db_option
 from quota.report import compute, period, query, ratecard, render
 from quota.store.db import Store, StoreError, open_store, safe_url
 
-QUOTA_KEYS = {"namespace", "cluster"}
-
 EPILOG = """\
 period (half-open [start, end); default: this month so far; --tz zone, default UTC):
   --month 2026-10                    a calendar month, midnight to midnight in --tz
@@ -225,11 +223,15 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
         try:
             rows = query.usage(conn, keys, edges, now, args.cluster)
             report = compute.aggregate(keys, rows, edges, card, buckets)
-            if set(keys) <= QUOTA_KEYS and "namespace" in keys:
+            if all(k in query.QUOTA_PLAIN_KEYS or k.startswith("label:") for k in keys) and (
+                "namespace" in keys or any(k.startswith("label:") for k in keys)
+            ):
                 span = max(min(window.end, now) - window.start, 0)
                 if span:
                     compute.add_quota(
-                        report, query.quota(conn, window.start, window.end, now, args.cluster), span
+                        report,
+                        query.quota(conn, keys, window.start, window.end, now, args.cluster),
+                        span,
                     )
             if idle:
                 alloc = query.usage(conn, ["model", "pool"], edges, now, args.cluster)

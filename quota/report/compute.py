@@ -157,20 +157,17 @@ def _sort_key(keys: tuple[str | None, ...]) -> tuple[str, ...]:
 
 
 def add_quota(report: Report, quotas: Iterable[QuotaRow], window_seconds: int) -> None:
-    """Attach time-weighted quota figures; report keys must be namespace (and cluster)."""
-    index = {k: i for i, k in enumerate(report.keys)}
+    """Attach time-weighted quota figures (rows keyed like the report's groups); groups with
+    quota but no usage get a row of their own."""
     by_group = {g.keys: g for g in report.groups}
+    span = Fraction(window_seconds)
     for q in quotas:
-        values: list[str | None] = [None] * len(report.keys)
-        values[index["namespace"]] = q.namespace
-        if "cluster" in index:
-            values[index["cluster"]] = q.cluster
-        key = tuple(values)
-        g = by_group.get(key)
+        g = by_group.get(q.keys)
         if g is None:
-            g = by_group[key] = Group(key, series=[Fraction(0)] * (len(report.bucket_edges) - 1))
+            g = by_group[q.keys] = Group(
+                q.keys, series=[Fraction(0)] * (len(report.bucket_edges) - 1)
+            )
             report.groups.append(g)
-        span = Fraction(window_seconds)
         g.quota_avg_used = (g.quota_avg_used or 0) + Fraction(q.used_seconds) / span
         g.quota_avg_hard = (g.quota_avg_hard or 0) + Fraction(q.hard_seconds) / span
         g.quota_unused_seconds = (g.quota_unused_seconds or 0) + Fraction(q.unused_seconds)

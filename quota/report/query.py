@@ -398,26 +398,79 @@ def capacity(
 
 @dataclass(frozen=True)
 class QuotaRow:
-    cluster: str
-    namespace: str
-    covered_seconds: int  # seconds of the window some sample was in force
+    keys: tuple[str | None, ...]  # one value per report key (namespace, cluster, label:*)
     used_seconds: float  # integral of used over the window (unit-seconds)
     hard_seconds: float  # integral of hard
     unused_seconds: float  # integral of max(hard - used, 0)
-    peak_used: float | None
+    peak_used: float | None  # only when grouped by namespace: peaks of namespaces do not add
     peak_hard: float | None
 
 
+QUOTA_PLAIN_KEYS = ("namespace", "cluster")
+
+
 def quota(
-    conn: Connection, lo: int, hi: int, now: int, cluster: str | None = None
+    conn: Connection,
+    keys: Sequence[str],
+    lo: int,
+    hi: int,
+    now: int,
+    cluster: str | None = None,
 ) -> list[QuotaRow]:
-    """Time-weighted quota hard/used per namespace from QuotaSample history (a step function:
-    each sample holds until the next one of the same quota and resource).
+    """Time-weighted quota hard/used per group from QuotaSample history (a step function:
+    each sample holds until the next one of the same quota and resource). Keys: namespace,
+    cluster and label:<key> (labels as they were, split where they changed; time without
+    recorded labels under None).
 
     Counts resources in requests form (``requests.X`` or bare ``X``), not ``limits.X``, so a
     quota that sets both is not counted twice."""
-    q = QuotaSample
+    label_keys = [k.split(":", 1)[1] for k in keys if k.startswith("label:")]
+    plain = [k for k in keys if not k.startswith("label:")]
+    if any(k not in QUOTA_PLAIN_KEYS for k in plain):
+        raise ValueError(f"quota figures cannot be grouped by {plain}")
     hi = min(hi, now)
+    if hi <= lo:
+        return []
+    base = [
+        _quota_row(len(plain), r, "namespace" in plain)
+        for r in conn.execute(_quota_query(plain, [], lo, hi, cluster))
+    ]
+    if not label_keys:
+        return base
+    labelled = [
+        _quota_row(len(plain) + len(label_keys), r, "namespace" in plain)
+        for r in conn.execute(_quota_query(plain, label_keys, lo, hi, cluster))
+    ]
+    covered: dict[tuple[str | None, ...], list[float]] = {}
+    for r in labelled:
+        acc = covered.setdefault(r.keys[: len(plain)], [0.0, 0.0, 0.0])
+        acc[0] += r.used_seconds
+        acc[1] += r.hard_seconds
+        acc[2] += r.unused_seconds
+    for r in base:  # time a namespace had no recorded labels
+        acc = covered.get(r.keys, [0.0, 0.0, 0.0])
+        rest = (r.used_seconds - acc[0], r.hard_seconds - acc[1], r.unused_seconds - acc[2])
+        if any(abs(x) > 1e-6 * max(1.0, r.hard_seconds) for x in rest):
+            labelled.append(QuotaRow((*r.keys, *([None] * len(label_keys))), *rest, None, None))
+    order = plain + [f"label:{k}" for k in label_keys]
+    position = [order.index(k) for k in keys]
+    return [
+        QuotaRow(
+            tuple(r.keys[p] for p in position),
+            r.used_seconds,
+            r.hard_seconds,
+            r.unused_seconds,
+            r.peak_used,
+            r.peak_hard,
+        )
+        for r in labelled
+    ]
+
+
+def _quota_query(
+    plain: Sequence[str], label_keys: Sequence[str], lo: int, hi: int, cluster: str | None
+) -> Select[Any]:
+    q = QuotaSample
     nxt = (
         func.lead(q.observed_at)
         .over(
@@ -427,39 +480,51 @@ def quota(
         .label("next_at")
     )
     samples = select(q.cluster, q.namespace, q.hard, q.used, q.observed_at, nxt).where(
-        q.observed_at < hi, ~q.resource_name.startswith("limits.")
+        q.observed_at < t(hi), ~q.resource_name.startswith("limits.")
     )
     if cluster is not None:
         samples = samples.where(q.cluster == cluster)
     s = samples.subquery()
-    dur = clipped(s.c.observed_at, func.coalesce(s.c.next_at, hi), lo, hi)
+    start: Any = s.c.observed_at
+    end: Any = func.coalesce(s.c.next_at, t(hi))
+    group: list[Any] = [getattr(s.c, k) for k in plain]
+    if label_keys:
+        nl = NamespaceLabels
+        start = greatest(start, nl.valid_from)
+        end = least(end, func.coalesce(nl.valid_to, t(FAR_FUTURE)))
+        group += [nl.labels[k].as_string() for k in label_keys]
+    dur = clipped(start, end, t(lo), t(hi))
     used = func.coalesce(s.c.used, 0)
     hard = func.coalesce(s.c.hard, 0)
-    in_window = func.coalesce(s.c.next_at, hi) > lo
-    stmt = (
-        select(
-            s.c.cluster,
-            s.c.namespace,
-            func.sum(dur),
-            func.sum(used * dur),
-            func.sum(hard * dur),
-            func.sum(case((hard > used, (hard - used) * dur), else_=0)),
-            func.max(case((in_window, s.c.used), else_=None)),
-            func.max(case((in_window, s.c.hard), else_=None)),
+    stmt = select(
+        *group,
+        func.sum(used * dur),
+        func.sum(hard * dur),
+        func.sum(case((hard > used, (hard - used) * dur), else_=0)),
+        func.max(case((dur > 0, s.c.used), else_=None)),
+        func.max(case((dur > 0, s.c.hard), else_=None)),
+    ).where(func.coalesce(s.c.next_at, t(hi)) > t(lo))
+    if label_keys:
+        nl = NamespaceLabels
+        stmt = stmt.select_from(s).join(
+            nl,
+            and_(
+                nl.cluster == s.c.cluster,
+                nl.namespace == s.c.namespace,
+                nl.valid_from < func.coalesce(s.c.next_at, t(hi)),
+                func.coalesce(nl.valid_to, t(FAR_FUTURE)) > s.c.observed_at,
+            ),
         )
-        .where(in_window)
-        .group_by(s.c.cluster, s.c.namespace)
+    return stmt.group_by(*group)
+
+
+def _quota_row(n_keys: int, r: Sequence[Any], peaks: bool) -> QuotaRow:
+    used, hard, unused, peak_used, peak_hard = r[n_keys : n_keys + 5]
+    return QuotaRow(
+        tuple(r[:n_keys]),
+        float(used or 0),
+        float(hard or 0),
+        float(unused or 0),
+        None if peak_used is None or not peaks else float(peak_used),
+        None if peak_hard is None or not peaks else float(peak_hard),
     )
-    return [
-        QuotaRow(
-            r[0],
-            r[1],
-            int(r[2] or 0),
-            float(r[3] or 0),
-            float(r[4] or 0),
-            float(r[5] or 0),
-            None if r[6] is None else float(r[6]),
-            None if r[7] is None else float(r[7]),
-        )
-        for r in conn.execute(stmt)
-    ]

@@ -146,7 +146,7 @@ def names_by_key(samples: dict[str, list[tuple[dict[str, str], float]]], key: st
     return out
 
 
-def wait_for(condition: Callable[[], bool], timeout: float = 3.0) -> None:
+def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -408,7 +408,7 @@ def test_background_loop_enrichers_and_subscribers(nvml_on: NvmlOn) -> None:
     collector.subscribe(on_snapshot)
     collector.start()
     try:
-        assert done.wait(3)
+        assert done.wait(10)
         assert collector.is_alive()
     finally:
         collector.stop()

@@ -294,3 +294,61 @@ def test_empty_period_gives_a_zero_report(store: Store, report: Any) -> None:
     assert doc["rows"] == [] and doc["total"]["gpu_seconds_raw"] == 0
     table = report("--month", "2026-10", "--now", NOW, db=store)
     assert table.rc == 0 and "no GPU usage" in table.out
+
+
+def test_csv_idle_rows_add_up(store: Store, report: Any, tmp_path: Path) -> None:
+    card = tmp_path / "card.yaml"
+    card.write_text(f"default_rate: 1\nmodels:\n  {H100}: 3\n")
+    store.capacity("n1", OCT, None, units=8)
+    store.capacity("n2", OCT, OCT + 7 * H, units=3, model=A100, pool="pool-b")
+    store.alloc("ml", OCT, OCT + 5 * H, units=3)
+    store.alloc("web", OCT, OCT + 3 * H, model=A100, pool="pool-b")
+    result = report(
+        "--month",
+        "2026-10",
+        "--idle",
+        "--rate-card",
+        str(card),
+        "--format",
+        "csv",
+        "--now",
+        NOW,
+        db=store,
+    )
+    assert result.rc == 0, result.err
+    records = list(csv.DictReader(io.StringIO(result.out)))
+    idle = [r for r in records if r["row"] == "idle"]
+    (total,) = [r for r in records if r["row"] == "idle_total"]
+    assert {(r["model"], r["node_pool"]) for r in idle} == {(H100, "pool-a"), (A100, "pool-b")}
+    for column in (
+        "allocatable_gpu_hours",
+        "allocated_gpu_hours",
+        "idle_gpu_hours",
+        "idle_cost_USD",
+    ):
+        assert sum(Decimal(r[column]) for r in idle) == Decimal(total[column]), column
+    b = next(r for r in idle if r["model"] == A100)
+    assert (Decimal(b["allocatable_gpu_hours"]), Decimal(b["idle_gpu_hours"])) == (
+        Decimal(21),
+        Decimal(18),
+    )
+    assert Decimal(b["idle_cost_USD"]) == 18  # A100 not in the card: default rate
+
+
+def test_quota_by_label_as_it_was(store: Store, report: Any) -> None:
+    store.labels("ml", {"team": "vision"}, OCT - 86400, OCT + 10 * H)
+    store.labels("ml", {"team": "speech"}, OCT + 10 * H, None)
+    store.quota("ml", OCT - 100, hard=4, used=2)
+    store.quota("web", OCT - 100, hard=1, used=0)  # web never had labels
+    store.alloc("ml", OCT, OCT + 20 * H)
+    doc = rows_json(report, store, "--month", "2026-10", "--by", "label:team")
+    g = by_group(doc)
+    month = 31 * 24
+    assert g[("vision",)]["quota_unused_gpu_hours"] == 2 * 10
+    assert g[("speech",)]["quota_unused_gpu_hours"] == 2 * (month - 10)
+    assert g[(None,)]["quota_unused_gpu_hours"] == month
+    assert g[("vision",)]["quota_avg_hard"] == pytest.approx(4 * 10 / month, abs=0.005)
+    assert g[("vision",)]["quota_peak_used"] is None  # peaks of namespaces do not add up
+    assert g[("vision",)]["gpu_seconds_raw"] == 10 * H
+    assert g[(None,)]["gpu_seconds_raw"] == 0  # quota but no usage: still a row
+    assert doc["total"]["quota_avg_hard"] == pytest.approx(5.0)
