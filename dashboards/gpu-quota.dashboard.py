@@ -2,7 +2,7 @@
 in use and allocated (raw requests and physical GPUs), and GPU-hours over the time range.
 
 Generated into gpu-quota.json by ``python -m dashboards.generate``; metric names are the
-quota controller's (dashboards/known_metrics.py lists them).
+quota controller's (quota/controller/metrics.py; a test checks).
 """
 
 from grafanalib.core import Dashboard, Templating, Time
