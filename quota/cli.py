@@ -20,6 +20,7 @@ from quota.store.db import StoreError
 SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("db", "quota.dbcli", "create, migrate or inspect the store's schema"),
     ("replay", "quota.replay", "ingest a recorded stream of watch events into the store"),
+    ("controller", "quota.controller.cli", "watch the cluster and keep GPU use in the store"),
     ("report", "quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
 ]
 

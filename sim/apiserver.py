@@ -273,15 +273,17 @@ class ApiServer:
 
     # -- direct access (the driver and tests; bypasses HTTP)
 
-    def apply(self, type_: str, obj: Obj) -> Obj:
-        """Apply a watch event as if a controller wrote it: ADDED/MODIFIED upsert, DELETED."""
+    def apply(self, type_: str, obj: Obj, *, copy_obj: bool = True) -> Obj:
+        """Apply a watch event as if a controller wrote it: ADDED/MODIFIED upsert, DELETED.
+
+        ``copy_obj=False`` stores ``obj`` itself (the caller hands it over: bulk loading)."""
         res = BY_KIND[obj["kind"]]
         ns = obj["metadata"].get("namespace", "") if res.namespaced else ""
         name = obj["metadata"]["name"]
         st = self.state
         with st.lock:
             store = st.objects[res.plural]
-            new = copy.deepcopy(obj)
+            new = copy.deepcopy(obj) if copy_obj else obj
             new["metadata"]["resourceVersion"] = str(st.next_rv())
             if type_ == "DELETED":
                 if store.pop((ns, name), None) is None:

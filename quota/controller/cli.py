@@ -1,0 +1,235 @@
+"""`gpuquota controller`: watch pods, quotas, namespaces and nodes; keep GPU use in the store.
+
+Lists and watches the Kubernetes API (kubeconfig or in-cluster), applies every event through
+the accounting rules, and writes allocation intervals, node capacity, namespace labels and
+quota samples to the store in batches. With --lease-name, replicas elect one writer through a
+coordination.k8s.io Lease. Metrics on --metrics-port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from types import FrameType
+
+from prometheus_client import start_http_server
+
+from quota.controller import kube as kubeapi
+from quota.controller.leader import LeaseSettings, check, elect
+from quota.controller.loop import Controller, Settings, StartupError
+from quota.controller.metrics import ControllerMetrics
+from quota.engine import Accountant
+from quota.options import add_cluster_option, add_db_option
+from quota.store.db import StoreError, open_store
+
+log = logging.getLogger(__name__)
+
+EXIT_ERROR = 2
+EXIT_LOST_LEASE = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig (default: in-cluster, else $KUBECONFIG or ~/.kube/config)",
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    add_db_option(parser)
+    add_cluster_option(parser)
+    parser.add_argument(
+        "--migrate", action="store_true", help="bring the store's schema up to date first"
+    )
+    parser.add_argument(
+        "--lease-name",
+        default=os.environ.get("GPUQUOTA_LEASE_NAME", ""),
+        help="elect one writer through this Lease (env GPUQUOTA_LEASE_NAME; default: no election, single replica)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the Lease (env POD_NAMESPACE; default default)",
+    )
+    parser.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the Lease (env POD_NAME; default host-pid)",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=int,
+        default=15,
+        metavar="S",
+        help="seconds a standby waits before taking an unrenewed Lease (15)",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=int,
+        default=10,
+        metavar="S",
+        help="seconds the leader keeps trying to renew before it stops (10)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=int,
+        default=2,
+        metavar="S",
+        help="seconds between Lease attempts (2)",
+    )
+    parser.add_argument(
+        "--flush-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="write to the store at least every S seconds (5)",
+    )
+    parser.add_argument(
+        "--flush-every", type=int, default=1000, metavar="N", help="...or every N events (1000)"
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=9402,
+        help="Prometheus metrics port; 0 turns them off (9402)",
+    )
+    parser.add_argument(
+        "--metrics-address", default="0.0.0.0", help="address the metrics server binds (0.0.0.0)"
+    )
+    parser.add_argument(
+        "--read-timeout",
+        type=float,
+        default=90.0,
+        metavar="S",
+        help="restart a watch silent this long, bookmarks included (90)",
+    )
+    parser.add_argument(
+        "--watch-timeout",
+        type=int,
+        default=300,
+        metavar="S",
+        help="timeoutSeconds asked of the server per watch (300)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="give up when the API server cannot be listed for this long (30)",
+    )
+    parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
+
+
+def _fail(message: str) -> int:
+    print(f"gpuquota controller: error: {message}", file=sys.stderr)
+    return EXIT_ERROR
+
+
+def run(args: argparse.Namespace) -> int:
+    if (
+        args.flush_interval <= 0
+        or args.flush_every < 1
+        or args.read_timeout <= 0
+        or args.page_size < 1
+    ):
+        return _fail(
+            "--flush-interval, --flush-every, --read-timeout and --page-size must be positive"
+        )
+    lease = LeaseSettings(
+        args.lease_name,
+        args.lease_namespace,
+        args.identity,
+        args.lease_duration,
+        args.renew_deadline,
+        args.retry_period,
+    )
+    if args.lease_name and (problem := check(lease)):
+        return _fail(problem)
+    try:
+        api = kubeapi.load(args.kubeconfig, args.context)
+    except kubeapi.KubeConfigError as exc:
+        return _fail(str(exc))
+    store = open_store(args.db, migrate=args.migrate)  # StoreError: one line from quota.cli
+    metrics = ControllerMetrics()
+    if args.metrics_port:
+        try:
+            start_http_server(args.metrics_port, args.metrics_address, registry=metrics.registry)
+        except OSError as exc:
+            return _fail(
+                f"metrics port {args.metrics_address}:{args.metrics_port}: {exc.strerror or exc}"
+            )
+        log.info("metrics on http://%s:%d/metrics", args.metrics_address, args.metrics_port)
+    timeouts = kubeapi.Timeouts(read=args.read_timeout, watch=args.watch_timeout)
+    kube = kubeapi.Kube(api, timeouts, page_size=args.page_size)
+    settings = Settings(args.flush_every, args.flush_interval, args.startup_timeout)
+
+    stopping = threading.Event()
+    done = threading.Event()
+    outcome: dict[str, object] = {}
+    current: list[Controller] = []
+
+    def lead() -> None:
+        try:
+            metrics.leader.set(1)
+            accountant = Accountant(store, args.cluster, holder=args.identity)
+            controller = Controller(kube, accountant, metrics, settings)
+            current.append(controller)
+            if stopping.is_set():
+                return
+            controller.run()
+        except (StartupError, StoreError) as exc:
+            outcome["error"] = str(exc)
+        except BaseException as exc:
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+            log.exception("controller failed")
+        finally:
+            metrics.leader.set(0)
+            done.set()
+
+    def lost() -> None:
+        if not stopping.is_set():
+            log.error(
+                "lost the lease %s/%s: stopping so as not to write beside a new leader",
+                lease.namespace,
+                lease.name,
+            )
+            outcome["lost"] = True
+        for c in current:
+            c.stop()
+        done.set()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stopping.set()
+        for c in current:
+            c.stop()
+        if not current:
+            done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    if args.lease_name:
+        elect(lease, lead, lost)
+    else:
+        threading.Thread(target=lead, name="controller", daemon=True).start()
+    while not done.wait(0.5):
+        pass
+    for c in current:
+        c.stop()
+    store.close()
+    if "error" in outcome:
+        code = _fail(str(outcome["error"]))
+    else:
+        code = EXIT_LOST_LEASE if outcome.get("lost") else 0
+    if args.lease_name:
+        # the election library's renew thread cannot be stopped; everything is written and
+        # closed, so leave without waiting for it (or racing it during interpreter shutdown)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

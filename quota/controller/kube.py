@@ -1,0 +1,206 @@
+"""Kubernetes API access for the controller: config loading, raw paged lists, raw watch lines.
+
+Objects stay plain dicts: requests go through the official client's ApiClient (its
+configuration, authentication, TLS and connection pool) with the response left unread
+(preload off), and the bytes are parsed with json.loads. This skips the generated API classes
+and their model deserialisation: importing CoreV1Api alone builds hundreds of pydantic models
+(seconds of start-up), and turning a large list into models is far slower and larger than
+plain dicts. List items get their ``kind`` back (the API server leaves it out of list items).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+from urllib3 import BaseHTTPResponse
+
+Obj = dict[str, Any]
+
+# what the rules never read and real objects carry in bulk: dropped on arrival
+_DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+
+
+class KubeConfigError(RuntimeError):
+    """The kubeconfig or in-cluster configuration cannot be used: one line."""
+
+
+class ApiStatusError(RuntimeError):
+    """The API server answered with an error status."""
+
+    def __init__(self, status: int, reason: str, message: str):
+        super().__init__(f"API server answered {status} {reason}: {message}")
+        self.status = status
+
+
+PATHS = {
+    "Pod": "/api/v1/pods",
+    "Node": "/api/v1/nodes",
+    "Namespace": "/api/v1/namespaces",
+    "ResourceQuota": "/api/v1/resourcequotas",
+}
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 5.0
+    read: float = 90.0  # a watch silent this long (no event, no bookmark) is restarted
+    watch: int = 300  # timeoutSeconds asked of the server for each watch
+
+
+def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
+    """An ApiClient from ``kubeconfig``, else in-cluster, else $KUBECONFIG / ~/.kube/config."""
+    try:
+        if kubeconfig:
+            if not Path(kubeconfig).exists():
+                raise KubeConfigError(f"kubeconfig {kubeconfig}: no such file")
+            cfg = client.Configuration()
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context, client_configuration=cfg
+            )
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            cfg = client.Configuration()
+            config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        else:
+            cfg = client.Configuration()
+            config.load_kube_config(context=context, client_configuration=cfg)  # type: ignore[no-untyped-call]
+    except KubeConfigError:
+        raise
+    except (ConfigException, ValueError, TypeError, KeyError, AttributeError, OSError) as exc:
+        where = kubeconfig or "in-cluster/default kubeconfig"
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KubeConfigError(f"kubeconfig {where}: {msg}") from None
+    except Exception as exc:  # yaml errors and the like: still one clear line
+        where = kubeconfig or "default kubeconfig"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KubeConfigError(f"kubeconfig {where}: {first}") from None
+    # the watch loops retry with their own back-off; urllib3's silent retries would only hide
+    # the outage from them
+    cfg.retries = 0
+    # the Lease lock of kubernetes.leaderelection uses the default configuration
+    client.Configuration.set_default(cfg)
+    return client.ApiClient(cfg)
+
+
+def slim(obj: Obj, kind: str) -> Obj:
+    """Give a list item its kind back and drop bulky fields the rules never read."""
+    obj.setdefault("kind", kind)
+    meta = obj.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        ann = meta.get("annotations")
+        if isinstance(ann, dict):
+            for key in _DROP_ANNOTATIONS:
+                ann.pop(key, None)
+    return obj
+
+
+class Kube:
+    """Raw list and watch of the four kinds the controller follows."""
+
+    KINDS = ("Node", "Namespace", "ResourceQuota", "Pod")
+
+    def __init__(
+        self, api: client.ApiClient, timeouts: Timeouts = Timeouts(), page_size: int = 500
+    ):
+        self.api = api
+        self.timeouts = timeouts
+        self.page_size = page_size
+
+    @property
+    def host(self) -> str:
+        return str(self.api.configuration.host)
+
+    def _get(self, kind: str, query: list[tuple[str, str]]) -> BaseHTTPResponse:
+        method, url, headers, body, post = self.api.param_serialize(
+            "GET",
+            PATHS[kind],
+            query_params=query,
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        resp = self.api.call_api(
+            method,
+            url,
+            headers,
+            body,
+            post,
+            _request_timeout=(self.timeouts.connect, self.timeouts.read),
+        )
+        raw: BaseHTTPResponse = resp.response
+        if resp.status >= 400:
+            try:
+                message = str(json.loads(raw.data).get("message", ""))
+            except (ValueError, AttributeError):
+                message = ""
+            finally:
+                raw.release_conn()
+            raise ApiStatusError(resp.status, str(resp.reason), message)
+        return raw
+
+    def list(self, kind: str, keep: Callable[[Obj], bool] | None = None) -> tuple[list[Obj], str]:
+        """Every object of ``kind`` (paged, one consistent snapshot) and the list's version.
+
+        ``keep`` filters each page as it arrives, so what it drops is never held all at once."""
+        items: list[Obj] = []
+        token: str | None = None
+        version = ""
+        while True:
+            query = [("limit", str(self.page_size))]
+            if token:
+                query.append(("continue", token))
+            resp = self._get(kind, query)
+            try:
+                page = json.loads(resp.data)
+            finally:
+                resp.release_conn()
+            meta = page.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            items.extend(
+                o
+                for o in (slim(o, kind) for o in page.get("items") or [])
+                if keep is None or keep(o)
+            )
+            del page
+            token = meta.get("continue") or None
+            if not token:
+                return items, version
+
+    def watch(self, kind: str, resource_version: str) -> Iterator[Obj]:
+        """Watch events from ``resource_version`` as dicts, until the server ends the stream.
+
+        Raises urllib3's ReadTimeoutError when nothing (not even a bookmark) arrives within
+        the read timeout, and its ProtocolError when the connection is cut.
+        """
+        resp = self._get(
+            kind,
+            [
+                ("watch", "true"),
+                ("resourceVersion", resource_version),
+                ("allowWatchBookmarks", "true"),
+                ("timeoutSeconds", str(self.timeouts.watch)),
+            ],
+        )
+        try:
+            buf = b""
+            for chunk in resp.stream(amt=None, decode_content=False):
+                # one chunk can hold thousands of lines: split once (slicing the rest of the
+                # buffer line by line would be quadratic)
+                lines = (buf + chunk).split(b"\n")
+                buf = lines.pop()
+                for line in lines:
+                    if line.strip():
+                        event = json.loads(line)
+                        obj = event.get("object")
+                        if isinstance(obj, dict) and event.get("type") != "ERROR":
+                            slim(obj, kind)
+                        yield event
+        finally:
+            resp.close()
+            resp.release_conn()

@@ -1,0 +1,271 @@
+"""The controller loop: drain the watch loops' queue into the Accountant, flush in batches.
+
+One thread owns the Accountant. It flushes every ``flush_every`` events or ``flush_interval``
+seconds; a failed write (database down) is counted and retried with back-off while events
+keep being applied in memory — the Accountant keeps everything unwritten pending — and the
+backlog is written in one go when the database answers again. A heartbeat (with the
+resourceVersions seen) goes with each flush while every watch is healthy: a restart resumes
+the watches from those versions, and bounds what it must estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from quota import accounting as acc
+from quota.controller.kube import Kube
+from quota.controller.metrics import ControllerMetrics
+from quota.controller.watch import Backoff, Message, WatchLoop, put
+from quota.engine import Accountant
+from quota.store.db import StoreError
+
+log = logging.getLogger(__name__)
+
+
+ALLOCATION_METRICS_EVERY = 5.0  # seconds
+QUEUE_SIZE = 2000  # messages between the watch loops and the Accountant
+
+
+class StartupError(RuntimeError):
+    """The controller cannot start (API server unreachable): one line naming the cause."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    flush_every: int = 1000
+    flush_interval: float = 5.0
+    startup_timeout: float = 30.0
+
+
+class Controller:
+    def __init__(
+        self,
+        kube: Kube,
+        accountant: Accountant,
+        metrics: ControllerMetrics,
+        settings: Settings = Settings(),
+        clock: Callable[[], float] = time.time,
+    ):
+        self.kube, self.acct, self.metrics, self.settings = kube, accountant, metrics, settings
+        self.clock = clock
+        self.stop_event = threading.Event()
+        # bounded: a burst of events waits in the socket, not in memory
+        self.queue: queue.Queue[Message] = queue.Queue(maxsize=QUEUE_SIZE)
+        self._startup_error: StartupError | None = None
+        self.loops: list[WatchLoop] = []
+        self.synced = threading.Event()
+        self._since_flush = 0
+        self._next_flush = 0.0
+        self._last_ok = clock()
+        self._db_backoff = Backoff(base=0.5, cap=30.0)
+        self._quota_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        self._alloc_series: set[tuple[str, str, str]] = set()
+        self._alloc_metrics_at = 0.0
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+    # -- start
+
+    def start_watches(self) -> None:
+        """Start one loop per kind, in order (nodes first, pods last), each once it has listed.
+
+        Raises StartupError when a kind cannot be listed within the startup timeout."""
+        stored = self.acct.resource_versions
+        started = time.monotonic()
+        for kind in Kube.KINDS:
+            loop = WatchLoop(
+                kind,
+                self.kube,
+                self.queue,
+                self.metrics,
+                self.stop_event,
+                stored.get(kind),
+                keep=self._has_gpus if kind == "Pod" else None,
+            )
+            loop.start()
+            self.loops.append(loop)
+            while not loop.synced.wait(0.1):
+                if self.stop_event.is_set():
+                    return
+                if time.monotonic() - started > self.settings.startup_timeout:
+                    self.stop()
+                    raise StartupError(
+                        f"cannot list {kind}s from the Kubernetes API server at {self.kube.host}: "
+                        f"{loop.last_error or 'no answer'}"
+                    )
+        put(self.queue, Message("synced", "", 0), self.stop_event)
+
+    def _start(self) -> None:
+        try:
+            self.start_watches()
+        except StartupError as exc:
+            self._startup_error = exc
+
+    def _has_gpus(self, pod: dict[str, object]) -> bool:
+        """Whether the accounting cares about this pod (GPU requests cannot change later)."""
+        try:
+            return bool(acc.effective_units(pod, self.acct.config))
+        except acc.AccountingError:
+            return True  # let the Accountant report it
+
+    # -- run
+
+    def run(self) -> None:
+        """Start the watches, then apply and flush until stop(); a last flush on the way out."""
+        t0 = time.monotonic()
+        # the loops start one after the other while this thread already drains the queue;
+        # every initial list is queued ahead of the "synced" marker
+        threading.Thread(target=self._start, name="start-watches", daemon=True).start()
+        while not self.stop_event.is_set():
+            try:
+                msg: Message | None = self.queue.get(timeout=0.2)
+            except queue.Empty:
+                msg = None
+            while msg is not None:
+                if msg.op == "synced":
+                    elapsed = time.monotonic() - t0
+                    self.synced.set()
+                    self.metrics.synced.set(1)
+                    self.metrics.sync_seconds.set(elapsed)
+                    log.info("synced in %.1fs", elapsed)
+                    self._flush()
+                else:
+                    self._handle(msg)
+                if self._since_flush >= self.settings.flush_every:
+                    break
+                try:
+                    msg = self.queue.get_nowait()
+                except queue.Empty:
+                    msg = None
+            self._maybe_flush()
+        if self._startup_error is not None:
+            raise self._startup_error
+        self._flush()
+
+    def _handle(self, msg: Message) -> None:
+        try:
+            if msg.op == "event":
+                assert msg.obj is not None
+                self.acct.apply(msg.event_type, msg.obj, msg.observed_at)
+                self.metrics.events.labels(msg.kind, msg.event_type).inc()
+                self._since_flush += 1
+                if msg.kind == "ResourceQuota":
+                    self._quota_metrics(msg.obj, msg.event_type == "DELETED")
+            elif msg.op == "resync":
+                items = msg.items or []
+                if msg.kind == "ResourceQuota":
+                    self._reset_quota_metrics(items)
+                self.acct.resync(msg.kind, items, msg.observed_at)
+                if msg.version:
+                    self.acct.apply(
+                        "BOOKMARK",
+                        {"kind": msg.kind, "metadata": {"resourceVersion": msg.version}},
+                        msg.observed_at,
+                    )
+                self._since_flush += len(items)
+            else:  # "list": facts only, nothing closes
+                for obj in msg.items or []:
+                    self.acct.apply("MODIFIED", obj, msg.observed_at)
+                    if msg.kind == "ResourceQuota":
+                        self._quota_metrics(obj, False)
+                self._since_flush += len(msg.items or [])
+        except acc.AccountingError as exc:
+            self.metrics.accounting_errors.labels(msg.kind).inc()
+            log.warning("%s skipped: %s", msg.kind, exc)
+
+    # -- flushing
+
+    def _maybe_flush(self) -> None:
+        now = time.monotonic()
+        if now >= self._next_flush or (
+            self._since_flush >= self.settings.flush_every and not self._db_backoff.attempt
+        ):
+            self._flush()
+        self.metrics.flush_lag.set(max(0.0, self.clock() - self._last_ok))
+
+    def _flush(self) -> None:
+        now = time.monotonic()
+        if self.synced.is_set() and all(loop.healthy for loop in self.loops):
+            self.acct.heartbeat(int(self.clock()))
+        try:
+            self.metrics.pending_rows.set(self.acct.pending())
+            written = self.acct.flush()
+        except StoreError as exc:
+            self.metrics.db_errors.inc()
+            delay = self._db_backoff.next()
+            self._next_flush = now + delay
+            log.warning(
+                "store write failed (%s); keeping %d rows, retrying in %.1fs",
+                exc,
+                self.acct.pending(),
+                delay,
+            )
+            return
+        if self._db_backoff.attempt:
+            log.info("store is back: wrote the %d rows kept during the outage", written)
+        self._db_backoff.reset()
+        self._since_flush = 0
+        self._next_flush = now + self.settings.flush_interval
+        self._last_ok = self.clock()
+        self.metrics.last_flush.set(self._last_ok)
+        self.metrics.pending_rows.set(0)
+        self._allocation_metrics()
+
+    # -- namespace metrics
+
+    def _allocation_metrics(self) -> None:
+        # walks every open allocation: under load at most every few seconds
+        now = time.monotonic()
+        busy = self.queue.qsize() > QUEUE_SIZE // 20
+        if busy and now - self._alloc_metrics_at < ALLOCATION_METRICS_EVERY:
+            return
+        self._alloc_metrics_at = now
+        raw: dict[tuple[str, str], float] = {}
+        phys: dict[tuple[str, str], float] = {}
+        for row in self.acct.open_allocations():
+            key = (row.namespace, row.resource_name)
+            raw[key] = raw.get(key, 0) + row.raw_units
+            phys[key] = phys.get(key, 0.0) + row.physical_gpus
+        series = set()
+        for (ns, res), v in raw.items():
+            self.metrics.allocated.labels(ns, res, "raw").set(v)
+            self.metrics.allocated.labels(ns, res, "physical").set(phys[(ns, res)])
+            series |= {(ns, res, "raw"), (ns, res, "physical")}
+        for gone in self._alloc_series - series:
+            self.metrics.allocated.remove(*gone)
+        self._alloc_series = series
+
+    def _quota_metrics(self, obj: dict[str, object], deleted: bool) -> None:
+        try:
+            facts = acc.quota_facts(obj)
+        except acc.AccountingError:
+            return
+        key = (facts.namespace, facts.name)
+        for labels in self._quota_series.pop(key, set()):
+            self.metrics.quota_hard.remove(*labels)
+            self.metrics.quota_used.remove(*labels)
+        if deleted:
+            return
+        series = set()
+        for fig in facts.figures:
+            labels = (facts.namespace, fig.resource_name, facts.name)
+            self.metrics.quota_hard.labels(*labels).set(
+                fig.hard if fig.hard is not None else float("nan")
+            )
+            self.metrics.quota_used.labels(*labels).set(fig.used if fig.used is not None else 0.0)
+            series.add(labels)
+        self._quota_series[key] = series
+
+    def _reset_quota_metrics(self, items: list[dict[str, object]]) -> None:
+        for key in list(self._quota_series):
+            for labels in self._quota_series.pop(key):
+                self.metrics.quota_hard.remove(*labels)
+                self.metrics.quota_used.remove(*labels)
+        for obj in items:
+            self._quota_metrics(obj, False)

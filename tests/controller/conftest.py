@@ -1,0 +1,327 @@
+"""Harness of the controller tests: the API server stand-in, a store of either kind, and the
+controller as a real subprocess (`gpuquota controller`) whose results are read from the store.
+
+PostgreSQL is shared with other test areas: this session works in its own uniquely named
+schema (search_path in the URL) and drops it at the end. Its outages are simulated with a TCP
+proxy between the controller and the server; SQLite's with an exclusive lock on the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from quota.store import db
+from sim.apiserver import ApiServer
+from sim.workload import Workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target; cut() drops every connection and refuses new
+    ones until restore() (same port)."""
+
+    def __init__(self, target_host: str, target_port: int):
+        self.target = (target_host, target_port)
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._open()
+
+    def _open(self) -> None:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self.port = s.getsockname()[1]
+        self._listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns |= {client, upstream}
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        if self._listener is not None:
+            # shutdown wakes the thread blocked in accept(); close() alone may not
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+            self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, set()
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def restore(self) -> None:
+        if self._listener is None:
+            self._open()
+
+    def close(self) -> None:
+        self.cut()
+
+
+class Outage:
+    """Makes the store unusable for a while: a cut proxy (PostgreSQL) or a held lock (SQLite)."""
+
+    def __init__(self, backend: str, url: str, proxy: TcpProxy | None):
+        self.backend, self.url, self.proxy = backend, url, proxy
+        self._conn: object = None
+
+    def begin(self) -> None:
+        if self.proxy is not None:
+            self.proxy.cut()
+        else:
+            import sqlite3
+
+            path = urlsplit(self.url.split("?")[0].replace("sqlite:///", "file:///")).path
+            conn = sqlite3.connect(path, timeout=5, isolation_level=None)
+            conn.execute("BEGIN EXCLUSIVE")
+            self._conn = conn
+
+    def end(self) -> None:
+        if self.proxy is not None:
+            self.proxy.restore()
+        elif self._conn is not None:
+            self._conn.execute("ROLLBACK")  # type: ignore[attr-defined]
+            self._conn.close()  # type: ignore[attr-defined]
+            self._conn = None
+
+
+@pytest.fixture(scope="session")
+def pg_base(postgres_url: str) -> Iterator[str]:
+    """A uniquely named schema on the shared server for this session, dropped at the end."""
+    schema = f"gq_ctl_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(postgres_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    except Exception as exc:
+        pytest.fail(f"PostgreSQL at {db.safe_url(postgres_url)} is not reachable: {exc}")
+    sep = "&" if "?" in postgres_url else "?"
+    url = f"{postgres_url}{sep}options={quote(f'-csearch_path={schema}')}"
+    db.upgrade(url)
+    yield url
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+    engine.dispose()
+
+
+class Store:
+    """Where one test's controller writes: its URL (through the proxy for PostgreSQL), the
+    direct URL the test reads with, a unique cluster name, and an outage switch."""
+
+    def __init__(self, backend: str, url: str, direct: str, proxy: TcpProxy | None):
+        self.backend, self.url, self.direct, self.proxy = backend, url, direct, proxy
+        self.cluster = f"c-{uuid.uuid4().hex[:10]}"
+        self.outage = Outage(backend, url, proxy)
+        self.engine = create_engine(direct)
+
+    def heartbeat(self) -> tuple[str, int, dict[str, str]] | None:
+        with self.engine.connect() as c:
+            row = c.execute(
+                text("SELECT holder, at, resource_versions FROM heartbeats WHERE cluster = :c"),
+                {"c": self.cluster},
+            ).first()
+        if row is None:
+            return None
+        rvs = row[2] if isinstance(row[2], dict) else json.loads(row[2])
+        return str(row[0]), int(row[1]), rvs
+
+    def allocations(self) -> list[dict]:
+        with self.engine.connect() as c:
+            rows = c.execute(
+                text(
+                    "SELECT pod_uid, namespace, resource_name, raw_units, physical_gpus, started_at,"
+                    " ended_at, end_reason, estimated FROM allocations WHERE cluster = :c"
+                ),
+                {"c": self.cluster},
+            ).mappings()
+            return [dict(r) for r in rows]
+
+    def totals(self, until: int) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
+        raw: dict[tuple[str, str], int] = {}
+        phys: dict[tuple[str, str], float] = {}
+        for r in self.allocations():
+            end = until if r["ended_at"] is None else min(r["ended_at"], until)
+            secs = max(0, end - r["started_at"])
+            key = (r["namespace"], r["resource_name"])
+            raw[key] = raw.get(key, 0) + r["raw_units"] * secs
+            phys[key] = phys.get(key, 0.0) + r["physical_gpus"] * secs
+        return ({k: v for k, v in raw.items() if v}, {k: v for k, v in phys.items() if v})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'quota.db'}?timeout=0.5"
+        db.upgrade(url)
+        s = Store("sqlite", url, url, None)
+    else:
+        base = str(request.getfixturevalue("pg_base"))
+        parts = urlsplit(base.replace("postgresql+psycopg", "http"))
+        proxy = TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
+        url = base.replace(f"{parts.hostname}:{parts.port or 5432}", f"127.0.0.1:{proxy.port}")
+        if f":{parts.port}" not in base:  # no explicit port in the URL
+            url = base.replace(f"@{parts.hostname}/", f"@127.0.0.1:{proxy.port}/")
+        s = Store("postgresql", url, base, proxy)
+    yield s
+    s.outage.end()
+    if s.proxy is not None:
+        s.proxy.close()
+    s.engine.dispose()
+
+
+@pytest.fixture
+def apiserver() -> Iterator[ApiServer]:
+    with ApiServer(bookmark_interval=0.2) as api:
+        yield api
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControllerProcess:
+    """`gpuquota controller` as a subprocess, with its log in a file."""
+
+    def __init__(self, api: ApiServer, store: Store, *extra: str, identity: str = "ctl-a"):
+        self.dir = Path(tempfile.mkdtemp(dir="/tmp", prefix="gqctl"))
+        self.kubeconfig = api.write_kubeconfig(self.dir / "kubeconfig")
+        self.metrics_port = free_port()
+        self.identity = identity
+        self.log_path = self.dir / "controller.log"
+        self.args = [
+            sys.executable,
+            "-m",
+            "quota.cli",
+            "controller",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--db",
+            store.url,
+            "--cluster",
+            store.cluster,
+            "--identity",
+            identity,
+            "--flush-interval",
+            "0.3",
+            "--read-timeout",
+            "1.5",
+            "--watch-timeout",
+            "20",
+            "--startup-timeout",
+            "10",
+            "--metrics-port",
+            str(self.metrics_port),
+            "--metrics-address",
+            "127.0.0.1",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ControllerProcess:
+        log = self.log_path.open("ab")
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            self.args, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env
+        )
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(15)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            return str(r.read().decode())
+
+
+@pytest.fixture
+def controllers() -> Iterator[list[ControllerProcess]]:
+    started: list[ControllerProcess] = []
+    yield started
+    for c in started:
+        c.kill()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def caught_up(store: Store, version: int) -> bool:
+    hb = store.heartbeat()
+    return hb is not None and len(hb[2]) == 4 and all(int(v) >= version for v in hb[2].values())
+
+
+def assert_exact(store: Store, wl: Workload) -> None:
+    raw, phys = store.totals(wl.end)
+    assert raw == wl.truth.gpu_seconds()
+    want = wl.truth.physical_seconds()
+    assert raw.keys() == want.keys()
+    for k, v in want.items():
+        assert phys[k] == pytest.approx(v, rel=1e-9, abs=1e-6), k

@@ -1,0 +1,273 @@
+"""`gpuquota controller` end to end: real client, real sockets, real SQLite and PostgreSQL.
+
+Every test feeds a generated workload through the API server stand-in to a controller
+subprocess and checks the GPU-seconds in the store against the generator's own truth, to the
+second, whatever was done to the controller, the watches or the database on the way.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+import sys
+import time
+
+from sim.apiserver import Driver
+from sim.workload import generate
+from tests.controller.conftest import (
+    ROOT,
+    ControllerProcess,
+    assert_exact,
+    caught_up,
+    free_port,
+    wait_for,
+)
+
+WL = generate(21, 1.0, pods_per_hour=40, observation_independent=True)
+
+
+def start(api, store, controllers, *extra, identity="ctl-a"):
+    c = ControllerProcess(api, store, *extra, identity=identity).start()
+    controllers.append(c)
+    return c
+
+
+def ready(store):
+    wait_for(store.heartbeat, 20, "the controller's first heartbeat")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"no {name} {labels}"
+    return total
+
+
+def test_live_totals_are_exact_and_metrics_match(apiserver, store, controllers):
+    ctl = start(apiserver, store, controllers)
+    ready(store)
+    Driver(apiserver, WL).run()
+    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up")
+    text = ctl.metrics()
+    assert metric(text, "gpuquota_controller_leader") == 1  # no lease asked: it is the writer
+    for ns in ("team-a", "ml-research"):
+        quota = apiserver.get("resourcequotas", "gpu-quota", ns)
+        assert quota is not None
+        for key, used in quota["status"]["used"].items():
+            if "nvidia.com" in key:
+                assert metric(
+                    text, "gpuquota_namespace_gpu_quota_used", namespace=ns, resource=key
+                ) == float(used)
+                assert metric(
+                    text, "gpuquota_namespace_gpu_quota_hard", namespace=ns, resource=key
+                ) == float(quota["status"]["hard"][key])
+    open_now: dict[tuple[str, str], int] = {}
+    for iv in WL.truth.intervals:
+        if iv.end is None:
+            open_now[(iv.namespace, iv.resource)] = (
+                open_now.get((iv.namespace, iv.resource), 0) + iv.units
+            )
+    for (ns, res), units in open_now.items():
+        assert (
+            metric(
+                text, "gpuquota_namespace_gpus_allocated", namespace=ns, resource=res, kind="raw"
+            )
+            == units
+        )
+    assert metric(text, "gpuquota_controller_events_total", kind="Pod", type="DELETED") > 0
+    assert metric(text, "gpuquota_controller_synced") == 1
+    assert ctl.terminate() == 0
+    assert_exact(store, WL)
+
+
+def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, controllers):
+    ctl = start(apiserver, store, controllers)
+    ready(store)
+    marks = [WL.start + (WL.end - WL.start) * i // 6 for i in range(1, 6)]
+    driver = Driver(apiserver, WL)
+    driver.run(until=marks[0])
+    apiserver.cut_watches()
+    driver.run(until=marks[1])
+    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the cut")
+    wait_for(lambda: apiserver.active_watches == 4, 10, "the watches to reconnect")
+    apiserver.stall_watches()  # detected by the client read timeout only
+    driver.run(until=marks[2])
+    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the stall")
+    apiserver.force_gone()  # every version is too old now: 410 and relist
+    apiserver.refuse_for(0.7)
+    time.sleep(1.0)
+    driver.run(until=marks[3])
+    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after 410")
+    store.outage.begin()
+    try:
+        driver.run(until=marks[4])
+        wait_for(
+            lambda: metric(ctl.metrics(), "gpuquota_controller_database_errors_total") >= 2,
+            20,
+            "failed writes",
+        )
+        driver.run()
+        time.sleep(0.5)
+        assert ctl.proc is not None and ctl.proc.poll() is None, (
+            "the controller must survive the outage"
+        )
+    finally:
+        store.outage.end()
+    wait_for(lambda: caught_up(store, apiserver.resource_version), 30, "catch-up after the outage")
+    text = ctl.metrics()
+    assert metric(text, "gpuquota_controller_watch_restarts_total", reason="stalled") >= 1
+    assert metric(text, "gpuquota_controller_relists_total") >= 1
+    assert ctl.terminate() == 0
+    assert "store is back" in ctl.log()
+    assert_exact(store, WL)
+    assert not [r for r in store.allocations() if r["estimated"]]
+
+
+def test_sigkill_at_random_points(apiserver, store, controllers):
+    rng = random.Random(store.cluster)
+    ctl = start(apiserver, store, controllers)
+    ready(store)
+    driver = Driver(apiserver, WL, speed=None)
+    cuts = sorted(rng.sample(range(WL.start + 60, WL.end - 600), 2))
+    for cut in cuts:
+        driver.start(until=cut)
+        time.sleep(rng.uniform(0.05, 0.6))  # killed wherever it is: applying, flushing...
+        ctl.kill()
+        driver.wait()
+        driver.run(until=cut + 300)  # the cluster moves on while it is down
+        ctl = start(apiserver, store, controllers)
+    driver.run()
+    wait_for(
+        lambda: caught_up(store, apiserver.resource_version), 30, "catch-up after the restarts"
+    )
+    assert ctl.terminate() == 0
+    assert "resuming the watch from stored version" in ctl.log()
+    assert_exact(store, WL)
+
+
+def test_leader_election_standby_takes_over(apiserver, store, controllers):
+    lease = [
+        "--lease-name",
+        "gpuquota",
+        "--lease-namespace",
+        "kube-system",
+        "--lease-duration",
+        "3",
+        "--renew-deadline",
+        "2",
+        "--retry-period",
+        "1",
+    ]
+    a = start(apiserver, store, controllers, *lease, identity="replica-a")
+    ready(store)
+    b = start(apiserver, store, controllers, *lease, identity="replica-b")
+    driver = Driver(apiserver, WL)
+    driver.run(until=WL.start + 1800)
+    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up")
+    assert store.heartbeat()[0] == "replica-a"
+    assert metric(a.metrics(), "gpuquota_controller_leader") == 1
+    wait_for(lambda: _up(b), 20, "the standby's metrics")
+    assert metric(b.metrics(), "gpuquota_controller_leader") == 0  # standby: does not write
+    a.kill()
+    driver.run()
+    wait_for(
+        lambda: (
+            (apiserver.get("leases", "gpuquota", "kube-system") or {})
+            .get("spec", {})
+            .get("holderIdentity")
+            == "replica-b"
+        ),
+        15,
+        "the standby to take the lease",
+    )
+    wait_for(
+        lambda: (
+            caught_up(store, apiserver.resource_version) and store.heartbeat()[0] == "replica-b"
+        ),
+        20,
+        "catch-up",
+    )
+    assert b.terminate() == 0
+    assert_exact(store, WL)
+
+
+def _up(ctl: ControllerProcess) -> bool:
+    try:
+        return bool(ctl.metrics())
+    except OSError:
+        return False
+
+
+def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
+    db_url = f"sqlite:///{tmp_path / 'q.db'}"
+    bad = tmp_path / "bad-kubeconfig"
+    bad.write_text("clusters: [this is not: a kubeconfig\n")
+    port = free_port()  # nothing listens there
+    unreachable = tmp_path / "unreachable"
+    unreachable.write_text(
+        apiserver.write_kubeconfig(tmp_path / "k")
+        .read_text()
+        .replace(str(apiserver.port), str(port))
+    )
+    kc = apiserver.write_kubeconfig(tmp_path / "good")
+    cases = {
+        "kubeconfig": (["--kubeconfig", str(bad), "--db", db_url], rf"error: kubeconfig {bad}: "),
+        "api": (
+            [
+                "--kubeconfig",
+                str(unreachable),
+                "--db",
+                db_url,
+                "--migrate",
+                "--startup-timeout",
+                "1",
+            ],
+            rf"error: cannot list Nodes from the Kubernetes API server at http://127.0.0.1:{port}: .*refused",
+        ),
+        "db": (
+            [
+                "--kubeconfig",
+                str(kc),
+                "--db",
+                f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/test",
+            ],
+            r"error: cannot connect to database .*refused",
+        ),
+        "lease": (
+            [
+                "--kubeconfig",
+                str(kc),
+                "--lease-name",
+                "x",
+                "--lease-duration",
+                "2",
+                "--renew-deadline",
+                "2",
+            ],
+            r"error: --lease-duration must be greater than --renew-deadline",
+        ),
+    }
+    # all at once: each is a fresh interpreter importing the kubernetes client
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "quota.cli", "controller", "--metrics-port", "0", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for name, (args, _) in cases.items()
+    }
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 2, (name, err)
+        last = err.strip().splitlines()[-1]
+        assert re.search(cases[name][1], last), (name, err)
+        if name in ("kubeconfig", "lease", "db"):
+            assert len(err.strip().splitlines()) == 1, err
