@@ -2,7 +2,7 @@
 in use and allocated (raw requests and physical GPUs), and GPU-hours over the time range.
 
 Generated into gpu-quota.json by ``python -m dashboards.generate``; metric names are the
-quota controller's (dashboards/known_metrics.py lists them).
+quota controller's (quota/controller/metrics.py; a test checks).
 """
 
 from grafanalib.core import Dashboard, Templating, Time
@@ -38,18 +38,25 @@ grid.row("Quota per namespace")
 grid.add(
     timeseries(
         "Quota used vs hard",
-        (f"sum by (namespace) (gpuquota_namespace_gpu_quota_used{{{NS}}})", "{{namespace}} used"),
-        (f"sum by (namespace) (gpuquota_namespace_gpu_quota_hard{{{NS}}})", "{{namespace}} hard"),
-        description="requests.nvidia.com/gpu in the namespaces' ResourceQuotas.",
+        (
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_used{{{NS}}})",
+            "{{namespace}} {{resource}} used",
+        ),
+        (
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_hard{{{NS}}})",
+            "{{namespace}} {{resource}} hard",
+        ),
+        description="GPU resources (nvidia.com/gpu, MIG profiles) in the namespaces' "
+        "ResourceQuotas: status.used against status.hard.",
     )
 )
 grid.add(
     timeseries(
         "Quota utilisation",
         (
-            f"sum by (namespace) (gpuquota_namespace_gpu_quota_used{{{NS}}}) "
-            f"/ sum by (namespace) (gpuquota_namespace_gpu_quota_hard{{{NS}}})",
-            "{{namespace}}",
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_used{{{NS}}}) "
+            f"/ sum by (namespace, resource) (gpuquota_namespace_gpu_quota_hard{{{NS}}} > 0)",
+            "{{namespace}} {{resource}}",
         ),
         unit="percentunit",
         minimum=0,
@@ -66,7 +73,7 @@ grid.add(
 grid.add(
     timeseries(
         "GPUs allocated (requests)",
-        (f"sum by (namespace) ({RAW})", "{{namespace}}"),
+        (f"sum by (namespace, resource) ({RAW})", "{{namespace}} {{resource}}"),
         stacked=True,
         description="nvidia.com/gpu and MIG resources as the pods requested them.",
     )

@@ -27,6 +27,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
@@ -188,20 +189,17 @@ def usage(
     scope = Scope.of(conn, cluster)
     n = len(edges) - 1
     parts = scope.parts(edges[0], min(edges[-1], now))
-    base_rows = _merged(
-        _usage_row(plain, r, n)
-        for part in parts
-        for r in conn.execute(_usage_query(plain, [], edges, now, part))
-    )
+    base_rows = [
+        _usage_row(plain, r, n) for r in conn.execute(_usage_query(plain, [], edges, now, parts))
+    ]
     if not label_keys:
         return base_rows
     # Query results carry plain keys first, then label values; restore the requested order.
     labelled_keys = plain + [f"label:{k}" for k in label_keys]
-    rows = _merged(
+    rows = [
         _usage_row(labelled_keys, r, n)
-        for part in parts
-        for r in conn.execute(_usage_query(plain, label_keys, edges, now, part))
-    )
+        for r in conn.execute(_usage_query(plain, label_keys, edges, now, parts))
+    ]
     rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
     order = [k for k in keys if not k.startswith("label:")] + [
         k for k in keys if k.startswith("label:")
@@ -228,14 +226,29 @@ def _usage_query(
     label_keys: Sequence[str],
     edges: Sequence[int],
     now: int,
-    where: ColumnElement[bool],
+    parts: Sequence[ColumnElement[bool]],
 ) -> Select[Any]:
+    """One grouped query over the UNION ALL of the scope's parts (each an index range; the
+    database runs them side by side where it can, PostgreSQL with a Parallel Append)."""
     a = Allocation
-    start: Any = a.started_at
-    end: Any = func.coalesce(a.ended_at, t(now))
+    needed = {c.key for k in plain for c in GROUP_COLUMNS[k]} | {
+        "cluster",
+        "namespace",
+        "resource_name",
+        "gpu_model",
+        "raw_units",
+        "physical_gpus",
+        "started_at",
+        "ended_at",
+        "estimated",
+    }
+    columns_in = [c for c in a.__table__.columns if c.key in needed]
+    u = union_all(*(select(*columns_in).where(part) for part in parts)).subquery("scoped")
+    start: Any = u.c.started_at
+    end: Any = func.coalesce(u.c.ended_at, t(now))
     lo_bound: Any = None
     hi_bound: Any = None
-    group: list[Any] = [c for k in plain for c in GROUP_COLUMNS[k]]
+    group: list[Any] = [u.c[c.key] for k in plain for c in GROUP_COLUMNS[k]]
     if label_keys:
         nl = NamespaceLabels
         lo_bound, hi_bound = nl.valid_from, func.coalesce(nl.valid_to, t(FAR_FUTURE))
@@ -249,33 +262,30 @@ def _usage_query(
 
     windows = [func.sum(clip(b0, b1)) for b0, b1 in itertools.pairwise(edges)]
     whole = clip(lo, edges[-1])
-    est = cast(a.estimated, Boolean)
-    columns = [
+    est = cast(u.c.estimated, Boolean)
+    price_class = [u.c.resource_name, u.c.gpu_model, u.c.raw_units, u.c.physical_gpus]
+    stmt = select(
         *group,
-        a.resource_name,
-        a.gpu_model,
-        a.raw_units,
-        a.physical_gpus,
+        *price_class,
         *windows,
         func.sum(case((est, whole), else_=0)),
         func.count(),
         func.sum(case((est, 1), else_=0)),
-    ]
-    stmt = select(*columns).where(where)
+    ).select_from(u)
     if label_keys:
         nl = NamespaceLabels
         stmt = stmt.join(
             nl,
             and_(
-                nl.cluster == a.cluster,
-                nl.namespace == a.namespace,
-                nl.valid_from < hi,
-                or_(nl.valid_to.is_(None), nl.valid_to > lo),
+                nl.cluster == u.c.cluster,
+                nl.namespace == u.c.namespace,
+                nl.valid_from < t(hi),
+                or_(nl.valid_to.is_(None), nl.valid_to > t(lo)),
                 nl.valid_from < end,
-                func.coalesce(nl.valid_to, t(FAR_FUTURE)) > a.started_at,
+                func.coalesce(nl.valid_to, t(FAR_FUTURE)) > u.c.started_at,
             ),
         )
-    return stmt.group_by(*group, a.resource_name, a.gpu_model, a.raw_units, a.physical_gpus)
+    return stmt.group_by(*group, *price_class)
 
 
 def _merged(rows: Iterable[UsageRow]) -> list[UsageRow]:
