@@ -93,6 +93,42 @@ grid.add(
     w=24,
 )
 
+grid.row("Controller")
+grid.add(
+    stat(
+        "Replicas holding the lease",
+        "sum(gpuquota_controller_leader)",
+        description="Exactly 1 when leader election works; 0 means nobody writes usage.",
+    ),
+    w=6,
+    h=6,
+)
+grid.add(
+    stat(
+        "Seconds since the last store write",
+        "min(gpuquota_controller_flush_lag_seconds)",
+        unit="s",
+    ),
+    w=6,
+    h=6,
+)
+grid.add(
+    timeseries(
+        "Watch restarts and relists",
+        (
+            "sum by (kind, reason) (increase(gpuquota_controller_watch_restarts_total"
+            "[$__rate_interval]))",
+            "{{kind}} restart ({{reason}})",
+        ),
+        (
+            "sum by (kind) (increase(gpuquota_controller_relists_total[$__rate_interval]))",
+            "{{kind}} relist",
+        ),
+    ),
+    w=12,
+    h=6,
+)
+
 dashboard = Dashboard(
     title="GPU quota and chargeback",
     uid="gpuquota-gpu-quota",

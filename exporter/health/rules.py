@@ -731,8 +731,7 @@ class HealthTracker:
         compute_instance_id: int | None = None,
     ) -> NodeHealth:
         rule = self.config.xid_rule(xid)
-        target = uuid
-        if rule.state is not State.HEALTHY:
+        if rule.state is not State.HEALTHY:  # ignored XIDs only count in the metrics
             target = self._xid_target(uuid, rule, gpu_instance_id, compute_instance_id)
             message = f"XID {xid} {rule.mnemonic}: {rule.description}"
             self._bump(

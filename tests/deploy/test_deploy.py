@@ -147,6 +147,20 @@ def test_overlays_build_and_change_what_they_say() -> None:
     assert len(operator) == len(base) + 3
 
 
+@needs_kubectl
+@pytest.mark.parametrize("folder", ["base", "overlays/dcgm-compat", "overlays/postgres"])
+def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
+    """Strict schema validation (unknown fields fail) of every built-in object."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    for doc in kustomize(DEPLOY / folder):
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}") from exc
+
+
 def test_alerts_use_only_known_metrics() -> None:
     known = known_metric_names()
     alerts = [r for g in rule_groups() for r in g["rules"] if "alert" in r]

@@ -241,6 +241,9 @@ def test_allocate_and_refusals(h100: Exporter) -> None:
 def test_preferred_allocation_uses_nvml_topology(h100: Exporter) -> None:
     plugin = h100.plugin()
     uuid = [h100.node.uuid(i) for i in range(8)]
+    listed = plugin.wait_for(healthy(8), timeout=PUSH_S)
+    assert listed is not None  # NVML's NUMA nodes reach the kubelet: GPUs 0-3 on 0, 4-7 on 1
+    assert [listed.numa[u] for u in uuid] == [(0,)] * 4 + [(1,)] * 4
     # All pairs share NVSwitch bandwidth; NVML's PCIe topology pairs 0-1, 2-3, 4-5, 6-7.
     assert sorted(plugin.preferred(uuid, [], 2)) == sorted(uuid[0:2])
     assert sorted(plugin.preferred(uuid, [uuid[5]], 2)) == sorted(uuid[4:6])
