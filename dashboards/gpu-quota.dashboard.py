@@ -2,7 +2,7 @@
 in use and allocated (raw requests and physical GPUs), and GPU-hours over the time range.
 
 Generated into gpu-quota.json by ``python -m dashboards.generate``; metric names are the
-quota controller's (dashboards/known_metrics.py lists them).
+quota controller's (quota/controller/metrics.py; a test checks).
 """
 
 from grafanalib.core import Dashboard, Templating, Time
@@ -38,18 +38,25 @@ grid.row("Quota per namespace")
 grid.add(
     timeseries(
         "Quota used vs hard",
-        (f"sum by (namespace) (gpuquota_namespace_gpu_quota_used{{{NS}}})", "{{namespace}} used"),
-        (f"sum by (namespace) (gpuquota_namespace_gpu_quota_hard{{{NS}}})", "{{namespace}} hard"),
-        description="requests.nvidia.com/gpu in the namespaces' ResourceQuotas.",
+        (
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_used{{{NS}}})",
+            "{{namespace}} {{resource}} used",
+        ),
+        (
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_hard{{{NS}}})",
+            "{{namespace}} {{resource}} hard",
+        ),
+        description="GPU resources (nvidia.com/gpu, MIG profiles) in the namespaces' "
+        "ResourceQuotas: status.used against status.hard.",
     )
 )
 grid.add(
     timeseries(
         "Quota utilisation",
         (
-            f"sum by (namespace) (gpuquota_namespace_gpu_quota_used{{{NS}}}) "
-            f"/ sum by (namespace) (gpuquota_namespace_gpu_quota_hard{{{NS}}})",
-            "{{namespace}}",
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_used{{{NS}}}) "
+            f"/ sum by (namespace, resource) (gpuquota_namespace_gpu_quota_hard{{{NS}}} > 0)",
+            "{{namespace}} {{resource}}",
         ),
         unit="percentunit",
         minimum=0,
@@ -66,7 +73,7 @@ grid.add(
 grid.add(
     timeseries(
         "GPUs allocated (requests)",
-        (f"sum by (namespace) ({RAW})", "{{namespace}}"),
+        (f"sum by (namespace, resource) ({RAW})", "{{namespace}} {{resource}}"),
         stacked=True,
         description="nvidia.com/gpu and MIG resources as the pods requested them.",
     )
@@ -84,6 +91,42 @@ grid.add(
         ),
     ),
     w=24,
+)
+
+grid.row("Controller")
+grid.add(
+    stat(
+        "Replicas holding the lease",
+        "sum(gpuquota_controller_leader)",
+        description="Exactly 1 when leader election works; 0 means nobody writes usage.",
+    ),
+    w=6,
+    h=6,
+)
+grid.add(
+    stat(
+        "Seconds since the last store write",
+        "min(gpuquota_controller_flush_lag_seconds)",
+        unit="s",
+    ),
+    w=6,
+    h=6,
+)
+grid.add(
+    timeseries(
+        "Watch restarts and relists",
+        (
+            "sum by (kind, reason) (increase(gpuquota_controller_watch_restarts_total"
+            "[$__rate_interval]))",
+            "{{kind}} restart ({{reason}})",
+        ),
+        (
+            "sum by (kind) (increase(gpuquota_controller_relists_total[$__rate_interval]))",
+            "{{kind}} relist",
+        ),
+    ),
+    w=12,
+    h=6,
 )
 
 dashboard = Dashboard(

@@ -1,25 +1,13 @@
-"""The metric names dashboards and alert rules may use, from their owners.
+"""The metric names dashboards and alert rules may use, each from its owner's own definition.
 
 * gpu-exporter: every family in the one metric table, exporter/metrics.py.
-* gpuquota controller: listed below with their meaning, as the controller serves them.
+* gpuquota controller: the families it registers, quota/controller/metrics.py.
 * Prometheus itself: ``up`` and the other per-target series (dashboards.promql).
 """
 
 from __future__ import annotations
 
 from dashboards.promql import PROMETHEUS_SERIES
-
-# The quota controller's metrics that dashboards and alerts use (all gauges, per namespace).
-CONTROLLER_METRICS: dict[str, str] = {
-    "gpuquota_namespace_gpu_quota_hard": (
-        "GPUs the namespace's ResourceQuotas allow (requests.nvidia.com/gpu hard limit)."
-    ),
-    "gpuquota_namespace_gpu_quota_used": "GPUs counted against those ResourceQuotas now.",
-    "gpuquota_namespace_gpus_allocated": (
-        'GPUs held by running pods; kind="raw" counts resources as requested, '
-        'kind="physical" counts physical GPUs (time-sliced replicas as their share).'
-    ),
-}
 
 
 def exporter_metric_names() -> frozenset[str]:
@@ -29,5 +17,15 @@ def exporter_metric_names() -> frozenset[str]:
     return frozenset(spec.name for spec in rows())
 
 
+def controller_metric_names() -> frozenset[str]:
+    """Every series name the controller exposes (prometheus_client adds _total to counters)."""
+    from quota.controller.metrics import ControllerMetrics
+
+    names = set()
+    for family in ControllerMetrics().registry.collect():
+        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    return frozenset(names)
+
+
 def known_metric_names() -> frozenset[str]:
-    return exporter_metric_names() | frozenset(CONTROLLER_METRICS) | PROMETHEUS_SERIES
+    return exporter_metric_names() | controller_metric_names() | PROMETHEUS_SERIES

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import queue
 import socket
 import ssl
 import threading
@@ -75,6 +76,34 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+    # Connections are served by reusable daemon worker threads instead of a new thread each:
+    # starting a thread costs about as much CPU as serving a cached scrape. A worker is
+    # started only when none is idle, up to MAX_WORKERS; beyond that connections wait.
+    MAX_WORKERS = 64
+    _jobs: queue.SimpleQueue[tuple[Any, Any] | None] | None = None
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if self._jobs is None:
+            self._jobs = queue.SimpleQueue()
+            self._idle = threading.Semaphore(0)
+            self._workers = 0
+        self._jobs.put((request, client_address))
+        if not self._idle.acquire(blocking=False) and self._workers < self.MAX_WORKERS:
+            self._workers += 1  # only the accept thread runs this: no lock needed
+            threading.Thread(target=self._work, name="http-worker", daemon=True).start()
+
+    def _work(self) -> None:
+        assert self._jobs is not None
+        while (job := self._jobs.get()) is not None:
+            self.process_request_thread(*job)  # finish_request, then shutdown_request
+            self._idle.release()
+
+    def server_close(self) -> None:
+        super().server_close()
+        if self._jobs is not None:
+            for _ in range(self._workers):
+                self._jobs.put(None)
 
 
 class _Server6(_Server):

@@ -301,6 +301,11 @@ class NvmlApi:
             return None
         return int(value) == int(pynvml.NVML_NVLINK_DEVICE_TYPE_SWITCH)
 
+    def numa_node(self, handle: Handle) -> int | None:
+        """The NUMA node the GPU is attached to (None when unknown or not NUMA)."""
+        value = self._int("nvmlDeviceGetNumaNodeId", handle)
+        return None if value is None or value < 0 else value
+
     def topology_level(self, first: Handle, second: Handle) -> int | None:
         """NVML_TOPOLOGY_* of the pair's closest common PCIe ancestor (0 close .. 50 far)."""
         return self._int("nvmlDeviceGetTopologyCommonAncestor", first, second)

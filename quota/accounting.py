@@ -630,6 +630,7 @@ class PhysicalShare:
     per_unit: float
     replicas: int | None
     sharing_strategy: str | None
+    mig_profile: str | None = None
 
 
 def physical_share(
@@ -642,16 +643,23 @@ def physical_share(
     anything else one whole GPU. Without node facts a unit counts as one GPU.
     """
     if resource_name.startswith("nvidia.com/mig-"):
-        share = mig_share(resource_name[len("nvidia.com/mig-") :], config)
+        profile = resource_name[len("nvidia.com/mig-") :]
+        share = mig_share(profile, config)
         return PhysicalShare(
-            per_unit=share if share is not None else 1.0, replicas=None, sharing_strategy="mig"
+            per_unit=share if share is not None else 1.0,
+            replicas=None,
+            sharing_strategy="mig",
+            mig_profile=profile,
         )
     if node is None:
         return PhysicalShare(per_unit=1.0, replicas=None, sharing_strategy=None)
     if resource_name.startswith("nvidia.com/gpu") and node.mig_profile is not None:
         share = mig_share(node.mig_profile, config)
         return PhysicalShare(
-            per_unit=share if share is not None else 1.0, replicas=None, sharing_strategy="mig"
+            per_unit=share if share is not None else 1.0,
+            replicas=None,
+            sharing_strategy="mig",
+            mig_profile=node.mig_profile,
         )
     replicas = node.replica_count()
     if resource_name.startswith("nvidia.com/gpu") and replicas is not None:

@@ -45,6 +45,7 @@ class _Recorded:
     per_unit: float
     replicas: int | None
     sharing_strategy: str | None
+    mig_profile: str | None
 
 
 @dataclass
@@ -164,6 +165,7 @@ class Accountant:
                 per_unit=row.physical_gpus / row.raw_units if row.raw_units else 0.0,
                 replicas=row.replicas,
                 sharing_strategy=row.sharing_strategy,
+                mig_profile=row.mig_profile,
             )
             pod.written[row.resource_name] = row
         for cap in state.node_capacity:
@@ -340,6 +342,7 @@ class Accountant:
                 per_unit=share.per_unit,
                 replicas=share.replicas,
                 sharing_strategy=share.sharing_strategy,
+                mig_profile=share.mig_profile,
             )
 
     def _pod_rows(self, pod: _Pod) -> list[AllocationRow]:
@@ -364,6 +367,7 @@ class Accountant:
                     physical_gpus=units * recorded.per_unit,
                     replicas=recorded.replicas,
                     sharing_strategy=recorded.sharing_strategy,
+                    mig_profile=recorded.mig_profile,
                     started_at=pod.started_at,
                     ended_at=end.at if end else None,
                     end_reason=end.reason if end else None,
@@ -416,6 +420,7 @@ class Accountant:
                 gpus.gpu_model,
                 units,
                 units * share.per_unit,
+                share.mig_profile,
                 dict(gpus.labels),
             )
             if open_interval is not None and open_interval.value == value:
@@ -452,7 +457,7 @@ class Accountant:
     def _queue_capacity(
         self, node: str, resource: str, start: int, value: Any, end: int | None
     ) -> None:
-        pool, model, units, physical, labels = value
+        pool, model, units, physical, mig_profile, labels = value
         self._pending_capacity[(node, resource, start)] = NodeCapacityRow(
             node=node,
             resource_name=resource,
@@ -460,6 +465,7 @@ class Accountant:
             gpu_model=model,
             allocatable_units=units,
             physical_gpus=physical,
+            mig_profile=mig_profile,
             labels=labels,
             started_at=start,
             ended_at=end,
@@ -669,6 +675,7 @@ def _capacity_value(row: NodeCapacityRow) -> tuple[Any, ...]:
         row.gpu_model,
         row.allocatable_units,
         row.physical_gpus,
+        row.mig_profile,
         dict(row.labels),
     )
 

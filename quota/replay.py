@@ -149,6 +149,8 @@ def check(event: Event, name: str, config: acc.AccountingConfig) -> str | None:
     None for a kind that is not accounted."""
     kind = event.obj.get("kind")
     where = f"{name}:{event.line}"
+    if event.type == "BOOKMARK":
+        return None  # carries only a resourceVersion
     if not isinstance(kind, str) or not kind:
         raise ReplayError(f"{where}: object has no kind")
     if kind not in KINDS or event.type == "BOOKMARK":
@@ -233,7 +235,7 @@ def apply(
     with source.open() as stream, progress:
         for event in events(stream, source.name, progress):
             if event.obj.get("kind") not in KINDS:
-                continue
+                continue  # other kinds, and bookmarks without a kind
             if event.observed_at is not None:
                 at = event.observed_at
             else:

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 def read_topology(api: NvmlApi) -> Topology:
     gpus: list[GpuLinks] = []
     handles = []
+    numa_nodes: dict[str, int] = {}
     for index in range(api.device_count()):
         try:
             handle = api.handle(index)
@@ -45,6 +46,12 @@ def read_topology(api: NvmlApi) -> Topology:
                 links.append((remote, LINK_SWITCH if switch else LINK_GPU))
         gpus.append(GpuLinks(uuid, bus, tuple(links)))
         handles.append((uuid, handle))
+        try:
+            numa = api.numa_node(handle)
+        except NvmlError:
+            numa = None
+        if numa is not None:
+            numa_nodes[uuid] = numa
     levels: dict[tuple[str, str], int] = {}
     for (a, ha), (b, hb) in combinations(handles, 2):
         try:
@@ -53,7 +60,7 @@ def read_topology(api: NvmlApi) -> Topology:
             level = None
         if level is not None:
             levels[(a, b)] = level
-    return build_topology(gpus, levels)
+    return build_topology(gpus, levels, numa_nodes)
 
 
 class CachedTopology:

@@ -32,6 +32,7 @@ class Topology:
 
     nvlinks: Mapping[tuple[str, str], int] = field(default_factory=dict)
     pcie_level: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    numa_node: Mapping[str, int] = field(default_factory=dict)  # GPU uuid -> NUMA node
 
     def score(self, a: str, b: str) -> int:
         key = (a, b) if a <= b else (b, a)

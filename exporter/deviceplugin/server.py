@@ -34,6 +34,14 @@ def endpoint_name(resource: str) -> str:
     return "gpuquota-" + resource.replace("/", "-") + ".sock"
 
 
+def _device(device_id: str, health: str, numa_node: int | None) -> pb.Device:
+    """One ListAndWatch entry; the NUMA node (when NVML knows it) feeds the topology manager."""
+    if numa_node is None:
+        return pb.Device(ID=device_id, health=health)
+    nodes = pb.TopologyInfo(nodes=[pb.NUMANode(ID=numa_node)])
+    return pb.Device(ID=device_id, health=health, topology=nodes)
+
+
 class _Servicer(pb_grpc.DevicePluginServicer):
     def __init__(self, plugin: DevicePluginServer) -> None:
         self._plugin = plugin
@@ -50,16 +58,15 @@ class _Servicer(pb_grpc.DevicePluginServicer):
     ) -> Iterator[pb.ListAndWatchResponse]:
         plugin = self._plugin
         generation = -1
-        last: tuple[tuple[str, str], ...] | None = None
+        last: tuple[tuple[str, str, int | None], ...] | None = None
         while context.is_active() and not plugin.stopping.is_set():
             health = plugin.board.wait_for_change(generation, WAKE_S)
             generation = health.generation
-            listed = tuple((d.id, d.health) for d in plugin.devices())
+            numa = plugin.topology().numa_node
+            listed = tuple((d.id, d.health, numa.get(d.gpu_uuid)) for d in plugin.devices())
             if listed != last:
                 last = listed
-                yield pb.ListAndWatchResponse(
-                    devices=[pb.Device(ID=i, health=h) for i, h in listed]
-                )
+                yield pb.ListAndWatchResponse(devices=[_device(*entry) for entry in listed])
 
     def GetPreferredAllocation(  # noqa: N802 (gRPC method name)
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext

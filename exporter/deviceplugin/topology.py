@@ -4,7 +4,8 @@ NVML describes links one GPU at a time: link n is active and its far end is the 
 with bus ID x, of type GPU or NVSwitch. Two GPUs wired directly count the links between
 them; GPUs on NVSwitches reach each other through the switch fabric, so each pair counts the
 smaller of the two GPUs' switch-facing link counts (on an HGX H100 every pair gets 18).
-The PCIe side is NVML's topology level of each pair (nvmlDeviceGetTopologyCommonAncestor).
+The PCIe side is NVML's topology level of each pair (nvmlDeviceGetTopologyCommonAncestor);
+the NUMA node of each GPU goes to the kubelet's topology manager in ListAndWatch.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class GpuLinks:
 
 
 def build_topology(
-    gpus: Sequence[GpuLinks], pcie_levels: Mapping[tuple[str, str], int]
+    gpus: Sequence[GpuLinks],
+    pcie_levels: Mapping[tuple[str, str], int],
+    numa_nodes: Mapping[str, int] | None = None,
 ) -> Topology:
     by_bus = {normalize_bus_id(g.pci_bus_id): g.uuid for g in gpus}
     direct: dict[tuple[str, str], int] = {}
@@ -61,4 +64,4 @@ def build_topology(
         for b in switched[i + 1 :]:
             nvlinks[(a, b)] = nvlinks.get((a, b), 0) + min(to_switch[a], to_switch[b])
     levels = {(a, b) if a <= b else (b, a): level for (a, b), level in pcie_levels.items()}
-    return Topology(nvlinks=nvlinks, pcie_level=levels)
+    return Topology(nvlinks=nvlinks, pcie_level=levels, numa_node=dict(numa_nodes or {}))

@@ -702,13 +702,21 @@ class HealthTracker:
 
     def observe_snapshot(self, snapshot: NodeSnapshot, now: float) -> NodeHealth:
         seen: set[str] = set()
+        answering: set[str] = set()
         for device in snapshot.devices:
             seen.add(device.uuid)
+            if device.state is DeviceState.OK:
+                answering.add(device.uuid)
             self._remember(device)
             self._level[device.uuid] = self._levels_of(device, now)
             self._counters(device, now)
-        for uuid in self._known:
+        for uuid in list(self._known):
             if uuid in seen:
+                continue
+            parent = self._known[uuid].parent_uuid
+            if parent is not None and parent in answering:
+                # A MIG instance gone from a GPU that answers: MIG was reconfigured, not broken.
+                self._forget(uuid)
                 continue
             code = "nvml_unavailable" if not snapshot.ok else "device_missing"
             self._level[uuid] = self._carry(uuid, {code: None}, now)
@@ -723,8 +731,7 @@ class HealthTracker:
         compute_instance_id: int | None = None,
     ) -> NodeHealth:
         rule = self.config.xid_rule(xid)
-        target = uuid
-        if rule.state is not State.HEALTHY:
+        if rule.state is not State.HEALTHY:  # ignored XIDs only count in the metrics
             target = self._xid_target(uuid, rule, gpu_instance_id, compute_instance_id)
             message = f"XID {xid} {rule.mnemonic}: {rule.description}"
             self._bump(
@@ -762,6 +769,17 @@ class HealthTracker:
             profile=mig.profile if mig else None,
             minor_number=device.minor_number,
         )
+
+    def _forget(self, uuid: str) -> None:
+        for table in (
+            self._known,
+            self._level,
+            self._edge,
+            self._ecc,
+            self._nvlink,
+            self._state_since,
+        ):
+            table.pop(uuid, None)
 
     def _carry(self, uuid: str, wanted: Mapping[str, str | None], now: float) -> dict[str, _Active]:
         """Level reasons for one device: keep `since` of those already active."""

@@ -288,8 +288,10 @@ class _Connect:
             self.conn = self.store.engine.connect()
             if self.conn.dialect.name == "postgresql":
                 # the report's queries are short aggregates: compiling them with LLVM (JIT)
-                # costs more than it saves
+                # costs more than it saves; and grouping hundreds of thousands of rows in a
+                # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
                 self.conn.execute(text("SET jit = off"))
+                self.conn.execute(text("SET work_mem = '64MB'"))
         except StoreError as exc:
             raise ReportError(str(exc)) from exc
         except SQLAlchemyError as exc:

@@ -8,8 +8,9 @@ buckets), so pricing and charting need no second pass. Python only sees the grou
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,6 +28,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
 )
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.compiler import compiles
@@ -154,6 +156,17 @@ class UsageRow:
     estimated_seconds: int  # seconds (whole window) of intervals closed by estimate
     intervals: int
     estimated_intervals: int
+    mig_profile: str | None = None  # single-strategy MIG: the profile behind nvidia.com/gpu
+
+    @property
+    def price_class(self) -> tuple[Any, ...]:
+        return (
+            self.resource_name,
+            self.gpu_model,
+            self.raw_units,
+            self.physical_gpus,
+            self.mig_profile,
+        )
 
 
 def _key_values(keys: Sequence[str], row: Sequence[Any]) -> tuple[tuple[str | None, ...], int]:
@@ -188,39 +201,23 @@ def usage(
     scope = Scope.of(conn, cluster)
     n = len(edges) - 1
     parts = scope.parts(edges[0], min(edges[-1], now))
-    base_rows = _merged(
-        _usage_row(plain, r, n)
-        for part in parts
-        for r in conn.execute(_usage_query(plain, [], edges, now, part))
-    )
+    base_rows = [
+        _usage_row(plain, r, n) for r in conn.execute(_usage_query(plain, [], edges, now, parts))
+    ]
     if not label_keys:
         return base_rows
     # Query results carry plain keys first, then label values; restore the requested order.
     labelled_keys = plain + [f"label:{k}" for k in label_keys]
-    rows = _merged(
+    rows = [
         _usage_row(labelled_keys, r, n)
-        for part in parts
-        for r in conn.execute(_usage_query(plain, label_keys, edges, now, part))
-    )
+        for r in conn.execute(_usage_query(plain, label_keys, edges, now, parts))
+    ]
     rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
     order = [k for k in keys if not k.startswith("label:")] + [
         k for k in keys if k.startswith("label:")
     ]
     position = [order.index(k) for k in keys]
-    return [
-        UsageRow(
-            tuple(r.keys[p] for p in position),
-            r.resource_name,
-            r.gpu_model,
-            r.raw_units,
-            r.physical_gpus,
-            r.seconds,
-            r.estimated_seconds,
-            r.intervals,
-            r.estimated_intervals,
-        )
-        for r in rows
-    ]
+    return [dataclasses.replace(r, keys=tuple(r.keys[p] for p in position)) for r in rows]
 
 
 def _usage_query(
@@ -228,14 +225,30 @@ def _usage_query(
     label_keys: Sequence[str],
     edges: Sequence[int],
     now: int,
-    where: ColumnElement[bool],
+    parts: Sequence[ColumnElement[bool]],
 ) -> Select[Any]:
+    """One grouped query over the UNION ALL of the scope's parts (each an index range; the
+    database runs them side by side where it can, PostgreSQL with a Parallel Append)."""
     a = Allocation
-    start: Any = a.started_at
-    end: Any = func.coalesce(a.ended_at, t(now))
+    needed = {c.key for k in plain for c in GROUP_COLUMNS[k]} | {
+        "cluster",
+        "namespace",
+        "resource_name",
+        "gpu_model",
+        "raw_units",
+        "physical_gpus",
+        "started_at",
+        "ended_at",
+        "estimated",
+        "mig_profile",
+    }
+    columns_in = [c for c in a.__table__.columns if c.key in needed]
+    u = union_all(*(select(*columns_in).where(part) for part in parts)).subquery("scoped")
+    start: Any = u.c.started_at
+    end: Any = func.coalesce(u.c.ended_at, t(now))
     lo_bound: Any = None
     hi_bound: Any = None
-    group: list[Any] = [c for k in plain for c in GROUP_COLUMNS[k]]
+    group: list[Any] = [u.c[c.key] for k in plain for c in GROUP_COLUMNS[k]]
     if label_keys:
         nl = NamespaceLabels
         lo_bound, hi_bound = nl.valid_from, func.coalesce(nl.valid_to, t(FAR_FUTURE))
@@ -249,62 +262,48 @@ def _usage_query(
 
     windows = [func.sum(clip(b0, b1)) for b0, b1 in itertools.pairwise(edges)]
     whole = clip(lo, edges[-1])
-    est = cast(a.estimated, Boolean)
-    columns = [
+    est = cast(u.c.estimated, Boolean)
+    price_class = [
+        u.c.resource_name,
+        u.c.gpu_model,
+        u.c.raw_units,
+        u.c.physical_gpus,
+        u.c.mig_profile,
+    ]
+    stmt = select(
         *group,
-        a.resource_name,
-        a.gpu_model,
-        a.raw_units,
-        a.physical_gpus,
+        *price_class,
         *windows,
         func.sum(case((est, whole), else_=0)),
         func.count(),
         func.sum(case((est, 1), else_=0)),
-    ]
-    stmt = select(*columns).where(where)
+    ).select_from(u)
     if label_keys:
         nl = NamespaceLabels
         stmt = stmt.join(
             nl,
             and_(
-                nl.cluster == a.cluster,
-                nl.namespace == a.namespace,
-                nl.valid_from < hi,
-                or_(nl.valid_to.is_(None), nl.valid_to > lo),
+                nl.cluster == u.c.cluster,
+                nl.namespace == u.c.namespace,
+                nl.valid_from < t(hi),
+                or_(nl.valid_to.is_(None), nl.valid_to > t(lo)),
                 nl.valid_from < end,
-                func.coalesce(nl.valid_to, t(FAR_FUTURE)) > a.started_at,
+                func.coalesce(nl.valid_to, t(FAR_FUTURE)) > u.c.started_at,
             ),
         )
-    return stmt.group_by(*group, a.resource_name, a.gpu_model, a.raw_units, a.physical_gpus)
-
-
-def _merged(rows: Iterable[UsageRow]) -> list[UsageRow]:
-    """Add up rows of the same group and price class (from the closed and running parts)."""
-    out: dict[tuple[Any, ...], UsageRow] = {}
-    for r in rows:
-        key = (r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
-        seen = out.get(key)
-        if seen is None:
-            out[key] = r
-            continue
-        out[key] = UsageRow(
-            r.keys,
-            r.resource_name,
-            r.gpu_model,
-            r.raw_units,
-            r.physical_gpus,
-            tuple(a + b for a, b in zip(seen.seconds, r.seconds, strict=True)),
-            seen.estimated_seconds + r.estimated_seconds,
-            seen.intervals + r.intervals,
-            seen.estimated_intervals + r.estimated_intervals,
-        )
-    return list(out.values())
+    return stmt.group_by(*group, *price_class)
 
 
 def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRow:
     values, i = _key_values(keys, r)
-    resource, model, units, physical = r[i], r[i + 1], int(r[i + 2]), float(r[i + 3])
-    i += 4
+    resource, model, units, physical, profile = (
+        r[i],
+        r[i + 1],
+        int(r[i + 2]),
+        float(r[i + 3]),
+        r[i + 4],
+    )
+    i += 5
     seconds = tuple(int(s or 0) for s in r[i : i + n_windows])
     est_s, count, est_n = r[i + n_windows : i + n_windows + 3]
     return UsageRow(
@@ -317,6 +316,7 @@ def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRo
         int(est_s or 0),
         int(count),
         int(est_n or 0),
+        profile,
     )
 
 
@@ -326,29 +326,21 @@ def _unlabelled(
     """Time not covered by any NamespaceLabels row: base totals minus labelled totals."""
     covered: dict[tuple[Any, ...], list[int]] = {}
     for r in labelled:
-        key = (*r.keys[:n_plain], r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        key = (*r.keys[:n_plain], *r.price_class)
         acc = covered.setdefault(key, [0] * (len(r.seconds) + 1))
         for j, s in enumerate(r.seconds):
             acc[j] += s
         acc[-1] += r.estimated_seconds
     rest: list[UsageRow] = []
     for r in base:
-        key = (*r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        key = (*r.keys, *r.price_class)
         acc = covered.get(key, [0] * (len(r.seconds) + 1))
         seconds = tuple(s - c for s, c in zip(r.seconds, acc, strict=False))
         est = r.estimated_seconds - acc[-1]
         if any(seconds) or est:
             rest.append(
-                UsageRow(
-                    (*r.keys, *([None] * n_labels)),
-                    r.resource_name,
-                    r.gpu_model,
-                    r.raw_units,
-                    r.physical_gpus,
-                    seconds,
-                    est,
-                    r.intervals,
-                    r.estimated_intervals,
+                dataclasses.replace(
+                    r, keys=(*r.keys, *([None] * n_labels)), seconds=seconds, estimated_seconds=est
                 )
             )
     return rest

@@ -78,6 +78,7 @@ class AllocationRow:
     physical_gpus: float
     replicas: int | None
     sharing_strategy: str | None
+    mig_profile: str | None
     started_at: int
     ended_at: int | None
     end_reason: str | None
@@ -94,6 +95,7 @@ class NodeCapacityRow:
     gpu_model: str | None
     allocatable_units: int
     physical_gpus: float
+    mig_profile: str | None
     labels: dict[str, Any]
     started_at: int
     ended_at: int | None
@@ -358,6 +360,7 @@ class Store:
                     "gpu_model": ex.gpu_model,
                     "allocatable_units": ex.allocatable_units,
                     "physical_gpus": ex.physical_gpus,
+                    "mig_profile": ex.mig_profile,
                     "labels": ex.labels,
                     "ended_at": _earliest_end(t.c.ended_at, ex.ended_at),
                 },
@@ -425,6 +428,7 @@ class Store:
             "physical_gpus",
             "replicas",
             "sharing_strategy",
+            "mig_profile",
         )
         set_: dict[str, Any] = {
             name: ex[name]

@@ -108,6 +108,9 @@ class Allocation(Base):
     physical_gpus: Mapped[float] = mapped_column(Float)
     replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)  # time-slicing/MPS
     sharing_strategy: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    # the MIG profile one unit is (1g.10gb), from the resource name or a single-strategy node's
+    # product label, so a rate card can price a profile its own way (migration 0004)
+    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
     started_at: Mapped[int] = mapped_column(BigInteger)
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # terminated | deletion_timestamp | deleted | node_deleted | vanished (estimated)
@@ -138,6 +141,7 @@ class NodeCapacity(Base):
     resource_name: Mapped[str] = mapped_column(String(253))
     allocatable_units: Mapped[int] = mapped_column(Integer)
     physical_gpus: Mapped[float] = mapped_column(Float)
+    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)  # migration 0004
     labels: Mapped[dict[str, Any]] = mapped_column(JSON)  # nvidia.com/gpu.* labels at start
     started_at: Mapped[int] = mapped_column(BigInteger)
     ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,7 @@ SUPPORTED_VERSIONS = ("v1beta1",)
 class Update:
     at: float  # time.time() when the list arrived
     devices: dict[str, str]  # device ID -> "Healthy" / "Unhealthy"
+    numa: dict[str, tuple[int, ...]] = field(default_factory=dict)  # device ID -> NUMA nodes
 
 
 class PluginClient:
@@ -67,7 +68,11 @@ class PluginClient:
             stream = self.stub.ListAndWatch(pb.Empty())
             self._stream = stream
             for response in stream:
-                update = Update(time.time(), {d.ID: d.health for d in response.devices})
+                update = Update(
+                    time.time(),
+                    {d.ID: d.health for d in response.devices},
+                    {d.ID: tuple(n.ID for n in d.topology.nodes) for d in response.devices},
+                )
                 with self._cond:
                     self.updates.append(update)
                     self._cond.notify_all()

@@ -341,6 +341,9 @@ def test_single_strategy_mig_node_exposes_mig_as_nvidia_gpu() -> None:
     )
     assert (gpus.gpu_model, gpus.mig_profile) == ("NVIDIA-A100-SXM4-40GB", "1g.5gb")
     assert acc.physical_gpus("nvidia.com/gpu", 7, gpus) == pytest.approx(1.0)
+    assert acc.physical_share("nvidia.com/gpu", gpus).mig_profile == "1g.5gb"
+    assert acc.physical_share("nvidia.com/mig-2g.20gb", None).mig_profile == "2g.20gb"
+    assert acc.physical_share("nvidia.com/gpu", None).mig_profile is None
 
 
 def test_unknown_node_counts_whole_gpus_and_amd() -> None:

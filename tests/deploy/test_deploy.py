@@ -3,6 +3,7 @@ exporter and controller need, and the alert rules are valid, tested and use know
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -30,6 +31,7 @@ def yaml_files() -> list[Path]:
     return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
 
 
+@functools.cache
 def kustomize(folder: Path) -> list[dict[str, Any]]:
     assert KUBECTL is not None
     built = subprocess.run(
@@ -136,13 +138,27 @@ def test_overlays_build_and_change_what_they_say() -> None:
     assert not [d for d in postgres if d["kind"] == "PersistentVolumeClaim"]
     pod = find(postgres, "Deployment", "gpuquota-controller")["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    assert env["GPUQUOTA_DB_URL"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
+    assert env["GPUQUOTA_DB"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
     assert "podAffinity" not in pod.get("affinity", {})
 
     operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")
     kinds = [d["kind"] for d in operator]
     assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
     assert len(operator) == len(base) + 3
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", ["base", "overlays/dcgm-compat", "overlays/postgres"])
+def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
+    """Strict schema validation (unknown fields fail) of every built-in object."""
+    import kubernetes_validate
+
+    version = kubernetes_validate.latest_version()
+    for doc in kustomize(DEPLOY / folder):
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']}: {exc.message}") from exc
 
 
 def test_alerts_use_only_known_metrics() -> None:
@@ -190,3 +206,33 @@ def test_dockerfile_copies_only_what_exists() -> None:
     assert "pyproject.toml" in sources
     for src in sources:
         assert (ROOT / src).exists(), f"Dockerfile copies missing {src}"
+
+
+def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """(object name, command + args) of every container and init container."""
+    found = []
+    for doc in docs:
+        if doc["kind"] not in ("DaemonSet", "Deployment"):
+            continue
+        spec = doc["spec"]["template"]["spec"]
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            found.append(
+                (doc["metadata"]["name"], [*container["command"], *container.get("args", [])])
+            )
+    return found
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", ["base", "overlays/dcgm-compat", "overlays/postgres"])
+def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
+    from exporter.cli import build_parser as exporter_parser
+    from quota.cli import build_parser as gpuquota_parser
+
+    commands = container_commands(kustomize(DEPLOY / folder))
+    assert {argv[0] for _, argv in commands} == {"gpu-exporter", "gpuquota"}
+    for name, argv in commands:
+        parser = exporter_parser() if argv[0] == "gpu-exporter" else gpuquota_parser()[0]
+        try:
+            parser.parse_args(argv[1:])
+        except SystemExit as exc:  # argparse exits on a flag it does not know
+            raise AssertionError(f"{name}: `{' '.join(argv)}` does not parse") from exc

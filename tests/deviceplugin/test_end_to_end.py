@@ -27,6 +27,7 @@ import pytest
 
 from exporter.cli import build_parser
 from exporter.health.service import HealthService
+from sim.apiserver import ApiServer
 from sim.kubelet.registration import KubeletStandIn, PluginClient
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load as load_spec
@@ -240,6 +241,9 @@ def test_allocate_and_refusals(h100: Exporter) -> None:
 def test_preferred_allocation_uses_nvml_topology(h100: Exporter) -> None:
     plugin = h100.plugin()
     uuid = [h100.node.uuid(i) for i in range(8)]
+    listed = plugin.wait_for(healthy(8), timeout=PUSH_S)
+    assert listed is not None  # NVML's NUMA nodes reach the kubelet: GPUs 0-3 on 0, 4-7 on 1
+    assert [listed.numa[u] for u in uuid] == [(0,)] * 4 + [(1,)] * 4
     # All pairs share NVSwitch bandwidth; NVML's PCIe topology pairs 0-1, 2-3, 4-5, 6-7.
     assert sorted(plugin.preferred(uuid, [], 2)) == sorted(uuid[0:2])
     assert sorted(plugin.preferred(uuid, [uuid[5]], 2)) == sorted(uuid[4:6])
@@ -363,3 +367,31 @@ def test_bad_health_config_exits_2(tmp_path: Path, sim_library: Path) -> None:
         node.close()
     assert result.returncode == 2
     assert f"{config}: xids.48.state: unknown health state 'broken'" in result.stderr
+
+
+def test_node_taint_and_condition_through_the_cli(sim_library: Path, tmp_path: Path) -> None:
+    with ApiServer() as api:
+        api.apply("ADDED", {"kind": "Node", "apiVersion": "v1",
+                            "metadata": {"name": "node-a", "uid": "uid-node-a"}, "spec": {}, "status": {}})  # fmt: skip
+        kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+        exporter = Exporter("l4x2", "--node-taint", "--node-condition", "--node-name", "node-a",
+                            "--kubeconfig", str(kubeconfig))  # fmt: skip
+        try:
+            plugin = exporter.plugin()
+            assert plugin.wait_for(healthy(2), timeout=PUSH_S)
+
+            def node_says() -> tuple[list[str], str | None]:
+                obj = api.get("nodes", "node-a") or {}
+                taints = [t["key"] for t in (obj.get("spec") or {}).get("taints") or []]
+                conds = {
+                    c["type"]: c["status"]
+                    for c in (obj.get("status") or {}).get("conditions") or []
+                }
+                return taints, conds.get("GPUUnhealthy")
+
+            assert wait_until(lambda: node_says() == ([], "False"), 10)
+            exporter.node.inject_xid(1, 79)
+            assert wait_until(lambda: node_says() == (["gpuquota.io/gpu-unhealthy"], "True"), 10)
+            assert wait_until(lambda: node_says() == ([], "False"), QUIET_S + 10)
+        finally:
+            assert exporter.stop() == 0

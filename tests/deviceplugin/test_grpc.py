@@ -57,6 +57,7 @@ class Node:
 def nvswitch_topology() -> Topology:
     pairs = list(combinations(sorted(UUIDS), 2))
     return Topology(
+        numa_node={u: i // 4 for i, u in enumerate(UUIDS)},
         nvlinks={p: 18 for p in pairs},
         pcie_level={
             (a, b): 20 if UUIDS.index(a) // 2 == UUIDS.index(b) // 2 else 50 for a, b in pairs
@@ -95,6 +96,8 @@ def test_register_and_list(kubelet: KubeletStandIn, start) -> None:
     assert request.options.get_preferred_allocation_available
     update = plugin.wait_for(lambda d: len(d) == 8)
     assert update is not None and all_healthy(update.devices)
+    # Each device names its NUMA node for the kubelet's topology manager.
+    assert update.numa[UUIDS[0]] == (0,) and update.numa[UUIDS[5]] == (1,)
     assert plugin.options is not None and not plugin.options.pre_start_required
 
 

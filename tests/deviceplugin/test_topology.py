@@ -25,8 +25,9 @@ def test_nvswitch_node_links_every_pair() -> None:
         GpuLinks(f"GPU-{i}", bus(i), tuple(("0000:ff:00.0", LINK_SWITCH) for _ in range(18)))
         for i in range(8)
     ]
-    topo = build_topology(gpus, {})
+    topo = build_topology(gpus, {}, {"GPU-0": 0, "GPU-7": 1})
     assert topo.nvlinks[("GPU-0", "GPU-7")] == 18
+    assert topo.numa_node == {"GPU-0": 0, "GPU-7": 1}
     assert len(topo.nvlinks) == 28
 
 

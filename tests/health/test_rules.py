@@ -306,3 +306,20 @@ def test_state_is_the_worst_reason_and_everything_heals(evs: list[tuple[float, i
             assert dev.action == max((r.action for r in dev.reasons), default=Action.NONE)
     final = t.expire(2000)
     assert all(d.state is H and not d.reasons for d in final.devices)
+
+
+def test_mig_reconfiguration_forgets_old_instances_but_a_lost_gpu_keeps_them() -> None:
+    t = tracker()
+    t.observe_snapshot(mig_node(), now=0)
+    # GPU 0 now has one bigger instance instead of two small ones.
+    h = t.observe_snapshot(
+        node(gpu(0, mig_mode_enabled=True), mig(0, 5, profile="3g.40gb"), gpu(1)), now=1
+    )
+    assert [d.uuid for d in h.devices] == ["GPU-00000000", "MIG-00-05-00", "GPU-00000001"]
+    assert all(d.state is H for d in h.devices)
+    # A lost GPU cannot list its instances: they stay, unhealthy, until it answers again.
+    h = t.observe_snapshot(
+        node(gpu(0, mig_mode_enabled=True, state=DeviceState.LOST), gpu(1)), now=2
+    )
+    inst = one(h, "MIG-00-05-00")
+    assert inst.state is U and {r.code for r in inst.reasons} == {"device_missing", "gpu_lost"}

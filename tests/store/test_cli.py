@@ -70,6 +70,7 @@ def events() -> list[dict[str, Any]]:
             "type": "BOOKMARK",
             "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "99"}},
         },
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "100"}}},
         {
             "type": "ADDED",
             "object": {"kind": "ConfigMap", "apiVersion": "v1", "metadata": {"name": "x"}},

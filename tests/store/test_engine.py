@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from quota.accounting import AccountingError
 from quota.engine import Accountant
-from quota.store.db import QuotaSampleRow, Store, StoreError
+from quota.store.db import QuotaSampleRow, Store, StoreError, open_store
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -154,7 +154,7 @@ def test_lifecycle_rows(store: Store, cluster: str) -> None:
         "deletion_timestamp",
     )
     assert p2["physical_gpus"] == pytest.approx(3 / 7)
-    assert p2["sharing_strategy"] == "mig"
+    assert (p2["sharing_strategy"], p2["mig_profile"]) == ("mig", "1g.10gb")
     p3 = allocs[("p3", "nvidia.com/gpu")]
     assert (p3["ended_at"], p3["physical_gpus"], p3["replicas"], p3["gpu_model"]) == (
         None,
@@ -458,3 +458,50 @@ def test_unreadable_object_changes_nothing(store: Store, cluster: str) -> None:
         accountant.apply("UPSERT", pod(), 1000)
     assert accountant.pending() == 0
     assert accountant.tracked()["pods"] == 0
+
+
+def test_postgresql_restart_drops_connections_and_the_next_flush_reconnects(
+    pg_session_url: str, cluster: str, postgres_url: str
+) -> None:
+    store = open_store(pg_session_url)
+    accountant = Accountant(store, cluster)
+    accountant.apply("ADDED", pod("a", start=1000), 1000)
+    accountant.flush()
+    with store.engine.connect() as conn:  # the pooled connection the next flush will reuse
+        pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+    admin = create_engine(postgres_url)
+    try:
+        with admin.begin() as conn:
+            assert conn.execute(
+                text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}
+            ).scalar_one()
+    finally:
+        admin.dispose()
+    accountant.apply("MODIFIED", pod("a", start=1000, phase="Succeeded", finished=1300), 1300)
+    accountant.flush()
+    assert rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]["ended_at"] == 1300
+    store.close()
+
+
+def test_single_strategy_mig_node_records_the_profile(store: Store, cluster: str) -> None:
+    accountant = Accountant(store, cluster)
+    mig = node(
+        "a100",
+        product="NVIDIA-A100-SXM4-40GB-MIG-3g.20gb",
+        count=8,
+        mig_strategy="single",
+        created=5,
+    )
+    accountant.apply("ADDED", mig, 10)
+    accountant.apply("ADDED", pod("a", node="a100", gpus=2, start=1000), 1000)
+    accountant.flush()
+    a = rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]
+    assert (a["gpu_model"], a["mig_profile"], a["sharing_strategy"]) == (
+        "NVIDIA-A100-SXM4-40GB",
+        "3g.20gb",
+        "mig",
+    )
+    assert a["physical_gpus"] == pytest.approx(6 / 7)
+    (cap,) = rows.capacity(store, cluster)
+    assert (cap["mig_profile"], cap["allocatable_units"]) == ("3g.20gb", 8)
+    assert cap["physical_gpus"] == pytest.approx(24 / 7)
