@@ -25,7 +25,8 @@ def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Frac
     """Physical-GPU equivalent of the row's units: the store's figure (time-slicing
     units/replicas, MIG N/7), unless the rate card sets a fraction for the MIG profile."""
     units = row.raw_units if isinstance(row, UsageRow) else row.allocatable_units
-    override = card.mig_fraction(row.resource_name) if card is not None else None
+    profile = row.mig_profile if isinstance(row, UsageRow) else None
+    override = card.mig_fraction(row.resource_name, profile) if card is not None else None
     if override is not None:
         return override * units
     # physical_gpus is stored as a float; the true value is a small rational (3/7, 1/4, 2)
@@ -99,7 +100,7 @@ def aggregate(
     buckets = list(bucket_edges) if bucket_edges else [edges[0], edges[-1]]
     bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
     n_buckets = len(buckets) - 1
-    fractions: dict[tuple[str, int, float], Fraction] = {}
+    fractions: dict[tuple[str, int, float, str | None], Fraction] = {}
     rates: dict[tuple[str | None, int], tuple[Fraction, bool]] = {}
     # per group: raw seconds, {denominator: numerator}, {(denominator, rate): numerator},
     # {(denominator, bucket): numerator}, estimated raw seconds, estimated intervals
@@ -109,7 +110,7 @@ def aggregate(
         a = acc.get(row.keys)
         if a is None:
             a = acc[row.keys] = [0, defaultdict(int), defaultdict(int), defaultdict(int), 0, 0]
-        fkey = (row.resource_name, row.raw_units, row.physical_gpus)
+        fkey = (row.resource_name, row.raw_units, row.physical_gpus, row.mig_profile)
         per_row = fractions.get(fkey)
         if per_row is None:
             per_row = fractions[fkey] = physical_per_row(row, card)

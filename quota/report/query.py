@@ -8,8 +8,9 @@ buckets), so pricing and charting need no second pass. Python only sees the grou
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,17 @@ class UsageRow:
     estimated_seconds: int  # seconds (whole window) of intervals closed by estimate
     intervals: int
     estimated_intervals: int
+    mig_profile: str | None = None  # single-strategy MIG: the profile behind nvidia.com/gpu
+
+    @property
+    def price_class(self) -> tuple[Any, ...]:
+        return (
+            self.resource_name,
+            self.gpu_model,
+            self.raw_units,
+            self.physical_gpus,
+            self.mig_profile,
+        )
 
 
 def _key_values(keys: Sequence[str], row: Sequence[Any]) -> tuple[tuple[str | None, ...], int]:
@@ -205,20 +217,7 @@ def usage(
         k for k in keys if k.startswith("label:")
     ]
     position = [order.index(k) for k in keys]
-    return [
-        UsageRow(
-            tuple(r.keys[p] for p in position),
-            r.resource_name,
-            r.gpu_model,
-            r.raw_units,
-            r.physical_gpus,
-            r.seconds,
-            r.estimated_seconds,
-            r.intervals,
-            r.estimated_intervals,
-        )
-        for r in rows
-    ]
+    return [dataclasses.replace(r, keys=tuple(r.keys[p] for p in position)) for r in rows]
 
 
 def _usage_query(
@@ -241,6 +240,7 @@ def _usage_query(
         "started_at",
         "ended_at",
         "estimated",
+        "mig_profile",
     }
     columns_in = [c for c in a.__table__.columns if c.key in needed]
     u = union_all(*(select(*columns_in).where(part) for part in parts)).subquery("scoped")
@@ -263,7 +263,13 @@ def _usage_query(
     windows = [func.sum(clip(b0, b1)) for b0, b1 in itertools.pairwise(edges)]
     whole = clip(lo, edges[-1])
     est = cast(u.c.estimated, Boolean)
-    price_class = [u.c.resource_name, u.c.gpu_model, u.c.raw_units, u.c.physical_gpus]
+    price_class = [
+        u.c.resource_name,
+        u.c.gpu_model,
+        u.c.raw_units,
+        u.c.physical_gpus,
+        u.c.mig_profile,
+    ]
     stmt = select(
         *group,
         *price_class,
@@ -288,33 +294,16 @@ def _usage_query(
     return stmt.group_by(*group, *price_class)
 
 
-def _merged(rows: Iterable[UsageRow]) -> list[UsageRow]:
-    """Add up rows of the same group and price class (from the closed and running parts)."""
-    out: dict[tuple[Any, ...], UsageRow] = {}
-    for r in rows:
-        key = (r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
-        seen = out.get(key)
-        if seen is None:
-            out[key] = r
-            continue
-        out[key] = UsageRow(
-            r.keys,
-            r.resource_name,
-            r.gpu_model,
-            r.raw_units,
-            r.physical_gpus,
-            tuple(a + b for a, b in zip(seen.seconds, r.seconds, strict=True)),
-            seen.estimated_seconds + r.estimated_seconds,
-            seen.intervals + r.intervals,
-            seen.estimated_intervals + r.estimated_intervals,
-        )
-    return list(out.values())
-
-
 def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRow:
     values, i = _key_values(keys, r)
-    resource, model, units, physical = r[i], r[i + 1], int(r[i + 2]), float(r[i + 3])
-    i += 4
+    resource, model, units, physical, profile = (
+        r[i],
+        r[i + 1],
+        int(r[i + 2]),
+        float(r[i + 3]),
+        r[i + 4],
+    )
+    i += 5
     seconds = tuple(int(s or 0) for s in r[i : i + n_windows])
     est_s, count, est_n = r[i + n_windows : i + n_windows + 3]
     return UsageRow(
@@ -327,6 +316,7 @@ def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRo
         int(est_s or 0),
         int(count),
         int(est_n or 0),
+        profile,
     )
 
 
@@ -336,29 +326,21 @@ def _unlabelled(
     """Time not covered by any NamespaceLabels row: base totals minus labelled totals."""
     covered: dict[tuple[Any, ...], list[int]] = {}
     for r in labelled:
-        key = (*r.keys[:n_plain], r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        key = (*r.keys[:n_plain], *r.price_class)
         acc = covered.setdefault(key, [0] * (len(r.seconds) + 1))
         for j, s in enumerate(r.seconds):
             acc[j] += s
         acc[-1] += r.estimated_seconds
     rest: list[UsageRow] = []
     for r in base:
-        key = (*r.keys, r.resource_name, r.gpu_model, r.raw_units, r.physical_gpus)
+        key = (*r.keys, *r.price_class)
         acc = covered.get(key, [0] * (len(r.seconds) + 1))
         seconds = tuple(s - c for s, c in zip(r.seconds, acc, strict=False))
         est = r.estimated_seconds - acc[-1]
         if any(seconds) or est:
             rest.append(
-                UsageRow(
-                    (*r.keys, *([None] * n_labels)),
-                    r.resource_name,
-                    r.gpu_model,
-                    r.raw_units,
-                    r.physical_gpus,
-                    seconds,
-                    est,
-                    r.intervals,
-                    r.estimated_intervals,
+                dataclasses.replace(
+                    r, keys=(*r.keys, *([None] * n_labels)), seconds=seconds, estimated_seconds=est
                 )
             )
     return rest

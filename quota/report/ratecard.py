@@ -72,11 +72,13 @@ class RateCard:
             return self.default_rate, True
         return periods[i].rate, False
 
-    def mig_fraction(self, resource_name: str) -> Fraction | None:
-        """The rate card's physical share of one instance of a MIG resource, if it sets one."""
-        if not resource_name.startswith(MIG_PREFIX):
-            return None
-        return self.mig_fractions.get(resource_name[len(MIG_PREFIX) :])
+    def mig_fraction(self, resource_name: str, mig_profile: str | None = None) -> Fraction | None:
+        """The rate card's physical share of one MIG instance, if it sets one: the profile is
+        in the resource name (mixed strategy: nvidia.com/mig-1g.10gb) or, on single-strategy
+        nodes where every nvidia.com/gpu is one instance, recorded beside it."""
+        if resource_name.startswith(MIG_PREFIX):
+            mig_profile = resource_name[len(MIG_PREFIX) :]
+        return None if mig_profile is None else self.mig_fractions.get(mig_profile)
 
 
 def load(path: str | Path) -> RateCard:

@@ -326,3 +326,39 @@ def test_watcher_rejects_nonsense_settings(socket_path: Path) -> None:
         PodResourcesWatcher(socket_path, interval=0)
     with pytest.raises(ValueError, match="timeout"):
         PodResourcesWatcher(socket_path, timeout=-1)
+
+
+def test_stand_in_runs_on_its_own_from_an_assignment_file(socket_path: Path) -> None:
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    assignments = socket_path.parent / "pods.json"
+    assignments.write_text(
+        json.dumps(
+            [
+                {
+                    "namespace": "a",
+                    "pod": "p",
+                    "container": "c",
+                    "resource": "nvidia.com/gpu",
+                    "device_ids": [f"{GPU0}::1"],
+                }
+            ]
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sim.kubelet.podresources", "--socket", str(socket_path),
+         "--assignments", str(assignments)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None and "pod-resources stand-in on" in proc.stdout.readline()
+        with PodResourcesWatcher(socket_path) as watcher:
+            assert watcher.mapping() == {GPU0: (ref("a", "p", "c"),)}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    assert not socket_path.exists()  # it cleans up its socket

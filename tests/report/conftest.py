@@ -55,6 +55,7 @@ class Store:
         cluster: str = "c1",
         estimated: bool = False,
         replicas: int | None = None,
+        mig_profile: str | None = None,
     ) -> None:
         self._seq += 1
         with self.engine.begin() as conn:
@@ -78,6 +79,7 @@ class Store:
                     ended_at=end,
                     end_reason="vanished" if estimated else None,
                     estimated=estimated,
+                    mig_profile=mig_profile,
                     updated_at=start,
                 )
             )

@@ -231,3 +231,14 @@ def _iso(t: int) -> str:
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(t, UTC).isoformat()
+
+
+def test_query_uses_the_exporters_metric_names() -> None:
+    """The PromQL joins what the exporter's metric table (the one source of names) exposes."""
+    from exporter import metrics
+    from quota.report.prometheus import DEVICE_LABEL, JOIN_METRIC, UTIL_METRIC
+
+    rows = {m.name: m for m in metrics.METRICS if m.compat is None}
+    assert rows[UTIL_METRIC].unit == "ratio"
+    assert DEVICE_LABEL in metrics.DEVICE_LABELS
+    assert {"namespace", "pod"} <= set(rows[JOIN_METRIC].labels)

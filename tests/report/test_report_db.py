@@ -352,3 +352,17 @@ def test_quota_by_label_as_it_was(store: Store, report: Any) -> None:
     assert g[("vision",)]["gpu_seconds_raw"] == 10 * H
     assert g[(None,)]["gpu_seconds_raw"] == 0  # quota but no usage: still a row
     assert doc["total"]["quota_avg_hard"] == pytest.approx(5.0)
+
+
+def test_single_strategy_mig_is_priced_by_its_recorded_profile(
+    store: Store, report: Any, tmp_path: Path
+) -> None:
+    card = tmp_path / "card.yaml"
+    card.write_text(f"default_rate: 1\nmodels:\n  {A100}: 8\nmig_fractions:\n  1g.10gb: 0.125\n")
+    # single strategy: every nvidia.com/gpu of the node is one 1g.10gb instance
+    store.alloc("ml", OCT, OCT + 4 * H, units=2, physical=2 / 7, model=A100, mig_profile="1g.10gb")
+    store.alloc("web", OCT, OCT + 7 * H, units=1, physical=1 / 7, model=A100, mig_profile="2g.20gb")
+    g = by_group(rows_json(report, store, "--month", "2026-10", "--rate-card", str(card)))
+    assert g[("ml",)]["gpu_hours_physical"] == 1.0  # 2 x 0.125 x 4 h: the card's fraction
+    assert g[("ml",)]["cost_USD"] == 8.0
+    assert g[("web",)]["gpu_hours_physical"] == 1.0  # no fraction in the card: the store's 1/7
