@@ -15,6 +15,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from types import FrameType
 
 from prometheus_client import start_http_server
@@ -129,6 +130,21 @@ def _fail(message: str) -> int:
     return EXIT_ERROR
 
 
+def _reach(kube: kubeapi.Kube, timeout: float) -> str | None:
+    """None once GET /version answers, else why not after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            log.info("API server %s, version %s", kube.host, kube.version())
+            return None
+        except Exception as exc:  # any failure to reach it: report the last one
+            reason = str(getattr(exc, "reason", None) or exc).strip().splitlines()
+            if time.monotonic() > deadline:
+                why = reason[0] if reason else type(exc).__name__
+                return f"cannot reach the Kubernetes API server at {kube.host}: {why}"
+        time.sleep(0.5)
+
+
 def run(args: argparse.Namespace) -> int:
     if (
         args.flush_interval <= 0
@@ -213,6 +229,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     if args.lease_name:
+        # a standby never lists; make sure it can reach the API server before waiting on it
+        problem = _reach(kube, args.startup_timeout)
+        if problem:
+            store.close()
+            return _fail(problem)
         elect(lease, lead, lost)
     else:
         threading.Thread(target=lead, name="controller", daemon=True).start()

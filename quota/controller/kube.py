@@ -117,10 +117,18 @@ class Kube:
     def host(self) -> str:
         return str(self.api.configuration.host)
 
-    def _get(self, kind: str, query: list[tuple[str, str]]) -> BaseHTTPResponse:
+    def version(self) -> str:
+        """The API server's gitVersion (GET /version): proves it can be reached."""
+        resp = self._get("", [], path="/version")
+        try:
+            return str(json.loads(resp.data).get("gitVersion", "?"))
+        finally:
+            resp.release_conn()
+
+    def _get(self, kind: str, query: list[tuple[str, str]], path: str = "") -> BaseHTTPResponse:
         method, url, headers, body, post = self.api.param_serialize(
             "GET",
-            PATHS[kind],
+            path or PATHS[kind],
             query_params=query,
             header_params={"Accept": "application/json"},
             auth_settings=["BearerToken"],

@@ -137,7 +137,10 @@ class Controller:
                     self._flush()
                 else:
                     self._handle(msg)
-                if self._since_flush >= self.settings.flush_every:
+                if (
+                    self._since_flush >= self.settings.flush_every
+                    or time.monotonic() >= self._next_flush
+                ):
                     break
                 try:
                     msg = self.queue.get_nowait()
@@ -194,10 +197,10 @@ class Controller:
         if self.synced.is_set() and all(loop.healthy for loop in self.loops):
             self.acct.heartbeat(int(self.clock()))
         try:
-            self.metrics.pending_rows.set(self.acct.pending())
             written = self.acct.flush()
         except StoreError as exc:
             self.metrics.db_errors.inc()
+            self.metrics.pending_rows.set(self.acct.pending())
             delay = self._db_backoff.next()
             self._next_flush = now + delay
             log.warning(

@@ -60,7 +60,9 @@ class ControllerMetrics:
             registry=r,
         )
         self.pending_rows = Gauge(
-            "gpuquota_controller_pending_rows", "Rows waiting for the next write", registry=r
+            "gpuquota_controller_pending_rows",
+            "Rows kept unwritten while the store fails (0 after a successful write)",
+            registry=r,
         )
         self.leader = Gauge(
             "gpuquota_controller_leader",

@@ -239,6 +239,20 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
             ],
             r"error: cannot connect to database .*refused",
         ),
+        "standby": (
+            [
+                "--kubeconfig",
+                str(unreachable),
+                "--db",
+                db_url,
+                "--migrate",
+                "--lease-name",
+                "x",
+                "--startup-timeout",
+                "1",
+            ],
+            rf"error: cannot reach the Kubernetes API server at http://127.0.0.1:{port}: .*refused",
+        ),
         "lease": (
             [
                 "--kubeconfig",
