@@ -166,11 +166,11 @@ def parse_keys(values: Sequence[str] | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        text, stderr_notes = build(args)
+        output, stderr_notes = build(args)
     except ReportError as exc:
         print(f"gpuquota report: error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write(text)
+    sys.stdout.write(output)
     sys.stdout.flush()
     for note in stderr_notes:
         print(f"gpuquota report: note: {note}", file=sys.stderr)
@@ -252,17 +252,17 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
         compute.spread_idle(report, args.spread_idle)
     compute.fold_top(report, args.top)
     if args.format == "csv":
-        text, notes = render.render_csv(report), render.notes(report)
+        output, notes = render.render_csv(report), render.notes(report)
     elif args.format == "json":
-        text, notes = render.render_json(report, window), []
+        output, notes = render.render_json(report, window), []
     else:
-        text, notes = render.render_table(report, window), []
+        output, notes = render.render_table(report, window), []
     if chart_module is not None:
         try:
             chart_module.draw(report, window, args.chart)
         except OSError as exc:
             raise ReportError(f"--chart: cannot write {args.chart}: {exc.strerror or exc}") from exc
-    return text, notes
+    return output, notes
 
 
 class _Connect:
@@ -308,5 +308,5 @@ class _Connect:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(getattr(exc, "orig", None) or exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    message = str(getattr(exc, "orig", None) or exc).strip()
+    return message.splitlines()[0] if message else type(exc).__name__

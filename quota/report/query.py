@@ -98,9 +98,9 @@ class Scope:
     index ix_allocations_span), it is: a closed interval of class k is shorter than its bound
     b_k, so it overlaps the window only if it started in [lo - b_k, hi). The last class is
     bounded by the longest closed interval (one probe of ix_allocations_duration); intervals
-    still running come from ix_allocations_open. Each part is queried apart (SQLite would not
-    use several ranges of one OR) and the grouped rows are added up. The cluster equality
-    leads the indexes, so a report over every cluster names them all (loose index scan)."""
+    still running come from ix_allocations_open. The parts are the branches of one UNION ALL
+    (SQLite would not use several ranges of one OR). The cluster equality leads the indexes,
+    so a report over every cluster names them all (loose index scan)."""
 
     clusters: tuple[str, ...]
     longest: int | None  # longest closed interval in seconds; None: no closed intervals

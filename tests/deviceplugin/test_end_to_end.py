@@ -97,6 +97,8 @@ class Exporter:
             self.proc.kill()
             code = self.proc.wait()
         self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.kubelet.stop()
         self.node.close()
         shutil.rmtree(self.work, ignore_errors=True)
