@@ -131,7 +131,7 @@ def node_act(stack: ExitStack, work: Path) -> tuple[SimNode, KubeletStandIn, str
         f"--pod-resources-socket={work / 'pod-resources.sock'}",
         "--device-plugin",
         f"--device-plugin-dir={plugin_dir}",
-        f"--health-quiet-period={QUIET_PERIOD_S}",
+        f"--health-quiet-period={QUIET_PERIOD_S}s",
     ]
     print("$", " ".join(Path(a).name if a.startswith("/") else a for a in exporter))
     env = {**os.environ, **node.env()}
@@ -223,7 +223,7 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, 
         "--migrate",
         f"--metrics-port={metrics_port}",
         "--metrics-address=127.0.0.1",
-        "--flush-interval=0.5s",
+        "--flush-interval=0.5",
     ]
     print(
         f"{len(workload.events)} watch events over {workload.end - workload.start} s of simulated time"
