@@ -244,7 +244,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
                 "--kubeconfig",
                 str(unreachable),
                 "--db",
-                db_url,
+                f"sqlite:///{tmp_path / 'standby.db'}",  # its own file: migrations run at once
                 "--migrate",
                 "--lease-name",
                 "x",
