@@ -54,6 +54,22 @@ def duration_flag(minimum: float = 0.0) -> Callable[[str], float]:
     return parse
 
 
+def whole_seconds_flag() -> Callable[[str], int]:
+    """Like duration_flag, for values the Kubernetes API takes as integer seconds."""
+
+    def parse(text: str) -> int:
+        try:
+            seconds = parse_duration(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from exc
+        if not seconds.is_integer():
+            raise argparse.ArgumentTypeError(f"duration {text!r} must be whole seconds")
+        return int(seconds)
+
+    parse.__name__ = "duration"
+    return parse
+
+
 def format_duration(seconds: float) -> str:
     """The shortest spelling parse_duration reads back: 0.1 -> '100ms', 90 -> '1m30s'."""
     if seconds < 1:

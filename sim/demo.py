@@ -238,7 +238,7 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, 
         "--migrate",
         f"--metrics-port={metrics_port}",
         "--metrics-address=127.0.0.1",
-        "--flush-interval=0.5",
+        "--flush-interval=500ms",
     ]
     print("$ gpuquota controller --kubeconfig=... --db=sqlite:///.../gpuquota.db --cluster=demo")
     with process(controller, None, work / "controller.log"):
