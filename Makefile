@@ -25,7 +25,7 @@ lint: $(BIN)/.installed
 	$(BIN)/ruff format --check .
 
 typecheck: $(BIN)/.installed
-	$(BIN)/mypy exporter quota sim dashboards bench
+	$(BIN)/mypy gpuquota exporter quota sim dashboards bench
 
 unit: $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m pytest

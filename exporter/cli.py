@@ -12,7 +12,6 @@ import argparse
 import errno
 import logging
 import os
-import re
 import signal
 import socket
 import sys
@@ -31,13 +30,12 @@ from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import ReloadingWebConfig, WebConfigError
 from exporter.xid import XidWatcher
+from gpuquota.durations import duration_flag
 
 log = logging.getLogger("gpu-exporter")
 
 PROG = "gpu-exporter"
 MIN_INTERVAL_S = 0.1
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 NO_LIBRARY = (
     "cannot load libnvidia-ml.so.1 (NVML): install the NVIDIA driver; on a GPU node in "
@@ -58,17 +56,6 @@ class SetupError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def parse_duration(text: str) -> float:
-    """'1s', '500ms', '2m', '1.5' (seconds) -> seconds."""
-    match = _DURATION.match(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (use e.g. 1s, 500ms, 2m)")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
-    if seconds < MIN_INTERVAL_S:
-        raise argparse.ArgumentTypeError(f"duration {text!r} is below the minimum of 100ms")
-    return seconds
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -107,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--interval",
-        type=parse_duration,
+        type=duration_flag(minimum=MIN_INTERVAL_S),
         default=1.0,
         metavar="DURATION",
         help="how often NVML is read, e.g. 1s, 500ms (default 1s)",
@@ -147,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--pod-resources-interval",
-        type=parse_duration,
+        type=duration_flag(minimum=MIN_INTERVAL_S),
         default=5.0,
         metavar="DURATION",
         help="how often the kubelet is asked which pods hold which GPUs (default 5s)",

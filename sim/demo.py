@@ -61,10 +61,20 @@ def http_get(url: str, timeout: float = 5.0) -> str:
         return body.decode()
 
 
+RUNNING: list[tuple[str, subprocess.Popen[bytes], Path]] = []  # our programs and their logs
+
+
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> float:
     """Poll ``check`` until it holds; returns the seconds it took, or exits naming ``what``."""
     start = time.monotonic()
     while time.monotonic() - start < timeout:
+        for name, proc, log in RUNNING:
+            if proc.poll() is not None:
+                tail = log.read_text().strip().splitlines()[-3:]
+                raise SystemExit(
+                    f"demo: {name} exited ({proc.returncode}) while "
+                    f"waiting for {what}:\n  " + "\n  ".join(tail)
+                )
         try:
             if check():
                 return time.monotonic() - start
@@ -81,9 +91,12 @@ def process(
     """Run one of our programs in the background; stop it (SIGTERM) on the way out."""
     with log.open("wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        entry = (Path(args[0]).name, proc, log)
+        RUNNING.append(entry)
         try:
             yield proc
         finally:
+            RUNNING.remove(entry)
             proc.send_signal(signal.SIGTERM)
             try:
                 proc.wait(10)
@@ -131,7 +144,7 @@ def node_act(stack: ExitStack, work: Path) -> tuple[SimNode, KubeletStandIn, str
         f"--pod-resources-socket={work / 'pod-resources.sock'}",
         "--device-plugin",
         f"--device-plugin-dir={plugin_dir}",
-        f"--health-quiet-period={QUIET_PERIOD_S}",
+        f"--health-quiet-period={QUIET_PERIOD_S}s",
     ]
     print("$", " ".join(Path(a).name if a.startswith("/") else a for a in exporter))
     env = {**os.environ, **node.env()}
@@ -204,13 +217,15 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
     everywhere("healthy")
 
 
-def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, float]]:
+def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, int]]:
     title("3. A cluster: kube-apiserver stand-in, generated workload, gpuquota controller")
-    workload = generate(seed=7, hours=8, pods_per_hour=40)
+    # The events are played in seconds, so the controller observes them "now": leave out the
+    # cases whose end exists only as the time a change was seen (gpuquota replay keeps those
+    # exact, from each line's observedAt).
+    workload = generate(seed=7, hours=8, pods_per_hour=40, observation_independent=True)
     api = ApiServer()
     api.start()
     stack.callback(api.stop)
-    Driver(api, workload).run()
     kubeconfig = api.write_kubeconfig(work / "kubeconfig")
     db = f"sqlite:///{work / 'gpuquota.db'}"
     metrics_port = free_port()
@@ -223,20 +238,23 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, 
         "--migrate",
         f"--metrics-port={metrics_port}",
         "--metrics-address=127.0.0.1",
-        "--flush-interval=0.5s",
+        "--flush-interval=500ms",
     ]
-    print(
-        f"{len(workload.events)} watch events over {workload.end - workload.start} s of simulated time"
-    )
     print("$ gpuquota controller --kubeconfig=... --db=sqlite:///.../gpuquota.db --cluster=demo")
     with process(controller, None, work / "controller.log"):
-
-        def synced() -> bool:
-            text = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
-            return "gpuquota_namespace_gpus_allocated{" in text and _store_rows(work) > 0
-
-        wait_until("the controller to sync", synced, timeout=60)
-        time.sleep(2)  # let the last batch flush
+        wait_until("the controller's first heartbeat", lambda: _heartbeat(work) is not None)
+        print(
+            f"playing {len(workload.events)} watch events "
+            f"({(workload.end - workload.start) / 3600:.0f} h of simulated time) into the API server"
+        )
+        Driver(api, workload).run()
+        target = api.resource_version
+        took = wait_until(
+            "the controller to catch up",
+            lambda: _synced_version(work) >= target,
+            timeout=60,
+        )
+        print(f"the store caught up with the API server {took:.1f} s after the last event")
         metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     print("\nthe store (SQLite):")
     with sqlite3.connect(work / "gpuquota.db") as conn:
@@ -247,33 +265,32 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, 
     show_metrics(
         metrics, ("gpuquota_namespace_gpu_quota_hard", "gpuquota_namespace_gpus_allocated")
     )
-    truth = {
-        ns: seconds / 3600
-        for (ns, _resource), seconds in _sum_by_namespace(workload.truth.gpu_seconds()).items()
-    }
+    truth: dict[str, int] = {}
+    for (namespace, _resource), seconds in workload.truth.gpu_seconds().items():
+        truth[namespace] = truth.get(namespace, 0) + seconds
     return db, workload.start, workload.end, truth
 
 
-def _store_rows(work: Path) -> int:
+def _heartbeat(work: Path) -> dict[str, str] | None:
+    """The resourceVersions in the controller's durable heartbeat, once it has written one."""
     path = work / "gpuquota.db"
     if not path.exists():
-        return 0
+        return None
     try:
         with sqlite3.connect(path) as conn:
-            (count,) = conn.execute("SELECT count(*) FROM allocations").fetchone()
-            return int(count)
+            row = conn.execute("SELECT resource_versions FROM heartbeats").fetchone()
     except sqlite3.Error:
-        return 0
+        return None
+    return dict(json.loads(row[0])) if row else None
 
 
-def _sum_by_namespace(seconds: dict[tuple[str, str], int]) -> dict[tuple[str, str], int]:
-    totals: dict[tuple[str, str], int] = {}
-    for (namespace, _resource), value in seconds.items():
-        totals[(namespace, "")] = totals.get((namespace, ""), 0) + value
-    return totals
+def _synced_version(work: Path) -> int:
+    """The oldest resourceVersion the controller has stored, over the four kinds it watches."""
+    versions = _heartbeat(work) or {}
+    return min(int(v) for v in versions.values()) if len(versions) == 4 else 0
 
 
-def report_act(db: str, start: int, end: int, truth: dict[str, float]) -> None:
+def report_act(db: str, start: int, end: int, truth: dict[str, int]) -> None:
     title("4. Chargeback: gpuquota report")
     args = [
         str(BIN / "gpuquota"),
@@ -287,27 +304,17 @@ def report_act(db: str, start: int, end: int, truth: dict[str, float]) -> None:
     print("$ gpuquota report --from ... --to ... --rate-card docs/examples/ratecard.yaml --idle")
     subprocess.run(args, check=True)
     as_json = subprocess.run([*args, "--format=json"], check=True, capture_output=True, text=True)
-    print("\nraw GPU-hours per namespace, report vs the generator's own truth:")
-    rows = json.loads(as_json.stdout)
-    reported = _raw_hours_by_namespace(rows)
-    for namespace in sorted(truth):
-        print(
-            f"    {namespace:<16} report {reported.get(namespace, 0.0):10.3f}   truth {truth[namespace]:10.3f}"
-        )
-
-
-def _raw_hours_by_namespace(report: object) -> dict[str, float]:
-    rows = report.get("rows", []) if isinstance(report, dict) else []
-    result: dict[str, float] = {}
-    for row in rows:
-        namespace = (
-            row.get("group", {}).get("namespace")
-            if isinstance(row.get("group"), dict)
-            else row.get("namespace")
-        )
-        if namespace is not None:
-            result[str(namespace)] = float(row.get("gpu_hours_raw", row.get("raw_gpu_hours", 0.0)))
-    return result
+    reported = {
+        row["group"]["namespace"]: int(row["gpu_seconds_raw"])
+        for row in json.loads(as_json.stdout)["rows"]
+    }
+    print("\nraw GPU-seconds per namespace, the report against the generator's own truth:")
+    for namespace in sorted(truth.keys() | reported.keys()):
+        got, want = reported.get(namespace, 0), truth.get(namespace, 0)
+        verdict = "exact" if got == want else f"OFF BY {got - want:+d} s"
+        print(f"    {namespace:<16} report {got:>10}   truth {want:>10}   {verdict}")
+    if reported != truth:
+        raise SystemExit("demo: the report does not match the generator's truth")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -103,7 +103,7 @@ class DevicePluginManager:
                         resource, self.plugin_dir, self.board, self.config, self.topology
                     )
                     self.servers[resource] = server
-                if not server.serving or not server.socket_path.exists():
+                if not server.serving or not server.socket_is_ours():
                     if server.serving:
                         log.warning("socket %s was removed; serving again", server.socket_path)
                     server.start()

@@ -151,6 +151,7 @@ class DevicePluginServer:
         self.socket_path = plugin_dir / self.endpoint
         self.stopping = threading.Event()
         self._server: grpc.Server | None = None
+        self._inode: int | None = None  # of the socket file we created
 
     def devices(self) -> tuple[PluginDevice, ...]:
         return plugin_devices(self.board.current(), self.config).get(self.resource, ())
@@ -169,6 +170,7 @@ class DevicePluginServer:
             raise OSError(f"cannot listen on {self.socket_path}")
         server.start()
         self._server = server
+        self._inode = self.socket_path.stat().st_ino
         log.info("device plugin for %s serving on %s", self.resource, self.socket_path)
 
     def register(self, timeout: float = 5.0) -> None:
@@ -192,7 +194,15 @@ class DevicePluginServer:
         server, self._server = self._server, None
         if server is not None:
             server.stop(grace).wait()
-            self.socket_path.unlink(missing_ok=True)
+            if self.socket_is_ours():  # a successor may already serve on the same path
+                self.socket_path.unlink(missing_ok=True)
+            self._inode = None
+
+    def socket_is_ours(self) -> bool:
+        try:
+            return self._inode is not None and self.socket_path.stat().st_ino == self._inode
+        except FileNotFoundError:
+            return False
 
     @property
     def serving(self) -> bool:

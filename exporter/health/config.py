@@ -147,8 +147,10 @@ def parse_config(
             raise HealthConfigError(f"{source}: quiet_period_seconds: not a number") from None
     if quiet_period_s is not None:  # the command-line flag wins over the file
         quiet = quiet_period_s
-    if not quiet >= 0:
-        raise HealthConfigError(f"{source}: quiet period must be >= 0 seconds, got {quiet}")
+    if not quiet > 0:
+        raise HealthConfigError(
+            f"{source}: quiet period must be > 0 seconds (0 would drop every XID at once), got {quiet}"
+        )
     return HealthConfig(
         xid_rules=xids, unknown_xid=unknown_xid, conditions=conditions, quiet_period_s=quiet
     )

@@ -732,16 +732,10 @@ class HealthTracker:
     ) -> NodeHealth:
         rule = self.config.xid_rule(xid)
         if rule.state is not State.HEALTHY:  # ignored XIDs only count in the metrics
-            target = self._xid_target(uuid, rule, gpu_instance_id, compute_instance_id)
             message = f"XID {xid} {rule.mnemonic}: {rule.description}"
-            self._bump(
-                self._edge.setdefault(target, {}),
-                f"xid_{xid}",
-                rule.state,
-                rule.action,
-                message,
-                at,
-            )
+            for target in self._xid_targets(uuid, rule, gpu_instance_id, compute_instance_id):
+                edge = self._edge.setdefault(target, {})
+                self._bump(edge, f"xid_{xid}", rule.state, rule.action, message, at)
         return self._recompute(at)
 
     def expire(self, now: float) -> NodeHealth:
@@ -847,17 +841,20 @@ class HealthTracker:
             active.message = message
             active.count += 1
 
-    def _xid_target(self, uuid: str, rule: XidRule, gi: int | None, ci: int | None) -> str:
-        """A MIG-scoped XID that only needs an application restart stays on its instance;
+    def _xid_targets(self, uuid: str, rule: XidRule, gi: int | None, ci: int | None) -> list[str]:
+        """A MIG-scoped XID that only needs an application restart stays on its instance(s)
+        (every compute instance of the GPU instance when no compute instance is named);
         anything needing a reset or reboot takes the whole GPU (all its instances) with it."""
         if gi is None or gi == NO_INSTANCE or rule.action > Action.RESTART_APP:
-            return uuid
-        for known in self._known.values():
-            if known.parent_uuid != uuid or known.gpu_instance_id != gi:
-                continue
-            if ci is None or ci == NO_INSTANCE or known.compute_instance_id == ci:
-                return known.uuid
-        return uuid
+            return [uuid]
+        targets = [
+            known.uuid
+            for known in self._known.values()
+            if known.parent_uuid == uuid
+            and known.gpu_instance_id == gi
+            and (ci is None or ci == NO_INSTANCE or known.compute_instance_id == ci)
+        ]
+        return targets or [uuid]
 
     def _expire_edges(self, now: float) -> None:
         quiet = self.config.quiet_period_s

@@ -26,6 +26,7 @@ from exporter.health.config import HealthConfigError, load_config
 from exporter.health.nodestatus import NodeStatusUpdater
 from exporter.health.view import HEALTH_ROUTES, node_json
 from exporter.snapshot import NodeSnapshot
+from gpuquota.durations import duration_flag
 
 log = logging.getLogger(__name__)
 
@@ -43,16 +44,6 @@ class _XidSource(Protocol):
 class _Routes(Protocol):
     def add_route(self, path: str, route: Callable[[], Response]) -> None: ...
     def add_snapshot_view(self, view: Callable[[NodeSnapshot], NodeSnapshot]) -> None: ...
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
-    return value
 
 
 def _replicas(text: str) -> int:
@@ -75,10 +66,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--health-quiet-period",
-        type=_positive_float,
-        metavar="SECONDS",
+        type=duration_flag(),
+        metavar="DURATION",
         help="an XID or error-counter increase stops counting against a device after "
-        "this long without a repeat (default 300, or the config file's)",
+        "this long without a repeat, e.g. 5m (default 5m, or the config file's)",
     )
     group.add_argument(
         "--device-plugin",

@@ -20,6 +20,7 @@ from types import FrameType
 
 from prometheus_client import start_http_server
 
+from gpuquota.durations import duration_flag, whole_seconds_flag
 from quota.controller import kube as kubeapi
 from quota.controller.leader import LeaseSettings, check, elect
 from quota.controller.loop import Controller, Settings, StartupError
@@ -63,31 +64,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-duration",
-        type=int,
+        type=whole_seconds_flag(),
         default=15,
-        metavar="S",
-        help="seconds a standby waits before taking an unrenewed Lease (15)",
+        metavar="DURATION",
+        help="how long a standby waits before taking an unrenewed Lease (15s)",
     )
     parser.add_argument(
         "--renew-deadline",
-        type=int,
+        type=whole_seconds_flag(),
         default=10,
-        metavar="S",
-        help="seconds the leader keeps trying to renew before it stops (10)",
+        metavar="DURATION",
+        help="how long the leader keeps trying to renew before it stops (10s)",
     )
     parser.add_argument(
         "--retry-period",
-        type=int,
+        type=whole_seconds_flag(),
         default=2,
-        metavar="S",
-        help="seconds between Lease attempts (2)",
+        metavar="DURATION",
+        help="time between Lease attempts (2s)",
     )
     parser.add_argument(
         "--flush-interval",
-        type=float,
+        type=duration_flag(),
         default=5.0,
-        metavar="S",
-        help="write to the store at least every S seconds (5)",
+        metavar="DURATION",
+        help="write to the store at least this often (5s)",
     )
     parser.add_argument(
         "--flush-every", type=int, default=1000, metavar="N", help="...or every N events (1000)"
@@ -103,24 +104,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--read-timeout",
-        type=float,
+        type=duration_flag(),
         default=90.0,
-        metavar="S",
-        help="restart a watch silent this long, bookmarks included (90)",
+        metavar="DURATION",
+        help="restart a watch silent this long, bookmarks included (90s)",
     )
     parser.add_argument(
         "--watch-timeout",
-        type=int,
+        type=whole_seconds_flag(),
         default=300,
-        metavar="S",
-        help="timeoutSeconds asked of the server per watch (300)",
+        metavar="DURATION",
+        help="timeoutSeconds asked of the server per watch (5m)",
     )
     parser.add_argument(
         "--startup-timeout",
-        type=float,
+        type=duration_flag(),
         default=30.0,
-        metavar="S",
-        help="give up when the API server cannot be listed for this long (30)",
+        metavar="DURATION",
+        help="give up when the API server cannot be listed for this long (30s)",
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
 

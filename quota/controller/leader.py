@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
@@ -27,6 +28,35 @@ class LeaseSettings:
     duration: int = 15
     renew_deadline: int = 10
     retry_period: int = 2
+
+
+class _Lock(LeaseLock):
+    """LeaseLock that treats any failure to reach the API server as a failed attempt.
+
+    The library catches only ApiException; a refused or reset connection (urllib3 errors)
+    would escape and kill its renew thread without calling ``onstopped_leading``, leaving a
+    leader that writes without a Lease."""
+
+    def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+        try:
+            return cast(tuple[bool, Any], super().get(name, namespace))  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            log.warning("lease %s/%s: %s", namespace, name, exc)
+            return False, exc
+
+    def create(self, name: str, namespace: str, election_record: Any) -> bool:
+        try:
+            return bool(super().create(name, namespace, election_record))  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            log.warning("lease %s/%s: %s", namespace, name, exc)
+            return False
+
+    def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+        try:
+            return bool(super().update(name, namespace, updated_record))  # type: ignore[no-untyped-call]
+        except Exception as exc:
+            log.warning("lease %s/%s: %s", namespace, name, exc)
+            return False
 
 
 def check(settings: LeaseSettings) -> str | None:
@@ -46,7 +76,7 @@ def elect(
     """Run the election in a daemon thread: ``on_started`` (in its own thread) when this
     replica takes the Lease, ``on_stopped`` when it fails to renew it."""
     logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs every retry
-    lock = LeaseLock(settings.name, settings.namespace, settings.identity)  # type: ignore[no-untyped-call]
+    lock = _Lock(settings.name, settings.namespace, settings.identity)  # type: ignore[no-untyped-call]
     config = electionconfig.Config(  # type: ignore[no-untyped-call]
         lock,
         lease_duration=settings.duration,

@@ -244,7 +244,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
                 "--kubeconfig",
                 str(unreachable),
                 "--db",
-                db_url,
+                f"sqlite:///{tmp_path / 'standby.db'}",  # its own file: migrations run at once
                 "--migrate",
                 "--lease-name",
                 "x",
@@ -285,3 +285,33 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
         assert re.search(cases[name][1], last), (name, err)
         if name in ("kubeconfig", "lease", "db"):
             assert len(err.strip().splitlines()) == 1, err
+
+
+def test_leader_that_cannot_renew_stops_writing(apiserver, tmp_path, controllers):
+    """API server unreachable past the renew deadline: the leader exits (1) instead of
+    writing on without a Lease (the library alone would lose its renew thread)."""
+    from quota.store import db
+    from tests.controller.conftest import Store
+
+    url = f"sqlite:///{tmp_path / 'q.db'}?timeout=0.5"
+    db.upgrade(url)
+    store = Store("sqlite", url, url, None)
+    lease = [
+        "--lease-name",
+        "gpuquota",
+        "--lease-namespace",
+        "kube-system",
+        "--lease-duration",
+        "3",
+        "--renew-deadline",
+        "2",
+        "--retry-period",
+        "1",
+    ]
+    ctl = start(apiserver, store, controllers, *lease, identity="replica-a")
+    ready(store)
+    apiserver.refuse_for(6.0)
+    assert ctl.proc is not None
+    assert ctl.proc.wait(30) == 1
+    assert "lost the lease kube-system/gpuquota" in ctl.log()
+    store.engine.dispose()

@@ -97,6 +97,8 @@ class Exporter:
             self.proc.kill()
             code = self.proc.wait()
         self._reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.kubelet.stop()
         self.node.close()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -323,8 +325,9 @@ def test_time_slicing_and_cdi_on_mixed_topology(sim_library: Path) -> None:
     ("flags", "message"),
     [
         (["--time-slicing-replicas", "0"], "must be >= 1"),
-        (["--health-quiet-period", "-3"], "must be >= 0 seconds"),
-        (["--health-quiet-period", "soon"], "not a number: 'soon'"),
+        (["--health-quiet-period", "-3"], "invalid duration '-3'"),
+        (["--health-quiet-period", "0"], "duration '0' must be positive"),
+        (["--health-quiet-period", "soon"], "invalid duration 'soon'"),
     ],
 )
 def test_bad_flag_values_exit_2(

@@ -256,6 +256,18 @@ def test_own_socket_removed_serves_again(kubelet: KubeletStandIn, start, plugin_
     assert again is not None and again.wait_for(all_healthy)
 
 
+def test_shutdown_leaves_a_successors_socket_alone(
+    kubelet: KubeletStandIn, plugin_dir: Path
+) -> None:
+    m = DevicePluginManager(Node(*gpus(1)).board, PluginConfig(), plugin_dir, poll_s=0.1)
+    m.start()
+    socket = plugin_dir / "gpuquota-nvidia.com-gpu.sock"
+    socket.unlink()
+    socket.write_text("")  # stands for the socket a new plugin instance created meanwhile
+    m.stop()
+    assert socket.exists()
+
+
 def test_plugin_waits_for_a_late_kubelet(plugin_dir: Path, start) -> None:
     start(Node(*gpus(1)))
     time.sleep(0.3)  # no kubelet.sock yet: the plugin serves and waits

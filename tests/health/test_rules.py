@@ -323,3 +323,16 @@ def test_mig_reconfiguration_forgets_old_instances_but_a_lost_gpu_keeps_them() -
     )
     inst = one(h, "MIG-00-05-00")
     assert inst.state is U and {r.code for r in inst.reasons} == {"device_missing", "gpu_lost"}
+
+
+def test_mig_xid_without_compute_instance_reaches_every_instance_of_the_gpu_instance() -> None:
+    t = tracker()
+    t.observe_snapshot(
+        node(gpu(0, mig_mode_enabled=True), mig(0, 1, 0), mig(0, 1, 1), mig(0, 2, 0)), now=0
+    )
+    h = t.observe_xid("GPU-00000000", 13, at=1, gpu_instance_id=1, compute_instance_id=0xFFFFFFFF)
+    assert {d.uuid for d in h.devices if d.state is D} == {"MIG-00-01-00", "MIG-00-01-01"}
+    h = t.observe_xid("GPU-00000000", 31, at=2, gpu_instance_id=2, compute_instance_id=0)
+    assert one(h, "MIG-00-02-00").reasons[0].code == "xid_31"
+    h = t.observe_xid("GPU-00000000", 31, at=3, gpu_instance_id=9, compute_instance_id=0)
+    assert one(h).reasons[0].code == "xid_31"  # an instance we do not know: the GPU itself

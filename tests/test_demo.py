@@ -1,0 +1,37 @@
+"""`make demo` is a deliverable: run it whole and check that each act shows what it promises."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_demo_runs_every_act_end_to_end() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    # act 1: pod-attributed GPU series
+    assert 'gpu_pod_info{gpu="0"' in out and 'namespace="ml-training"' in out
+    # act 2: unhealthy in all three channels, then healthy again
+    assert "health endpoint: unhealthy - xid_79" in out
+    assert 'state="unhealthy"} 1' in out
+    assert "Unhealthy\n" in out and "Healthy again" in out
+    # act 3: the controller filled the store
+    assert "the store caught up with the API server" in out
+    # act 4: the report matches the generator's truth to the second
+    assert "TOTAL" in out and "OFF BY" not in out
+    assert out.count("   exact") >= 3
