@@ -39,6 +39,10 @@ END_DELETION_TIMESTAMP = "deletion_timestamp"
 END_DELETED = "deleted"
 END_NODE_DELETED = "node_deleted"
 END_VANISHED = "vanished"
+# Which measured reason names an end when several give the same second: the first listed.
+# billing_end and the store's merge of a later observation both follow it, so the stored
+# reason does not depend on the order events arrive in.
+END_REASON_PRECEDENCE = (END_TERMINATED, END_DELETION_TIMESTAMP, END_DELETED, END_NODE_DELETED)
 
 # The node labels recorded with an interval (GPU feature discovery's names).
 LABEL_PRODUCT = "nvidia.com/gpu.product"
@@ -506,17 +510,16 @@ def billing_end(started_at: int, evidence: EndEvidence) -> BillingEnd | None:
     unobserved ends at the last time it was known to exist, marked estimated, unless a real
     observation gives an end. An end before the start is clamped to an empty interval.
     """
+    observed = {
+        END_TERMINATED: evidence.terminated_at,
+        END_DELETION_TIMESTAMP: evidence.deletion_at,
+        END_DELETED: evidence.deleted_at,
+        END_NODE_DELETED: evidence.node_deleted_at,
+    }
     candidates = [
         (at, rank, reason)
-        for rank, (at, reason) in enumerate(
-            (
-                (evidence.terminated_at, END_TERMINATED),
-                (evidence.deletion_at, END_DELETION_TIMESTAMP),
-                (evidence.deleted_at, END_DELETED),
-                (evidence.node_deleted_at, END_NODE_DELETED),
-            )
-        )
-        if at is not None
+        for rank, reason in enumerate(END_REASON_PRECEDENCE)
+        if (at := observed[reason]) is not None
     ]
     if candidates:
         at, _, reason = min(candidates)

@@ -581,11 +581,15 @@ class Accountant:
         return usage
 
     def best_effort_gpu_pods(self) -> list[tuple[str, str]]:
-        """(namespace, name) of live GPU pods that are BestEffort and escape scoped quotas."""
+        """(namespace, name) of GPU pods that quota would count (not gone, not terminal) but
+        that are BestEffort, so NotBestEffort-scoped quotas miss them."""
         return sorted(
             (p.namespace, p.name)
             for p in self._pods.values()
-            if not p.gone and p.facts is not None and p.facts.request.best_effort_gpu
+            if not p.gone
+            and p.facts is not None
+            and not p.facts.terminal
+            and p.facts.request.best_effort_gpu
         )
 
     def open_allocations(self) -> list[AllocationRow]:

@@ -65,6 +65,7 @@ class Controller:
         self._db_backoff = Backoff(base=0.5, cap=30.0)
         self._quota_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
         self._alloc_series: set[tuple[str, str, str]] = set()
+        self._best_effort_namespaces: set[str] = set()
         self._alloc_metrics_at = 0.0
 
     def stop(self) -> None:
@@ -243,6 +244,14 @@ class Controller:
         for gone in self._alloc_series - series:
             self.metrics.allocated.remove(*gone)
         self._alloc_series = series
+        best_effort: dict[str, int] = {}
+        for namespace, _pod in self.acct.best_effort_gpu_pods():
+            best_effort[namespace] = best_effort.get(namespace, 0) + 1
+        for namespace in self._best_effort_namespaces - best_effort.keys():
+            self.metrics.best_effort.remove(namespace)
+        for namespace, count in best_effort.items():
+            self.metrics.best_effort.labels(namespace).set(count)
+        self._best_effort_namespaces = set(best_effort)
 
     def _quota_metrics(self, obj: dict[str, object], deleted: bool) -> None:
         try:

@@ -28,6 +28,13 @@ class ControllerMetrics:
             ["namespace", "resource", "kind"],
             registry=r,
         )
+        self.best_effort = Gauge(
+            "gpuquota_namespace_best_effort_gpu_pods",
+            "Live pods that request GPUs but are BestEffort (QoS looks only at cpu and memory), "
+            "so NotBestEffort-scoped quotas do not count them",
+            ["namespace"],
+            registry=r,
+        )
         self.events = Counter(
             "gpuquota_controller_events",
             "Watch events applied, by object kind and event type",

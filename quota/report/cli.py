@@ -223,6 +223,9 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
         try:
             rows = query.usage(conn, keys, edges, now, args.cluster)
             report = compute.aggregate(keys, rows, edges, card, buckets)
+            report.best_effort_pods = query.best_effort_pods(
+                conn, window.start, window.end, now, args.cluster
+            )
             if all(k in query.QUOTA_PLAIN_KEYS or k.startswith("label:") for k in keys) and (
                 "namespace" in keys or any(k.startswith("label:") for k in keys)
             ):

@@ -73,6 +73,8 @@ class Report:
     unpriced_models: list[str] = field(default_factory=list)
     estimated_intervals: int = 0
     bucket_edges: list[int] = field(default_factory=list)
+    # namespace -> BestEffort pods that held GPUs in the window (they escape scoped quotas)
+    best_effort_pods: dict[str, int] = field(default_factory=dict)
 
     @property
     def physical_total(self) -> Fraction:

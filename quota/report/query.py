@@ -131,6 +131,24 @@ class Scope:
         return parts
 
 
+def best_effort_pods(
+    conn: Connection, lo: int, hi: int, now: int, cluster: str | None = None
+) -> dict[str, int]:
+    """Per namespace, the pods that held GPUs in [lo, hi) while BestEffort: QoS looks only at
+    cpu and memory, so NotBestEffort-scoped quotas never counted them (accounting.md)."""
+    a = Allocation
+    parts = Scope.of(conn, cluster).parts(lo, min(hi, now))
+    scoped = union_all(
+        *(select(a.namespace, a.pod_uid).where(part, a.qos_class == "BestEffort") for part in parts)
+    ).subquery("best_effort")
+    rows = conn.execute(
+        select(scoped.c.namespace, func.count(func.distinct(scoped.c.pod_uid))).group_by(
+            scoped.c.namespace
+        )
+    )
+    return {str(namespace): int(count) for namespace, count in rows}
+
+
 def distinct_clusters(conn: Connection) -> list[str]:
     """Cluster names in the allocations table by a loose index scan (one probe per cluster)."""
     a = Allocation

@@ -230,6 +230,13 @@ def notes(report: Report) -> list[str]:
             "priced at the default rate (not in the rate card): "
             + ", ".join(report.unpriced_models)
         )
+    if report.best_effort_pods:
+        pods = sum(report.best_effort_pods.values())
+        where = ", ".join(f"{ns} ({n})" for ns, n in sorted(report.best_effort_pods.items()))
+        out.append(
+            f"{pods} pod(s) held GPUs while BestEffort, so NotBestEffort-scoped quotas did "
+            f"not count them (give them cpu/memory requests): {where}"
+        )
     return out
 
 
@@ -344,6 +351,7 @@ def render_json(report: Report, period: Period) -> str:
         "notes": {
             "estimated_intervals": report.estimated_intervals,
             "unpriced_models": report.unpriced_models,
+            "best_effort_gpu_pods": report.best_effort_pods,
             "messages": notes(report),
         },
     }

@@ -37,6 +37,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
+from quota.accounting import END_REASON_PRECEDENCE
 from quota.store.models import (
     Allocation,
     Cluster,
@@ -409,6 +410,8 @@ class Store:
         ex = stmt.excluded
         # the stored end is replaced only by an earlier one, or a measured end by an estimate
         # never: so a replayed, stale or duplicated event can't reopen or lengthen an interval
+        # (at the same second, the reason that END_REASON_PRECEDENCE lists first is kept, so
+        # the stored reason does not depend on which observation was flushed first)
         new_end_wins = or_(
             t.c.ended_at.is_(None),
             and_(
@@ -416,6 +419,11 @@ class Store:
                 or_(
                     and_(t.c.estimated, not_(ex.estimated)),
                     and_(t.c.estimated == ex.estimated, ex.ended_at < t.c.ended_at),
+                    and_(
+                        t.c.estimated == ex.estimated,
+                        ex.ended_at == t.c.ended_at,
+                        _reason_rank(ex.end_reason) < _reason_rank(t.c.end_reason),
+                    ),
                 ),
             ),
         )
@@ -520,4 +528,13 @@ def _earliest_end(stored: Any, new: Any) -> Any:
         (new.is_(None), stored),
         (new < stored, new),
         else_=stored,
+    )
+
+
+def _reason_rank(reason: Any) -> Any:
+    """SQL: a stored end reason's place in END_REASON_PRECEDENCE (estimates and unknowns last)."""
+    return case(
+        {name: rank for rank, name in enumerate(END_REASON_PRECEDENCE)},
+        value=reason,
+        else_=len(END_REASON_PRECEDENCE),
     )

@@ -257,3 +257,18 @@ def test_crash_at_any_point_then_full_replay_gives_the_same_rows(
             store, cluster, events, flush_every=5
         )  # the restarted process replays the whole stream
         assert rows.everything(store, cluster) == want
+
+
+def test_same_second_ends_keep_the_precedent_reason_whatever_was_flushed_first() -> None:
+    # Found by the property above: the node was deleted in the second the pod finished.
+    # Flushing the node deletion first must not pin end_reason to node_deleted.
+    gpu_node = node()
+    running = pod(start=1010)
+    finished = pod(phase="Succeeded", start=1010, finished=2000, resource_version="2")
+    node_gone = ("DELETED", gpu_node, 2000)
+    pod_done = ("MODIFIED", finished, 2000)
+    for last_two in ([node_gone, pod_done], [pod_done, node_gone]):
+        events = [("ADDED", gpu_node, 0), ("ADDED", running, 1010), *last_two]
+        with memory_store() as (store, cluster):
+            feed(store, cluster, events, flush_every=1)  # a flush after every event
+            assert summary(store, cluster) == {"uid-1": (1010, 2000, "terminated", False, 1)}

@@ -82,8 +82,28 @@ def test_live_totals_are_exact_and_metrics_match(apiserver, store, controllers):
         )
     assert metric(text, "gpuquota_controller_events_total", kind="Pod", type="DELETED") > 0
     assert metric(text, "gpuquota_controller_synced") == 1
+    best_effort = best_effort_gpu_pods(apiserver)
+    assert best_effort, "the workload should leave BestEffort GPU pods running"
+    for ns, count in best_effort.items():
+        assert metric(text, "gpuquota_namespace_best_effort_gpu_pods", namespace=ns) == count
     assert ctl.terminate() == 0
     assert_exact(store, WL)
+
+
+def best_effort_gpu_pods(apiserver) -> dict[str, int]:
+    """Per namespace, the live non-terminal pods asking for GPUs with QoS BestEffort."""
+    counts: dict[str, int] = {}
+    with apiserver.state.lock:
+        pods = list(apiserver.state.objects["pods"].values())
+    for pod in pods:
+        status = pod.get("status", {})
+        if status.get("qosClass") != "BestEffort" or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        resources = [c.get("resources", {}) for c in pod["spec"].get("containers", [])]
+        if any("nvidia.com/" in key for r in resources for part in r.values() for key in part):
+            ns = pod["metadata"]["namespace"]
+            counts[ns] = counts.get(ns, 0) + 1
+    return counts
 
 
 def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, controllers):

@@ -56,6 +56,7 @@ class Store:
         estimated: bool = False,
         replicas: int | None = None,
         mig_profile: str | None = None,
+        qos_class: str | None = "Guaranteed",
     ) -> None:
         self._seq += 1
         with self.engine.begin() as conn:
@@ -80,6 +81,7 @@ class Store:
                     end_reason="vanished" if estimated else None,
                     estimated=estimated,
                     mig_profile=mig_profile,
+                    qos_class=qos_class,
                     updated_at=start,
                 )
             )

@@ -228,6 +228,20 @@ def test_estimated_intervals_are_flagged(store: Store, report: Any) -> None:
     assert "closed by estimate" in table.out
 
 
+def test_best_effort_gpu_pods_are_named_as_escaping_scoped_quotas(
+    store: Store, report: Any
+) -> None:
+    store.alloc("ml", OCT, OCT + H, qos_class="BestEffort")
+    store.alloc("ml", OCT + H, None, qos_class="BestEffort")
+    store.alloc("web", OCT, OCT + H)  # Guaranteed: not named
+    store.alloc("batch", OCT - 2 * H, OCT - H, qos_class="BestEffort")  # before the window
+    doc = rows_json(report, store, "--month", "2026-10")
+    assert doc["notes"]["best_effort_gpu_pods"] == {"ml": 2}
+    table = report("--month", "2026-10", "--now", NOW, db=store)
+    assert "2 pod(s) held GPUs while BestEffort" in table.out
+    assert "ml (2)" in table.out and "web" not in table.out.split("BestEffort")[-1]
+
+
 def test_totals_equal_the_sum_of_displayed_rows_in_every_format(
     store: Store, report: Any, tmp_path: Path
 ) -> None:
