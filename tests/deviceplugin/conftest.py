@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from sim.kubelet.registration import KubeletStandIn
-from tests.exporter.conftest import sim_library  # noqa: F401 (the NVML stand-in, built when stale)
 
 
 @pytest.fixture

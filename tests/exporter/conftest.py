@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -47,47 +46,6 @@ def tls_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 # --- the NVML stand-in ---------------------------------------------------------------------------
-
-SIM_BUILD_LOCK = Path("/tmp/gpuquota-sim-build.lock")
-
-
-@pytest.fixture(scope="session")
-def sim_library() -> Path:
-    """The NVML stand-in library, built when missing or older than its sources."""
-    import fcntl
-
-    from sim.nvml import build
-    from sim.nvml.control import library_path
-
-    lib = library_path()
-    sources = [*build.CSRC.glob("*.c"), *build.CSRC.glob("*.h"), Path(build.__file__)]
-    with SIM_BUILD_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # xdist workers / other areas may build at once
-        if not lib.is_file() or max(p.stat().st_mtime for p in sources) > lib.stat().st_mtime:
-            build.build(lib)
-    return lib
-
-
-@pytest.fixture
-def sim_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="gq-exp-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def make_node(sim_dir: Path, sim_library: Path) -> Iterator[Callable[..., SimNode]]:
-    """make_node(spec) -> a fresh SimNode in a private state file."""
-    nodes: list[SimNode] = []
-
-    def make(spec: Any, name: str = "node.state") -> SimNode:
-        node = SimNode.create(sim_dir / name, spec)
-        nodes.append(node)
-        return node
-
-    yield make
-    for node in nodes:
-        node.close()
 
 
 @pytest.fixture

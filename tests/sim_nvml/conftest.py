@@ -7,44 +7,12 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pynvml
 import pytest
 
-from sim.nvml import build
-from sim.nvml.control import SimNode, library_path
-
-
-def _stale(lib: Path) -> bool:
-    if not lib.is_file():
-        return True
-    sources = [*build.CSRC.glob("*.c"), *build.CSRC.glob("*.h"), Path(build.__file__)]
-    return max(p.stat().st_mtime for p in sources) > lib.stat().st_mtime
-
-
-@pytest.fixture(scope="session")
-def sim_library() -> Path:
-    """The stand-in library, (re)built when missing or older than its sources."""
-    lib = library_path()
-    if _stale(lib):
-        build.build(lib)
-    return lib
-
-
-@pytest.fixture
-def make_node(tmp_path: Path, sim_library: Path) -> Iterator[Callable[[Any], SimNode]]:
-    nodes: list[SimNode] = []
-
-    def make(spec: Any, name: str = "node.state") -> SimNode:
-        node = SimNode.create(tmp_path / name, spec)
-        nodes.append(node)
-        return node
-
-    yield make
-    for node in nodes:
-        node.close()
+from sim.nvml.control import SimNode
 
 
 @pytest.fixture
