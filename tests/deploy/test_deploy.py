@@ -141,6 +141,19 @@ def test_overlays_build_and_change_what_they_say() -> None:
     assert env["GPUQUOTA_DB"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
     assert "podAffinity" not in pod.get("affinity", {})
 
+    plugin = kustomize(DEPLOY / "overlays" / "device-plugin")
+    pod = find(plugin, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
+    assert {"--device-plugin", "--node-condition", "--node-taint"} <= set(
+        pod["containers"][0]["args"]
+    )
+    assert pod["automountServiceAccountToken"] is True
+    role = find(plugin, "ClusterRole", "gpu-exporter-node-status")
+    assert {"resources": ["nodes/status"], "verbs": ["patch"], "apiGroups": [""]} in role["rules"]
+    # every flag the overlays add is one gpu-exporter accepts
+    from exporter.cli import build_parser
+
+    build_parser().parse_args(pod["containers"][0]["args"])
+
     operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")
     kinds = [d["kind"] for d in operator]
     assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
@@ -148,7 +161,9 @@ def test_overlays_build_and_change_what_they_say() -> None:
 
 
 @needs_kubectl
-@pytest.mark.parametrize("folder", ["base", "overlays/dcgm-compat", "overlays/postgres"])
+@pytest.mark.parametrize(
+    "folder", ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin"]
+)
 def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
     """Strict schema validation (unknown fields fail) of every built-in object."""
     import kubernetes_validate
@@ -223,7 +238,9 @@ def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]
 
 
 @needs_kubectl
-@pytest.mark.parametrize("folder", ["base", "overlays/dcgm-compat", "overlays/postgres"])
+@pytest.mark.parametrize(
+    "folder", ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin"]
+)
 def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
     from exporter.cli import build_parser as exporter_parser
     from quota.cli import build_parser as gpuquota_parser
