@@ -6,12 +6,16 @@ import fcntl
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
+from sqlalchemy import create_engine, text
 
+from quota.store import db
 from sim.nvml import build
 from sim.nvml.control import SimNode, library_path
 
@@ -22,6 +26,50 @@ DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 def postgres_url() -> str:
     """URL of the real PostgreSQL server the tests use (GPUQUOTA_TEST_PG_URL overrides)."""
     return os.environ.get("GPUQUOTA_TEST_PG_URL", DEFAULT_PG_URL)
+
+
+class PgSchemas:
+    """Uniquely named schemas on the shared PostgreSQL server, dropped at the session's end.
+
+    Other test areas (and other checkouts) use the same server at the same time, so each works
+    in its own schema, selected through libpq's ``options=-csearch_path=...`` in the URL, which
+    every connection of the code under test inherits."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.engine = create_engine(base_url)
+        self.created: list[str] = []
+
+    def new(self, prefix: str = "gq") -> str:
+        """A fresh empty schema; returns the URL whose connections use it."""
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        with self.engine.begin() as conn:
+            conn.execute(text(f'CREATE SCHEMA "{name}"'))
+        self.created.append(name)
+        sep = "&" if "?" in self.base_url else "?"
+        return f"{self.base_url}{sep}options={quote(f'-csearch_path={name}')}"
+
+    def drop_all(self) -> None:
+        with self.engine.begin() as conn:
+            for name in self.created:
+                conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
+        self.engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_schemas(postgres_url: str) -> Iterator[PgSchemas]:
+    """The real PostgreSQL server is a required part of the suite: unreachable fails, never skips."""
+    schemas = PgSchemas(postgres_url)
+    try:
+        with schemas.engine.connect():
+            pass
+    except Exception as exc:
+        pytest.fail(
+            f"PostgreSQL at {db.safe_url(postgres_url)} is not reachable ({exc}); "
+            "set GPUQUOTA_TEST_PG_URL to point the tests at another server"
+        )
+    yield schemas
+    schemas.drop_all()
 
 
 # --- the NVML stand-in, shared by every area that drives a simulated node ----------------------

@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -29,6 +29,7 @@ from sqlalchemy import create_engine, text
 from quota.store import db
 from sim.apiserver import ApiServer
 from sim.workload import Workload
+from tests.conftest import PgSchemas
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,22 +132,11 @@ class Outage:
 
 
 @pytest.fixture(scope="session")
-def pg_base(postgres_url: str) -> Iterator[str]:
-    """A uniquely named schema on the shared server for this session, dropped at the end."""
-    schema = f"gq_ctl_{uuid.uuid4().hex[:10]}"
-    engine = create_engine(postgres_url)
-    try:
-        with engine.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except Exception as exc:
-        pytest.fail(f"PostgreSQL at {db.safe_url(postgres_url)} is not reachable: {exc}")
-    sep = "&" if "?" in postgres_url else "?"
-    url = f"{postgres_url}{sep}options={quote(f'-csearch_path={schema}')}"
+def pg_base(pg_schemas: PgSchemas) -> str:
+    """A migrated schema on the shared server for this session (dropped with the session)."""
+    url = pg_schemas.new("gq_ctl")
     db.upgrade(url)
-    yield url
-    with engine.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
-    engine.dispose()
+    return url
 
 
 class Store:

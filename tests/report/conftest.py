@@ -4,19 +4,18 @@ after the session), helpers that write rows, and a runner for `gpuquota report`.
 from __future__ import annotations
 
 import argparse
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, delete, insert, text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import Engine, create_engine, delete, insert
 
 from quota.report import cli
 from quota.store import db
 from quota.store.models import Allocation, Base, NamespaceLabels, NodeCapacity, QuotaSample
+from tests.conftest import PgSchemas
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
@@ -170,26 +169,12 @@ def sqlite_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Store]:
 
 
 @pytest.fixture(scope="session")
-def postgres_store(postgres_url: str) -> Iterator[Store]:
-    schema = f"report_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(postgres_url)
-    try:
-        with admin.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{schema}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        pytest.skip(f"PostgreSQL not reachable at {postgres_url}: {exc.orig}")
-    sep = "&" if "?" in postgres_url else "?"
-    url = f"{postgres_url}{sep}options=-csearch_path%3D{schema}"
+def postgres_store(pg_schemas: PgSchemas) -> Iterator[Store]:
+    url = pg_schemas.new("gq_report")
     db.upgrade(url)
     engine = create_engine(url)
-    try:
-        yield Store(url, engine)
-    finally:
-        engine.dispose()
-        with admin.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA "{schema}" CASCADE'))
-        admin.dispose()
+    yield Store(url, engine)
+    engine.dispose()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

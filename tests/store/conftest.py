@@ -1,8 +1,6 @@
 """Fixtures of the store tests: a migrated SQLite file and a migrated PostgreSQL schema.
 
-The PostgreSQL server is shared with other test areas, so this session works in its own
-uniquely named schema (selected through libpq's ``options=-csearch_path=...`` in the URL,
-which every connection of the code under test inherits) and drops it at the end. Tests keep
+PostgreSQL schemas come from the shared ``pg_schemas`` fixture (tests/conftest.py). Tests keep
 apart from one another by writing under a unique cluster name.
 """
 
@@ -11,51 +9,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from quota.store import db
-
-
-def schema_url(base: str, schema: str) -> str:
-    sep = "&" if "?" in base else "?"
-    return f"{base}{sep}options={quote(f'-csearch_path={schema}')}"
-
-
-class PgSchemas:
-    """Creates uniquely named schemas on the test server and drops them all at the end."""
-
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
-        self.engine = create_engine(base_url)
-        self.created: list[str] = []
-
-    def new(self) -> str:
-        name = f"gq_store_{uuid.uuid4().hex[:12]}"
-        with self.engine.begin() as conn:
-            conn.execute(text(f'CREATE SCHEMA "{name}"'))
-        self.created.append(name)
-        return schema_url(self.base_url, name)
-
-    def drop_all(self) -> None:
-        with self.engine.begin() as conn:
-            for name in self.created:
-                conn.execute(text(f'DROP SCHEMA IF EXISTS "{name}" CASCADE'))
-        self.engine.dispose()
-
-
-@pytest.fixture(scope="session")
-def pg_schemas(postgres_url: str) -> Iterator[PgSchemas]:
-    try:
-        schemas = PgSchemas(postgres_url)
-        with schemas.engine.connect():
-            pass
-    except Exception as exc:  # the suite needs the real server: say which one is missing
-        pytest.fail(f"PostgreSQL at {db.safe_url(postgres_url)} is not reachable: {exc}")
-    yield schemas
-    schemas.drop_all()
+from tests.conftest import PgSchemas
 
 
 @pytest.fixture(scope="session")
