@@ -22,7 +22,6 @@ import argparse
 import os
 import re
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
+from sim.harness import stop_process
 from sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from sim.nvml.control import SimNode
 
@@ -210,12 +210,7 @@ def run_one(
         cpu_scrapes = cpu_seconds(proc.pid) - cpu_scrapes
         rss, hwm = memory_mb(proc.pid)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
     if not latencies:
         raise RuntimeError(f"{name} on {shape}: every scrape failed (see {log.name})")

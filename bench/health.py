@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.results import write_section
+from sim.harness import stop_process
 from sim.kubelet.registration import KubeletStandIn
 from sim.nvml.control import SimNode
 
@@ -92,12 +93,7 @@ def run(injections: int, xid: int, quiet: float, preset: str) -> tuple[list[floa
                 raise SystemExit(f"injection {n}: GPU {gpu} never recovered")
         device = node.uuid(0)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
         kubelet.stop()
         node.close()

@@ -32,6 +32,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from sim.apiserver import ApiServer, Driver
+from sim.harness import poll, stop_process
 from sim.kubelet.podresources import Assignment, PodResourcesServer
 from sim.kubelet.registration import KubeletStandIn
 from sim.nvml.control import SimNode
@@ -65,9 +66,10 @@ RUNNING: list[tuple[str, subprocess.Popen[bytes], Path]] = []  # our programs an
 
 
 def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> float:
-    """Poll ``check`` until it holds; returns the seconds it took, or exits naming ``what``."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
+    """Poll ``check`` until it holds; returns the seconds it took, or exits naming ``what``
+    (at once, with its last log lines, if one of our programs dies meanwhile)."""
+
+    def ready() -> bool:
         for name, proc, log in RUNNING:
             if proc.poll() is not None:
                 tail = log.read_text().strip().splitlines()[-3:]
@@ -76,12 +78,14 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> f
                     f"waiting for {what}:\n  " + "\n  ".join(tail)
                 )
         try:
-            if check():
-                return time.monotonic() - start
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise SystemExit(f"demo: gave up waiting for {what} after {timeout:.0f} s")
+            return check()
+        except OSError:  # not listening yet
+            return False
+
+    start = time.monotonic()
+    if not poll(ready, timeout):
+        raise SystemExit(f"demo: gave up waiting for {what} after {timeout:.0f} s")
+    return time.monotonic() - start
 
 
 @contextmanager
@@ -97,12 +101,7 @@ def process(
             yield proc
         finally:
             RUNNING.remove(entry)
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
     if proc.returncode not in (0, -signal.SIGTERM):
         print(f"(log of {Path(args[0]).name} in {log})")
 

@@ -14,6 +14,7 @@ import sys
 import time
 
 from sim.apiserver import Driver
+from sim.harness import wait_for
 from sim.workload import generate
 from tests.controller.conftest import (
     ROOT,
@@ -21,7 +22,6 @@ from tests.controller.conftest import (
     assert_exact,
     caught_up,
     free_port,
-    wait_for,
 )
 
 WL = generate(21, 1.0, pods_per_hour=40, observation_independent=True)

@@ -28,6 +28,7 @@ import pytest
 from exporter.cli import build_parser
 from exporter.health.service import HealthService
 from sim.apiserver import ApiServer
+from sim.harness import poll, stop_process
 from sim.kubelet.registration import KubeletStandIn, PluginClient
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load as load_spec
@@ -90,12 +91,7 @@ class Exporter:
         return plugin
 
     def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            code = self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
+        code = stop_process(self.proc)
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
@@ -119,15 +115,6 @@ def h100(sim_library: Path) -> Iterator[Exporter]:
     yield exporter
     assert exporter.stop() == 0
     assert not list(exporter.plugin_dir.glob("gpuquota-*.sock"))
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_xids_are_classified_as_the_table_says_and_recover(h100: Exporter) -> None:
@@ -163,7 +150,7 @@ def test_xids_are_classified_as_the_table_says_and_recover(h100: Exporter) -> No
 
     # No repeat for the quiet period: everything returns to healthy, on every channel.
     assert plugin.wait_for(healthy(8), timeout=QUIET_S + 2, start=plugin.count() - 1)
-    assert wait_until(lambda: {v["state"] for v in h100.health().values()} == {"healthy"}, 3)
+    assert poll(lambda: {v["state"] for v in h100.health().values()} == {"healthy"}, 3)
     assert f'gpu_health_state{{gpu="1",uuid="{uuid[1]}",state="healthy"}} 1' in h100.get("/metrics")
 
 
@@ -203,9 +190,9 @@ def test_nvml_conditions(h100: Exporter) -> None:
     before = int(h100.node.get(4, "ecc_uncorrected_volatile"))
     h100.node.set(4, ecc_uncorrected_volatile=before + 1)
     assert plugin.wait_for(is_(uuid[4], "Unhealthy"), timeout=PUSH_S, start=start)
-    assert wait_until(lambda: ("row_remap_pending", "reset_gpu") in reasons(1), 3)
+    assert poll(lambda: ("row_remap_pending", "reset_gpu") in reasons(1), 3)
     assert ("hw_thermal_slowdown", "none") in reasons(2)
-    assert wait_until(lambda: ("nvlink_errors", "none") in reasons(3), 3)
+    assert poll(lambda: ("nvlink_errors", "none") in reasons(3), 3)
     assert ("ecc_uncorrectable", "reset_gpu") in reasons(4)
     assert {h100.health()[uuid[i]]["state"] for i in (1, 2, 3)} == {"degraded"}
     assert plugin.devices()[uuid[1]] == "Healthy"  # degraded GPUs keep taking pods
@@ -213,7 +200,7 @@ def test_nvml_conditions(h100: Exporter) -> None:
     h100.node.set(1, remap_pending=False)
     h100.node.set(2, clock_event_reasons=0x1)
     assert plugin.wait_for(healthy(8), timeout=QUIET_S + PUSH_S, start=start)
-    assert wait_until(lambda: {v["state"] for v in h100.health().values()} == {"healthy"}, 3)
+    assert poll(lambda: {v["state"] for v in h100.health().values()} == {"healthy"}, 3)
 
 
 def test_allocate_and_refusals(h100: Exporter) -> None:
@@ -279,7 +266,7 @@ def test_mig_instances_are_their_own_resource(sim_library: Path) -> None:
         start = plugin.count()
         # Contained error on one instance: that instance degrades, nothing is withdrawn.
         exporter.node.inject_xid(0, 94, migs[2].gpu_instance_id, migs[2].compute_instance_id)
-        assert wait_until(lambda: exporter.health()[migs[2].uuid]["state"] == "degraded", 2)
+        assert poll(lambda: exporter.health()[migs[2].uuid]["state"] == "degraded", 2)
         verdicts = exporter.health()
         assert verdicts[migs[1].uuid]["state"] == "healthy"
         assert verdicts[migs[2].uuid]["parent_uuid"] == exporter.node.uuid(0)
@@ -392,9 +379,9 @@ def test_node_taint_and_condition_through_the_cli(sim_library: Path, tmp_path: P
                 }
                 return taints, conds.get("GPUUnhealthy")
 
-            assert wait_until(lambda: node_says() == ([], "False"), 10)
+            assert poll(lambda: node_says() == ([], "False"), 10)
             exporter.node.inject_xid(1, 79)
-            assert wait_until(lambda: node_says() == (["gpuquota.io/gpu-unhealthy"], "True"), 10)
-            assert wait_until(lambda: node_says() == ([], "False"), QUIET_S + 10)
+            assert poll(lambda: node_says() == (["gpuquota.io/gpu-unhealthy"], "True"), 10)
+            assert poll(lambda: node_says() == ([], "False"), QUIET_S + 10)
         finally:
             assert exporter.stop() == 0

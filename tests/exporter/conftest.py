@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from exporter.nvml import NvmlApi
+from sim.harness import stop_process
 from sim.nvml.control import SimNode
 from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
 
@@ -106,10 +107,4 @@ def start_exporter(
 
     yield start
     for exporter in started:
-        if exporter.proc.poll() is None:
-            exporter.proc.terminate()
-        try:
-            exporter.proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            exporter.proc.kill()
-            exporter.proc.communicate()
+        stop_process(exporter.proc)

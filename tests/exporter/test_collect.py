@@ -17,6 +17,7 @@ from exporter.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
 from exporter.render import Renderer, RenderOptions
 from exporter.snapshot import DeviceState, NodeSnapshot, PodRef
 from exporter.xid import XidEvent, XidWatcher
+from sim.harness import wait_for
 from sim.nvml.control import SimNode
 from sim.nvml.models import GpuModel
 from sim.nvml.spec import GpuSpec, load
@@ -144,14 +145,6 @@ def names_by_key(samples: dict[str, list[tuple[dict[str, str], float]]], key: st
             if key in labels:
                 out.setdefault((labels[key], labels.get("GPU_I_ID")), set()).add(name)
     return out
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.02)
 
 
 # --- every metric on every preset --------------------------------------------------------------

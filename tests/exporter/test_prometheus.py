@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from sim.harness import stop_process
 from sim.nvml.control import SimNode
 from tests.exporter.procs import Exporter, free_port
 
@@ -88,12 +89,7 @@ def prometheus(tmp_path: Path) -> Iterator[Callable[[int], Prometheus]]:
 
     yield start
     for server in started:
-        server.proc.terminate()
-        try:
-            server.proc.communicate(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.communicate()
+        stop_process(server.proc, timeout=15)
 
 
 def test_prometheus_reads_what_the_stand_in_was_set_to(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from exporter.health.nodestatus import (
@@ -15,6 +14,7 @@ from exporter.health.nodestatus import (
 from exporter.health.rules import HealthConfig, HealthTracker
 from exporter.health.service import _core_api
 from sim.apiserver import ApiServer
+from sim.harness import poll
 from tests.health.factory import gpus, node
 
 OTHER = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
@@ -47,15 +47,6 @@ def test_taints() -> None:
 # -- against the kube-apiserver stand-in, through the official kubernetes client ---------------
 
 
-def _wait(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_taint_and_condition_follow_health(tmp_path: Path) -> None:
     with ApiServer() as api:
         api.apply("ADDED", {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a", "uid": "uid-node-a"},
@@ -78,7 +69,7 @@ def test_taint_and_condition_follow_health(tmp_path: Path) -> None:
                 }
                 return taints, conds
 
-            assert _wait(
+            assert poll(
                 lambda: (
                     state() == (["dedicated", TAINT_KEY], {"Ready": "True", CONDITION_TYPE: "True"})
                 )
@@ -90,7 +81,7 @@ def test_taint_and_condition_follow_health(tmp_path: Path) -> None:
             # The API server goes away for a while; recovery is applied once it is back.
             api.refuse_for(0.5)
             updater(sick, t.expire(100))
-            assert _wait(
+            assert poll(
                 lambda: state() == (["dedicated"], {"Ready": "True", CONDITION_TYPE: "False"})
             )
         finally:

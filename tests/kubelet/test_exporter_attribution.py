@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sim.harness import stop_process, wait_for
 from sim.kubelet.podresources import PodResourcesServer, node_assignments
 from sim.nvml.control import SimNode
 
@@ -39,14 +40,6 @@ def pod_info(port: int) -> set[tuple[str, str, str]]:
         pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         found.add((pairs["uuid"], pairs["namespace"], pairs["pod"]))
     return found
-
-
-def wait_for(condition, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -90,12 +83,7 @@ class Exporter:
         return self.log.read()
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_process(self.proc)
         self.log.close()
 
 

@@ -18,6 +18,7 @@ from exporter.podresources import (
     physical_device_id,
 )
 from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
+from sim.harness import wait_for
 from sim.kubelet.podresources import (
     Assignment,
     PodResourcesServer,
@@ -41,14 +42,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def wait_for(condition, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.02)
 
 
 def snapshot_of(*devices: DeviceSnapshot) -> NodeSnapshot:

@@ -1,0 +1,50 @@
+"""Two chores every driver of our programs repeats: wait for a condition, stop a child process.
+
+The demo, the benchmarks and the tests start gpu-exporter, gpuquota and Prometheus as real
+processes and wait for them to reach a state; these are the one implementation of both.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def poll(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.05) -> T | None:
+    """The first truthy value of ``condition()`` within ``timeout`` seconds, else None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(interval)
+
+
+def wait_for(
+    condition: Callable[[], T],
+    timeout: float = 10.0,
+    what: str = "the condition",
+    interval: float = 0.05,
+) -> T:
+    """Like poll, but a timeout is an AssertionError naming ``what`` (for tests)."""
+    value = poll(condition, timeout, interval)
+    if value is None:
+        raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+    return value
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL if it has not exited within ``timeout``; its exit code."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
