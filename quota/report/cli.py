@@ -221,10 +221,11 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     )
     with _Connect(args.db) as conn:
         try:
-            rows = query.usage(conn, keys, edges, now, args.cluster)
+            scope = query.Scope.of(conn, args.cluster)
+            rows = query.usage(conn, keys, edges, now, scope=scope)
             report = compute.aggregate(keys, rows, edges, card, buckets)
             report.best_effort_pods = query.best_effort_pods(
-                conn, window.start, window.end, now, args.cluster
+                conn, scope, window.start, window.end, now
             )
             if all(k in query.QUOTA_PLAIN_KEYS or k.startswith("label:") for k in keys) and (
                 "namespace" in keys or any(k.startswith("label:") for k in keys)
@@ -237,7 +238,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
                         span,
                     )
             if idle:
-                alloc = query.usage(conn, ["model", "pool"], edges, now, args.cluster)
+                alloc = query.usage(conn, ["model", "pool"], edges, now, scope=scope)
                 report.idle = compute.idle(
                     query.capacity(conn, edges, now, args.cluster), alloc, edges, card
                 )

@@ -131,13 +131,11 @@ class Scope:
         return parts
 
 
-def best_effort_pods(
-    conn: Connection, lo: int, hi: int, now: int, cluster: str | None = None
-) -> dict[str, int]:
+def best_effort_pods(conn: Connection, scope: Scope, lo: int, hi: int, now: int) -> dict[str, int]:
     """Per namespace, the pods that held GPUs in [lo, hi) while BestEffort: QoS looks only at
     cpu and memory, so NotBestEffort-scoped quotas never counted them (accounting.md)."""
     a = Allocation
-    parts = Scope.of(conn, cluster).parts(lo, min(hi, now))
+    parts = scope.parts(lo, min(hi, now))
     scoped = union_all(
         *(select(a.namespace, a.pod_uid).where(part, a.qos_class == "BestEffort") for part in parts)
     ).subquery("best_effort")
@@ -208,6 +206,7 @@ def usage(
     edges: Sequence[int],
     now: int,
     cluster: str | None = None,
+    scope: Scope | None = None,
 ) -> list[UsageRow]:
     """Allocation seconds per group and sub-window ``edges[i]..edges[i+1]``.
 
@@ -216,7 +215,7 @@ def usage(
     namespace had no recorded labels comes back with label value None."""
     label_keys = [k.split(":", 1)[1] for k in keys if k.startswith("label:")]
     plain = [k for k in keys if not k.startswith("label:")]
-    scope = Scope.of(conn, cluster)
+    scope = scope or Scope.of(conn, cluster)  # a report asks for it once, for every query
     n = len(edges) - 1
     parts = scope.parts(edges[0], min(edges[-1], now))
     base_rows = [
