@@ -11,7 +11,6 @@ credentials and which reveal nothing but "up".
 
 from __future__ import annotations
 
-import gzip
 import logging
 import queue
 import socket
@@ -21,8 +20,6 @@ import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-from prometheus_client import CollectorRegistry, generate_latest
 
 from exporter.collect import Collector
 from exporter.render import CONTENT_TYPE, Renderer
@@ -175,13 +172,10 @@ class ExporterServer:
         host: str = "",
         port: int = 9400,
         web_config: WebConfig | ReloadingWebConfig | None = None,
-        registry: CollectorRegistry | None = None,
     ) -> None:
         self.collector = collector
         self.renderer = renderer
         self._web_config = web_config
-        # Other parts' prometheus_client collectors, appended to /metrics.
-        self.registry = registry
         self.routes: dict[str, Route] = {
             "/": self._index,
             "/metrics": self.metrics,
@@ -245,10 +239,7 @@ class ExporterServer:
             return _text(503, "no collection yet\n")
         for view in self.snapshot_views:
             snapshot = view(snapshot)
-        if self.registry is None:
-            return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, gzipped=gzipped)
-        body = self.renderer.exposition(snapshot) + generate_latest(self.registry)
-        return 200, CONTENT_TYPE, gzip.compress(body, compresslevel=1) if gzipped else body
+        return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, gzipped=gzipped)
 
     def _healthz(self) -> Response:
         if self.collector.is_alive():
