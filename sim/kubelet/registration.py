@@ -79,6 +79,8 @@ class PluginClient:
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.info("ListAndWatch for %s ended: %s", self.resource, exc.code())
+        except ValueError:  # close() ran before the stream opened: grpc's "Channel closed!"
+            log.info("ListAndWatch for %s closed before it started", self.resource)
         finally:
             with self._cond:
                 self._cond.notify_all()
