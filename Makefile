@@ -1,11 +1,13 @@
 # Every target creates its own virtual environment, so a fresh clone needs only Python 3.11+,
-# gcc and make. `make demo` and `make test` are the two commands in the README.
+# gcc and make. `make demo` and `make test` are the two commands in the README. `make test`
+# also needs a few Debian packages (Prometheus, PostgreSQL's server binaries, Node.js):
+# tools/debian-packages installs them when run as root, else names the command to run.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 SIMLIB := build/sim/libnvidia-ml.so.1
 
-.PHONY: demo test lint typecheck unit bench docs clean
+.PHONY: demo test lint typecheck unit bench docs clean debian-packages image
 
 $(BIN)/.installed: pyproject.toml setup.py
 	@test -d $(VENV) || $(PYTHON) -m venv $(VENV)
@@ -27,10 +29,13 @@ lint: $(BIN)/.installed
 typecheck: $(BIN)/.installed
 	$(BIN)/mypy gpuquota exporter quota sim dashboards bench
 
-unit: $(BIN)/.installed $(SIMLIB)
+debian-packages:
+	@tools/debian-packages
+
+unit: debian-packages $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m pytest
 
-test: lint typecheck unit
+test: debian-packages lint typecheck unit
 
 docs: $(BIN)/.installed
 	$(BIN)/python -m exporter.metrics_doc --write docs/metrics.md

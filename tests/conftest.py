@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,14 +19,26 @@ from sqlalchemy import create_engine, text
 from quota.store import db
 from sim.nvml import build
 from sim.nvml.control import SimNode, library_path
+from tests.noskip import pytest_runtest_makereport  # noqa: F401  (a hook: skips fail)
+from tests.pg_server import throwaway_server
 
-DEFAULT_PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+# The venv's own tools (kubectl, ruff, the project's entry points) come first, also when the
+# tests run as `.venv/bin/python -m pytest` without the venv activated.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 @pytest.fixture(scope="session")
-def postgres_url() -> str:
-    """URL of the real PostgreSQL server the tests use (GPUQUOTA_TEST_PG_URL overrides)."""
-    return os.environ.get("GPUQUOTA_TEST_PG_URL", DEFAULT_PG_URL)
+def postgres_url() -> Iterator[str]:
+    """URL of the real PostgreSQL server the tests use.
+
+    GPUQUOTA_TEST_PG_URL names one; without it the session starts its own throwaway server
+    (tests/pg_server.py), so a fresh machine needs no database server running."""
+    named = os.environ.get("GPUQUOTA_TEST_PG_URL")
+    if named:
+        yield named
+        return
+    with throwaway_server() as url:
+        yield url
 
 
 class PgSchemas:
