@@ -20,6 +20,8 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
+from dashboards.modernize import modernize
+
 HERE = Path(__file__).resolve().parent
 SUFFIX = ".dashboard.py"
 
@@ -46,8 +48,10 @@ def load(source: Path) -> Dashboard:
 
 
 def render(dashboard: Dashboard) -> str:
+    """The dashboard's JSON in the current Grafana schema (see dashboards/modernize.py)."""
+    legacy = json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder))
     out = io.StringIO()
-    json.dump(dashboard.to_json_data(), out, sort_keys=True, indent=2, cls=DashboardEncoder)
+    json.dump(modernize(legacy), out, sort_keys=True, indent=2)
     out.write("\n")
     return out.getvalue()
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from dashboards import generate
 from dashboards.known_metrics import known_metric_names
 from dashboards.promql import metric_names
+from tests.dashboards import grafana_schema
 
 PROMTOOL = shutil.which("promtool")
 # Grafana's variables, given values so promtool can parse the expressions.
@@ -102,3 +105,51 @@ def test_every_query_is_valid_promql(tmp_path: Path) -> None:
 )
 def test_metric_names_in_promql(expr: str, names: set[str]) -> None:
     assert metric_names(expr) == names
+
+
+# --- Grafana's own schema ----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def grafana() -> dict[str, Any]:
+    return grafana_schema.load()
+
+
+def test_every_dashboard_matches_grafanas_published_schema(grafana: dict[str, Any]) -> None:
+    boards = {path.name: json.loads(text) for path, text in generate.rendered().items()}
+    assert boards
+    for name, board in boards.items():
+        assert grafana_schema.problems(board, grafana) == [], (
+            f"{name} (@grafana/schema {grafana['package']})"
+        )
+        assert any(True for _ in grafana_schema.panels(board)), f"{name} has no panels"
+
+
+def _first(board: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(p for p in grafana_schema.panels(board) if p["type"] == kind)
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        (lambda b: b.update(rows=[]), "'rows' was unexpected"),
+        (lambda b: b.update(graphTooltip=7), "7 is not one of"),
+        (lambda b: _first(b, "stat").update(datasource="${datasource}"), "is not of type 'object'"),
+        (lambda b: _first(b, "stat").update(span=6), "'span' was unexpected"),
+        (lambda b: _first(b, "timeseries")["gridPos"].update(w="12"), "'12' is not of type 'number'"),
+        (lambda b: _first(b, "timeseries").update(type="graph"), "no panel plugin 'graph'"),
+        (lambda b: _first(b, "timeseries")["options"]["legend"].pop("showLegend"), "'showLegend' is a required"),
+        (lambda b: _first(b, "stat")["options"].update(colorMode="rainbow"), "'rainbow' is not one of"),
+        (lambda b: _first(b, "table")["fieldConfig"]["defaults"]["custom"].update(inspect="yes"), "'yes' is not of type 'boolean'"),
+        (lambda b: _first(b, "row").update(targets=[]), "'targets' was unexpected"),
+        (lambda b: b["templating"]["list"][1].update(useTags=False), "'useTags' was unexpected"),
+    ],
+)  # fmt: skip
+def test_schema_check_finds_what_grafana_rejects(
+    grafana: dict[str, Any], damage: Callable[[dict[str, Any]], object], needle: str
+) -> None:
+    board = json.loads((generate.HERE / "gpu-node.json").read_text())
+    assert grafana_schema.problems(board, grafana) == []
+    damage(board)
+    found = grafana_schema.problems(board, grafana)
+    assert any(needle in problem for problem in found), found
