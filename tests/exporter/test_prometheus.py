@@ -3,93 +3,27 @@ read back through Prometheus's HTTP API must be what the stand-in was set to."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import time
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from sim.harness import stop_process
 from sim.nvml.control import SimNode
-from tests.exporter.procs import Exporter, free_port
-
-PROMETHEUS = "/usr/bin/prometheus"
+from tests.exporter.procs import Exporter
+from tests.prometheus import Prometheus, running
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
 
 
-class Prometheus:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
-        self.proc = proc
-        self.url = f"http://127.0.0.1:{port}"
-
-    def query(self, promql: str) -> list[dict[str, Any]]:
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-        assert body["status"] == "success", body
-        return list(body["data"]["result"])
-
-    def wait_for(self, promql: str, check: Callable[[list[dict[str, Any]]], bool]) -> list:
-        deadline = time.monotonic() + 20
-        result: list[dict[str, Any]] = []
-        while time.monotonic() < deadline:
-            result = self.query(promql)
-            if check(result):
-                return result
-            time.sleep(0.2)
-        raise AssertionError(f"{promql}: never satisfied; last result {result}")
-
-
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[[int], Prometheus]]:
-    if not Path(PROMETHEUS).exists() and shutil.which("prometheus") is None:
-        pytest.skip(f"{PROMETHEUS} not installed (Debian: apt-get install prometheus)")
-    binary = PROMETHEUS if Path(PROMETHEUS).exists() else str(shutil.which("prometheus"))
-    started: list[Prometheus] = []
+    with ExitStack() as stack:
 
-    def start(target_port: int) -> Prometheus:
-        config = tmp_path / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-            "scrape_configs:\n  - job_name: gpu\n    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{target_port}']\n"
-        )
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                binary,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        server = Prometheus(proc, port)
-        started.append(server)
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"prometheus exited: {proc.communicate()[1].decode()[-2000:]}")
-            try:
-                with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
-                    if response.status == 200:
-                        return server
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "prometheus never became ready"
-            time.sleep(0.1)
+        def start(target_port: int) -> Prometheus:
+            return stack.enter_context(running(tmp_path, {"gpu": [target_port]}))
 
-    yield start
-    for server in started:
-        stop_process(server.proc, timeout=15)
+        yield start
 
 
 def test_prometheus_reads_what_the_stand_in_was_set_to(

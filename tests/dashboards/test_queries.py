@@ -1,0 +1,258 @@
+"""Every dashboard query returns data from a real Prometheus scraping our programs.
+
+A real Prometheus scrapes gpu-exporter (on an NVML stand-in node with pods from the kubelet
+stand-in, one GPU unhealthy, one degraded, one needing a reset, one throttled) and `gpuquota
+controller` (watching the kube-apiserver stand-in, whose watches are cut once and expired once).
+Then every template variable's query and every panel target of every generated dashboard runs
+against it, with Grafana's variables filled in the way Grafana fills them: the test walks the
+dashboards' JSON, so a panel added later is checked without touching this file. A query that
+returns nothing here is a panel that would stay empty on a real cluster in the same state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dashboards import generate
+from sim.apiserver import ApiServer
+from sim.harness import stop_process, wait_for
+from sim.kubelet.podresources import Assignment, PodResourcesServer
+from sim.nvml.control import SimNode
+from tests.accounting import objects
+from tests.dashboards.grafana_schema import panels
+from tests.exporter.procs import free_port
+from tests.prometheus import Prometheus, running
+
+pytestmark = [pytest.mark.prometheus, pytest.mark.slow]
+
+BIN = Path(sys.executable).parent
+GPU = "nvidia.com/gpu"
+# Grafana's built-in variables, as Grafana sets them for a 1-hour view scraped every second.
+BUILTINS = {
+    "__rate_interval": "15s",
+    "__interval": "1s",
+    "__range_s": "3600",
+    "__range": "1h",
+}
+VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+
+
+@dataclass(frozen=True)
+class Query:
+    dashboard: str
+    panel: str
+    ref: str
+    expr: str
+
+    def __str__(self) -> str:
+        return f"{self.dashboard}: {self.panel} {self.ref}"
+
+
+def dashboards() -> dict[str, dict[str, Any]]:
+    return {path.name: json.loads(text) for path, text in generate.rendered().items()}
+
+
+def panel_queries() -> list[Query]:
+    return [
+        Query(name, panel.get("title", "?"), target.get("refId", "?"), target["expr"])
+        for name, board in dashboards().items()
+        for panel in panels(board)
+        for target in panel.get("targets", [])
+        if target.get("expr") and not target.get("hide")
+    ]
+
+
+def fill(expr: str, values: dict[str, str]) -> str:
+    """Grafana's interpolation: $name, ${name} and ${name:format} (regex format for PromQL)."""
+
+    def one(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in values, f"{expr}: ${name} is neither a dashboard variable nor a built-in"
+        return values[name]
+
+    return VARIABLE.sub(one, expr)
+
+
+def as_regex(options: list[str]) -> str:
+    """A multi-value variable set to All (no allValue): Grafana's (a|b|c), regex-escaped."""
+    escaped = [re.escape(v).replace("\\", "\\\\") for v in options]
+    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
+
+
+def variable_options(prom: Prometheus, query: str) -> list[str]:
+    """What a Prometheus query variable offers: label_values(...) or query_result(...)."""
+    call = re.fullmatch(r"\s*label_values\((.*)\)\s*", query, re.S)
+    if call:
+        selector, _, label = call.group(1).rpartition(",")
+        params = {"match[]": selector.strip()} if selector.strip() else {}
+        return sorted(prom.api(f"label/{label.strip()}/values", **params))
+    result = re.fullmatch(r"\s*query_result\((.*)\)\s*", query, re.S)
+    expr = result.group(1) if result else query
+    return [json.dumps(series["metric"]) for series in prom.query(expr)]
+
+
+def resolve_variables(prom: Prometheus, board: dict[str, Any]) -> dict[str, list[str]]:
+    """Each variable's options, in dashboard order (a variable may use the ones before it)."""
+    resolved: dict[str, list[str]] = {}
+    for variable in board.get("templating", {}).get("list", []):
+        kind, name = variable.get("type"), variable["name"]
+        if kind == "datasource":
+            continue
+        if kind == "query":
+            query = variable["query"]
+            query = query["query"] if isinstance(query, dict) else query
+            resolved[name] = variable_options(prom, fill(query, values_of(resolved)))
+        elif kind in ("custom", "constant", "interval", "textbox"):
+            resolved[name] = [v.strip() for v in str(variable.get("query", "")).split(",")]
+    return resolved
+
+
+def values_of(resolved: dict[str, list[str]]) -> dict[str, str]:
+    return {
+        **BUILTINS,
+        "datasource": "prometheus",
+        **{name: as_regex(options) for name, options in resolved.items() if options},
+    }
+
+
+# --- the scene: node, cluster, programs, Prometheus ---------------------------------------------
+
+
+def _get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    work = tmp_path_factory.mktemp("scene")
+    with ExitStack() as stack:
+        node = SimNode.create(work / "node.state", "h100x8")
+        stack.callback(node.close)
+        for i in range(node.gpu_count):
+            node.set(i, gpu_utilization_ratio=0.1 * i, power_watts=120.0 + 40 * i)
+        uuids = [node.uuid(i) for i in range(node.gpu_count)]
+        pods = [
+            Assignment("team-a", "train-0", "main", GPU, tuple(uuids[0:4])),
+            Assignment("team-b", "serve-0", "main", GPU, (uuids[4],)),
+        ]
+        kubelet = PodResourcesServer(work / "pod-resources.sock", pods).start()
+        stack.callback(kubelet.stop)
+        node.set(4, clock_event_reasons=0x4)  # SW power cap: a throttled GPU
+
+        exporter_port = free_port()
+        exporter = subprocess.Popen(
+            [
+                str(BIN / "gpu-exporter"),
+                f"--listen=127.0.0.1:{exporter_port}",
+                "--interval=1s",
+                f"--pod-resources-socket={work / 'pod-resources.sock'}",
+                "--health-quiet-period=1h",
+            ],
+            env={**_env(), **node.env()},
+            stdout=(work / "exporter.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        stack.callback(stop_process, exporter)
+        metrics = f"http://127.0.0.1:{exporter_port}/metrics"
+        wait_for(lambda: "gpu_pod_info{" in (_get(metrics) or ""), 20, "pod attribution")
+        node.inject_xid(1, 79)  # fell off the bus: unhealthy
+        node.inject_xid(2, 13)  # graphics engine exception: degraded
+        node.set_reset_required(3)
+
+        api = ApiServer().start()
+        stack.callback(api.stop)
+        api.apply("ADDED", objects.node("gpu-1"))
+        started = int(time.time()) - 60
+        for team, gpus, hard in (("team-a", 4, 4), ("team-b", 1, 8)):
+            api.apply("ADDED", objects.namespace(team))
+            api.apply("ADDED", objects.quota(team, hard=hard, used=gpus))
+            pod = objects.pod(f"uid-{team}", "p", team, gpus=gpus, created=started, start=started)
+            api.apply("ADDED", pod)
+        controller_port = free_port()
+        controller = subprocess.Popen(
+            [
+                str(BIN / "gpuquota"),
+                "controller",
+                f"--kubeconfig={api.write_kubeconfig(work / 'kubeconfig')}",
+                f"--db=sqlite:///{work / 'gpuquota.db'}",
+                "--cluster=dashboards",
+                "--migrate",
+                f"--metrics-port={controller_port}",
+                "--metrics-address=127.0.0.1",
+                "--flush-interval=500ms",
+            ],
+            env=_env(),
+            stdout=(work / "controller.log").open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        stack.callback(stop_process, controller)
+        controller_metrics = f"http://127.0.0.1:{controller_port}/metrics"
+        wait_for(
+            lambda: "gpuquota_controller_synced 1.0" in (_get(controller_metrics) or ""),
+            30,
+            "the controller to sync",
+        )
+        api.cut_watches()  # a watch restart
+        wait_for(lambda: "gpuquota_controller_synced 1.0" in (_get(controller_metrics) or ""), 30)
+        api.force_gone()  # history compacted: a relist
+        prom = stack.enter_context(
+            running(work, {"gpu": [exporter_port], "gpuquota": [controller_port]})
+        )
+        prom.wait_for("count(up == 1) == 2", bool)
+        # a few scrapes, so rates and increases have two samples in their window
+        prom.wait_for("count_over_time(up[1m]) >= 4", lambda r: len(r) == 2)
+        yield prom
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+
+
+QUERIES = panel_queries()
+
+
+def test_every_dashboard_has_queries_to_check() -> None:
+    assert {q.dashboard for q in QUERIES} == set(dashboards())
+
+
+def test_every_template_variable_offers_values(scene: Prometheus) -> None:
+    for name, board in dashboards().items():
+        resolved = resolve_variables(scene, board)
+        assert resolved, f"{name} has no query variables"
+        empty = [variable for variable, options in resolved.items() if not options]
+        assert not empty, f"{name}: variables {empty} offer nothing"
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=str)
+def test_every_panel_query_returns_data(scene: Prometheus, query: Query) -> None:
+    values = values_of(resolve_variables(scene, dashboards()[query.dashboard]))
+    expr = fill(query.expr, values)
+    result = scene.wait_for(expr, bool)  # changes reach Prometheus a scrape later
+    assert result, f"{query}: {expr} returned no data"
+
+
+def test_variables_are_filled_the_way_grafana_fills_them() -> None:
+    values = values_of({"node": ["10.0.0.1:9400", "10.0.0.2:9400"], "gpu": ["0"]})
+    assert fill('x{instance=~"$node", gpu=~"${gpu}"}[$__rate_interval]', values) == (
+        'x{instance=~"(10\\\\.0\\\\.0\\\\.1:9400|10\\\\.0\\\\.0\\\\.2:9400)", gpu=~"0"}[15s]'
+    )
+    assert fill("a[$__range] * $__range_s", values) == "a[1h] * 3600"
+    with pytest.raises(AssertionError, match=r"\$nodes is neither"):
+        fill("x{instance=~'$nodes'}", values)
