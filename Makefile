@@ -37,6 +37,13 @@ unit: debian-packages $(BIN)/.installed $(SIMLIB)
 
 test: debian-packages lint typecheck unit
 
+# The container image, built without a Docker daemon (buildah, a Debian base from mmdebstrap)
+# and smoke-run with podman as non-root on a read-only root filesystem; see tools/image.
+image: $(BIN)/.installed $(SIMLIB)
+	@tools/debian-packages buildah podman mmdebstrap runc curl
+	tools/image build
+	tools/image smoke
+
 docs: $(BIN)/.installed
 	$(BIN)/python -m exporter.metrics_doc --write docs/metrics.md
 
