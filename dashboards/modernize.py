@@ -64,7 +64,8 @@ def _panel(panel: dict[str, Any]) -> dict[str, Any]:
     if isinstance(legend, dict):
         legend.setdefault("showLegend", legend.get("displayMode") != "hidden")
     if out.get("type") == "table":
-        custom = defaults.setdefault("custom", {})
+        field_config = out.setdefault("fieldConfig", {})
+        custom = field_config.setdefault("defaults", {}).setdefault("custom", {})
         custom.setdefault("cellOptions", {"type": "auto"})
     return out
 
