@@ -10,7 +10,6 @@
 "use strict";
 const fs = require("fs");
 const path = require("path");
-const { pathToFileURL } = require("url");
 
 const [modules, output] = process.argv.slice(2);
 const { createGenerator } = require(path.join(modules, "ts-json-schema-generator"));
@@ -30,10 +29,11 @@ function schemaOf(file, type) {
 }
 
 // { InterfaceName: [fields with a default] } from a module's `default<InterfaceName>` exports
-async function defaultsOf(mjs) {
+// (the package's CommonJS build: its ES modules import chunks that Node 18 cannot load)
+function defaultsOf(cjs) {
   const found = {};
-  if (!fs.existsSync(mjs)) return found;
-  for (const [name, value] of Object.entries(await import(pathToFileURL(mjs)))) {
+  if (!fs.existsSync(cjs)) return found;
+  for (const [name, value] of Object.entries(require(cjs))) {
     if (name.startsWith("default") && value && typeof value === "object") {
       found[name.slice("default".length)] = Object.keys(value);
     }
@@ -68,10 +68,10 @@ function exportsInterface(file, name) {
   return new RegExp(`export interface ${name}\\b`).test(fs.readFileSync(file, "utf8"));
 }
 
-async function main() {
+function main() {
 const common = {
-  ...(await defaultsOf(path.join(dist, "esm", "common", "common.gen.mjs"))),
-  ...(await defaultsOf(path.join(dist, "esm", "raw", "dashboard", "x", "types.gen.mjs"))),
+  ...defaultsOf(path.join(dist, "cjs", "common", "common.gen.cjs")),
+  ...defaultsOf(path.join(dist, "cjs", "raw", "dashboard", "x", "types.gen.cjs")),
 };
 const result = {
   package: require(path.join(modules, "@grafana", "schema", "package.json")).version,
@@ -86,9 +86,9 @@ for (const plugin of fs.readdirSync(composable).sort()) {
   const panel = {};
   for (const [key, type] of [["options", "Options"], ["fieldConfig", "FieldConfig"]]) {
     if (!exportsInterface(file, type)) continue;
-    const own = path.join(dist, "esm", "raw", "composable", plugin, "panelcfg", "x", "types.gen.mjs");
+    const own = path.join(dist, "cjs", "raw", "composable", plugin, "panelcfg", "x", "types.gen.cjs");
     try {
-      const defaults = { ...common, ...(await defaultsOf(own)) };
+      const defaults = { ...common, ...defaultsOf(own) };
       defaults[type] = mergedDefaults(defaults, withBases(file, type));
       panel[key] = relax(schemaOf(file, type), defaults, type);
     } catch (error) {
@@ -102,7 +102,4 @@ for (const plugin of fs.readdirSync(composable).sort()) {
 fs.writeFileSync(output, JSON.stringify(result, null, 1));
 }
 
-main().catch((error) => {
-  console.error(error);
-  process.exit(1);
-});
+main();
