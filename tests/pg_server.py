@@ -8,7 +8,9 @@ PostgreSQL refuses to run as root, and CI runs as root. As root the server's pg_
 therefore run through a two-line wrapper that drops to an unprivileged account with util-linux's
 ``setpriv`` (always present on Debian, unlike sudo): ``postgres`` when Debian's postgresql-common
 created it, else ``nobody``. The data directory, socket and log live in a private folder under
-/tmp owned by that account (pytest's own temporary folders are root-only, mode 0700).
+/tmp owned by that account (pytest's own temporary folders are root-only, mode 0700, which is
+why this uses pytest-postgresql's executor rather than its ``postgresql_proc`` fixture factory,
+whose data directory lives there).
 """
 
 from __future__ import annotations
