@@ -1,5 +1,6 @@
-"""`gpuquota report`: arguments, wiring and error handling (exit 2 on bad input, nothing on
-stdout unless the whole report was computed)."""
+"""`gpuquota report`: parse the flags into a ReportRequest, open the store, build the report
+(quota/report/build.py) and render it (exit 2 on bad input, nothing on stdout unless the
+whole report was computed)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
 from quota.options import add_db_option
-from quota.report import compute, period, query, ratecard, render
+from quota.report import period, query, ratecard, render
+from quota.report.build import ReportError, ReportRequest, build_report, first_line
 from quota.store.db import Store, StoreError, open_store, safe_url
 
 EPILOG = """\
@@ -57,10 +59,6 @@ exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted 
 malformed rate card, unreachable database or Prometheus), with one line on stderr and
 nothing on stdout.
 """
-
-
-class ReportError(Exception):
-    """Bad input or an unreachable dependency: one line for stderr, exit 2."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -117,9 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--top",
         type=int,
-        default=0,
         metavar="N",
-        help="show the N largest groups and fold the rest into (other)",
+        help="show the N largest groups (N >= 1) and fold the rest into (other); default: all",
     )
     what.add_argument(
         "--prometheus",
@@ -177,8 +174,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(args: argparse.Namespace) -> tuple[str, list[str]]:
-    """The whole report as text (and notes for stderr); raises ReportError on bad input."""
+def request_of(args: argparse.Namespace) -> ReportRequest:
+    """The parsed and checked flags as a ReportRequest; ReportError on bad input."""
     try:
         now = int(time.time())
         if args.now is not None:
@@ -194,18 +191,46 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     except period.PeriodError as exc:
         raise ReportError(str(exc)) from exc
     keys = parse_keys(args.by)
-    if args.top < 0:
-        raise ReportError("--top: must be a positive number of groups")
+    if args.top is not None and args.top < 1:
+        raise ReportError(f"--top: {args.top} groups: give at least 1 (leave --top out for all)")
     if args.chart is not None and args.chart.suffix.lower() not in (".png", ".svg"):
         raise ReportError(f"--chart: {args.chart} must end in .png or .svg")
-    if args.prometheus and keys != ["namespace"]:
-        raise ReportError("--prometheus: utilisation is reported per namespace; use --by namespace")
+    if args.prometheus:
+        if keys != ["namespace"]:
+            raise ReportError(
+                "--prometheus: utilisation is reported per namespace; use --by namespace"
+            )
+        from quota.report import prometheus
+
+        try:
+            prometheus.check_url(args.prometheus)
+        except prometheus.PrometheusError as exc:
+            raise ReportError(str(exc)) from exc
+    if args.cluster is not None and not args.cluster.strip():
+        raise ReportError("--cluster: the cluster name is empty")
     card = None
     if args.rate_card is not None:
         try:
             card = ratecard.load(args.rate_card)
         except ratecard.RateCardError as exc:
             raise ReportError(f"rate card {exc}") from exc
+    return ReportRequest(
+        window=window,
+        now=now,
+        keys=tuple(keys),
+        cluster=args.cluster,
+        card=card,
+        idle=args.idle,
+        spread_idle=args.spread_idle,
+        top=args.top,
+        chart_buckets=args.chart is not None,
+        prometheus=args.prometheus,
+    )
+
+
+def build(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The whole report as text (and notes for stderr); raises ReportError on bad input."""
+    request = request_of(args)
     chart_module: Any = None
     if args.chart is not None:
         from quota.report import chart
@@ -214,47 +239,9 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
             chart_module = chart.require()
         except chart.ChartUnavailableError as exc:
             raise ReportError(str(exc)) from exc
-    idle = args.idle or args.spread_idle is not None
-    buckets = period.buckets(window) if args.chart is not None else [window.start, window.end]
-    edges = compute.sub_windows(
-        window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
-    )
     with _Connect(args.db) as conn:
-        try:
-            scope = query.Scope.of(conn, args.cluster)
-            rows = query.usage(conn, keys, edges, now, scope=scope)
-            report = compute.aggregate(keys, rows, edges, card, buckets)
-            report.best_effort_pods = query.best_effort_pods(
-                conn, scope, window.start, window.end, now
-            )
-            if all(k in query.QUOTA_PLAIN_KEYS or k.startswith("label:") for k in keys) and (
-                "namespace" in keys or any(k.startswith("label:") for k in keys)
-            ):
-                span = max(min(window.end, now) - window.start, 0)
-                if span:
-                    compute.add_quota(
-                        report,
-                        query.quota(conn, keys, window.start, window.end, now, args.cluster),
-                        span,
-                    )
-            if idle:
-                alloc = query.usage(conn, ["model", "pool"], edges, now, scope=scope)
-                report.idle = compute.idle(
-                    query.capacity(conn, edges, now, args.cluster), alloc, edges, card
-                )
-        except SQLAlchemyError as exc:
-            raise ReportError(f"database query failed: {_first_line(exc)}") from exc
-    if args.prometheus:
-        from quota.report import prometheus
-
-        try:
-            busy = prometheus.busy_seconds(args.prometheus, window.start, min(window.end, now))
-        except prometheus.PrometheusError as exc:
-            raise ReportError(str(exc)) from exc
-        prometheus.attach(report, busy)
-    if args.spread_idle is not None:
-        compute.spread_idle(report, args.spread_idle)
-    compute.fold_top(report, args.top)
+        report = build_report(conn, request)
+    window = request.window
     if args.format == "csv":
         output, notes = render.render_csv(report), render.notes(report)
     elif args.format == "json":
@@ -300,7 +287,7 @@ class _Connect:
             raise ReportError(str(exc)) from exc
         except SQLAlchemyError as exc:
             raise ReportError(
-                f"cannot connect to database {safe_url(self.url)}: {_first_line(exc)}"
+                f"cannot connect to database {safe_url(self.url)}: {first_line(exc)}"
             ) from exc
         return self.conn
 
@@ -309,8 +296,3 @@ class _Connect:
             self.conn.close()
         if self.store is not None:
             self.store.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    message = str(getattr(exc, "orig", None) or exc).strip()
-    return message.splitlines()[0] if message else type(exc).__name__
