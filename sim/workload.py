@@ -280,8 +280,18 @@ class Workload:
     truth: Truth
 
     def lines(self) -> Iterator[str]:
+        """Replay lines: every event, then a bookmark at the end of the span, which tells
+        `gpuquota replay` the recording knew the cluster up to there (its heartbeat)."""
         for ev in self.events:
             yield ev.line()
+        yield json.dumps(
+            {
+                "type": "BOOKMARK",
+                "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {}},
+                "observedAt": rfc3339(self.end),
+            },
+            separators=(",", ":"),
+        )
 
     def kinds(self) -> set[str]:
         return {ev.object["kind"] for ev in self.events}

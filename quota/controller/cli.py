@@ -21,12 +21,19 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from gpuquota.durations import duration_flag, whole_seconds_flag
+from quota.accounting import AccountingConfig
 from quota.controller import kube as kubeapi
 from quota.controller.leader import LeaseSettings, check, elect
 from quota.controller.loop import Controller, Settings, StartupError
 from quota.controller.metrics import ControllerMetrics
 from quota.engine import Accountant
-from quota.options import add_cluster_option, add_db_option
+from quota.options import (
+    add_cluster_option,
+    add_db_option,
+    add_node_pool_option,
+    node_pool_labels,
+    port_number,
+)
 from quota.store.db import StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -95,7 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=9402,
         help="Prometheus metrics port; 0 turns them off (9402)",
     )
@@ -124,6 +131,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up when the API server cannot be listed for this long (30s)",
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
+    add_node_pool_option(parser)
 
 
 def _fail(message: str) -> int:
@@ -156,6 +164,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(
             "--flush-interval, --flush-every, --read-timeout and --page-size must be positive"
         )
+    try:
+        config = AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
+    except ValueError as exc:
+        return _fail(str(exc))
     lease = LeaseSettings(
         args.lease_name,
         args.lease_namespace,
@@ -192,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     def lead() -> None:
         try:
             metrics.leader.set(1)
-            accountant = Accountant(store, args.cluster, holder=args.identity)
+            accountant = Accountant(store, args.cluster, config, holder=args.identity)
             controller = Controller(kube, accountant, metrics, settings)
             current.append(controller)
             if stopping.is_set():

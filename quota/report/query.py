@@ -618,9 +618,8 @@ def _quota_query(
     dur = clipped(start, end, t(lo), t(hi))
     used = func.coalesce(s.c.used, 0)
     hard = func.coalesce(s.c.hard, 0)
-    key_columns = [getattr(s.c, k) for k in plain] + (
-        [nl.labels[k].as_string() for k in label_keys] if label_keys else []
-    )
+    # the very label expressions grouped by (PostgreSQL matches them with their parameters)
+    key_columns = [getattr(s.c, k) for k in plain] + group[-1 - len(label_keys) : -1]
     stmt = select(
         *key_columns,
         quota_name,

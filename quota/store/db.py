@@ -235,8 +235,32 @@ def _describe(exc: BaseException) -> str:
     return " ".join(str(orig).split()) or type(orig).__name__
 
 
+def _missing_file(url: str) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist (opening it would create it)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"invalid database URL {url!r}") from None
+    path = parsed.database or ""
+    in_file = parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:")
+    return in_file and not path.startswith("file:") and not Path(path).exists()
+
+
+def _require_existing_file(url: str) -> None:
+    """A SQLite file that does not exist: StoreError, for opening it would create an empty one
+    (only `gpuquota db upgrade` creates a store)."""
+    if _missing_file(url):
+        path = make_url(url).database
+        raise StoreError(
+            f"database {safe_url(url)}: file {path} does not exist "
+            "(create it with `gpuquota db upgrade`)"
+        )
+
+
 @contextmanager
-def _connected(url: str) -> Iterator[Connection]:
+def _connected(url: str, *, create: bool = False) -> Iterator[Connection]:
+    if not create:
+        _require_existing_file(url)
     engine = _engine(url)
     try:
         try:
@@ -251,11 +275,27 @@ def _connected(url: str) -> Iterator[Connection]:
         engine.dispose()
 
 
+def _check_revision(revision: str) -> None:
+    """StoreError naming the known revisions when ``revision`` is none of them."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    if revision in ("head", "base") or revision.startswith(("+", "-")):
+        return
+    script = ScriptDirectory.from_config(_alembic_config())
+    try:
+        script.get_revisions(revision)
+    except CommandError as exc:
+        known = ", ".join(sorted(r.revision for r in script.walk_revisions()))
+        raise StoreError(f"revision {revision!r}: {exc} (known: head, base, {known})") from None
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` to ``revision`` (default: the latest)."""
     from alembic import command
 
-    with _connected(url) as connection:
+    _check_revision(revision)
+    with _connected(url, create=True) as connection:
         try:
             command.upgrade(_alembic_config(connection), revision)
             connection.commit()
@@ -267,6 +307,7 @@ def downgrade(url: str, revision: str) -> None:
     """Migrate the database at ``url`` back to ``revision`` ("base" removes every table)."""
     from alembic import command
 
+    _check_revision(revision)
     with _connected(url) as connection:
         try:
             command.downgrade(_alembic_config(connection), revision)
@@ -279,6 +320,8 @@ def current(url: str) -> str | None:
     """The database's schema revision, None for an empty database."""
     from alembic.runtime.migration import MigrationContext
 
+    if _missing_file(url):
+        return None  # as empty as it gets, and left uncreated
     with _connected(url) as connection:
         return MigrationContext.configure(connection).get_current_revision()
 

@@ -88,7 +88,15 @@ def test_replay_then_replay_again_changes_nothing(
 ) -> None:
     stream = write_lines(tmp_path / "events.jsonl", events())
     done = gpuquota(
-        "replay", str(stream), "--db", empty_db_url, "--cluster", "prod", "--flush-every", "2"
+        "replay",
+        str(stream),
+        "--db",
+        empty_db_url,
+        "--migrate",
+        "--cluster",
+        "prod",
+        "--flush-every",
+        "2",
     )
     assert done.returncode == 0, done.stderr
     assert "replayed 8 events" in done.stdout
@@ -131,7 +139,9 @@ def test_replay_reads_kubectl_list_and_pretty_printed_watch_output(
     )
     stream = tmp_path / "watch.json"
     stream.write_text(pretty)
-    code, _, err = cli(capsys, "replay", str(stream), "--db", empty_db_url, "--cluster", "k")
+    code, _, err = cli(
+        capsys, "replay", str(stream), "--db", empty_db_url, "--migrate", "--cluster", "k"
+    )
     assert code == 0, err
     with db.open_store(empty_db_url) as store:
         allocs = rows.allocations(store, "k")
@@ -219,7 +229,7 @@ def test_replay_from_stdin(
     url = f"sqlite:///{tmp_path / 's.db'}"
     text = "".join(json.dumps(e) + "\n" for e in events())
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))
-    code, _, err = cli(capsys, "replay", "-", "--db", url)
+    code, _, err = cli(capsys, "replay", "-", "--db", url, "--migrate")
     assert code == 0, err
     with db.open_store(url) as store:
         assert len(rows.allocations(store, "default")) == 2
@@ -255,7 +265,8 @@ def test_replay_killed_mid_way_then_rerun_matches_a_clean_run(
     workload = generate(5, 3.0, pods_per_hour=120)
     stream = tmp_path / "w.jsonl"
     stream.write_text("".join(line + "\n" for line in workload.lines()))
-    replay = [GPUQUOTA, "replay", str(stream), "--db", empty_db_url, "--flush-every", "20"]
+    replay = [GPUQUOTA, "replay", str(stream), "--db", empty_db_url, "--migrate"]
+    replay += ["--flush-every", "20"]
     victim = subprocess.Popen(
         [*replay, "--cluster", "k"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
