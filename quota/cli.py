@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpuquota.commandline import OneLineParser, add_version
 from quota.accounting import AccountingError
 from quota.store.db import StoreError
 
@@ -25,12 +26,30 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
 ]
 
 EXIT_ERROR = 2
+EXIT_UNEXPECTED = 1
+
+EXAMPLES = """\
+examples:
+  gpuquota db upgrade --db sqlite:///gpuquota.db
+  gpuquota controller --kubeconfig ~/.kube/config --cluster prod
+  gpuquota replay events.jsonl --cluster prod
+  gpuquota report --month 2026-10 --rate-card ratecard.yaml
+  gpuquota COMMAND --help
+
+durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds, in every flag.
+exit status: 0 on success; 2 on bad input or a store/API that cannot be used, with one line
+on stderr (`gpuquota COMMAND: error: ...`); see each command's --help.
+"""
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
-    parser = argparse.ArgumentParser(
-        prog="gpuquota", description="GPU quota accounting and chargeback for Kubernetes."
+    parser = OneLineParser(
+        prog="gpuquota",
+        description="GPU quota accounting and chargeback for Kubernetes.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     modules: dict[str, ModuleType] = {}
@@ -58,6 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # never a traceback for a user, unless asked for (-v)
+        if args.verbose:
+            raise
+        print(
+            f"gpuquota {args.command}: error: unexpected {type(exc).__name__}: {exc} "
+            "(run with -v for details, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_UNEXPECTED
     return code
 
 

@@ -42,7 +42,22 @@ EXIT_ERROR = 2
 EXIT_LOST_LEASE = 1
 
 
+EXAMPLES = """\
+examples:
+  gpuquota controller --kubeconfig ~/.kube/config --db sqlite:///gpuquota.db --migrate
+  gpuquota controller --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod-eu1 \\
+      --lease-name gpuquota-controller --lease-namespace gpuquota
+  gpuquota controller --flush-interval 10s --read-timeout 2m --node-pool-label node-pool
+
+durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
+exit status: 0 after SIGTERM/SIGINT (pending rows written first); 1 when the Lease was lost;
+2 on bad input or an API server or database unreachable at start; one line on stderr.
+"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",

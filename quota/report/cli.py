@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from gpuquota.durations import duration_flag
 from quota.options import add_db_option
 from quota.report import period, query, ratecard, render
 from quota.report.build import ReportError, ReportRequest, build_report, first_line
@@ -24,9 +25,11 @@ EPILOG = """\
 period (half-open [start, end); default: this month so far; --tz zone, default UTC):
   --month 2026-10                    a calendar month, midnight to midnight in --tz
   --from 2026-10-01 --to 2026-10-08  dates are midnight in --tz; RFC 3339 times also work
-  --last 7d                          the last 7 days up to now (s, m, h, d, w)
+  --last 7d                          the last 7 days up to now (ms, s, m, h, d, w, combined
+                                     as in 1h30m, or a bare number of seconds)
   Intervals are split pro rata at the window's edges; running allocations count up to the
-  end of the window or now, whichever is earlier.
+  end of the window, now, or where the cluster's data ends (the controller's last heartbeat
+  or a replay's last event), whichever is earliest; the report notes where the data ends.
 
 group keys (--by, comma-separated or repeated; default namespace):
   namespace, model, node, pool (node pool), cluster, owner (Kind/name), resource
@@ -40,10 +43,13 @@ columns:
   cost              physical GPU-hours x the rate in force when it happened (--rate-card)
   share %           share of the physical GPU-hours of all groups
   est. GPU-h        raw GPU-hours of intervals closed by estimate (controller downtime)
-  quota ...         time-weighted average used and hard, peak used, and GPU-hours of quota
-                    left unused (hard - used), from quota history (--by namespace)
   idle GPU-h        with --spread-idle: the fleet's idle GPU-hours shared among groups
   util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation
+  quota section     per group, quota and resource (each in its own units: whole GPUs, MIG
+                    slices and shared replicas are never added up): time-weighted average
+                    used and hard, peak used and hard, unused unit-hours (hard - used) and
+                    the share of the period with quota samples; with --by namespace or a
+                    namespace label
   Totals add up exactly: figures stay exact until display and each column is rounded so
   the rows shown sum to the total shown.
 
@@ -55,9 +61,14 @@ examples:
   gpuquota report --month 2026-10 --prometheus http://prometheus:9090 --chart usage.svg
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
 
+missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
+without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
+says how much of the allocated time Prometheus covers, and util % is over that part only.
+
 exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted period,
-malformed rate card, unreachable database or Prometheus), with one line on stderr and
-nothing on stdout.
+malformed rate card, unreachable database or Prometheus) and when nothing matches (a cluster
+the store does not know, listing the known ones; a period after now or after the data
+ends), with one line on stderr and nothing on stdout.
 """
 
 
@@ -79,7 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="end: date or RFC 3339 time (exclusive; default now)",
     )
     when.add_argument("--month", metavar="YYYY-MM", help="a calendar month in --tz")
-    when.add_argument("--last", metavar="DURATION", help="the last N s|m|h|d|w up to now, e.g. 7d")
+    when.add_argument(
+        "--last",
+        metavar="DURATION",
+        type=duration_flag(minimum=1),
+        help="the period up to now, e.g. 7d, 12h, 1h30m (durations as in every gpuquota flag)",
+    )
     when.add_argument(
         "--tz",
         default="UTC",
@@ -272,7 +288,11 @@ class _Connect:
         if parsed.get_backend_name() == "sqlite":
             # opening a missing SQLite file would create an empty one
             path = parsed.database
-            if path and path != ":memory:" and not Path(path).exists():
+            try:
+                missing = bool(path) and path != ":memory:" and not Path(path or "").exists()
+            except OSError as exc:
+                raise ReportError(f"database {safe_url(self.url)}: {exc.strerror}") from None
+            if missing:
                 raise ReportError(f"database {safe_url(self.url)}: file {path} does not exist")
         try:
             self.store = open_store(self.url)

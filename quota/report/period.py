@@ -39,7 +39,7 @@ _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 def parse_zone(name: str) -> tzinfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise PeriodError(f"--tz: unknown time zone {name!r}") from exc
 
 
@@ -101,7 +101,7 @@ def resolve(
     start: str | None = None,
     end: str | None = None,
     month: str | None = None,
-    last: str | None = None,
+    last: str | float | None = None,
 ) -> Period:
     """Resolve the period options; with none given, the current month up to now."""
     tz = parse_zone(tz_name)
@@ -113,7 +113,8 @@ def resolve(
     if month is not None:
         lo, hi = month_window(month, tz)
     elif last is not None:
-        lo, hi = now - parse_duration(last), now
+        seconds = parse_duration(last) if isinstance(last, str) else int(last)
+        lo, hi = now - seconds, now
     elif start is not None or end is not None:
         hi = parse_instant(end, tz, "--to") if end is not None else now
         if start is None:

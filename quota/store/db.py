@@ -217,7 +217,10 @@ def _engine(url: str) -> Engine:
     try:
         engine = create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ImportError) as exc:
-        raise StoreError(f"no driver for {safe_url(url)}: {exc}") from None
+        hint = ""
+        if parsed.get_backend_name() == "postgresql":
+            hint = ": install the PostgreSQL driver with pip install 'gpuquota[postgres]'"
+        raise StoreError(f"no driver for {safe_url(url)} ({exc}){hint}") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
 
         @event.listens_for(engine, "connect")
@@ -243,7 +246,10 @@ def _missing_file(url: str) -> bool:
         raise StoreError(f"invalid database URL {url!r}") from None
     path = parsed.database or ""
     in_file = parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:")
-    return in_file and not path.startswith("file:") and not Path(path).exists()
+    try:
+        return in_file and not path.startswith("file:") and not Path(path).exists()
+    except OSError as exc:
+        raise StoreError(f"database {safe_url(url)}: {exc.strerror or exc}") from None
 
 
 def _require_existing_file(url: str) -> None:
