@@ -193,7 +193,13 @@ def test_store_commands_run_with_hostile_values(
             assert "Traceback" not in err and "unexpected" not in err, (argv, err)
             if code:
                 assert len(err.strip().splitlines()) == 1, (argv, err)
-    for url in ("", "x", "sqlite:///" + "x" * 300, "postgresql+psycopg://u@127.0.0.1:1/x", "mysql://h/d"):
+    for url in (
+        "",
+        "x",
+        "sqlite:///" + "x" * 300,
+        "postgresql+psycopg://u@127.0.0.1:1/x",
+        "mysql://h/d",
+    ):
         code = gpuquota_cli.main([*command, *RUNNABLE[command], "--db", url])
         err = capsys.readouterr().err
         assert code == 2 and len(err.strip().splitlines()) == 1, (url, err)
