@@ -300,6 +300,20 @@ class Workload:
 # --- the simulation -------------------------------------------------------------------------
 
 
+def _written(obj: Obj, manager: str, subresource: str | None, at: int) -> None:
+    """Stamp a write the way the API server does: the manager's managedFields entry gets the
+    time (the quota controller's status updates are when a quota's used changed)."""
+    fields = obj["metadata"].setdefault("managedFields", [])
+    entry: Obj = {"manager": manager, "operation": "Update", "apiVersion": "v1"}
+    if subresource:
+        entry["subresource"] = subresource
+    entry["time"] = rfc3339(at)
+    entry["fieldsType"] = "FieldsV1"
+    entry["fieldsV1"] = {"f:status": {"f:used": {}}} if subresource else {"f:spec": {}}
+    kept = [e for e in fields if (e.get("manager"), e.get("subresource")) != (manager, subresource)]
+    obj["metadata"]["managedFields"] = [*kept, entry]
+
+
 @dataclass
 class _Pod:
     obj: Obj
@@ -454,6 +468,8 @@ class _Sim:
             "status": {"hard": dict(hard), "used": {k: "0" for k in hard}},
         }
         self.quotas[ns] = obj
+        _written(obj, "kubectl-client-side-apply", None, self.now)
+        _written(obj, "kube-controller-manager", "status", self.now)
         self.emit("ADDED", obj)
 
     def refresh_quota(self, ns: str) -> None:
@@ -476,6 +492,7 @@ class _Sim:
         }
         if new != quota["status"]["used"]:
             quota["status"]["used"] = new
+            _written(quota, "kube-controller-manager", "status", self.now)
             self.emit("MODIFIED", quota)
 
     # -- pods

@@ -278,7 +278,22 @@ def notes(report: Report) -> list[str]:
             f"{pods} pod(s) held GPUs while BestEffort, so NotBestEffort-scoped quotas did "
             f"not count them (give them cpu/memory requests): {where}"
         )
-    return out + quota_notes(report) + prometheus_notes(report)
+    return out + quota_notes(report) + prometheus_notes(report) + pool_notes(report)
+
+
+def pool_notes(report: Report) -> list[str]:
+    """A pool shown as (none) is a node without any of the labels the controller reads."""
+    unnamed = (
+        "pool" in report.keys
+        and any(g.keys[report.keys.index("pool")] is None and g.raw_seconds for g in report.groups)
+    ) or any(r.node_pool is None for r in report.idle or [])
+    if not unnamed:
+        return []
+    return [
+        "node pool (none): those nodes carried none of the node pool labels the controller "
+        "(or replay) was told to read; name yours with --node-pool-label or "
+        "GPUQUOTA_NODE_POOL_LABELS there (new intervals record it)"
+    ]
 
 
 def coverage_notes(report: Report) -> list[str]:
