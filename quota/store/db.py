@@ -337,6 +337,8 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
     revision first, else refuse a database that is not at it."""
     if migrate:
         upgrade(url)
+    else:
+        _require_existing_file(url)  # never leave an empty file behind
     revision = current(url)
     head = head_revision()
     if revision != head:
