@@ -15,7 +15,7 @@ from types import ModuleType
 
 from gpuquota.commandline import OneLineParser, add_version
 from quota.accounting import AccountingError
-from quota.store.db import StoreError
+from quota.store.db import StoreError, StoreUnavailableError
 
 # (subcommand, module, one-line help)
 SUBCOMMANDS: list[tuple[str, str, str]] = [
@@ -25,7 +25,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("report", "quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
 ]
 
-EXIT_ERROR = 2
+EXIT_ERROR = 2  # bad input: what the user can fix in the command or the files it names
+EXIT_UNAVAILABLE = 1  # the environment: a database or service that does not answer
 EXIT_UNEXPECTED = 1
 
 EXAMPLES = """\
@@ -37,8 +38,9 @@ examples:
   gpuquota COMMAND --help
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds, in every flag.
-exit status: 0 on success; 2 on bad input or a store/API that cannot be used, with one line
-on stderr (`gpuquota COMMAND: error: ...`); see each command's --help.
+exit status: 0 on success; 2 on bad input (flags, files, URLs, an unmigrated or missing
+store, nothing matching); 1 when the environment fails (a database, API server or Prometheus
+that does not answer); always one line on stderr; see each command's --help.
 """
 
 
@@ -72,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         code: int = modules[args.command].run(args)
+    except StoreUnavailableError as exc:
+        print(f"gpuquota: error: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except (StoreError, AccountingError) as exc:
         print(f"gpuquota: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -34,12 +34,13 @@ from quota.options import (
     node_pool_labels,
     port_number,
 )
-from quota.store.db import StoreError, open_store
+from quota.store.db import StoreError, StoreUnavailableError, open_store
 
 log = logging.getLogger(__name__)
 
 EXIT_ERROR = 2
 EXIT_LOST_LEASE = 1
+EXIT_UNAVAILABLE = 1  # the API server or the database does not answer
 
 
 EXAMPLES = """\
@@ -50,8 +51,10 @@ examples:
   gpuquota controller --flush-interval 10s --read-timeout 2m --node-pool-label node-pool
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
-exit status: 0 after SIGTERM/SIGINT (pending rows written first); 1 when the Lease was lost;
-2 on bad input or an API server or database unreachable at start; one line on stderr.
+exit status: 0 after SIGTERM/SIGINT (pending rows written first); 2 on bad input (flags,
+kubeconfig, database URL, an unmigrated store without --migrate); 1 when the environment
+fails: the API server or the database does not answer at start, or the Lease was lost.
+Always one line on stderr.
 """
 
 
@@ -149,9 +152,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_node_pool_option(parser)
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = EXIT_ERROR) -> int:
     print(f"gpuquota controller: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
+    return status
 
 
 def _reach(kube: kubeapi.Kube, timeout: float) -> str | None:
@@ -227,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             controller.run()
         except (StartupError, StoreError) as exc:
             outcome["error"] = str(exc)
+            outcome["unavailable"] = isinstance(exc, (StartupError, StoreUnavailableError))
         except BaseException as exc:
             outcome["error"] = f"{type(exc).__name__}: {exc}"
             log.exception("controller failed")
@@ -261,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         problem = _reach(kube, args.startup_timeout)
         if problem:
             store.close()
-            return _fail(problem)
+            return _fail(problem, EXIT_UNAVAILABLE)
         elect(lease, lead, lost)
     else:
         threading.Thread(target=lead, name="controller", daemon=True).start()
@@ -271,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
         c.stop()
     store.close()
     if "error" in outcome:
-        code = _fail(str(outcome["error"]))
+        code = _fail(
+            str(outcome["error"]), EXIT_UNAVAILABLE if outcome.get("unavailable") else EXIT_ERROR
+        )
     else:
         code = EXIT_LOST_LEASE if outcome.get("lost") else 0
     if args.lease_name:

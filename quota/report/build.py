@@ -24,7 +24,12 @@ from quota.report.ratecard import RateCard
 
 
 class ReportError(Exception):
-    """Bad input, no matching data, or an unreachable dependency: one line for stderr."""
+    """Bad input or no matching data (status 2), or a dependency that does not answer
+    (status 1): one line for stderr."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
                 query.capacity(conn, edges, now, request.cluster, scope), alloc, edges, card
             )
     except SQLAlchemyError as exc:
-        raise ReportError(f"database query failed: {first_line(exc)}") from exc
+        raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
     if request.prometheus:
         from quota.report import prometheus
 
@@ -96,7 +101,7 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
                 request.prometheus, window.start, min(window.end, now, known_end)
             )
         except prometheus.PrometheusError as exc:
-            raise ReportError(str(exc)) from exc
+            raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc
         prometheus.attach(report, measured)
         report.prometheus = request.prometheus
     if request.spread_idle is not None:

@@ -19,7 +19,7 @@ from gpuquota.durations import duration_flag
 from quota.options import add_db_option
 from quota.report import period, query, ratecard, render
 from quota.report.build import ReportError, ReportRequest, build_report, first_line
-from quota.store.db import Store, StoreError, open_store, safe_url
+from quota.store.db import Store, StoreError, StoreUnavailableError, open_store, safe_url
 
 EPILOG = """\
 period (half-open [start, end); default: this month so far; --tz zone, default UTC):
@@ -66,9 +66,10 @@ without quota samples, gets blank cells (null in JSON) and a note naming it; "me
 says how much of the allocated time Prometheus covers, and util % is over that part only.
 
 exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted period,
-malformed rate card, unreachable database or Prometheus) and when nothing matches (a cluster
-the store does not know, listing the known ones; a period after now or after the data
-ends), with one line on stderr and nothing on stdout.
+malformed rate card, an unmigrated or missing store, an answer that is not Prometheus's) and
+when nothing matches (a cluster the store does not know, listing the known ones; a period
+after now or after the data ends); 1 when the database or Prometheus does not answer.
+Always one line on stderr and nothing on stdout.
 """
 
 
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         output, stderr_notes = build(args)
     except ReportError as exc:
         print(f"gpuquota report: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.status
     sys.stdout.write(output)
     sys.stdout.flush()
     for note in stderr_notes:
@@ -303,11 +304,13 @@ class _Connect:
                 # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
                 self.conn.execute(text("SET jit = off"))
                 self.conn.execute(text("SET work_mem = '64MB'"))
+        except StoreUnavailableError as exc:
+            raise ReportError(str(exc), 1) from exc
         except StoreError as exc:
             raise ReportError(str(exc)) from exc
         except SQLAlchemyError as exc:
             raise ReportError(
-                f"cannot connect to database {safe_url(self.url)}: {first_line(exc)}"
+                f"cannot connect to database {safe_url(self.url)}: {first_line(exc)}", 1
             ) from exc
         return self.conn
 

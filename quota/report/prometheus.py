@@ -27,7 +27,12 @@ MAX_POINTS = 10_000
 
 
 class PrometheusError(Exception):
-    """Prometheus unreachable or the query failed: one line naming the problem."""
+    """Prometheus unreachable or the query failed: one line naming the problem.
+    ``unavailable``: it did not answer (or answered 5xx), as opposed to a wrong answer."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 def step_for(seconds: int) -> int:
@@ -119,10 +124,14 @@ def _get(url: str, base_url: str, timeout: float) -> dict[str, Any]:
             raw = response.read()
     except urllib.error.HTTPError as exc:
         detail = _error_detail(exc.read())
-        raise PrometheusError(f"Prometheus at {base_url}: HTTP {exc.code}: {detail}") from exc
+        raise PrometheusError(
+            f"Prometheus at {base_url}: HTTP {exc.code}: {detail}", unavailable=exc.code >= 500
+        ) from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise PrometheusError(f"cannot reach Prometheus at {base_url}: {reason}") from exc
+        raise PrometheusError(
+            f"cannot reach Prometheus at {base_url}: {reason}", unavailable=True
+        ) from exc
     try:
         doc = json.loads(raw)
     except ValueError as exc:

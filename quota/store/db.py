@@ -60,6 +60,11 @@ class StoreError(RuntimeError):
     """The database cannot be used (unreachable, wrong schema revision, bad URL): one line."""
 
 
+class StoreUnavailableError(StoreError):
+    """The database did not answer or failed a statement: the environment, not the input
+    (exit 1 by the command-line convention, where a bad URL or an unmigrated store is 2)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Rows the engine writes (one dataclass per table, without the surrogate id and cluster)
 
@@ -272,7 +277,7 @@ def _connected(url: str, *, create: bool = False) -> Iterator[Connection]:
         try:
             connection = engine.connect()
         except DBAPIError as exc:
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"cannot connect to database {safe_url(url)}: {_describe(exc)}"
             ) from None
         with connection:
@@ -390,7 +395,9 @@ class Store:
             with self.engine.begin() as conn:
                 self._write(conn, cluster, batch)
         except SQLAlchemyError as exc:
-            raise StoreError(f"write to {safe_url(self.url)} failed: {_describe(exc)}") from None
+            raise StoreUnavailableError(
+                f"write to {safe_url(self.url)} failed: {_describe(exc)}"
+            ) from None
 
     def _write(self, conn: Connection, cluster: str, batch: Batch) -> None:
         created = batch.observed_at
@@ -516,7 +523,9 @@ class Store:
             with self.engine.connect() as conn:
                 return self._load(conn, cluster)
         except SQLAlchemyError as exc:
-            raise StoreError(f"read from {safe_url(self.url)} failed: {_describe(exc)}") from None
+            raise StoreUnavailableError(
+                f"read from {safe_url(self.url)} failed: {_describe(exc)}"
+            ) from None
 
     def _load(self, conn: Connection, cluster: str) -> StoredState:
         def rows(cls: type[Any], stmt: Any) -> list[Any]:

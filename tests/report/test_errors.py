@@ -19,8 +19,10 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def assert_refused(result: Any, *needles: str) -> None:
-    assert result.rc == 2
+def assert_refused(result: Any, *needles: str, status: int = 2) -> None:
+    """One line on stderr, nothing on stdout, exit ``status`` (2: bad input, 1: the
+    environment did not answer)."""
+    assert result.rc == status
     assert result.out == ""
     lines = result.err.strip().splitlines()
     assert len(lines) == 1, result.err
@@ -97,7 +99,7 @@ def test_last_takes_the_shared_duration_grammar(
 
 def test_unreachable_postgres(report: Any) -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/test"
-    assert_refused(report(db=url), "cannot connect to database", "127.0.0.1")
+    assert_refused(report(db=url), "cannot connect to database", "127.0.0.1", status=1)
 
 
 def test_missing_sqlite_file(report: Any, tmp_path: Path) -> None:
@@ -119,7 +121,9 @@ def test_not_a_url(report: Any) -> None:
 def test_unreachable_prometheus(report: Any, sqlite_store: Store) -> None:
     sqlite_store.clear()
     url = f"http://127.0.0.1:{closed_port()}"
-    assert_refused(report("--prometheus", url, db=sqlite_store), "cannot reach Prometheus", url)
+    assert_refused(
+        report("--prometheus", url, db=sqlite_store), "cannot reach Prometheus", url, status=1
+    )
 
 
 def test_missing_matplotlib_says_what_to_install(
