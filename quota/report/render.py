@@ -80,30 +80,8 @@ def columns(report: Report) -> list[Column]:
         sampled = _hours(lambda g: g.measured_seconds)
         phys = _hours(lambda g: g.physical_seconds)
         cols += [
-            Column(
-                "measured_pct",
-                "measured %",
-                1,
-                lambda g: (
-                    None
-                    if g.measured_seconds is None or not g.physical_seconds
-                    else g.measured_seconds * 100 / g.physical_seconds
-                ),
-                "ratio",
-                (sampled, phys),
-            ),
-            Column(
-                "utilisation_pct",
-                "util %",
-                1,
-                lambda g: (
-                    None
-                    if g.utilised_seconds is None or not g.measured_seconds
-                    else g.utilised_seconds * 100 / g.measured_seconds
-                ),
-                "ratio",
-                (used, sampled),
-            ),
+            _percent("measured_pct", "measured %", sampled, phys),
+            _percent("utilisation_pct", "util %", used, sampled),
             Column("used_gpu_hours", "busy GPU-h", 2, used),
             Column(
                 "idle_while_allocated_gpu_hours",
@@ -119,6 +97,22 @@ def columns(report: Report) -> list[Column]:
             ),
         ]
     return cols
+
+
+def _percent(
+    name: str,
+    header: str,
+    part: Callable[[Group], Fraction | None],
+    whole: Callable[[Group], Fraction | None],
+) -> Column:
+    """part / whole as a percentage, blank where either is missing or the whole is zero; its
+    total is the ratio of the sums over the groups that have both."""
+
+    def value(g: Group) -> Fraction | None:
+        a, b = part(g), whole(g)
+        return None if a is None or not b else a * 100 / b
+
+    return Column(name, header, 1, value, "ratio", (part, whole))
 
 
 @dataclass(frozen=True)
