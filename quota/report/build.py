@@ -22,6 +22,10 @@ from sqlalchemy.exc import SQLAlchemyError
 from quota.report import compute, period, query
 from quota.report.ratecard import RateCard
 
+# A live controller's heartbeat is a flush interval old (seconds): data ending less than this
+# before the window's end is the present, not a recording or a controller that stopped.
+LIVE_GRACE_SECONDS = 600
+
 
 class ReportError(Exception):
     """Bad input or no matching data (status 2), or a dependency that does not answer
@@ -73,6 +77,9 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
         report = compute.aggregate(keys, rows, edges, card, buckets)
         report.coverage = {c: ends.get(c) for c in scope.clusters}
         report.window_end = min(window.end, now)
+        report.ends_early = {
+            c: at for c, at in ends.items() if at < report.window_end - LIVE_GRACE_SECONDS
+        }
         report.best_effort_pods = query.best_effort_pods(conn, scope, window.start, window.end, now)
         if query.quota_applies(keys):
             # averages are over the part of the window the store knows
@@ -120,7 +127,9 @@ def _check_window(
             f"the period {window.label()} starts after now ({_when(now, window)}): "
             "there is no data for it yet"
         )
-    if clusters and all(ends[c] <= window.start for c in clusters):
+    # a cluster a live controller follows (heartbeat minutes old at most) has data up to now
+    ended = [c for c in clusters if ends[c] < now - LIVE_GRACE_SECONDS]
+    if clusters and ended == clusters and all(ends[c] <= window.start for c in clusters):
         where = ", ".join(f"{c!r} up to {_when(ends[c], window)}" for c in clusters)
         raise ReportError(
             f"no data for the period {window.label()}: the store's data ends before it ({where})"

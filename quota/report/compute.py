@@ -92,6 +92,8 @@ class Report:
     # where each cluster's data ends (None: no heartbeat), for the coverage note
     coverage: dict[str, int | None] = field(default_factory=dict)
     window_end: int = 0  # the window's end as computed (the earlier of its end and now)
+    # clusters whose data ends inside the window, well before its end: the report says so
+    ends_early: dict[str, int] = field(default_factory=dict)
     prometheus: str | None = None  # the Prometheus utilisation came from
 
     @property

@@ -298,8 +298,8 @@ def coverage_notes(report: Report) -> list[str]:
             "`gpuquota replay`): nothing to report"
         ]
     out = []
-    for cluster, until in sorted(report.coverage.items()):
-        if until is not None and until < report.window_end:
+    for cluster, until in sorted(report.ends_early.items()):
+        if until < report.window_end:
             out.append(
                 f"the data of cluster {cluster!r} ends at {_utc(until)} (its last heartbeat or "
                 "replayed event): the period reaches past it, and allocations still open then "

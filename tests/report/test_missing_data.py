@@ -198,3 +198,14 @@ def test_postgres_url_without_psycopg_names_the_extra(
     monkeypatch.setitem(sys.modules, "psycopg", None)
     result = report(db="postgresql+psycopg://gpuquota@127.0.0.1:1/gpuquota")
     assert_refused(result, "pip install 'gpuquota[postgres]'")
+
+
+def test_a_live_controllers_heartbeat_is_not_the_end_of_the_data(store: Store, report: Any) -> None:
+    now = ts(NOW.rstrip("Z"))
+    store.alloc("ml", now - 2 * H, None)
+    heartbeat(store, now - 5, holder="ctl-a")  # written at the last flush, seconds ago
+    doc = doc_of(report, store, "--last", "1h")
+    assert doc["rows"][0]["gpu_seconds_raw"] == H - 5  # counted to what the store knows
+    assert not any("ends at" in m for m in doc["notes"]["messages"])  # but no alarm
+    recent = report("--last", "2s", "--json", "--now", NOW, db=store)  # after the heartbeat
+    assert recent.rc == 0, recent.err
