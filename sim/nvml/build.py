@@ -133,18 +133,34 @@ def build(out: Path, cc: str = "gcc") -> Path:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = OneLineParser(
+EXAMPLES = """\
+examples:
+  python -m sim.nvml.build                                  # the default place (above)
+  python -m sim.nvml.build --out build/sim/libnvidia-ml.so.1 --cc clang
+  NVML_H=/usr/include/nvml.h python -m sim.nvml.build      # another nvml.h
+
+exit status: 0 when built; 2 on a bad flag; 1 when it cannot be built (no nvml.h, no
+compiler, a compile error), with one line on stderr naming the cause.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
         prog="python -m sim.nvml.build",
         description=__doc__,
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_version(parser)
-    parser.add_argument(
+    add_version(p)
+    p.add_argument(
         "--out", type=Path, default=DEFAULT_OUT, help=f"library path to write ({DEFAULT_OUT})"
     )
-    parser.add_argument("--cc", default=os.environ.get("CC", "gcc"), help="C compiler")
-    args = parser.parse_args(argv)
+    p.add_argument("--cc", default=os.environ.get("CC", "gcc"), help="C compiler")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         path = build(args.out, args.cc)
     except BuildError as exc:
