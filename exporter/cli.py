@@ -50,8 +50,9 @@ examples:
   gpu-exporter                                   # :9400, NVML read every 1s, pods from the kubelet
   gpu-exporter --listen 127.0.0.1:9400 --interval 500ms --pod-labels
   gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
-  gpu-exporter --node-condition --node-name "$NODE_NAME" --health-port 9401
-  NVML_LIBRARY=build/sim/libnvidia-ml.so.1 gpu-exporter --pod-resources-socket ''   # the stand-in
+  gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
+  eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
+                                                 # against the NVML stand-in (docs/sim.md)
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 exit status: 0 after SIGTERM/SIGINT; 2 on bad input (a flag, the web config); 1 when the

@@ -64,8 +64,9 @@ examples:
   gpuquota replay events.jsonl --node-pool-label node-pool --cluster prod
 
 exit status: 0 when every event was stored; 2 on bad input (a malformed line, named with its
-line number, before anything is written; an unmigrated store without --migrate; an
-unreachable database), with one line on stderr.
+line number, before anything is written; an unmigrated store without --migrate); 1 when the
+database does not answer (rerun the same command: nothing is counted twice); one line on
+stderr.
 """
 
 

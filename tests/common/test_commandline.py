@@ -206,3 +206,32 @@ def test_store_commands_run_with_hostile_values(
         assert code == expected and len(err.strip().splitlines()) == 1, (url, err)
         assert "unexpected" not in err
     assert list(tmp_path.iterdir()) == []
+
+
+def example_commands(text: str) -> Iterator[tuple[str, list[str]]]:
+    """(program, argv) of every example line of a --help text that runs one of ours."""
+    import shlex
+
+    lines = text.split("examples:", 1)[1].split("\n\n", 1)[0].splitlines()
+    for line in lines:
+        command = line.split(" # ", 1)[0]
+        for stop in (" | ", " > ", "; "):
+            command = command.split(stop, 1)[-1 if stop == "; " else 0]
+        words = shlex.split(command.replace("\\", " "))  # a continued line: its first part
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            words.pop(0)  # VAR=value before the program
+        for program in sorted(programs(), key=len, reverse=True):
+            if " ".join(words).startswith(program + " ") or " ".join(words) == program:
+                yield program, words[len(program.split()) :]
+                break
+
+
+@pytest.mark.parametrize(("program", "parser", "argv"), PARSERS, ids=IDS)
+def test_every_example_parses(
+    program: str, parser: argparse.ArgumentParser, argv: list[str]
+) -> None:
+    for name, example in example_commands(parser.format_help()):
+        if "--help" in example:
+            continue
+        code, err = parse(name, example)
+        assert code is None, f"{parser.prog} --help example {example}: {err}"
