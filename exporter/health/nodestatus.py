@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.health.rules import NodeHealth, State
+from exporter.health.verdict import NodeHealth, State
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.health.config import HealthConfigError, load_config, parse_config
-from exporter.health.rules import DEFAULT_QUIET_PERIOD_S, Action, HealthTracker, State
+from exporter.health.config import HealthConfigError, defaults, load_config, parse_config
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import Action, State
 from tests.health.factory import gpu, node
 
 YAML = """
@@ -24,7 +25,7 @@ conditions:
 
 def test_defaults_without_a_file() -> None:
     config = load_config(None)
-    assert config.quiet_period_s == DEFAULT_QUIET_PERIOD_S
+    assert config.quiet_period_s == defaults().quiet_period_s == 300
     assert config.xid_rule(79).state is State.UNHEALTHY
 
 
