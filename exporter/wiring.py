@@ -22,8 +22,8 @@ from exporter.deviceplugin.manager import DEFAULT_PLUGIN_DIR, DevicePluginManage
 from exporter.deviceplugin.preferred import Topology
 from exporter.health.checker import HealthChecker
 from exporter.health.config import HealthConfigError, load_config
-from exporter.health.nodestatus import NodeStatusUpdater
 from exporter.health.service import HealthService, Routes, Subscribable, XidSource
+from exporter.nodestatus.updater import NodeStatusUpdater
 from gpuquota.durations import duration_flag
 
 

@@ -6,13 +6,8 @@ from pathlib import Path
 
 from exporter.health.config import parse_config
 from exporter.health.engine import HealthTracker
-from exporter.health.nodestatus import (
-    CONDITION_TYPE,
-    TAINT_KEY,
-    NodeStatusUpdater,
-    taints_with,
-    wanted_status,
-)
+from exporter.nodestatus.status import CONDITION_TYPE, TAINT_KEY, taints_with, wanted_status
+from exporter.nodestatus.updater import NodeStatusUpdater
 from exporter.wiring import core_api
 from sim.apiserver import ApiServer
 from sim.harness import poll
