@@ -125,14 +125,19 @@ def _check_quiet_period(quiet: float, source: str) -> None:
         )
 
 
+def _catalog_actions(data: dict[Any, Any], source: str) -> dict[str, tuple[State, Action]]:
+    where = f"{source}: catalog_actions"
+    return {
+        str(name): _full_verdict(row, f"{where}.{name}")
+        for name, row in _mapping(data.get("catalog_actions"), where).items()
+    }
+
+
 def parse_defaults(data: Any, source: str = DEFAULTS_FILE) -> HealthConfig:
     """Build the default tables from the parsed defaults file (see defaults.yaml)."""
     data = _mapping(data, source)
     _keys(data, _DEFAULT_TOP_KEYS, source)
-    buckets = {
-        str(name): _full_verdict(row, f"{source}: catalog_actions.{name}")
-        for name, row in _mapping(data.get("catalog_actions") or {}, f"{source}: catalog_actions").items()
-    }  # fmt: skip
+    buckets = _catalog_actions(data, source)
     state, action = _full_verdict(data.get("unknown_xid"), f"{source}: unknown_xid")
     unknown_xid = XidRule(0, "UNKNOWN", "XID not in the table", state, action, "", "")
 
@@ -181,10 +186,20 @@ def parse_defaults(data: Any, source: str = DEFAULTS_FILE) -> HealthConfig:
 
 
 @functools.cache
+def _defaults_data() -> Any:
+    text = resources.files(__package__).joinpath(DEFAULTS_FILE).read_text()
+    return _parse_yaml(text, DEFAULTS_FILE)
+
+
+@functools.cache
 def defaults() -> HealthConfig:
     """The shipped tables (read once)."""
-    text = resources.files(__package__).joinpath(DEFAULTS_FILE).read_text()
-    return parse_defaults(_parse_yaml(text, DEFAULTS_FILE), DEFAULTS_FILE)
+    return parse_defaults(_defaults_data(), DEFAULTS_FILE)
+
+
+def default_catalog_actions() -> dict[str, tuple[State, Action]]:
+    """NVIDIA catalog bucket -> the verdict its rows take unless they name their own."""
+    return _catalog_actions(_mapping(_defaults_data(), DEFAULTS_FILE), DEFAULTS_FILE)
 
 
 def _override(base_state: State, base_action: Action, row: Any, where: str) -> tuple[State, Action, dict[str, str]]:  # fmt: skip

@@ -13,7 +13,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter.health.config import defaults
+from exporter.health.config import default_catalog_actions, defaults
+
+
+def catalog_actions() -> str:
+    mapped = [
+        f"`{bucket}` maps to {state.label} + `{action.label}`"
+        for bucket, (state, action) in default_catalog_actions().items()
+    ]
+    return ", ".join(mapped) + "."
 
 
 def xid_table() -> str:
@@ -54,7 +62,7 @@ def condition_table() -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"xids": xid_table, "conditions": condition_table}
+SECTIONS = {"buckets": catalog_actions, "xids": xid_table, "conditions": condition_table}
 
 
 def render(text: str) -> str:
