@@ -2,7 +2,8 @@
 
 Each row names a metric, its Prometheus type and base unit, its help text, the labels it adds
 to the device labels, the NVML function its value comes from and how to read that value from
-a snapshot. The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
+a snapshot (the ``gpu_health_*`` rows: from the health verdict the renderer gets beside the
+snapshot). The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
 are both generated from this table, so a metric exists exactly when it has a row here.
 
 Rows with ``compat="dcgm"`` reproduce dcgm-exporter's default counters (names, units, labels)
