@@ -22,12 +22,13 @@ from pathlib import Path
 from exporter import metrics
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
-from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import ReloadingWebConfig, WebConfigError
+from exporter.wiring import HealthWiring, KubeConfigUnavailableError
+from exporter.wiring import add_arguments as add_health_arguments
 from exporter.xid import XidWatcher
 from gpuquota.commandline import OneLineParser, add_version
 from gpuquota.durations import duration_flag, format_duration
@@ -138,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="node name for the Hostname label of --compat dcgm (default: $NODE_NAME, as the "
         "downward API sets it, else this host's name)",
     )
-    health_service.add_arguments(parser)
+    add_health_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=str(DEFAULT_SOCKET),
@@ -206,13 +207,13 @@ def run(args: argparse.Namespace) -> int:
         )
         collector.add_enricher(pods.enrich)
     try:
-        health = health_service.HealthService.from_args(
+        health = HealthWiring.from_args(
             args, topology=CachedTopology(api), hostname=collector.hostname
         )
     except ValueError as exc:
         api.shutdown()
         raise UsageError(str(exc)) from None
-    except health_service.KubeConfigUnavailableError as exc:
+    except KubeConfigUnavailableError as exc:
         api.shutdown()
         raise SetupError(str(exc)) from None
     host, port = args.listen
