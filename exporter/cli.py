@@ -23,6 +23,7 @@ from typing import NoReturn
 from exporter import metrics
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
+from exporter.dra import service as dra_service
 from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         "downward API sets it, else this host's name)",
     )
     health_service.add_arguments(parser)
+    dra_service.add_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=str(DEFAULT_SOCKET),
@@ -185,10 +187,17 @@ def run(args: argparse.Namespace) -> int:
     )
     xid = XidWatcher(api)
     collector.xid = xid
+    try:
+        dra = dra_service.DraService.from_args(args)
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
     pods: PodResourcesWatcher | None = None
     if args.pod_resources_socket:
         pods = PodResourcesWatcher(
-            Path(args.pod_resources_socket), interval=args.pod_resources_interval
+            Path(args.pod_resources_socket),
+            interval=args.pod_resources_interval,
+            dra=dra.attribution if dra is not None else None,
         )
         collector.add_enricher(pods.enrich)
     try:
@@ -209,6 +218,8 @@ def run(args: argparse.Namespace) -> int:
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
 
     health.attach(collector, xid, server)
+    if dra is not None:
+        dra.attach(health.checker)
 
     stopping = threading.Event()
 
@@ -221,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
 
     xid.start()
     health.start()
+    if dra is not None:
+        dra.start()
     if pods is not None:
         pods.start()  # before the first collection, so it is attributed
     collector.start()
@@ -239,6 +252,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         health.stop()
+        if dra is not None:
+            dra.stop()
         collector.stop()
         if pods is not None:
             pods.stop()

@@ -131,6 +131,29 @@ class PodRef:
 
 
 @dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A container holding a device through a DRA ResourceClaim (exporter/dra/)."""
+
+    claim_namespace: str
+    claim: str
+    namespace: str
+    pod: str
+    container: str
+    driver: str
+    pool: str
+    device: str  # the device's name in its ResourceSlice
+
+
+@dataclass(frozen=True, slots=True)
+class DraStatus:
+    """How DRA attribution is doing (exporter/dra/)."""
+
+    slices_up: bool  # the node's ResourceSlices are listed and watched
+    devices: int  # GPU/MIG devices the slices list
+    problems_total: dict[str, int]  # reason -> unresolved results and bad slices seen
+
+
+@dataclass(frozen=True, slots=True)
 class PodAttributionStatus:
     """How pod attribution from the kubelet pod-resources API is doing (exporter/podresources.py)."""
 
@@ -168,3 +191,7 @@ class NodeSnapshot:
     health: NodeHealth | None = None
     # Pod attribution's own state, set by its enricher (None: attribution turned off).
     pod_attribution: PodAttributionStatus | None = None
+    # device UUID -> the DRA claims through which pods hold it (exporter/dra/)
+    claims: dict[str, tuple[ClaimRef, ...]] = field(default_factory=dict)
+    # DRA attribution's own state (None: DRA attribution off)
+    dra: DraStatus | None = None
