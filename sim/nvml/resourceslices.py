@@ -120,7 +120,13 @@ def resource_slices(spec: NodeSpec, node_name: str, generation: int = 1) -> list
                 "name": name,
                 "uid": str(uuid.uuid5(_SLICE_NAMESPACE, name)),
                 "ownerReferences": [
-                    {"apiVersion": "v1", "kind": "Node", "name": node_name, "controller": True}
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "name": node_name,
+                        "uid": str(uuid.uuid5(_SLICE_NAMESPACE, f"node/{node_name}")),
+                        "controller": True,
+                    }
                 ],
             },
             "spec": {
