@@ -270,11 +270,12 @@ class PodResourcesWatcher:
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
         """Collector enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in
         (and ``claims`` and ``dra`` with DRA attribution on)."""
-        enriched = attach_pods(snapshot, self.mapping())
+        mapping = self.mapping()
+        enriched = attach_pods(snapshot, mapping)
         if self._dra is None:
             return dataclasses.replace(enriched, pod_attribution=self.status())
         with self._lock:
-            claims = self._claims if self.mapping() else {}
+            claims = self._claims if mapping else {}  # stale together with the mapping
         known = {d.uuid for d in snapshot.devices}
         return dataclasses.replace(
             enriched,

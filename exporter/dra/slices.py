@@ -203,7 +203,9 @@ class SliceWatcher:
     @property
     def up(self) -> bool:
         """True while the slices are listed and the watch on them works."""
-        return bool(self.available and self._loop is not None and self._loop.healthy)
+        loop = self._loop
+        # between the first list and the watch loop's own first list, the list counts
+        return bool(self.available and (loop is None or not loop.synced.is_set() or loop.healthy))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)

@@ -50,7 +50,7 @@ def node(socket_path: Path) -> Iterator[SimNode]:
 
 
 class Exporter:
-    def __init__(self, node: SimNode, socket_path: Path) -> None:
+    def __init__(self, node: SimNode, socket_path: Path, *extra: str) -> None:
         self.log = (socket_path.parent / "exporter.log").open("w+")
         self.proc = subprocess.Popen(
             [
@@ -59,6 +59,7 @@ class Exporter:
                 "--interval=100ms",
                 f"--pod-resources-socket={socket_path}",
                 "--pod-resources-interval=100ms",
+                *extra,
             ],
             env={**os.environ, **node.env()},
             stdout=self.log,
