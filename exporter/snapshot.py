@@ -116,6 +116,8 @@ class DeviceSnapshot:
     retired_pages_single_bit: int | None = None
     retired_pages_double_bit: int | None = None
     retired_pages_pending: bool | None = None
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: the driver's nvmlDeviceGpuRecoveryAction_t (0 none)
+    recovery_action: int | None = None
     nvlinks: tuple[NvLinkCounters, ...] = ()
     processes: tuple[ProcessUsage, ...] = ()
     # NVML function name -> error string for the calls that failed this collection

@@ -164,8 +164,13 @@ class DeviceTaintPublisher:
                 if self._stopping:
                     return
                 health, self._dirty = self._health, False
-            if health is None or not self.index.synced:
-                continue  # no verdict or no slices yet: nothing to decide from
+            if health is None:
+                continue  # no verdict yet: nothing to decide from
+            if not self.index.synced:  # slices not listed yet: decide once they are
+                with self._cond:
+                    self._dirty = True
+                    self._cond.wait_for(lambda: self._stopping, 0.2)
+                continue
             try:
                 self.reconcile(
                     wanted_rules(health, self.index.devices(), self.node_name, self.effect)

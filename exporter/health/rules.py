@@ -555,7 +555,31 @@ DEFAULT_CONDITION_RULES: Mapping[str, ConditionRule] = {
             _NO,
             edge=True,
         ),
+        # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: held while the driver asks for it, so an XID's
+        # verdict does not clear after the quiet period while the GPU still needs recovering
+        ConditionRule("recovery_reset", "the driver asks for a GPU reset", _U, _RESET, edge=False),
+        ConditionRule(
+            "recovery_reboot", "the driver asks for a node reboot", _U, _REBOOT, edge=False
+        ),
+        ConditionRule(
+            "recovery_drain",
+            "the driver asks to drain peer-to-peer work from the GPU",
+            _U,
+            Action.RESTART_APP,
+            edge=False,
+        ),
     )
+}
+
+# nvmlDeviceGpuRecoveryAction_t value -> (condition, detail); 0 (NONE) is healthy
+RECOVERY_ACTIONS: Mapping[int, tuple[str, str]] = {
+    1: ("recovery_reset", "GPU_RESET"),
+    2: ("recovery_reboot", "NODE_REBOOT"),
+    3: ("recovery_drain", "DRAIN_P2P"),
+    4: ("recovery_reset", "DRAIN_AND_RESET: drain peer-to-peer work, then reset"),
+    5: ("recovery_reset", "RECOVER_IMEX_DOMAIN"),
+    6: ("recovery_reset", "BUS_RESET"),
+    7: ("recovery_reboot", "SYSTEM_REBOOT"),
 }
 
 # Clock event reasons (exporter/snapshot.py) that mean the hardware is protecting itself;
@@ -803,6 +827,11 @@ class HealthTracker:
             wanted["row_remap_pending"] = None
         if device.retired_pages_pending:
             wanted["retired_pages_pending"] = None
+        if device.recovery_action:  # unknown future values: a reset, until told otherwise
+            code, detail = RECOVERY_ACTIONS.get(
+                device.recovery_action, ("recovery_reset", f"value {device.recovery_action}")
+            )
+            wanted[code] = detail
         reasons = device.clock_event_reasons or 0
         for code, bit in CLOCK_EVENT_REASONS.items():
             if reasons & bit:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from exporter.dra.taints import (
     wanted_rules,
 )
 from exporter.health.nodestatus import TAINT_KEY
-from exporter.health.rules import HealthConfig, HealthTracker
+from exporter.health.rules import Action, HealthConfig, HealthTracker, State
 from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot
 from quota.controller.kube import Kube, load
 from sim.apiserver import ApiServer
@@ -86,6 +87,11 @@ def _rules(api: ApiServer) -> dict[str, dict]:
         return dict(((n, o) for (_, n), o in api.state.objects["devicetaintrules"].items()))
 
 
+def _annotation(api: ApiServer, key: str) -> str | None:
+    rule = _rules(api).get("gpuquota-node-a-gpu-0")
+    return None if rule is None else rule["metadata"]["annotations"].get(key)
+
+
 FOREIGN = {
     "apiVersion": "resource.k8s.io/v1",
     "kind": "DeviceTaintRule",
@@ -133,6 +139,25 @@ def test_publisher_creates_updates_and_removes_only_its_own_rules(tmp_path: Path
             publisher.stop()
 
 
+def test_the_drivers_recovery_action_holds_the_verdict_until_it_reads_none() -> None:
+    t = HealthTracker(HealthConfig(quiet_period_s=10))
+    base = snapshot()
+    h = t.observe_snapshot(base, now=0)
+    t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
+    asking = replace(base, devices=(replace(base.devices[0], recovery_action=2), *base.devices[1:]))
+    h = t.observe_snapshot(asking, now=2)
+    h = t.observe_snapshot(asking, now=100)  # the XID expired; the driver still asks
+    gpu0 = h.get(MIXED.gpus[0].uuid)
+    assert gpu0 is not None and gpu0.state is State.UNHEALTHY
+    assert [r.code for r in gpu0.reasons] == ["recovery_reboot"]
+    assert gpu0.action is Action.REBOOT_NODE
+    drain = replace(base, devices=(replace(base.devices[0], recovery_action=3), *base.devices[1:]))
+    gpu0 = t.observe_snapshot(drain, now=101).get(MIXED.gpus[0].uuid)
+    assert gpu0 is not None and [r.code for r in gpu0.reasons] == ["recovery_drain"]
+    gpu0 = t.observe_snapshot(base, now=102).get(MIXED.gpus[0].uuid)
+    assert gpu0 is not None and gpu0.state is State.HEALTHY
+
+
 def _sick_gpu1():
     t = HealthTracker(HealthConfig(quiet_period_s=10))
     t.observe_snapshot(snapshot(), now=0)
@@ -175,6 +200,7 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(lambda: api.requests.get("GET devicetaintrules", 0) >= 1)
             assert _rules(api) == {}
             node.inject_xid(0, 79)
+            node.set(0, recovery_action=2)  # the driver asks for a node reboot (field 230)
             wait_for(lambda: "gpuquota-node-a-gpu-0" in _rules(api))
             rule = _rules(api)["gpuquota-node-a-gpu-0"]
             assert rule["spec"]["taint"] == {
@@ -183,7 +209,11 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
                 "effect": "NoExecute",
             }
             assert rule["metadata"]["annotations"]["gpuquota.io/device-uuid"] == node.uuid(0)
-            # no repeat within the quiet period: the GPU recovers and the rule goes
+            # the XID's quiet period ends, but the driver still asks for a reboot: kept
+            wait_for(
+                lambda: _annotation(api, "gpuquota.io/reasons") == "recovery_reboot", timeout=15
+            )
+            node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
             wait_for(lambda: "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" in exporter.output())
         finally:
