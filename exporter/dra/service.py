@@ -12,12 +12,15 @@ cluster-scoped objects and need the deploy/overlays/dra RBAC.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from typing import Any, Protocol
 
 from exporter.dra.attribution import DraAttribution
 from exporter.dra.slices import DEFAULT_DRIVERS, KIND, SliceIndex, SliceWatcher
 from exporter.dra.taints import EFFECTS, DeviceTaintPublisher
+
+log = logging.getLogger(__name__)
 
 
 class _Listenable(Protocol):
@@ -83,7 +86,14 @@ class DraService:
             args.node_name and (args.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"))
         ):
             return None  # auto, and no API server or node name to follow slices with
-        kube = _kube(args.kubeconfig, args.node_name)
+        try:
+            kube = _kube(args.kubeconfig, args.node_name)
+        except ValueError as exc:
+            if args.dra != "auto" or args.dra_device_taints:
+                raise
+            # auto: a pod without a service account token, say; device plugins still attribute
+            log.info("DRA attribution is off: no usable Kubernetes credentials (%s)", exc)
+            return None
         index = SliceIndex(drivers)
         watcher = SliceWatcher(kube, index, args.node_name)
         attribution = DraAttribution(index, watcher)

@@ -216,6 +216,14 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
             wait_for(lambda: "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" in exporter.output())
+            # every call maps onto a verb deploy/overlays/dra grants (list/watch are GETs)
+            assert set(api.requests) == {
+                "GET resourceslices",
+                "GET devicetaintrules",
+                "POST devicetaintrules",
+                "PUT devicetaintrules",
+                "DELETE devicetaintrules",
+            }
         finally:
             exporter.stop()
             shutil.rmtree(socket_path.parent, ignore_errors=True)
