@@ -284,4 +284,4 @@ class SliceWatcher:
                 self.index.replace_all(msg.items)
             elif msg.op == "event" and msg.obj is not None:
                 self.index.apply(msg.event_type, msg.obj)
-        self._loop.join(timeout=5)
+        self._loop.join(timeout=1)  # a daemon thread: never hold the exporter's shutdown
