@@ -18,7 +18,9 @@ down) are deleted at the first reconcile.
 The API version is the newest one the cluster serves DeviceTaintRules in (``v1``, else
 ``v1beta2``, else ``v1alpha3``), found through discovery and found again after a 404.
 :func:`wanted_rules` is pure; :class:`DeviceTaintPublisher` is the I/O, on its own thread,
-coalescing changes and retrying with back-off, so a slow API server never delays health.
+coalescing changes and retrying with back-off, so a slow API server never delays health. It
+calls the API only when the wanted rules change, and while there are rules, once a minute to
+repair them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import time
 from typing import Any
 
 from exporter.dra.slices import DraDevice, SliceIndex
@@ -158,6 +161,8 @@ class DeviceTaintPublisher:
 
     def _run(self) -> None:
         backoff = 0.5
+        applied: dict[str, Obj] | None = None  # what the last successful reconcile made
+        last = 0.0
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._stopping or self._dirty, self.resync_s)
@@ -171,10 +176,14 @@ class DeviceTaintPublisher:
                     self._dirty = True
                     self._cond.wait_for(lambda: self._stopping, 0.2)
                 continue
+            wanted = wanted_rules(health, self.index.devices(), self.node_name, self.effect)
+            # unchanged: no API call, except a periodic check that our rules are still there
+            # (someone may have deleted one); with nothing to publish, no call at all
+            due = time.monotonic() - last >= self.resync_s
+            if wanted == applied and not (due and wanted):
+                continue
             try:
-                self.reconcile(
-                    wanted_rules(health, self.index.devices(), self.node_name, self.effect)
-                )
+                self.reconcile(wanted)
             except Exception as exc:  # the API server is down or refuses: again later
                 self.errors_total += 1
                 (log.debug if self._failing else log.warning)(
@@ -186,6 +195,7 @@ class DeviceTaintPublisher:
                     self._cond.wait_for(lambda: self._stopping, backoff)
                 backoff = min(self.max_backoff_s, backoff * 2)
                 continue
+            applied, last = wanted, time.monotonic()
             if self._failing:
                 log.info("DeviceTaintRules are up to date again")
                 self._failing = False

@@ -11,16 +11,21 @@ same spec, so the exporter can resolve a pod-resources ``(driver, pool, device)`
 device its snapshots know.
 
 Tests and the demo apply these objects to the API server stand-in
-(``ApiServer.apply("ADDED", slice)``).
+(``ApiServer.apply("ADDED", slice)``); ``python -m sim.nvml.resourceslices SPEC NODE`` prints
+them as a JSON list.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from sim.nvml.control import _PCI_BUSES
-from sim.nvml.spec import _PLACEMENTS, GpuSpec, MigSpec, NodeSpec
+from sim.nvml.spec import _PLACEMENTS, GpuSpec, MigSpec, NodeSpec, load
 
 DRIVER = "gpu.nvidia.com"
 _SLICE_NAMESPACE = uuid.UUID("0f6e1c52-4b7a-4d0e-8a55-2d9a1e3c7b64")
@@ -148,3 +153,22 @@ def device_uuids(spec: NodeSpec) -> dict[str, str]:
         for mig in gpu.mig:
             out[mig_device_name(gpu, mig)] = mig.uuid
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec", help="a preset name, YAML text or a spec file")
+    parser.add_argument("node", help="the node name (also the pool name)")
+    args = parser.parse_args(argv)
+    try:
+        node_spec = load(args.spec)
+    except ValueError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    json.dump(resource_slices(node_spec, args.node), sys.stdout, indent=1)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

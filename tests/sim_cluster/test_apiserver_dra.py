@@ -145,3 +145,12 @@ def test_forbidden_resource_answers_403(apiserver: ApiServer, kube) -> None:
     assert 'cannot list resource "resourceslices" in API group "resource.k8s.io"' in message
     apiserver.forbid("resourceslices", False)
     assert client.ResourceV1Api(kube).list_resource_slice().items == []
+
+
+def test_resourceslices_cli_prints_the_slices(capsys) -> None:
+    from sim.nvml.resourceslices import main
+
+    assert main(["mixed", "node-a"]) == 0
+    assert json.loads(capsys.readouterr().out) == resource_slices(spec.load("mixed"), "node-a")
+    assert main(["no-such-preset", "node-a"]) == 2
+    assert "unknown preset 'no-such-preset'" in capsys.readouterr().err
