@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 
+from exporter.dra.attribution import PARTITION_PREFIX, ordered_claims, resolve_partition
 from exporter.kubeletapi import podresources_v1_pb2 as pb
 from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
 from exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus, PodRef
@@ -102,6 +103,8 @@ def attach_pods(snapshot: NodeSnapshot, mapping: Mapping[str, tuple[PodRef, ...]
         uuid = device_id
         if device_id.isdigit():
             uuid = by_index.get(int(device_id), device_id)
+        elif device_id.startswith(PARTITION_PREFIX):  # a DRA MIG device made on allocation
+            uuid = resolve_partition(device_id, snapshot) or device_id
         if uuid in known:
             pods[uuid] = _ordered({*pods.get(uuid, ()), *refs})
     return dataclasses.replace(snapshot, pods=pods)
@@ -277,10 +280,15 @@ class PodResourcesWatcher:
         with self._lock:
             claims = self._claims if mapping else {}  # stale together with the mapping
         known = {d.uuid for d in snapshot.devices}
+        resolved: dict[str, tuple[ClaimRef, ...]] = {}
+        for key, refs in claims.items():
+            uuid = resolve_partition(key, snapshot) or key
+            if uuid in known:
+                resolved[uuid] = ordered_claims({*resolved.get(uuid, ()), *refs})
         return dataclasses.replace(
             enriched,
             pod_attribution=self.status(),
-            claims={uuid: refs for uuid, refs in claims.items() if uuid in known},
+            claims=resolved,
             dra=self._dra.status(),
         )
 

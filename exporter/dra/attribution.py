@@ -6,6 +6,11 @@ claim's devices as ``(driver, pool, device)``. :func:`resolve` turns them into t
 is attributed exactly like a device-plugin one), plus the claim behind each holder
 (:class:`ClaimRef`). A claim shared by several pods lists every one of them on its devices.
 
+A MIG device the driver creates only when it is allocated (dynamic MIG) has no UUID in its
+slice: it is keyed by :func:`partition_key` and :func:`resolve_partition` finds it in the
+snapshot by parent GPU and profile (the only MIG device of that profile on that GPU), else
+attributes the parent GPU.
+
 Results that cannot be resolved are never fatal: a device of a driver not in the configured
 GPU drivers (``unknown_driver``: NICs and other DRA devices are not GPUs) and a device no
 current slice lists (``unknown_device``: a slice that disappeared, or a stale claim) are
@@ -21,11 +26,30 @@ from dataclasses import dataclass, field
 
 from exporter.dra.slices import SliceIndex
 from exporter.kubeletapi import podresources_v1_pb2 as pb
-from exporter.snapshot import ClaimRef, DraStatus, PodRef
+from exporter.snapshot import ClaimRef, DraStatus, NodeSnapshot, PodRef
 
 log = logging.getLogger(__name__)
 
 PROBLEM_REASONS = ("unknown_driver", "unknown_device", "bad_slice")
+PARTITION_PREFIX = "dra-partition:"
+
+
+def partition_key(parent_uuid: str, profile: str) -> str:
+    """The mapping key of a dynamically created MIG device, until the snapshot resolves it."""
+    return f"{PARTITION_PREFIX}{parent_uuid}/{profile}"
+
+
+def resolve_partition(key: str, snapshot: NodeSnapshot) -> str | None:
+    """The UUID a :func:`partition_key` stands for in ``snapshot``, or None (not ours)."""
+    if not key.startswith(PARTITION_PREFIX):
+        return None
+    parent, _, profile = key[len(PARTITION_PREFIX) :].rpartition("/")
+    migs = [
+        d.uuid
+        for d in snapshot.devices
+        if d.mig is not None and d.mig.parent_uuid == parent and d.mig.profile == profile
+    ]
+    return migs[0] if len(migs) == 1 else parent
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +61,7 @@ class Resolution:
     problems: tuple[tuple[str, str, str], ...] = ()  # (reason, key, message)
 
 
-def _sorted(refs: Iterable[ClaimRef]) -> tuple[ClaimRef, ...]:
+def ordered_claims(refs: Iterable[ClaimRef]) -> tuple[ClaimRef, ...]:
     return tuple(sorted(set(refs), key=lambda r: (r.namespace, r.pod, r.container, r.claim)))
 
 
@@ -76,8 +100,11 @@ def resolve(response: pb.ListPodResourcesResponse, index: SliceIndex) -> Resolut
                             )
                         )
                         continue
-                    holders.setdefault(device.uuid, set()).add(ref)
-                    claims.setdefault(device.uuid, set()).add(
+                    uuid = device.uuid or partition_key(
+                        device.parent_uuid or "", device.profile or ""
+                    )
+                    holders.setdefault(uuid, set()).add(ref)
+                    claims.setdefault(uuid, set()).add(
                         ClaimRef(
                             claim_namespace=dynamic.claim_namespace,
                             claim=dynamic.claim_name,
@@ -94,7 +121,7 @@ def resolve(response: pb.ListPodResourcesResponse, index: SliceIndex) -> Resolut
             uuid: tuple(sorted(refs, key=lambda r: (r.namespace, r.pod, r.container)))
             for uuid, refs in holders.items()
         },
-        claims={uuid: _sorted(refs) for uuid, refs in claims.items()},
+        claims={uuid: ordered_claims(refs) for uuid, refs in claims.items()},
         problems=tuple(problems),
     )
 

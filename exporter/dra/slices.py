@@ -8,7 +8,9 @@ slices in a :class:`SliceIndex` to turn those names into the UUIDs its snapshots
 :class:`SliceIndex` is pure (no I/O): it takes whole lists and watch events. Only the newest
 generation of each pool counts, as in the scheduler: slices of an older generation are
 leftovers of a driver that is republishing. A device without a string ``uuid`` attribute is a
-bad object: logged once, counted, left out. :class:`SliceWatcher` feeds the index from the API
+bad object: logged once, counted, left out, except a MIG partition with ``parentUUID`` and
+``profile`` (the driver's dynamic MIG mode creates it on allocation, so its UUID is not known
+in advance: see exporter/dra/attribution.py). :class:`SliceWatcher` feeds the index from the API
 server with the controller's list+watch loop (quota/controller/watch.py: relist on 410 Gone,
 restart on a silent connection, back-off), field-selected to this node
 (``spec.nodeName=<node>``). Without RBAC access (403) or on a cluster that does not serve
@@ -39,7 +41,7 @@ class DraDevice:
     driver: str
     pool: str
     name: str
-    uuid: str
+    uuid: str  # "" for a MIG partition created on allocation (see partition_key)
     type: str = ""  # NVIDIA's driver: "gpu" or "mig"
     parent_uuid: str | None = None  # MIG devices
     profile: str | None = None  # MIG devices, e.g. "1g.10gb"
@@ -81,6 +83,10 @@ def slice_devices(obj: Obj, drivers: frozenset[str]) -> tuple[list[DraDevice], l
             continue
         attrs = device.get("attributes")
         uuid = _attribute(attrs, driver, "uuid")
+        parent = _attribute(attrs, driver, "parentUUID")
+        profile = _attribute(attrs, driver, "profile")
+        if uuid is None and parent and profile:
+            uuid = ""  # a MIG partition the driver creates on allocation: no UUID before
         if uuid is None:
             problems.append(
                 f"ResourceSlice {name}: device {device['name']} has no string 'uuid' "
@@ -94,8 +100,8 @@ def slice_devices(obj: Obj, drivers: frozenset[str]) -> tuple[list[DraDevice], l
                 name=device["name"],
                 uuid=uuid,
                 type=_attribute(attrs, driver, "type") or "",
-                parent_uuid=_attribute(attrs, driver, "parentUUID"),
-                profile=_attribute(attrs, driver, "profile"),
+                parent_uuid=parent,
+                profile=profile,
                 product_name=_attribute(attrs, driver, "productName"),
                 slice_name=name,
             )

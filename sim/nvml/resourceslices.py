@@ -2,7 +2,7 @@
 
 On a DRA node the driver's kubelet plugin describes every allocatable device in
 resource.k8s.io/v1 ResourceSlices: one pool named after the node, devices named
-``gpu-<minor>`` for whole GPUs and ``gpu-<minor>-mig-<profile>-<start>-<size>`` for MIG
+``gpu-<minor>`` for whole GPUs and ``gpu-<minor>-mig-<profile>-<profile id>-<placement start>`` for MIG
 devices, each with the attributes below (``type`` "gpu" or "mig", ``uuid``, ``productName``,
 ``brand``, ``architecture``, versions of the compute capability and drivers, ``pcieBusID``;
 MIG devices also ``parentUUID`` and ``profile``) and capacities (``memory``; for MIG devices
@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.nvml.control import _PCI_BUSES
-from sim.nvml.spec import _PLACEMENTS, GpuSpec, MigSpec, NodeSpec, load
+from sim.nvml.spec import GpuSpec, MigSpec, NodeSpec, load
 
 DRIVER = "gpu.nvidia.com"
 _SLICE_NAMESPACE = uuid.UUID("0f6e1c52-4b7a-4d0e-8a55-2d9a1e3c7b64")
@@ -42,10 +42,10 @@ def gpu_device_name(gpu: GpuSpec) -> str:
 
 
 def mig_device_name(gpu: GpuSpec, mig: MigSpec) -> str:
-    """The driver's canonical name of a MIG device, from its parent, profile and placement."""
+    """The driver's canonical name of a MIG device: parent minor, profile without its dot,
+    GPU instance profile id and placement start, e.g. ``gpu-2-mig-1g5gb-19-6``."""
     profile = mig.profile.name.replace(".", "")
-    size = _PLACEMENTS[mig.profile.slices][1]  # memory slices the placement spans
-    return f"gpu-{gpu.index}-mig-{profile}-{mig.placement_start}-{size}"
+    return f"gpu-{gpu.index}-mig-{profile}-{mig.profile.profile_id}-{mig.placement_start}"
 
 
 def _string(value: str) -> Obj:
@@ -72,8 +72,11 @@ def _common_attributes(spec: NodeSpec, gpu: GpuSpec) -> dict[str, Obj]:
     }
 
 
-def devices(spec: NodeSpec) -> list[Obj]:
-    """The slice's ``devices``: each GPU without MIG as a whole, each MIG device on its own."""
+def devices(spec: NodeSpec, dynamic_mig: bool = False) -> list[Obj]:
+    """The slice's ``devices``: each GPU without MIG as a whole, each MIG device on its own.
+
+    ``dynamic_mig``: MIG devices as the driver's dynamic MIG mode announces them, before it
+    creates them on allocation: without a ``uuid`` attribute."""
     out: list[Obj] = []
     for gpu in spec.gpus:
         common = _common_attributes(spec, gpu)
@@ -97,7 +100,7 @@ def devices(spec: NodeSpec) -> list[Obj]:
                     "name": mig_device_name(gpu, mig),
                     "attributes": {
                         "type": _string("mig"),
-                        "uuid": _string(mig.uuid),
+                        **({} if dynamic_mig else {"uuid": _string(mig.uuid)}),
                         "parentUUID": _string(gpu.uuid),
                         "profile": _string(p.name),
                         **common,
@@ -114,7 +117,9 @@ def devices(spec: NodeSpec) -> list[Obj]:
     return out
 
 
-def resource_slices(spec: NodeSpec, node_name: str, generation: int = 1) -> list[Obj]:
+def resource_slices(
+    spec: NodeSpec, node_name: str, generation: int = 1, dynamic_mig: bool = False
+) -> list[Obj]:
     """The node's ResourceSlices as the driver publishes them (one slice, pool = node name)."""
     name = f"{node_name}-{DRIVER}-" + uuid.uuid5(_SLICE_NAMESPACE, node_name).hex[:5]
     return [
@@ -138,7 +143,7 @@ def resource_slices(spec: NodeSpec, node_name: str, generation: int = 1) -> list
                 "driver": DRIVER,
                 "nodeName": node_name,
                 "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
-                "devices": devices(spec),
+                "devices": devices(spec, dynamic_mig),
             },
         }
     ]

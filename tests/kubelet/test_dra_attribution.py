@@ -97,6 +97,51 @@ def test_claims_resolve_to_uuids_like_device_plugin_ids(socket_path: Path, caplo
     assert problems == {"unknown_driver": 1.0, "unknown_device": 1.0, "bad_slice": 0.0}
 
 
+def test_dynamically_created_mig_devices_resolve_through_the_snapshot(socket_path: Path) -> None:
+    index = SliceIndex()
+    problems: list[str] = []
+    index.on_problem = lambda reason, _m: problems.append(reason)
+    index.replace_all(resource_slices(MIXED, "node-a", dynamic_mig=True))
+    assert problems == []  # a MIG partition without a UUID is not a bad slice
+    migs = [n for n in NAMES if "-mig-" in n]
+    with PodResourcesServer(socket_path) as kubelet:
+        for i, name in enumerate(migs):
+            kubelet.assign_claim(claim(f"nb-{i}", f"mig-{i}", name))
+        watcher = PodResourcesWatcher(socket_path, dra=DraAttribution(index))
+        assert watcher.refresh()
+        snap = watcher.enrich(snapshot())
+    # each profile exists once on the A100: the claim finds its MIG device's UUID
+    assert {u: [r.pod for r in refs] for u, refs in snap.pods.items()} == {
+        NAMES[name]: [f"nb-{i}"] for i, name in enumerate(migs)
+    }
+    assert {c.claim for refs in snap.claims.values() for c in refs} == {"mig-0", "mig-1", "mig-2"}
+
+    # seven 1g.5gb devices per GPU: which one the driver made is unknown, the GPU is known
+    a100 = spec.load("a100-mig")
+    index.replace_all(resource_slices(a100, "node-a", dynamic_mig=True))
+    first = device_uuids(a100)
+    name = next(n for n in first if n.startswith("gpu-1-mig-"))
+    with PodResourcesServer(socket_path) as kubelet:
+        kubelet.assign_claim(claim("nb", "one-of-seven", name))
+        watcher = PodResourcesWatcher(socket_path, dra=DraAttribution(index))
+        assert watcher.refresh()
+        devices = [DeviceSnapshot(index=g.index, uuid=g.uuid) for g in a100.gpus] + [
+            DeviceSnapshot(
+                index=m.gpu_instance_id,
+                uuid=m.uuid,
+                mig=MigInfo(g.uuid, g.index, m.gpu_instance_id, 0, m.profile.name),
+            )
+            for g in a100.gpus
+            for m in g.mig
+        ]
+        snap = watcher.enrich(
+            NodeSnapshot("node-a", "550", "12.550", 12040, tuple(devices), 0.0, 0.01)
+        )
+    assert {u: [r.pod for r in refs] for u, refs in snap.pods.items()} == {
+        a100.gpus[1].uuid: ["nb"]
+    }
+
+
 def test_bad_slices_and_pool_generations() -> None:
     found: list[str] = []
     index = SliceIndex(on_problem=lambda reason, _m: found.append(reason))
