@@ -802,6 +802,30 @@ METRICS: list[MetricSpec] = [
         read_node=_read_dra_problems,
     ),
     MetricSpec(
+        name=f"{S}dra_taint_rules",
+        type="gauge",
+        unit="",
+        help="DeviceTaintRules this exporter keeps on unhealthy DRA devices of its node; "
+        "absent without --dra-device-taints.",
+        labels=(),
+        source="resource.k8s.io DeviceTaintRules",
+        accessor="NodeSnapshot.dra.taint_rules",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_rules),
+    ),
+    MetricSpec(
+        name=f"{S}dra_taint_errors_total",
+        type="counter",
+        unit="",
+        help="Failed attempts to create, update or delete this node's DeviceTaintRules "
+        "(retried with back-off).",
+        labels=(),
+        source="resource.k8s.io DeviceTaintRules",
+        accessor="NodeSnapshot.dra.taint_errors_total",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_errors_total),
+    ),
+    MetricSpec(
         name=f"{S}collection_duration_seconds",
         type="gauge",
         unit="seconds",

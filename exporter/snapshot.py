@@ -153,6 +153,8 @@ class DraStatus:
     slices_up: bool  # the node's ResourceSlices are listed and watched
     devices: int  # GPU/MIG devices the slices list
     problems_total: dict[str, int]  # reason -> unresolved results and bad slices seen
+    taint_rules: int | None = None  # DeviceTaintRules published now (None: taints off)
+    taint_errors_total: int | None = None  # failed attempts to update them
 
 
 @dataclass(frozen=True, slots=True)

@@ -132,6 +132,8 @@ class DraAttribution:
     def __init__(self, index: SliceIndex, slices_up: object = None) -> None:
         self.index = index
         self._slices_up = slices_up  # a SliceWatcher (its ``up``), or None: always up
+        # a DeviceTaintPublisher (its ``published`` and ``errors_total``), or None: taints off
+        self.taints: object = None
         self._lock = threading.Lock()
         self._problems: dict[str, int] = dict.fromkeys(PROBLEM_REASONS, 0)
         self._seen: set[tuple[str, str]] = set()  # problems outstanding (logged once)
@@ -160,8 +162,11 @@ class DraAttribution:
         up = getattr(self._slices_up, "up", True) if self._slices_up is not None else True
         with self._lock:
             problems = dict(self._problems)
+        taints = self.taints
         return DraStatus(
             slices_up=bool(up),
             devices=len(self.index.devices()),
             problems_total=problems,
+            taint_rules=getattr(taints, "published", None),
+            taint_errors_total=getattr(taints, "errors_total", None),
         )

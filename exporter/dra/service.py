@@ -103,6 +103,7 @@ class DraService:
             publisher = DeviceTaintPublisher(
                 kube, index, args.node_name, effect=args.dra_taint_effect
             )
+            attribution.taints = publisher
         return cls(attribution, watcher, publisher)
 
     def attach(self, checker: _Listenable) -> None:

@@ -133,6 +133,7 @@ class DeviceTaintPublisher:
         self.max_backoff_s = max_backoff_s
         self.version: str | None = None
         self.errors_total = 0
+        self.published = 0  # rules in place after the last successful reconcile
         self._cond = threading.Condition()
         self._health: NodeHealth | None = None
         self._dirty = False
@@ -196,6 +197,7 @@ class DeviceTaintPublisher:
                 backoff = min(self.max_backoff_s, backoff * 2)
                 continue
             applied, last = wanted, time.monotonic()
+            self.published = len(wanted)
             if self._failing:
                 log.info("DeviceTaintRules are up to date again")
                 self._failing = False

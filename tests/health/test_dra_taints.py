@@ -27,7 +27,7 @@ from sim.harness import poll, wait_for
 from sim.nvml import spec
 from sim.nvml.control import SimNode
 from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
-from tests.kubelet.test_exporter_attribution import Exporter
+from tests.kubelet.test_exporter_attribution import Exporter, scrape
 
 MIXED = spec.load("mixed")  # 2 x H100, an A100 with 3 MIG devices, an L4
 NAMES = device_uuids(MIXED)
@@ -209,12 +209,15 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
                 "effect": "NoExecute",
             }
             assert rule["metadata"]["annotations"]["gpuquota.io/device-uuid"] == node.uuid(0)
+            wait_for(lambda: "gpuquota_exporter_dra_taint_rules 1" in scrape(exporter.port))
             # the XID's quiet period ends, but the driver still asks for a reboot: kept
             wait_for(
                 lambda: _annotation(api, "gpuquota.io/reasons") == "recovery_reboot", timeout=15
             )
             node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
+            wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))
+            assert "gpuquota_exporter_dra_taint_errors_total 0" in scrape(exporter.port)
             wait_for(lambda: "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" in exporter.output())
             # every call maps onto a verb deploy/overlays/dra grants (list/watch are GETs)
             assert set(api.requests) == {
