@@ -150,6 +150,14 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     return out
 
 
+def _defaults(res: Resource, body: Obj) -> None:
+    """What the real server fills in on create and update."""
+    if res.plural == "devicetaintrules":
+        taint = (body.get("spec") or {}).get("taint")
+        if isinstance(taint, dict):  # "added automatically during create or update"
+            taint.setdefault("timeAdded", rfc3339(int(time.time())))
+
+
 def _field_value(obj: Obj, path: str) -> str:
     value: Any = obj
     for part in path.split("."):
@@ -523,6 +531,7 @@ class ApiServer:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", rfc3339(int(time.time())))
             body["kind"], body["apiVersion"] = res.kind, res.group_version
+            _defaults(res, body)
             return self.apply("ADDED", body)
 
     def replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
@@ -544,6 +553,7 @@ class ApiServer:
             if res.namespaced:
                 body["metadata"]["namespace"] = ns
             body["kind"], body["apiVersion"] = res.kind, res.group_version
+            _defaults(res, body)
             return self.apply("MODIFIED", body)
 
     def patch(self, res: Resource, ns: str, name: str, body: Any, content_type: str) -> Obj:

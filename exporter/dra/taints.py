@@ -283,4 +283,10 @@ class DeviceTaintPublisher:
                     **want["metadata"],
                     "resourceVersion": have["metadata"].get("resourceVersion"),
                 }
+                added = (have.get("spec", {}).get("taint") or {}).get("timeAdded")
+                if added:  # the taint is not new: NoExecute toleration times count from it
+                    body["spec"] = {
+                        **want["spec"],
+                        "taint": {**want["spec"]["taint"], "timeAdded": added},
+                    }
                 self.kube.call("PUT", self._path(name), body=body)

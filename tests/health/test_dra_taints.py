@@ -203,6 +203,7 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             node.set(0, recovery_action=2)  # the driver asks for a node reboot (field 230)
             wait_for(lambda: "gpuquota-node-a-gpu-0" in _rules(api))
             rule = _rules(api)["gpuquota-node-a-gpu-0"]
+            added = rule["spec"]["taint"].pop("timeAdded")  # set by the API server
             assert rule["spec"]["taint"] == {
                 "key": TAINT_KEY,
                 "value": "reboot_node",
@@ -214,6 +215,8 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(
                 lambda: _annotation(api, "gpuquota.io/reasons") == "recovery_reboot", timeout=15
             )
+            # updated in place: the taint keeps the time it was added
+            assert _rules(api)["gpuquota-node-a-gpu-0"]["spec"]["taint"]["timeAdded"] == added
             node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
             wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))

@@ -126,6 +126,7 @@ def test_device_taint_rule_versions_and_discovery(tmp_path: Path) -> None:
         created = alpha.create_device_taint_rule(rule)
         assert created.api_version == "resource.k8s.io/v1alpha3"
         assert created.spec.device_selector.device == "gpu-0"
+        assert created.spec.taint.time_added is not None  # set by the server, as for real
         with pytest.raises(ApiException) as err:
             client.ResourceV1Api(kube).list_device_taint_rule()
         assert err.value.status == 404
