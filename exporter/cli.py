@@ -24,12 +24,13 @@ from exporter import metrics
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
 from exporter.dra import service as dra_service
-from exporter.health import service as health_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import ReloadingWebConfig, WebConfigError
+from exporter.wiring import HealthWiring
+from exporter.wiring import add_arguments as add_health_arguments
 from exporter.xid import XidWatcher
 from gpuquota.durations import duration_flag
 
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="node name for the Hostname label of --compat dcgm (default: $NODE_NAME, as the "
         "downward API sets it, else this host's name)",
     )
-    health_service.add_arguments(parser)
+    add_health_arguments(parser)
     dra_service.add_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
@@ -201,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         )
         collector.add_enricher(pods.enrich)
     try:
-        health = health_service.HealthService.from_args(
+        health = HealthWiring.from_args(
             args, topology=CachedTopology(api), hostname=collector.hostname
         )
     except ValueError as exc:
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
 
     health.attach(collector, xid, server)
     if dra is not None:
-        dra.attach(health.checker)
+        dra.attach(health.service.checker)
 
     stopping = threading.Event()
 

@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from exporter.collect import Collector
+from exporter.health.verdict import NodeHealth
 from exporter.render import CONTENT_TYPE, Renderer
-from exporter.snapshot import NodeSnapshot
 from exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
@@ -182,8 +182,8 @@ class ExporterServer:
             "/healthz": self._healthz,
             "/readyz": self._readyz,
         }
-        # Joins applied to the latest snapshot at scrape time (the health verdict of this moment).
-        self.snapshot_views: list[Callable[[NodeSnapshot], NodeSnapshot]] = []
+        # The health verdict rendered beside the latest snapshot (None: no health checking).
+        self._verdict_source: Callable[[], NodeHealth | None] | None = None
         # Binding here (not in start) makes "port in use" an error at construction.
         server_class = _Server6 if ":" in host else _Server
         self._server = server_class((host, port), _Handler)
@@ -213,9 +213,9 @@ class ExporterServer:
             raise ValueError(f"route path must start with '/': {path!r}")
         self.routes[path] = route
 
-    def add_snapshot_view(self, view: Callable[[NodeSnapshot], NodeSnapshot]) -> None:
-        """``view(snapshot) -> snapshot`` runs on every scrape before rendering."""
-        self.snapshot_views.append(view)
+    def set_verdict_source(self, source: Callable[[], NodeHealth | None]) -> None:
+        """``source()`` gives the health verdict of this moment on every scrape."""
+        self._verdict_source = source
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -233,13 +233,12 @@ class ExporterServer:
 
     # --- routes ------------------------------------------------------------------------------
     def metrics(self, *, gzipped: bool = False) -> Response:
-        """/metrics: the latest snapshot, through the scrape-time views, rendered."""
+        """/metrics: the latest snapshot and the health verdict of this moment, rendered."""
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
-        for view in self.snapshot_views:
-            snapshot = view(snapshot)
-        return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, gzipped=gzipped)
+        verdict = self._verdict_source() if self._verdict_source is not None else None
+        return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
 
     def _healthz(self) -> Response:
         if self.collector.is_alive():

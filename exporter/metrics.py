@@ -2,7 +2,8 @@
 
 Each row names a metric, its Prometheus type and base unit, its help text, the labels it adds
 to the device labels, the NVML function its value comes from and how to read that value from
-a snapshot. The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
+a snapshot (the ``gpu_health_*`` rows: from the health verdict the renderer gets beside the
+snapshot). The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
 are both generated from this table, so a metric exists exactly when it has a row here.
 
 Rows with ``compat="dcgm"`` reproduce dcgm-exporter's default counters (names, units, labels)
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from enum import Enum
 from operator import attrgetter
 
-from exporter.health.rules import State
+from exporter.health.verdict import DeviceHealth, State
 from exporter.snapshot import CLOCK_EVENT_REASONS, DeviceSnapshot, DeviceState, NodeSnapshot
 
 PREFIX = "gpu_"
@@ -29,6 +30,9 @@ SELF_PREFIX = "gpuquota_exporter_"
 Sample = tuple[tuple[str, ...], float]
 DeviceReader = Callable[[DeviceSnapshot, NodeSnapshot], Iterable[Sample]]
 NodeReader = Callable[[NodeSnapshot], Iterable[Sample]]
+# Per-device rows read from the health verdict (exporter/health/verdict.py), which the
+# renderer gets beside the snapshot; a device without a verdict has no series.
+VerdictReader = Callable[[DeviceHealth], Iterable[Sample]]
 
 
 class Scope(Enum):
@@ -78,16 +82,18 @@ class MetricSpec:
     scope: Scope = Scope.DEVICE
     read_device: DeviceReader | None = None
     read_node: NodeReader | None = None
+    read_verdict: VerdictReader | None = None
     compat: str | None = None  # "dcgm": only emitted with --compat dcgm
 
     def __post_init__(self) -> None:
         if self.type not in ("gauge", "counter"):
             raise ValueError(f"{self.name}: type must be gauge or counter, not {self.type}")
         needs_node = self.scope is Scope.NODE
-        if needs_node != (self.read_node is not None) or needs_node == (
-            self.read_device is not None
-        ):
-            raise ValueError(f"{self.name}: give read_node for NODE rows, read_device otherwise")
+        per_device = (self.read_device is not None) + (self.read_verdict is not None)
+        if needs_node != (self.read_node is not None) or per_device != (0 if needs_node else 1):
+            raise ValueError(
+                f"{self.name}: give read_node for NODE rows, read_device or read_verdict otherwise"
+            )
         if self.compat is None and self.type == "counter" and not self.name.endswith("_total"):
             raise ValueError(f"{self.name}: counter names end in _total")
 
@@ -210,26 +216,18 @@ def _read_nvlink(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample
                 yield (link, kind), float(value)
 
 
-def _read_health_state(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
-    verdict = node.health.get(device.uuid) if node.health is not None else None
-    if verdict is None:
-        return
+def _read_health_state(verdict: DeviceHealth) -> Iterator[Sample]:
     for state in State:
         yield (state.label,), 1.0 if verdict.state is state else 0.0
 
 
-def _read_health_reasons(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
-    verdict = node.health.get(device.uuid) if node.health is not None else None
-    if verdict is None:
-        return
+def _read_health_reasons(verdict: DeviceHealth) -> Iterator[Sample]:
     for reason in verdict.reasons:
         yield (reason.code, reason.action.label), 1.0
 
 
-def _read_health_since(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
-    verdict = node.health.get(device.uuid) if node.health is not None else None
-    if verdict is not None:
-        yield (), verdict.since
+def _read_health_since(verdict: DeviceHealth) -> Iterator[Sample]:
+    yield (), verdict.since
 
 
 def _read_processes(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
@@ -662,10 +660,10 @@ METRICS: list[MetricSpec] = [
         help="1 for the device's health verdict (healthy, degraded, unhealthy; docs/health.md), "
         "0 for the others. Unhealthy devices are withdrawn from the kubelet device plugin.",
         labels=("state",),
-        source="health checker: XID events and NVML conditions (exporter/health/rules.py)",
-        accessor="NodeSnapshot.health[uuid].state",
+        source="health checker: XID events and NVML conditions (docs/health.md)",
+        accessor="NodeHealth[uuid].state",
         scope=Scope.IDENTITY,
-        read_device=_read_health_state,
+        read_verdict=_read_health_state,
     ),
     MetricSpec(
         name=f"{P}health_reason",
@@ -675,10 +673,10 @@ METRICS: list[MetricSpec] = [
         "row_remap_pending, ...), with the recommended action (none, restart_app, reset_gpu, "
         "reboot_node).",
         labels=("reason", "action"),
-        source="health checker: XID events and NVML conditions (exporter/health/rules.py)",
-        accessor="NodeSnapshot.health[uuid].reasons",
+        source="health checker: XID events and NVML conditions (docs/health.md)",
+        accessor="NodeHealth[uuid].reasons",
         scope=Scope.IDENTITY,
-        read_device=_read_health_reasons,
+        read_verdict=_read_health_reasons,
     ),
     MetricSpec(
         name=f"{P}health_since_timestamp_seconds",
@@ -687,9 +685,9 @@ METRICS: list[MetricSpec] = [
         help="Unix time at which the device entered its current health state.",
         labels=(),
         source="health checker",
-        accessor="NodeSnapshot.health[uuid].since",
+        accessor="NodeHealth[uuid].since",
         scope=Scope.IDENTITY,
-        read_device=_read_health_since,
+        read_verdict=_read_health_since,
     ),
     # --- processes ------------------------------------------------------------------------
     MetricSpec(

@@ -1,11 +1,14 @@
-"""Turns a NodeSnapshot into the Prometheus text exposition, following the metric table.
+"""Turns a NodeSnapshot (and the health verdict beside it) into the Prometheus text exposition,
+following the metric table.
 
-The render step of collect -> enrich -> render. Two outputs come from the same table walk
-(``series``):
+The render step of collect -> enrich -> render. The snapshot and the verdict come from two
+independent producers (the collector, the health checker) and are never merged: the table's
+verdict rows read the ``NodeHealth``, every other row the snapshot. Two outputs come from the
+same table walk (``series``):
 
-* ``Renderer.exposition(snapshot)``: text format 0.0.4 bytes for /metrics. Each device's label
-  string is built once per snapshot and reused by every row, and the bytes are cached per
-  snapshot, so concurrent scrapes of one snapshot render it once.
+* ``Renderer.exposition(snapshot, verdict)``: text format 0.0.4 bytes for /metrics. Each
+  device's label string is built once per snapshot and reused by every row, and the bytes are
+  cached per (snapshot, verdict generation), so concurrent scrapes render once.
 * ``SnapshotCollector``: a prometheus_client custom collector yielding the same families, for
   embedding the exporter's metrics in another prometheus_client registry.
 
@@ -27,6 +30,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from exporter import metrics
+from exporter.health.verdict import NodeHealth
 from exporter.metrics import MetricSpec, Scope
 from exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
 
@@ -146,6 +150,7 @@ RowSamples = Iterator[tuple[list[L], tuple[str, ...], float]]
 
 def walk(
     snapshot: NodeSnapshot,
+    verdict: NodeHealth | None,
     options: RenderOptions,
     table: list[MetricSpec],
     convert: Callable[[LabelPairs], L],
@@ -154,6 +159,7 @@ def walk(
 
     Each device's label prefixes are built (and passed through ``convert``) once per
     snapshot; a sample is emitted once per prefix (one per pod holder with --pod-labels).
+    Verdict rows have series only for devices the verdict (None: no health checking) names.
     """
     labels = [_device_labels(d, snapshot, options, convert) for d in snapshot.devices]
     no_prefix = [convert(())]
@@ -164,7 +170,6 @@ def walk(
             for values, value in spec.read_node(snapshot):
                 yield no_prefix, values, value
             return
-        assert spec.read_device is not None
         for device, device_labels in zip(snapshot.devices, labels, strict=True):
             if spec.compat == "dcgm":
                 prefixes = device_labels.dcgm
@@ -172,6 +177,13 @@ def walk(
                 prefixes = device_labels.identity
             else:
                 prefixes = device_labels.device
+            if spec.read_verdict is not None:
+                health = verdict.get(device.uuid) if verdict is not None else None
+                if health is not None:
+                    for values, value in spec.read_verdict(health):
+                        yield prefixes, values, value
+                continue
+            assert spec.read_device is not None
             for values, value in spec.read_device(device, snapshot):
                 yield prefixes, values, value
 
@@ -180,7 +192,10 @@ def walk(
 
 
 def series(
-    snapshot: NodeSnapshot, options: RenderOptions, table: list[MetricSpec]
+    snapshot: NodeSnapshot,
+    verdict: NodeHealth | None,
+    options: RenderOptions,
+    table: list[MetricSpec],
 ) -> Iterator[tuple[MetricSpec, Iterator[tuple[LabelPairs, float]]]]:
     """Every row with its series as full label pairs and value, in table order."""
 
@@ -192,7 +207,7 @@ def series(
             for prefix in prefixes:
                 yield prefix + extra, value
 
-    for spec, samples in walk(snapshot, options, table, _identity):
+    for spec, samples in walk(snapshot, verdict, options, table, _identity):
         yield spec, pairs(spec, samples)
 
 
@@ -201,7 +216,7 @@ def _identity(pairs: LabelPairs) -> LabelPairs:
 
 
 class Renderer:
-    """Renders snapshots with fixed options; caches the bytes of the latest snapshot."""
+    """Renders snapshots with fixed options; caches the bytes of the latest (snapshot, verdict)."""
 
     def __init__(
         self, options: RenderOptions = RenderOptions(), table: list[MetricSpec] | None = None
@@ -212,33 +227,38 @@ class Renderer:
         self.options = options
         self.table = metrics.rows(options.compat) if table is None else table
         self._lock = threading.Lock()
-        self._cached_for: NodeSnapshot | None = None
+        self._cached_for: tuple[NodeSnapshot, int | None] | None = None
         self._cached: bytes = b""
         self._cached_gzip: bytes | None = None
 
-    def exposition(self, snapshot: NodeSnapshot, *, gzipped: bool = False) -> bytes:
-        """The text exposition of ``snapshot`` (or its gzip); rendered (and compressed) once
-        however many scrapes ask.
+    def exposition(
+        self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None, *, gzipped: bool = False
+    ) -> bytes:
+        """The text exposition of ``snapshot`` with ``verdict`` (or its gzip); rendered (and
+        compressed) once however many scrapes ask.
 
-        Scrape-time views (the health verdict) hand in a fresh copy of the same snapshot on
-        every scrape, so the cache compares by value; the comparison is cheap because an
-        unchanged copy shares its device tuples and verdict with the cached one.
+        The cache key is the snapshot's identity (the collector publishes a new object per
+        collection, never a changed one) and the verdict's generation (the health board
+        publishes a new generation on every change): no value comparison. A renderer serves
+        the verdicts of one health checker, whose generations never repeat.
         """
+        key = (snapshot, None if verdict is None else verdict.generation)
         with self._lock:
-            if self._cached_for is not snapshot and self._cached_for != snapshot:
-                self._cached = self.render(snapshot)
+            cached = self._cached_for
+            if cached is None or cached[0] is not snapshot or cached[1] != key[1]:
+                self._cached = self.render(snapshot, verdict)
                 self._cached_gzip = None
-                self._cached_for = snapshot
+                self._cached_for = key
             if not gzipped:
                 return self._cached
             if self._cached_gzip is None:
                 self._cached_gzip = gzip.compress(self._cached, compresslevel=1)
             return self._cached_gzip
 
-    def render(self, snapshot: NodeSnapshot) -> bytes:
+    def render(self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None) -> bytes:
         out: list[str] = []
         extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
-        for spec, samples in walk(snapshot, self.options, self.table, _pairs_text):
+        for spec, samples in walk(snapshot, verdict, self.options, self.table, _pairs_text):
             name = spec.name
             lines: list[str] = []
             for prefixes, values, value in samples:
@@ -261,12 +281,17 @@ class Renderer:
 
 
 class SnapshotCollector(Collector):
-    """prometheus_client custom collector over the latest snapshot of ``source``."""
+    """prometheus_client custom collector over the latest snapshot of ``source`` (and the
+    latest verdict of ``verdict_source``, if given)."""
 
     def __init__(
-        self, source: Callable[[], NodeSnapshot | None], options: RenderOptions = RenderOptions()
+        self,
+        source: Callable[[], NodeSnapshot | None],
+        options: RenderOptions = RenderOptions(),
+        verdict_source: Callable[[], NodeHealth | None] | None = None,
     ) -> None:
         self._source = source
+        self._verdict_source = verdict_source
         self._options = options
         self._table = metrics.rows(options.compat)
 
@@ -274,7 +299,8 @@ class SnapshotCollector(Collector):
         snapshot = self._source()
         if snapshot is None:
             return
-        for spec, rows in series(snapshot, self._options, self._table):
+        verdict = self._verdict_source() if self._verdict_source is not None else None
+        for spec, rows in series(snapshot, verdict, self._options, self._table):
             name = spec.name
             if spec.type == "counter" and name.endswith("_total"):
                 name = name[: -len("_total")]

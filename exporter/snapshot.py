@@ -1,7 +1,8 @@
 """The immutable picture of one node's GPUs that the collect loop produces.
 
 Data flows one way: collect (NVML) -> enrich (pod attribution) -> render (Prometheus), and
-the health checker and device plugin read the same snapshots. Nothing downstream of this
+the health checker reads the same snapshots. Its verdict (exporter/health/verdict.py) lives
+beside a snapshot, never inside it: the renderer takes both. Nothing downstream of this
 module ever calls NVML. A field is ``None`` when NVML said NOT_SUPPORTED (or the value is
 otherwise unavailable) for that device: renderers leave such a series out, never emit 0.
 """
@@ -10,10 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the health checker's verdict, joined at render time (exporter/health/)
-    from exporter.health.rules import NodeHealth
 
 # NVML clock event (throttle) reason bits, nvmlClocksEventReason*, as read into
 # DeviceSnapshot.clock_event_reasons; label value -> bit. The metric table and the health
@@ -190,9 +187,6 @@ class NodeSnapshot:
     # Unix time of the last collection in which NVML answered (ok=True), this one or earlier.
     last_success_at: float | None = None
     collections_total: int = 0  # collections since the exporter started, this one included
-    # The health checker's current verdict for every device; set when rendering (None: no
-    # health checking), so metrics show the same state as the health endpoint at that moment.
-    health: NodeHealth | None = None
     # Pod attribution's own state, set by its enricher (None: attribution turned off).
     pod_attribution: PodAttributionStatus | None = None
     # device UUID -> the DRA claims through which pods hold it (exporter/dra/)

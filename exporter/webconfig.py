@@ -75,10 +75,6 @@ class WebConfig:
     _verified: set[bytes] = field(default_factory=set, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    @property
-    def auth_required(self) -> bool:
-        return bool(self.users)
-
     def authorized(self, header: str | None) -> bool:
         """Whether an Authorization header satisfies basic_auth_users (True if none set)."""
         if not self.users:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from exporter.health.rules import DeviceHealth, NodeHealth, State
+from exporter.health.verdict import DeviceHealth, NodeHealth, State
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

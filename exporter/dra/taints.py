@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 from exporter.dra.slices import DraDevice, SliceIndex
-from exporter.health.nodestatus import TAINT_KEY
-from exporter.health.rules import NodeHealth, State
+from exporter.health.verdict import NodeHealth, State
+from exporter.nodestatus.status import TAINT_KEY
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 The collector's subscribe() callback and the XID watcher's listener only put the input on
 a queue, so neither the collection loop nor the NVML event thread ever waits on health work.
-The worker applies each input to the ``HealthTracker`` (exporter/health/rules.py), wakes up
+The worker applies each input to the ``HealthTracker`` (exporter/health/engine.py), wakes up
 by itself when an event reason's quiet period runs out, and publishes every new
 ``NodeHealth`` on the ``HealthBoard`` that the metrics, the HTTP endpoint and the device
 plugin read.
@@ -18,7 +18,9 @@ from collections.abc import Callable
 from typing import Protocol
 
 from exporter.health.board import HealthBoard
-from exporter.health.rules import HealthConfig, HealthTracker, NodeHealth
+from exporter.health.engine import HealthTracker
+from exporter.health.table import HealthConfig
+from exporter.health.verdict import NodeHealth
 from exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,7 @@ _STOP = object()
 class HealthChecker:
     def __init__(
         self,
-        config: HealthConfig | None = None,
+        config: HealthConfig,
         board: HealthBoard | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:

@@ -1,4 +1,4 @@
-"""Generates the tables of docs/health.md from exporter/health/rules.py.
+"""Generates the tables of docs/health.md from the default tables (exporter/health/defaults.yaml).
 
 ``python -m exporter.health.doc --write docs/health.md`` rewrites the text between the
 ``<!-- health:... -->`` markers; ``--check`` exits non-zero when the file is out of date
@@ -13,13 +13,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter.health.rules import (
-    CLOCK_EVENT_REASONS,
-    DEFAULT_CONDITION_RULES,
-    DEFAULT_QUIET_PERIOD_S,
-    DEFAULT_UNKNOWN_XID,
-    DEFAULT_XID_RULES,
-)
+from exporter.health.config import default_catalog_actions, defaults
+
+
+def catalog_actions() -> str:
+    mapped = [
+        f"`{bucket}` maps to {state.label} + `{action.label}`"
+        for bucket, (state, action) in default_catalog_actions().items()
+    ]
+    return ", ".join(mapped) + "."
 
 
 def xid_table() -> str:
@@ -27,13 +29,14 @@ def xid_table() -> str:
         "| XID | Mnemonic | Meaning | State | Action | NVIDIA catalog | Why |",
         "|---:|---|---|---|---|---|---|",
     ]
-    for xid in sorted(DEFAULT_XID_RULES):
-        r = DEFAULT_XID_RULES[xid]
+    table = defaults()
+    for xid in sorted(table.xid_rules):
+        r = table.xid_rules[xid]
         lines.append(
             f"| {xid} | `{r.mnemonic}` | {r.description} | {r.state.label} | {r.action.label} "
             f"| {r.catalog} | {r.note} |"
         )
-    u = DEFAULT_UNKNOWN_XID
+    u = table.unknown_xid
     lines.append(
         f"| any other | | not in the table | {u.state.label} | {u.action.label} | | configurable |"
     )
@@ -41,27 +44,25 @@ def xid_table() -> str:
 
 
 def condition_table() -> str:
+    table = defaults()
+    clock_bits = table.clock_event_bits()
     lines = ["| Reason | Meaning | State | Action | Kind |", "|---|---|---|---|---|"]
-    for code, c in DEFAULT_CONDITION_RULES.items():
+    for code, c in table.conditions.items():
         kind = (
             "event: clears after the quiet period" if c.edge else "level: clears when NVML says so"
         )
-        bit = (
-            f" (clock event reason bit `{CLOCK_EVENT_REASONS[code]:#x}`)"
-            if code in CLOCK_EVENT_REASONS
-            else ""
-        )
+        bit = f" (clock event reason bit `{clock_bits[code]:#x}`)" if code in clock_bits else ""
         lines.append(
             f"| `{code}` | {c.description}{bit} | {c.state.label} | {c.action.label} | {kind} |"
         )
     lines.append("")
     lines.append(
-        f"Default quiet period: {DEFAULT_QUIET_PERIOD_S:g} seconds (`--health-quiet-period`)."
+        f"Default quiet period: {table.quiet_period_s:g} seconds (`--health-quiet-period`)."
     )
     return "\n".join(lines)
 
 
-SECTIONS = {"xids": xid_table, "conditions": condition_table}
+SECTIONS = {"buckets": catalog_actions, "xids": xid_table, "conditions": condition_table}
 
 
 def render(text: str) -> str:

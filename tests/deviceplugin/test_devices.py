@@ -12,13 +12,15 @@ from exporter.deviceplugin.devices import (
     index_devices,
     plugin_devices,
 )
-from exporter.health.rules import HealthConfig, HealthTracker, NodeHealth
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import NodeHealth
 from exporter.snapshot import DeviceState
 from tests.health.factory import gpu, gpus, mig, node
 
 
 def health_of(*devices, xids=()) -> NodeHealth:
-    t = HealthTracker(HealthConfig())
+    t = HealthTracker(parse_config(None))
     h = t.observe_snapshot(node(*devices), now=0)
     for uuid, xid in xids:
         h = t.observe_xid(uuid, xid, at=1)

@@ -26,7 +26,7 @@ import grpc
 import pytest
 
 from exporter.cli import build_parser
-from exporter.health.service import HealthService
+from exporter.wiring import HealthWiring
 from sim.apiserver import ApiServer
 from sim.harness import poll, stop_process
 from sim.kubelet.registration import KubeletStandIn, PluginClient
@@ -340,7 +340,7 @@ def test_bad_flag_values_exit_2(
 def test_bad_settings_are_refused(flags: list[str], message: str) -> None:
     args = build_parser().parse_args(["--device-plugin", "--device-plugin-dir", "/tmp", *flags])
     with pytest.raises(ValueError) as err:
-        HealthService.from_args(args)
+        HealthWiring.from_args(args)
     assert message in str(err.value)
 
 

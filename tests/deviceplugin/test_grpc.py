@@ -19,7 +19,8 @@ from exporter.deviceplugin.devices import PluginConfig
 from exporter.deviceplugin.manager import DevicePluginManager
 from exporter.deviceplugin.preferred import Topology
 from exporter.health.board import HealthBoard
-from exporter.health.rules import HealthConfig, HealthTracker
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
 from exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from sim.kubelet.registration import KubeletStandIn
@@ -36,7 +37,7 @@ class Node:
     """Health tracker + board: what the checker does, minus NVML."""
 
     def __init__(self, *devices) -> None:
-        self.tracker = HealthTracker(HealthConfig(quiet_period_s=1000))
+        self.tracker = HealthTracker(parse_config(None, quiet_period_s=1000))
         self.board = HealthBoard()
         self.now = 0.0
         self.snapshot(*devices)

@@ -1,4 +1,5 @@
-"""Fixtures for the exporter tests: promtool, self-signed certificates, the NVML stand-in."""
+"""Fixtures for the exporter tests: promtool, self-signed certificates, the NVML stand-in,
+the exporter as a subprocess and its HTTP endpoint in-process."""
 
 from __future__ import annotations
 
@@ -10,10 +11,16 @@ from typing import Any
 
 import pytest
 
+from exporter.collect import Collector
+from exporter.http import ExporterServer
 from exporter.nvml import NvmlApi
+from exporter.render import Renderer
+from exporter.webconfig import ReloadingWebConfig, WebConfig
 from sim.harness import stop_process
 from sim.nvml.control import SimNode
 from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
+
+NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
 
 
 @pytest.fixture(scope="session")
@@ -69,19 +76,6 @@ def nvml_on(
         api.shutdown()
 
 
-def sim_exports(sim_library: Path, *functions: str) -> None:
-    """Skip (naming what is missing) while the stand-in does not implement ``functions``.
-
-    Every other function of nvml.h exists in the stand-in as a NOT_SUPPORTED stub.
-    """
-    from sim.nvml import build
-
-    implemented = build.implemented_functions()
-    missing = [f for f in functions if f not in implemented]
-    if missing:
-        pytest.skip(f"the NVML stand-in does not implement {', '.join(missing)} yet")
-
-
 @pytest.fixture
 def start_exporter(
     make_node: Callable[..., SimNode], sim_dir: Path
@@ -108,3 +102,31 @@ def start_exporter(
     yield start
     for exporter in started:
         stop_process(exporter.proc)
+
+
+# --- the HTTP endpoint in-process ------------------------------------------------------------
+
+
+@pytest.fixture
+def serve(nvml_on: NvmlOn) -> Iterator[Callable[..., tuple[SimNode, Collector, ExporterServer]]]:
+    running: list[tuple[Collector, ExporterServer]] = []
+
+    def start(
+        spec: str = "l4x2",
+        web_config: WebConfig | ReloadingWebConfig | None = None,
+        interval: float = 0.1,
+    ) -> tuple[SimNode, Collector, ExporterServer]:
+        node, api = nvml_on(spec)
+        collector = Collector(api, interval=interval)
+        server = ExporterServer(
+            collector, Renderer(), host="127.0.0.1", port=0, web_config=web_config
+        )
+        collector.start()
+        server.start()
+        running.append((collector, server))
+        return node, collector, server
+
+    yield start
+    for collector, server in running:
+        server.stop()
+        collector.stop()

@@ -14,7 +14,7 @@ import pytest
 from exporter import cli
 from sim.nvml.control import SimNode
 from tests.exporter.procs import Exporter, base_env, run_cli
-from tests.exporter.test_render import parse, value
+from tests.exporter.scrape import parse, value
 
 
 def test_end_to_end_scrape_and_clean_shutdown(

@@ -9,7 +9,7 @@ import os
 import ssl
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -17,57 +17,14 @@ from typing import Any
 import bcrypt
 import pytest
 
-from exporter.collect import Collector
 from exporter.http import ExporterServer
 from exporter.nvml import NvmlApi
 from exporter.render import Renderer
-from exporter.webconfig import ReloadingWebConfig, WebConfig, load
+from exporter.webconfig import ReloadingWebConfig, load
 from sim.nvml.control import SimNode
+from tests.exporter.scrape import get
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
-
-
-@pytest.fixture
-def serve(nvml_on: NvmlOn) -> Iterator[Callable[..., tuple[SimNode, Collector, ExporterServer]]]:
-    running: list[tuple[Collector, ExporterServer]] = []
-
-    def start(
-        spec: str = "l4x2",
-        web_config: WebConfig | ReloadingWebConfig | None = None,
-        interval: float = 0.1,
-    ) -> tuple[SimNode, Collector, ExporterServer]:
-        node, api = nvml_on(spec)
-        collector = Collector(api, interval=interval)
-        server = ExporterServer(
-            collector, Renderer(), host="127.0.0.1", port=0, web_config=web_config
-        )
-        collector.start()
-        server.start()
-        running.append((collector, server))
-        return node, collector, server
-
-    yield start
-    for collector, server in running:
-        server.stop()
-        collector.stop()
-
-
-def get(
-    server: ExporterServer, path: str, headers: dict[str, str] | None = None, **kw: Any
-) -> tuple[int, bytes, http.client.HTTPResponse]:
-    host, port = server.address
-    if server.scheme == "https":
-        conn: http.client.HTTPConnection = http.client.HTTPSConnection(
-            host, port, timeout=5, context=kw.get("context")
-        )
-    else:
-        conn = http.client.HTTPConnection(host, port, timeout=5)
-    try:
-        conn.request("GET", path, headers=headers or {})
-        response = conn.getresponse()
-        return response.status, response.read(), response
-    finally:
-        conn.close()
 
 
 def test_routes(serve) -> None:

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.exporter.test_http import get, serve  # noqa: F401  (serve is a fixture)
+from tests.exporter.scrape import get
 
 
 @pytest.fixture
@@ -25,7 +25,7 @@ def thread_starts(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return started
 
 
-def test_sequential_scrapes_reuse_workers(serve, thread_starts: list[str]) -> None:  # noqa: F811
+def test_sequential_scrapes_reuse_workers(serve, thread_starts: list[str]) -> None:
     _node, _collector, server = serve()
     thread_starts.clear()  # the collector's and the server's own threads
     for _ in range(50):
@@ -33,7 +33,7 @@ def test_sequential_scrapes_reuse_workers(serve, thread_starts: list[str]) -> No
     assert len(thread_starts) <= 5, thread_starts
 
 
-def test_concurrent_scrapes_are_all_answered(serve, thread_starts: list[str]) -> None:  # noqa: F811
+def test_concurrent_scrapes_are_all_answered(serve, thread_starts: list[str]) -> None:
     _node, _collector, server = serve()
     with ThreadPoolExecutor(20) as pool:
         thread_starts.clear()

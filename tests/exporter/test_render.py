@@ -7,13 +7,14 @@ from dataclasses import fields, replace
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporter import metrics
+from exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
 from exporter.metrics import METRICS, MetricSpec, Scope
 from exporter.render import Renderer, RenderOptions, SnapshotCollector, escape_label_value
 from exporter.snapshot import DeviceSnapshot, DeviceState, PodRef
 from tests.exporter.factories import GIB, gpu, mig, node
+from tests.exporter.scrape import parse, value
 
 DCGM = RenderOptions(compat=frozenset({"dcgm"}))
 
@@ -41,30 +42,6 @@ DCGM_DEFAULT_COUNTERS = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
 }
-
-
-def parse(text: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """metric sample name -> [(labels, value)] via prometheus_client's own parser.
-
-    TYPE lines are dropped first: the parser renames counters without ``_total`` (dcgm's).
-    """
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    lines = [line for line in text.decode().splitlines() if not line.startswith("# TYPE")]
-    for family in text_string_to_metric_families("\n".join(lines) + "\n"):
-        for sample in family.samples:
-            out.setdefault(sample.name, []).append((sample.labels, sample.value))
-    return out
-
-
-def value(samples: dict, name: str, _exact: bool = False, **labels: str) -> float:
-    """The one sample of ``name`` whose labels include ``labels`` (or equal them)."""
-    matches = [
-        v
-        for lbl, v in samples.get(name, [])
-        if (lbl == labels if _exact else labels.items() <= lbl.items())
-    ]
-    assert len(matches) == 1, f"{name}{labels}: {matches}"
-    return matches[0]
 
 
 # --- the table ---------------------------------------------------------------------------------
@@ -280,9 +257,37 @@ def test_exposition_is_cached_per_snapshot() -> None:
     first = node()
     body = renderer.exposition(first)
     assert renderer.exposition(first) is body
-    assert renderer.exposition(replace(first)) is body  # an equal copy (scrape-time view)
+    # An equal copy renders the same bytes; the cache keys on identity, never compares values.
+    assert renderer.exposition(replace(first)) == body
     second = replace(first, devices=(gpu(0, power_watts=100.0),))
     assert renderer.exposition(second) != body
+
+
+def test_verdict_is_rendered_beside_the_snapshot_and_cached_per_generation() -> None:
+    renderer = Renderer()
+    snapshot = node(gpu(0))
+    uuid = snapshot.devices[0].uuid
+    without = renderer.exposition(snapshot)
+    assert b"gpu_health_state" not in without  # no health checking: no health series
+
+    def verdict(state: State, action: Action, generation: int) -> NodeHealth:
+        reasons = () if state is State.HEALTHY else (Reason("xid_79", state, action, "", 1, 1),)
+        return NodeHealth((DeviceHealth(uuid, 0, state, action, 1.0, reasons),), generation, 1.0)
+
+    healthy = verdict(State.HEALTHY, Action.NONE, 1)
+    body = renderer.exposition(snapshot, healthy)
+    assert renderer.exposition(snapshot, healthy) is body
+    assert renderer.exposition(snapshot, verdict(State.HEALTHY, Action.NONE, 1)) is body
+    samples = parse(body)
+    assert value(samples, "gpu_health_state", uuid=uuid, state="healthy") == 1
+    sick = renderer.exposition(snapshot, verdict(State.UNHEALTHY, Action.REBOOT_NODE, 2))
+    samples = parse(sick)
+    assert value(samples, "gpu_health_state", uuid=uuid, state="unhealthy") == 1
+    assert (
+        value(samples, "gpu_health_reason", uuid=uuid, reason="xid_79", action="reboot_node") == 1
+    )
+    assert value(samples, "gpu_health_since_timestamp_seconds", uuid=uuid) == 1.0
+    assert renderer.exposition(snapshot) == without
 
 
 def test_custom_collector_matches_text_rendering() -> None:

@@ -32,7 +32,7 @@ def test_empty_file_means_no_tls_and_no_auth(tmp_path: Path) -> None:
 
 def test_basic_auth_checks_bcrypt_hashes(tmp_path: Path) -> None:
     config = load(write(tmp_path, f"basic_auth_users:\n  prom: '{HASH}'\n"))
-    assert config.auth_required
+    assert config.users  # auth required
     assert config.authorized(basic("prom", "s3cret"))
     assert config.authorized(basic("prom", "s3cret"))  # the cached path
     assert not config.authorized(basic("prom", "wrong"))

@@ -8,14 +8,15 @@ from collections.abc import Iterator
 import pytest
 
 from exporter.health.checker import HealthChecker
-from exporter.health.rules import HealthConfig, NodeHealth, State
+from exporter.health.config import parse_config
+from exporter.health.verdict import NodeHealth, State
 from exporter.xid import XidEvent
 from tests.health.factory import gpus, node
 
 
 @pytest.fixture
 def checker() -> Iterator[HealthChecker]:
-    c = HealthChecker(HealthConfig(quiet_period_s=0.3))
+    c = HealthChecker(parse_config(None, quiet_period_s=0.3))
     c.start()
     yield c
     c.stop()

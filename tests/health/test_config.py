@@ -5,9 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
-from exporter.health.config import HealthConfigError, load_config, parse_config
-from exporter.health.rules import DEFAULT_QUIET_PERIOD_S, Action, HealthTracker, State
+from exporter.health.config import (
+    HealthConfigError,
+    defaults,
+    load_config,
+    parse_config,
+    parse_defaults,
+)
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import Action, State
 from tests.health.factory import gpu, node
 
 YAML = """
@@ -24,7 +32,7 @@ conditions:
 
 def test_defaults_without_a_file() -> None:
     config = load_config(None)
-    assert config.quiet_period_s == DEFAULT_QUIET_PERIOD_S
+    assert config.quiet_period_s == defaults().quiet_period_s == 300
     assert config.xid_rule(79).state is State.UNHEALTHY
 
 
@@ -99,3 +107,57 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
 
 def test_empty_file_is_defaults() -> None:
     assert parse_config(None).xid_rule(79).action is Action.REBOOT_NODE
+
+
+DEFAULTS_HEAD = """
+quiet_period_seconds: 300
+catalog_actions:
+  IGNORE: {state: healthy, action: none}
+  RESET_GPU: {state: unhealthy, action: reset_gpu}
+unknown_xid: {state: degraded, action: none}
+conditions: {}
+"""
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ("62: {mnemonic: PMU, description: halt, catalog: RESET_GPU, state: unhealthy}",
+         "xids.62: state/action repeat what catalog_actions gives RESET_GPU: leave them out"),
+        ("45: {mnemonic: X, description: y, catalog: WORKFLOW_XID_45, state: healthy}",
+         "xids.45: catalog bucket WORKFLOW_XID_45 has no verdict in catalog_actions"),
+        ("8: {mnemonic: X, catalog: IGNORE}", "xids.8: description is missing"),
+        ("8: {mnemonic: X, description: y, catalog: IGNORE, colour: red}", "unknown key(s) ['colour']"),
+    ],
+)  # fmt: skip
+def test_the_defaults_name_a_verdict_only_where_it_differs_from_the_bucket(
+    rows: str, message: str
+) -> None:
+    data = yaml.safe_load(DEFAULTS_HEAD + "xids:\n  " + rows + "\n")
+    with pytest.raises(HealthConfigError) as err:
+        parse_defaults(data, "defaults.yaml")
+    assert message in str(err.value)
+
+
+def test_the_defaults_take_the_bucket_verdict_or_their_own() -> None:
+    rows = (
+        "  62: {mnemonic: PMU, description: halt, catalog: RESET_GPU}\n"
+        "  92: {mnemonic: SBE, description: sbe, catalog: IGNORE, state: degraded}\n"
+        "  45: {mnemonic: X, description: y, catalog: WORKFLOW_XID_45, state: healthy, action: none}\n"
+    )
+    config = parse_defaults(yaml.safe_load(DEFAULTS_HEAD + "xids:\n" + rows))
+    verdicts = {x: (r.state, r.action) for x, r in config.xid_rules.items()}
+    assert verdicts == {
+        62: (State.UNHEALTHY, Action.RESET_GPU),
+        92: (State.DEGRADED, Action.NONE),
+        45: (State.HEALTHY, Action.NONE),
+    }
+
+
+def test_shipped_conditions_read_from_clock_event_bits_are_the_slowdowns() -> None:
+    assert defaults().clock_event_bits() == {
+        "hw_slowdown": 0x8,
+        "sw_thermal_slowdown": 0x20,
+        "hw_thermal_slowdown": 0x40,
+        "hw_power_brake_slowdown": 0x80,
+    }

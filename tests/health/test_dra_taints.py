@@ -18,8 +18,10 @@ from exporter.dra.taints import (
     rule_name,
     wanted_rules,
 )
-from exporter.health.nodestatus import TAINT_KEY
-from exporter.health.rules import Action, HealthConfig, HealthTracker, State
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import Action, State
+from exporter.nodestatus.status import TAINT_KEY
 from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot
 from quota.controller.kube import Kube, load
 from sim.apiserver import ApiServer
@@ -27,7 +29,7 @@ from sim.harness import poll, wait_for
 from sim.nvml import spec
 from sim.nvml.control import SimNode
 from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
-from tests.kubelet.test_exporter_attribution import Exporter, scrape
+from tests.kubelet.exporter_proc import Exporter, scrape
 
 MIXED = spec.load("mixed")  # 2 x H100, an A100 with 3 MIG devices, an L4
 NAMES = device_uuids(MIXED)
@@ -56,7 +58,7 @@ def index() -> SliceIndex:
 
 
 def test_wanted_rules_select_each_unhealthy_dra_device() -> None:
-    t = HealthTracker(HealthConfig(quiet_period_s=10))
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
     healthy = t.observe_snapshot(snapshot(), now=0)
     devices = index().devices()
     assert wanted_rules(healthy, devices, "node-a") == {}
@@ -117,7 +119,7 @@ def test_publisher_creates_updates_and_removes_only_its_own_rules(tmp_path: Path
         publisher = DeviceTaintPublisher(kube, index(), "node-a", max_backoff_s=0.2)
         publisher.start()
         try:
-            t = HealthTracker(HealthConfig(quiet_period_s=10))
+            t = HealthTracker(parse_config(None, quiet_period_s=10))
             healthy = t.observe_snapshot(snapshot(), now=0)
             publisher(healthy, healthy)
             assert poll(lambda: set(_rules(api)) == {"x", "admin-rule"})  # leftover cleaned
@@ -140,7 +142,7 @@ def test_publisher_creates_updates_and_removes_only_its_own_rules(tmp_path: Path
 
 
 def test_the_drivers_recovery_action_holds_the_verdict_until_it_reads_none() -> None:
-    t = HealthTracker(HealthConfig(quiet_period_s=10))
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
     base = snapshot()
     h = t.observe_snapshot(base, now=0)
     t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
@@ -159,7 +161,7 @@ def test_the_drivers_recovery_action_holds_the_verdict_until_it_reads_none() -> 
 
 
 def _sick_gpu1():
-    t = HealthTracker(HealthConfig(quiet_period_s=10))
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
     t.observe_snapshot(snapshot(), now=0)
     return t.observe_xid(MIXED.gpus[1].uuid, 79, at=0)
 
@@ -169,7 +171,7 @@ def test_a_foreign_rule_with_our_name_is_left_alone(tmp_path: Path, caplog) -> N
         api.apply("ADDED", FOREIGN)
         kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
         publisher = DeviceTaintPublisher(kube, index(), "node-a")
-        t = HealthTracker(HealthConfig(quiet_period_s=10))
+        t = HealthTracker(parse_config(None, quiet_period_s=10))
         t.observe_snapshot(snapshot(), now=0)
         sick = t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
         publisher.reconcile(wanted_rules(sick, index().devices(), "node-a"))

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.health.nodestatus import (
-    CONDITION_TYPE,
-    TAINT_KEY,
-    NodeStatusUpdater,
-    taints_with,
-    wanted_status,
-)
-from exporter.health.rules import HealthConfig, HealthTracker
-from exporter.health.service import _core_api
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
+from exporter.nodestatus.status import CONDITION_TYPE, TAINT_KEY, taints_with, wanted_status
+from exporter.nodestatus.updater import NodeStatusUpdater
+from exporter.wiring import core_api
 from sim.apiserver import ApiServer
 from sim.harness import poll
 from tests.health.factory import gpus, node
@@ -22,7 +18,7 @@ OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 
 
 def test_wanted_status() -> None:
-    t = HealthTracker(HealthConfig())
+    t = HealthTracker(parse_config(None))
     h = t.observe_snapshot(node(*gpus(3)), now=0)
     assert not wanted_status(h).unhealthy
     assert wanted_status(h).reason == "AllGPUsHealthy"
@@ -52,11 +48,11 @@ def test_taint_and_condition_follow_health(tmp_path: Path) -> None:
         api.apply("ADDED", {"kind": "Node", "apiVersion": "v1", "metadata": {"name": "node-a", "uid": "uid-node-a"},
                             "spec": {"taints": [OTHER]}, "status": {"conditions": [
                                 {"type": "Ready", "status": "True"}]}})  # fmt: skip
-        core = _core_api(api.write_kubeconfig(tmp_path / "kubeconfig"))
+        core = core_api(api.write_kubeconfig(tmp_path / "kubeconfig"))
         updater = NodeStatusUpdater(core, "node-a", taint=True, condition=True, max_backoff_s=0.2)
         updater.start()
         try:
-            t = HealthTracker(HealthConfig(quiet_period_s=10))
+            t = HealthTracker(parse_config(None, quiet_period_s=10))
             healthy = t.observe_snapshot(node(*gpus(2)), now=0)
             sick = t.observe_xid("GPU-00000001", 95, at=1)
             updater(healthy, sick)

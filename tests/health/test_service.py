@@ -1,4 +1,4 @@
-"""The health service glue: JSON route before and after the first verdict, the scrape-time join."""
+"""The health service glue: JSON route and the verdict source before and after the first verdict."""
 
 from __future__ import annotations
 
@@ -6,19 +6,20 @@ import json
 import time
 
 from exporter.cli import build_parser
-from exporter.health.service import HealthService
+from exporter.wiring import HealthWiring
 from tests.health.factory import gpus, node
 
 
-def test_json_route_and_snapshot_view() -> None:
-    service = HealthService.from_args(build_parser().parse_args([]), hostname="node-a")
-    assert service.plugin_manager is None and service.node_status is None
+def test_json_route_and_verdict_source() -> None:
+    wiring = HealthWiring.from_args(build_parser().parse_args([]), hostname="node-a")
+    assert wiring.plugin_manager is None and wiring.node_status is None
+    service = wiring.service
     status, _, body = service.json_route()
     assert status == 503 and b"no health verdict yet" in body
     snapshot = node(*gpus(2))
-    assert service.snapshot_view(snapshot).health is None
+    assert service.verdict() is None
 
-    service.start()
+    wiring.start()
     try:
         service.checker.on_snapshot(snapshot)
         deadline = time.monotonic() + 2
@@ -28,8 +29,8 @@ def test_json_route_and_snapshot_view() -> None:
         assert (status, content_type) == (200, "application/json")
         doc = json.loads(body)
         assert doc["node"] == "node-a" and len(doc["devices"]) == 2
-        joined = service.snapshot_view(snapshot)
-        assert joined.health is service.checker.current()
-        assert joined.devices == snapshot.devices
+        verdict = service.verdict()
+        assert verdict is service.checker.current()
+        assert [d.uuid for d in verdict.devices] == [d.uuid for d in snapshot.devices]
     finally:
-        service.stop()
+        wiring.stop()

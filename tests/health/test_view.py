@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 
-from exporter.health.rules import HealthConfig, HealthTracker
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
 from exporter.health.view import node_json
 from tests.health.factory import gpu, mig, node
 
 
 def test_json_document() -> None:
-    t = HealthTracker(HealthConfig(quiet_period_s=60))
+    t = HealthTracker(parse_config(None, quiet_period_s=60))
     t.observe_snapshot(node(gpu(0, mig_mode_enabled=True), mig(0, 1), gpu(1)), now=1_700_000_000.0)
     h = t.observe_xid("GPU-00000001", 79, at=1_700_000_010.5)
     doc = node_json(h, "node-a")

@@ -21,8 +21,8 @@ from sim.kubelet.podresources import Assignment, ClaimAssignment, PodResourcesSe
 from sim.nvml import spec
 from sim.nvml.control import SimNode
 from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
-from tests.exporter.test_render import parse
-from tests.kubelet.test_exporter_attribution import Exporter, pod_info, scrape
+from tests.exporter.scrape import parse
+from tests.kubelet.exporter_proc import Exporter, pod_info, scrape
 
 MIXED = spec.load("mixed")  # 2 x H100, an A100 with 3 MIG devices, an L4
 NAMES = device_uuids(MIXED)  # DRA device name -> UUID

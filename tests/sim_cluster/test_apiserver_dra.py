@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 from sim.apiserver import ApiServer
 from sim.nvml import spec
 from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
-from tests.sim_cluster.test_apiserver import watch_lines
+from tests.sim_cluster.watching import watch_lines
 
 
 def _client(api: ApiServer) -> client.ApiClient:

@@ -6,18 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.health.rules import (
-    DEFAULT_XID_RULES,
-    Action,
-    HealthConfig,
-    HealthTracker,
-    NodeHealth,
-    State,
-)
+from exporter.health.config import defaults, parse_config
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import Action, NodeHealth, State
 from exporter.snapshot import DeviceState, NodeSnapshot, NvLinkCounters
 from tests.health.factory import gpu, gpus, mig, node
 
 H, D, U = State.HEALTHY, State.DEGRADED, State.UNHEALTHY
+DEFAULT_XID_RULES = defaults().xid_rules
 
 # What the documentation promises for the XIDs operators meet most (docs/health.md).
 DOCUMENTED = [
@@ -63,7 +59,7 @@ def test_table_is_consistent() -> None:
 
 
 def tracker(quiet: float = 300.0) -> HealthTracker:
-    return HealthTracker(HealthConfig(quiet_period_s=quiet))
+    return HealthTracker(parse_config(None, quiet_period_s=quiet))
 
 
 def one(health: NodeHealth, uuid: str = "GPU-00000000"):

@@ -1,0 +1,150 @@
+"""The import graph: no module cycle anywhere, no loop between folders, and test modules that
+share helpers through conftest or a helpers module, never by importing each other.
+
+Read from the source with ``ast`` (nothing is imported), counting every import: those inside
+functions and under ``if TYPE_CHECKING`` too, since a lazy import that breaks a cycle at run
+time still ties the two modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("gpuquota", "exporter", "quota", "sim", "dashboards", "bench")
+# Test folders whose test modules must not import each other (issue 8's loose ends).
+TEST_FOLDERS = ("exporter", "health", "deviceplugin", "kubelet", "sim_nvml", "sim_cluster")
+
+Graph = dict[str, set[str]]
+
+
+def _modules(packages: Iterable[str]) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in packages:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            if all(part.isidentifier() for part in parts):  # not e.g. gpu-node.dashboard.py
+                found[".".join(parts)] = path
+    return found
+
+
+def _imported_names(module: str, path: Path) -> Iterator[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def import_graph(modules: Mapping[str, Path]) -> Graph:
+    """Module -> the project modules it imports (a name resolves to its longest module)."""
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: Graph = {}
+    for module, path in modules.items():
+        targets = {resolve(name) for name in _imported_names(module, path)}
+        graph[module] = {t for t in targets if t is not None and t != module}
+    return graph
+
+
+def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def folder_graph(graph: Mapping[str, set[str]], modules: Mapping[str, Path]) -> Graph:
+    """Folder -> the folders its modules import, leaving out a folder's own ancestors and
+    descendants (exporter/cli.py wires exporter/health/, which reads exporter/snapshot.py:
+    layers of one folder, not a loop between two)."""
+
+    def folder(module: str) -> str:
+        return module if modules[module].name == "__init__.py" else module.rpartition(".")[0]
+
+    folders: Graph = {}
+    for module, targets in graph.items():
+        source = folder(module)
+        edges = folders.setdefault(source, set())
+        for target in map(folder, targets):
+            related = source.startswith(target + ".") or target.startswith(source + ".")
+            if target != source and not related:
+                edges.add(target)
+    return folders
+
+
+def test_cycles_are_found() -> None:
+    # The checker itself: a known loop and a known tree.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    modules = _modules(PACKAGES)
+    assert "exporter.snapshot" in modules and "exporter.health.engine" in modules
+    assert cycles(import_graph(modules)) == []
+
+
+def test_no_loop_between_folders() -> None:
+    modules = _modules(PACKAGES)
+    folders = folder_graph(import_graph(modules), modules)
+    assert "exporter.health" in folders["exporter.deviceplugin"]  # the verdict's consumer
+    assert cycles(folders) == []
+
+
+def test_test_modules_do_not_import_each_other() -> None:
+    modules = _modules(f"tests/{folder}" for folder in TEST_FOLDERS)
+    tests = {m for m in modules if m.rpartition(".")[2].startswith("test_")}
+    graph = import_graph(modules)
+    shared = {m: sorted(graph[m] & tests) for m in sorted(tests) if graph[m] & tests}
+    assert shared == {}, "move the shared helpers to conftest.py or a helpers module"
