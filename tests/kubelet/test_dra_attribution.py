@@ -12,7 +12,7 @@ import pytest
 from exporter.dra.attribution import DraAttribution
 from exporter.dra.slices import SliceIndex, SliceWatcher
 from exporter.podresources import PodResourcesWatcher
-from exporter.render import Renderer
+from exporter.render import Renderer, RenderOptions
 from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
 from quota.controller.kube import Kube, load
 from sim.apiserver import ApiServer
@@ -32,7 +32,7 @@ MIG_NAME = next(n for n in NAMES if "-mig-" in n)
 def snapshot() -> NodeSnapshot:
     devices = []
     for g in MIXED.gpus:
-        devices.append(DeviceSnapshot(index=g.index, uuid=g.uuid))
+        devices.append(DeviceSnapshot(index=g.index, uuid=g.uuid, gpu_utilization_ratio=0.5))
         for m in g.mig:
             devices.append(
                 DeviceSnapshot(
@@ -93,6 +93,16 @@ def test_claims_resolve_to_uuids_like_device_plugin_ids(socket_path: Path, caplo
     }
     assert (NAMES[MIG_NAME], "mig", "notebook", MIG_NAME) in claims
     assert len(claims) == 5
+    # --compat dcgm: dcgm-exporter's DRA labels on the holders of DRA-held devices
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snap))
+    util = [s for s, _ in dcgm["DCGM_FI_DEV_GPU_UTIL"] if s.get("pod") == "train"]
+    assert util and all(
+        (s["dra_claim_name"], s["dra_claim_namespace"], s["dra_driver_name"], s["dra_pool_name"])
+        == ("two-gpus", "ml", DRIVER, "node-a")
+        for s in util
+    )
+    old = [s for s, _ in dcgm["DCGM_FI_DEV_GPU_UTIL"] if s.get("pod") == "old"]
+    assert old and "dra_claim_name" not in old[0]  # device-plugin holders: no dra_* labels
     problems = {s["reason"]: v for s, v in samples["gpuquota_exporter_dra_problems_total"]}
     assert problems == {"unknown_driver": 1.0, "unknown_device": 1.0, "bad_slice": 0.0}
 
