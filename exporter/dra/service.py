@@ -95,7 +95,8 @@ class DraService:
             log.info("DRA attribution is off: no usable Kubernetes credentials (%s)", exc)
             return None
         index = SliceIndex(drivers)
-        watcher = SliceWatcher(kube, index, args.node_name)
+        asked_for = args.dra == "on" or args.dra_device_taints
+        watcher = SliceWatcher(kube, index, args.node_name, asked_for=asked_for)
         attribution = DraAttribution(index, watcher)
         index.on_problem = attribution.count_problem
         publisher = None

@@ -195,9 +195,16 @@ class SliceWatcher:
     """
 
     def __init__(
-        self, kube: Any, index: SliceIndex, node_name: str, retry_s: float = 300.0
+        self,
+        kube: Any,
+        index: SliceIndex,
+        node_name: str,
+        retry_s: float = 300.0,
+        asked_for: bool = True,
     ) -> None:
         self.kube = kube
+        # asked for (--dra on): a missing grant is a warning; auto: only information
+        self.asked_for = asked_for
         self.index = index
         self.node_name = node_name
         self.retry_s = retry_s
@@ -239,7 +246,7 @@ class SliceWatcher:
                         else "no RBAC access to list resource.k8s.io resourceslices "
                         "(deploy/overlays/dra grants it)"
                     )
-                    log.warning(
+                    (log.warning if self.asked_for else log.info)(
                         "DRA attribution is off: %s (%s); device-plugin attribution continues, "
                         "checking again every %.0fs",
                         why,

@@ -262,3 +262,17 @@ def test_gpu_exporter_attributes_dra_claims_end_to_end(
             assert "no longer resolve" in exporter.output()
         finally:
             exporter.stop()
+
+
+def test_without_rbac_under_dra_auto_it_is_only_information(tmp_path: Path, caplog) -> None:
+    with ApiServer() as api, caplog.at_level(logging.INFO):
+        api.forbid("resourceslices")
+        kube = _kube(api, tmp_path, "node-a")
+        watcher = SliceWatcher(kube, SliceIndex(), "node-a", retry_s=0.1, asked_for=False)
+        watcher.start()
+        try:
+            assert poll(lambda: api.requests.get("GET resourceslices", 0) >= 2)
+        finally:
+            watcher.stop()
+    said = [r for r in caplog.records if "DRA attribution is off" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.INFO]
