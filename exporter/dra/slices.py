@@ -201,17 +201,20 @@ class SliceWatcher:
         node_name: str,
         retry_s: float = 300.0,
         asked_for: bool = True,
+        transient_retry_s: float = 5.0,
     ) -> None:
         self.kube = kube
         # asked for (--dra on): a missing grant is a warning; auto: only information
         self.asked_for = asked_for
         self.index = index
         self.node_name = node_name
-        self.retry_s = retry_s
+        self.retry_s = retry_s  # after a 401/403/404: no grant or no API, rarely fixed soon
+        self.transient_retry_s = transient_retry_s  # after an unreachable API server
         self.available: bool | None = None  # None: not known yet; False: no access / API
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: Any = None
+        self._failing = False
 
     @property
     def up(self) -> bool:
@@ -257,26 +260,33 @@ class SliceWatcher:
                 return False
             raise
         except (HTTPError, OSError) as exc:
-            log.warning("cannot list ResourceSlices yet (%s); retrying", exc)
+            self._transient(exc)
             return False
         self.index.replace_all(items)
+        self._failing = False
         if self.available is False:
             log.info("ResourceSlices are readable now: DRA attribution on")
         self.available = True
         return True
 
+    def _transient(self, exc: Exception) -> None:
+        """An API server that cannot be reached (yet): said once per streak, then retried."""
+        (log.debug if self._failing else log.warning)(
+            "cannot list ResourceSlices yet (%s); retrying every few seconds", exc
+        )
+        self._failing = True
+
     def _run(self) -> None:
         from quota.controller.metrics import ControllerMetrics
         from quota.controller.watch import Message, WatchLoop
 
-        delay = 5.0
         while not self._stop.is_set():
             try:
                 if self._probe():
                     break
             except Exception as exc:  # an unexpected answer: keep the exporter running
-                log.warning("cannot list ResourceSlices (%s); retrying", exc)
-            wait = self.retry_s if self.available is False else delay
+                self._transient(exc)
+            wait = self.retry_s if self.available is False else self.transient_retry_s
             if self._stop.wait(wait):
                 return
         log.info(

@@ -276,3 +276,18 @@ def test_without_rbac_under_dra_auto_it_is_only_information(tmp_path: Path, capl
             watcher.stop()
     said = [r for r in caplog.records if "DRA attribution is off" in r.getMessage()]
     assert [r.levelno for r in said] == [logging.INFO]
+
+
+def test_an_unreachable_api_server_is_said_once_then_followed(tmp_path: Path, caplog) -> None:
+    with ApiServer() as api, caplog.at_level(logging.WARNING):
+        api.apply("ADDED", resource_slices(MIXED, "node-a")[0])
+        kube = _kube(api, tmp_path, "node-a")
+        api.refuse_for(1.0)  # connections refused for a second
+        index = SliceIndex()
+        watcher = SliceWatcher(kube, index, "node-a", transient_retry_s=0.05)
+        watcher.start()
+        try:
+            assert poll(lambda: watcher.up and len(index.devices()) == len(NAMES))
+        finally:
+            watcher.stop()
+    assert caplog.text.count("cannot list ResourceSlices yet") == 1
