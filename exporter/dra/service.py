@@ -17,7 +17,7 @@ import os
 from typing import Any, Protocol
 
 from exporter.dra.attribution import DraAttribution
-from exporter.dra.slices import DEFAULT_DRIVERS, KIND, SliceIndex, SliceWatcher
+from exporter.dra.slices import DEFAULT_DRIVERS, KINDS, SliceIndex, SliceWatcher
 from exporter.dra.taints import EFFECTS, DeviceTaintPublisher
 
 log = logging.getLogger(__name__)
@@ -129,4 +129,5 @@ def _kube(kubeconfig: Any, node_name: str) -> Any:
         api = load(str(kubeconfig) if kubeconfig else None)
     except KubeConfigError as exc:
         raise ValueError(f"--kubeconfig: {exc}") from None
-    return Kube(api, field_selectors={KIND: f"spec.nodeName={node_name}"})
+    selector = f"spec.nodeName={node_name}"
+    return Kube(api, field_selectors=dict.fromkeys(KINDS, selector))

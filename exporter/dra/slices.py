@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 DEFAULT_DRIVERS = frozenset({"gpu.nvidia.com"})
 KIND = "ResourceSlice"
+# quota/controller/kube.py's names for the slice API, newest first (same object shape)
+KINDS = (KIND, "ResourceSlice.v1beta2")
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +217,7 @@ class SliceWatcher:
         self._thread: threading.Thread | None = None
         self._loop: Any = None
         self._failing = False
+        self.kind = KIND
 
     @property
     def up(self) -> bool:
@@ -239,12 +242,12 @@ class SliceWatcher:
         from quota.controller.kube import ApiStatusError
 
         try:
-            items, _ = self.kube.list(KIND)
+            items = self._list_newest()
         except ApiStatusError as exc:
             if exc.status in (401, 403, 404):
                 if self.available is not False:
                     why = (
-                        "the API server does not serve resource.k8s.io/v1 ResourceSlices"
+                        "the API server serves no resource.k8s.io ResourceSlices (v1, v1beta2)"
                         if exc.status == 404
                         else "no RBAC access to list resource.k8s.io resourceslices "
                         "(deploy/overlays/dra grants it)"
@@ -268,6 +271,23 @@ class SliceWatcher:
             log.info("ResourceSlices are readable now: DRA attribution on")
         self.available = True
         return True
+
+    def _list_newest(self) -> list[Obj]:
+        """List through the newest slice API served; sets ``self.kind``."""
+        from quota.controller.kube import ApiStatusError
+
+        for kind in KINDS:
+            try:
+                items, _ = self.kube.list(kind)
+            except ApiStatusError as exc:
+                if exc.status == 404 and kind != KINDS[-1]:
+                    continue  # an older cluster: try the older version
+                raise
+            if kind != self.kind:
+                log.info("following ResourceSlices through %s", kind)
+            self.kind = kind
+            return list(items)
+        raise AssertionError("unreachable")
 
     def _transient(self, exc: Exception) -> None:
         """An API server that cannot be reached (yet): said once per streak, then retried."""
@@ -296,7 +316,7 @@ class SliceWatcher:
             ", ".join(sorted(self.index.drivers)),
         )
         out: queue.Queue[Message] = queue.Queue(maxsize=1000)
-        self._loop = WatchLoop(KIND, self.kube, out, ControllerMetrics(), self._stop)
+        self._loop = WatchLoop(self.kind, self.kube, out, ControllerMetrics(), self._stop)
         self._loop.start()
         while not self._stop.is_set():
             try:

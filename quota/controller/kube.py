@@ -44,8 +44,10 @@ PATHS = {
     "Node": "/api/v1/nodes",
     "Namespace": "/api/v1/namespaces",
     "ResourceQuota": "/api/v1/resourcequotas",
-    # the exporter follows its node's slices (exporter/dra/slices.py)
+    # the exporter follows its node's slices (exporter/dra/slices.py); v1beta2 (Kubernetes
+    # 1.33) has the same shape
     "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+    "ResourceSlice.v1beta2": "/apis/resource.k8s.io/v1beta2/resourceslices",
 }
 
 

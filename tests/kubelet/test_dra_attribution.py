@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.dra.attribution import DraAttribution
-from exporter.dra.slices import SliceIndex, SliceWatcher
+from exporter.dra.slices import KINDS, SliceIndex, SliceWatcher
 from exporter.podresources import PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
@@ -175,7 +175,7 @@ def test_bad_slices_and_pool_generations() -> None:
 
 def _kube(api: ApiServer, tmp_path: Path, node: str) -> Kube:
     client = load(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
-    return Kube(client, field_selectors={"ResourceSlice": f"spec.nodeName={node}"})
+    return Kube(client, field_selectors=dict.fromkeys(KINDS, f"spec.nodeName={node}"))
 
 
 def test_slice_watcher_follows_this_node_relists_and_survives_deletion(tmp_path: Path) -> None:
@@ -291,3 +291,18 @@ def test_an_unreachable_api_server_is_said_once_then_followed(tmp_path: Path, ca
         finally:
             watcher.stop()
     assert caplog.text.count("cannot list ResourceSlices yet") == 1
+
+
+def test_a_1_33_cluster_is_followed_through_v1beta2(tmp_path: Path) -> None:
+    with ApiServer(resource_versions=("v1beta2",), bookmark_interval=0.2) as api:
+        api.apply("ADDED", resource_slices(MIXED, "node-a")[0])
+        index = SliceIndex()
+        watcher = SliceWatcher(_kube(api, tmp_path, "node-a"), index, "node-a")
+        watcher.start()
+        try:
+            assert poll(lambda: watcher.up and len(index.devices()) == len(NAMES))
+            assert watcher.kind == "ResourceSlice.v1beta2"
+            api.apply("DELETED", resource_slices(MIXED, "node-a")[0])  # watched too
+            assert poll(lambda: index.devices() == [])
+        finally:
+            watcher.stop()
