@@ -31,17 +31,18 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import grpc
 
-from exporter.dra.attribution import PARTITION_PREFIX, ordered_claims, resolve_partition
+from exporter.dra.attribution import (
+    PARTITION_PREFIX,
+    DraAttribution,
+    ordered_claims,
+    resolve_partition,
+)
 from exporter.kubeletapi import podresources_v1_pb2 as pb
 from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
 from exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus, PodRef
-
-if TYPE_CHECKING:
-    from exporter.dra.attribution import DraAttribution
 
 log = logging.getLogger(__name__)
 
