@@ -11,6 +11,9 @@ slice: it is keyed by :func:`partition_key` and :func:`resolve_partition` finds 
 snapshot by parent GPU and profile (the only MIG device of that profile on that GPU), else
 attributes the parent GPU.
 
+Devices a claim holds with ``adminAccess`` (monitoring agents) are left out where the claim
+could be read (exporter/dra/claims.py).
+
 Results that cannot be resolved are never fatal: a device of a driver not in the configured
 GPU drivers (``unknown_driver``: NICs and other DRA devices are not GPUs) and a device no
 current slice lists (``unknown_device``: a slice that disappeared, or a stale claim) are
@@ -21,9 +24,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from exporter.dra.claims import AdminAccessClaims
 from exporter.dra.slices import SliceIndex
 from exporter.kubeletapi import podresources_v1_pb2 as pb
 from exporter.snapshot import ClaimRef, DraStatus, NodeSnapshot, PodRef
@@ -65,8 +69,15 @@ def ordered_claims(refs: Iterable[ClaimRef]) -> tuple[ClaimRef, ...]:
     return tuple(sorted(set(refs), key=lambda r: (r.namespace, r.pod, r.container, r.claim)))
 
 
-def resolve(response: pb.ListPodResourcesResponse, index: SliceIndex) -> Resolution:
-    """Pure apart from reading ``index``: the DRA holders of each device UUID."""
+def resolve(
+    response: pb.ListPodResourcesResponse,
+    index: SliceIndex,
+    admin: Callable[[str, str], frozenset[tuple[str, str, str]]] | None = None,
+) -> Resolution:
+    """Pure apart from reading ``index``: the DRA holders of each device UUID.
+
+    ``admin(namespace, claim)`` names the claim's devices allocated with adminAccess
+    (monitoring): those are left out."""
     holders: dict[str, set[PodRef]] = {}
     claims: dict[str, set[ClaimRef]] = {}
     problems: list[tuple[str, str, str]] = []
@@ -75,7 +86,10 @@ def resolve(response: pb.ListPodResourcesResponse, index: SliceIndex) -> Resolut
             ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
             for dynamic in container.dynamic_resources:
                 claim = f"{dynamic.claim_namespace}/{dynamic.claim_name}"
+                watching = admin(dynamic.claim_namespace, dynamic.claim_name) if admin else ()
                 for res in dynamic.claim_resources:
+                    if (res.driver_name, res.pool_name, res.device_name) in watching:
+                        continue  # adminAccess: a monitoring agent, not a user of the device
                     key = f"{res.driver_name}/{res.pool_name}/{res.device_name}"
                     if res.driver_name not in index.drivers:
                         problems.append(
@@ -134,6 +148,8 @@ class DraAttribution:
         self._slices_up = slices_up  # a SliceWatcher (its ``up``), or None: always up
         # a DeviceTaintPublisher (its ``published`` and ``errors_total``), or None: taints off
         self.taints: object = None
+        # which claimed devices are adminAccess (exporter/dra/claims.py), or None: not read
+        self.admin: AdminAccessClaims | None = None
         self._lock = threading.Lock()
         self._problems: dict[str, int] = dict.fromkeys(PROBLEM_REASONS, 0)
         self._seen: set[tuple[str, str]] = set()  # problems outstanding (logged once)
@@ -143,7 +159,15 @@ class DraAttribution:
             self._problems[reason] = self._problems.get(reason, 0) + 1
 
     def resolve(self, response: pb.ListPodResourcesResponse) -> Resolution:
-        result = resolve(response, self.index)
+        admin = self.admin
+        result = resolve(response, self.index, admin.devices if admin is not None else None)
+        if admin is not None:
+            admin.keep_only(
+                (d.claim_namespace, d.claim_name)
+                for pod in response.pod_resources
+                for c in pod.containers
+                for d in c.dynamic_resources
+            )
         if not self.index.synced:
             # before the first slice list every device is unknown: not a problem yet
             return Resolution(result.devices, result.claims)

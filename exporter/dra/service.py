@@ -17,6 +17,7 @@ import os
 from typing import Any, Protocol
 
 from exporter.dra.attribution import DraAttribution
+from exporter.dra.claims import AdminAccessClaims
 from exporter.dra.slices import DEFAULT_DRIVERS, KINDS, SliceIndex, SliceWatcher
 from exporter.dra.taints import EFFECTS, DeviceTaintPublisher
 
@@ -99,6 +100,7 @@ class DraService:
         watcher = SliceWatcher(kube, index, args.node_name, asked_for=asked_for)
         attribution = DraAttribution(index, watcher)
         index.on_problem = attribution.count_problem
+        attribution.admin = AdminAccessClaims(kube)
         publisher = None
         if args.dra_device_taints:
             publisher = DeviceTaintPublisher(
@@ -112,6 +114,8 @@ class DraService:
             checker.add_listener(self.publisher)
 
     def start(self) -> None:
+        if self.attribution.admin is not None:
+            self.attribution.admin.start()
         self.watcher.start()
         if self.publisher is not None:
             self.publisher.start()
@@ -120,6 +124,8 @@ class DraService:
         if self.publisher is not None:
             self.publisher.stop()
         self.watcher.stop()
+        if self.attribution.admin is not None:
+            self.attribution.admin.stop()
 
 
 def _kube(kubeconfig: Any, node_name: str) -> Any:

@@ -164,6 +164,7 @@ def test_overlays_build_and_change_what_they_say() -> None:
     assert find(dra, "ClusterRole", "gpu-exporter-dra")["rules"] == [
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
          "verbs": ["list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
         {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
          "verbs": ["list", "create", "update", "delete"]},
     ]  # fmt: skip

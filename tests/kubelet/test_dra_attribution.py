@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from exporter.dra.attribution import DraAttribution
+from exporter.dra.claims import AdminAccessClaims
 from exporter.dra.slices import KINDS, SliceIndex, SliceWatcher
 from exporter.podresources import PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
@@ -260,6 +261,9 @@ def test_gpu_exporter_attributes_dra_claims_end_to_end(
                 )
             )
             assert "no longer resolve" in exporter.output()
+            # every call maps onto a verb deploy/overlays/dra grants (list/watch/get are GETs;
+            # the claims are read by name)
+            assert set(api.requests) == {"GET resourceslices", "GET resourceclaims"}
         finally:
             exporter.stop()
 
@@ -306,3 +310,79 @@ def test_a_1_33_cluster_is_followed_through_v1beta2(tmp_path: Path) -> None:
             assert poll(lambda: index.devices() == [])
         finally:
             watcher.stop()
+
+
+def _admin_claim(name: str, *devices: str) -> dict:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ops"},
+        "spec": {"devices": {"requests": [{"name": "all", "exactly": {"adminAccess": True}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "all",
+                            "driver": DRIVER,
+                            "pool": "node-a",
+                            "device": d,
+                            "adminAccess": True,
+                        }
+                        for d in devices
+                    ]
+                }
+            }
+        },
+    }
+
+
+def test_admin_access_claims_of_monitoring_agents_are_not_attributed(
+    socket_path: Path, tmp_path: Path, caplog
+) -> None:
+    index = SliceIndex()
+    index.replace_all(resource_slices(MIXED, "node-a"))
+    with ApiServer() as api, PodResourcesServer(socket_path) as kubelet:
+        api.apply("ADDED", _admin_claim("monitor", "gpu-0", "gpu-1"))
+        admin = AdminAccessClaims(_kube(api, tmp_path, "node-a"))
+        admin.start()
+        try:
+            dra = DraAttribution(index)
+            dra.admin = admin
+            kubelet.assign_claim(claim("train", "two-gpus", "gpu-0", "gpu-1"))
+            kubelet.assign_claim(
+                ClaimAssignment("ops", "dcgm", "exporter", "monitor", "ops",
+                                tuple((DRIVER, "node-a", d) for d in ("gpu-0", "gpu-1")))
+            )  # fmt: skip
+            watcher = PodResourcesWatcher(socket_path, dra=dra)
+
+            def holders() -> dict[str, set[str]]:
+                assert watcher.refresh()
+                snap = watcher.enrich(snapshot())
+                return {u: {r.pod for r in refs} for u, refs in snap.pods.items()}
+
+            # until the claim has been read it counts; then the monitoring pod drops out
+            want = {NAMES["gpu-0"]: {"train"}, NAMES["gpu-1"]: {"train"}}
+            assert poll(lambda: holders() == want)
+            assert poll(lambda: api.requests["GET resourceclaims"] == 2)  # each claim once
+            holders()
+            assert api.requests["GET resourceclaims"] == 2  # then remembered
+        finally:
+            admin.stop()
+
+        # without RBAC for claims: said once, every claim attributed
+        api.forbid("resourceclaims")
+        admin = AdminAccessClaims(_kube(api, tmp_path, "node-a"))
+        admin.start()
+        try:
+            dra = DraAttribution(index)
+            dra.admin = admin
+            watcher = PodResourcesWatcher(socket_path, dra=dra)
+            watcher.refresh()
+            assert poll(lambda: not admin.enabled)
+            assert watcher.refresh()
+            snap = watcher.enrich(snapshot())
+            assert {r.pod for r in snap.pods[NAMES["gpu-0"]]} == {"train", "dcgm"}
+            assert caplog.text.count("cannot read ResourceClaims") == 1
+        finally:
+            admin.stop()
