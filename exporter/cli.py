@@ -18,7 +18,6 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
 
 from exporter import metrics
 from exporter.collect import Collector
@@ -29,10 +28,11 @@ from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlErr
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import ReloadingWebConfig, WebConfigError
-from exporter.wiring import HealthWiring
+from exporter.wiring import HealthWiring, KubeConfigUnavailableError
 from exporter.wiring import add_arguments as add_health_arguments
 from exporter.xid import XidWatcher
-from gpuquota.durations import duration_flag
+from gpuquota.commandline import OneLineParser, add_version
+from gpuquota.durations import duration_flag, format_duration
 
 log = logging.getLogger("gpu-exporter")
 
@@ -47,17 +47,28 @@ NO_LIBRARY = (
 )
 
 
+EXAMPLES = """\
+examples:
+  gpu-exporter                                   # :9400, NVML read every 1s, pods from the kubelet
+  gpu-exporter --listen 127.0.0.1:9400 --interval 500ms --pod-labels
+  gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
+  gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
+  eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
+                                                 # against the NVML stand-in (docs/sim.md)
+
+durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
+exit status: 0 after SIGTERM/SIGINT; 2 on bad input (a flag, the web config); 1 when the
+machine cannot run it (no NVML, no GPU, the port in use, no Kubernetes API for
+--node-condition); always one line on stderr.
+"""
+
+
 class UsageError(Exception):
     """Bad input on the command line or in a file it names (exit 2)."""
 
 
 class SetupError(Exception):
     """The machine cannot run the exporter as asked (exit 1)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -83,10 +94,13 @@ def parse_compat(text: str) -> frozenset[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
+    parser = OneLineParser(
         prog=PROG,
         description="Per-node GPU exporter: NVML metrics for Prometheus, with pod attribution.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(parser)
     parser.add_argument(
         "--listen",
         type=parse_listen,
@@ -189,10 +203,24 @@ def run(args: argparse.Namespace) -> int:
     xid = XidWatcher(api)
     collector.xid = xid
     try:
+        health = HealthWiring.from_args(
+            args, topology=CachedTopology(api), hostname=collector.hostname
+        )
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
+    except KubeConfigUnavailableError as exc:
+        api.shutdown()
+        raise SetupError(str(exc)) from None
+    # after health: its errors (the node-status flags' API access) are reported first
+    try:
         dra = dra_service.DraService.from_args(args)
     except ValueError as exc:
         api.shutdown()
         raise UsageError(str(exc)) from None
+    except dra_service.DraKubeConfigError as exc:
+        api.shutdown()
+        raise SetupError(str(exc)) from None
     pods: PodResourcesWatcher | None = None
     if args.pod_resources_socket:
         pods = PodResourcesWatcher(
@@ -201,13 +229,6 @@ def run(args: argparse.Namespace) -> int:
             dra=dra.attribution if dra is not None else None,
         )
         collector.add_enricher(pods.enrich)
-    try:
-        health = HealthWiring.from_args(
-            args, topology=CachedTopology(api), hostname=collector.hostname
-        )
-    except ValueError as exc:
-        api.shutdown()
-        raise UsageError(str(exc)) from None
     host, port = args.listen
     try:
         server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
@@ -241,12 +262,12 @@ def run(args: argparse.Namespace) -> int:
     server.start()
     bound_host, bound_port = server.address
     log.info(
-        "serving %s://%s:%d/metrics for %d GPU(s), collecting every %.3gs",
+        "serving %s://%s:%d/metrics for %d GPU(s), collecting every %s",
         server.scheme,
         bound_host or "*",
         bound_port,
         api.device_count(),
-        collector.interval,
+        format_duration(collector.interval),
     )
     try:
         stopping.wait()

@@ -142,7 +142,9 @@ def _label(value: object) -> str:
 def _read_info(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
     if device.mig is not None:
         return
-    mig_mode = "" if device.mig_mode_enabled is None else str(device.mig_mode_enabled).lower()
+    # one answer for every GPU: a GPU that cannot do MIG (L4: NVML_ERROR_NOT_SUPPORTED) is
+    # "false" like an H100 with MIG disabled, not an empty string
+    mig_mode = "true" if device.mig_mode_enabled else "false"
     yield (
         (
             _label(device.name),
@@ -161,7 +163,8 @@ def _read_mig_info(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Samp
     if device.mig is None:
         return
     mig = device.mig
-    yield (mig.parent_uuid, str(mig.compute_instance_id), mig.profile), 1.0
+    # the profile is the mig_profile label every per-MIG series carries (MIG_LABELS)
+    yield (mig.parent_uuid, str(mig.compute_instance_id)), 1.0
 
 
 def _read_state(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
@@ -302,7 +305,8 @@ METRICS: list[MetricSpec] = [
         type="gauge",
         unit="",
         help="Identity of each physical GPU; always 1. Join on uuid for model, PCI bus id, "
-        "driver and VBIOS version, compute capability and MIG mode.",
+        "driver and VBIOS version, compute capability and MIG mode (mig_mode: true or false; "
+        "false also on GPUs without MIG, such as the L4).",
         labels=(
             "model",
             "serial",
@@ -324,8 +328,9 @@ METRICS: list[MetricSpec] = [
         name=f"{P}mig_info",
         type="gauge",
         unit="",
-        help="Identity of each MIG instance; always 1. uuid is the MIG device's own UUID.",
-        labels=("parent_uuid", "compute_instance_id", "profile"),
+        help="Identity of each MIG instance; always 1. uuid is the MIG device's own UUID; "
+        "its profile is the mig_profile label, as on every per-MIG series.",
+        labels=("parent_uuid", "compute_instance_id"),
         source="nvmlDeviceGetMigDeviceHandleByIndex, nvmlDeviceGetGpuInstanceId, "
         "nvmlDeviceGetComputeInstanceId, nvmlDeviceGetAttributes_v2",
         accessor="DeviceSnapshot.mig",

@@ -177,14 +177,25 @@ class HealthWiring:
             self.node_status.stop()
 
 
+class KubeConfigUnavailableError(RuntimeError):
+    """No usable Kubernetes API configuration for --node-taint/--node-condition (one line)."""
+
+
 def core_api(kubeconfig: Path | None) -> Any:
     from kubernetes import client, config
 
-    if kubeconfig is not None:
-        config.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-    else:
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+    try:
+        if kubeconfig is not None:
+            config.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+        else:
+            try:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+            except config.ConfigException:
+                config.load_kube_config()  # type: ignore[no-untyped-call]
+    except (config.ConfigException, OSError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "no in-cluster config and kubeconfig"
+        reason = " ".join(str(getattr(exc, "strerror", None) or exc).split())
+        raise KubeConfigUnavailableError(
+            f"--node-taint/--node-condition need the Kubernetes API: {where}: {reason}"
+        ) from None
     return client.CoreV1Api()

@@ -8,6 +8,7 @@ bare number of seconds ('1.5'), so `gpu-exporter --interval 1s`, `gpuquota contr
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from collections.abc import Callable
 
@@ -23,6 +24,7 @@ _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _PARTS = re.compile(r"(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+")
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 EXAMPLES = "e.g. 500ms, 5s, 2m, 1h30m, 7d"
+MAX_SECONDS = 100 * 52 * 604800.0  # a hundred years: anything longer is a typo
 
 
 def parse_duration(text: str, *, minimum: float = 0.0) -> float:
@@ -34,6 +36,8 @@ def parse_duration(text: str, *, minimum: float = 0.0) -> float:
         seconds = sum(float(n) * UNIT_SECONDS[unit] for n, unit in _PART.findall(cleaned))
     else:
         raise ValueError(f"invalid duration {text!r} ({EXAMPLES})")
+    if not math.isfinite(seconds) or seconds > MAX_SECONDS:
+        raise ValueError(f"duration {text!r} is too long (at most {format_duration(MAX_SECONDS)})")
     if seconds <= 0:
         raise ValueError(f"duration {text!r} must be positive")
     if seconds < minimum:

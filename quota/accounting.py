@@ -782,6 +782,23 @@ _TIME_KEYS = frozenset(
 )
 
 
+def last_written(obj: Mapping[str, Any]) -> int | None:
+    """When the object was last written (its spec by a client or its status by a controller):
+    the latest ``metadata.managedFields[].time`` the API server stamped, None without one."""
+    meta = obj.get("metadata")
+    fields = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    times: list[int] = []
+    for entry in fields if isinstance(fields, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("time"), str):
+            try:
+                parsed = parse_time(entry["time"], "managedFields[].time")
+            except AccountingError:
+                continue
+            if parsed is not None:
+                times.append(parsed)
+    return max(times) if times else None
+
+
 def latest_timestamp(obj: Mapping[str, Any]) -> int | None:
     """The latest timestamp an object carries: a lower bound of when it was observed, used by
     replay for lines without an explicit observation time."""

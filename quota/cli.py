@@ -13,8 +13,9 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpuquota.commandline import OneLineParser, add_version
 from quota.accounting import AccountingError
-from quota.store.db import StoreError
+from quota.store.db import StoreError, StoreUnavailableError
 
 # (subcommand, module, one-line help)
 SUBCOMMANDS: list[tuple[str, str, str]] = [
@@ -24,13 +25,33 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("report", "quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
 ]
 
-EXIT_ERROR = 2
+EXIT_ERROR = 2  # bad input: what the user can fix in the command or the files it names
+EXIT_UNAVAILABLE = 1  # the environment: a database or service that does not answer
+EXIT_UNEXPECTED = 1
+
+EXAMPLES = """\
+examples:
+  gpuquota db upgrade --db sqlite:///gpuquota.db
+  gpuquota controller --kubeconfig ~/.kube/config --cluster prod
+  gpuquota replay events.jsonl --cluster prod
+  gpuquota report --month 2026-10 --rate-card ratecard.yaml
+  gpuquota COMMAND --help
+
+durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds, in every flag.
+exit status: 0 on success; 2 on bad input (flags, files, URLs, an unmigrated or missing
+store, nothing matching); 1 when the environment fails (a database, API server or Prometheus
+that does not answer); always one line on stderr; see each command's --help.
+"""
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
-    parser = argparse.ArgumentParser(
-        prog="gpuquota", description="GPU quota accounting and chargeback for Kubernetes."
+    parser = OneLineParser(
+        prog="gpuquota",
+        description="GPU quota accounting and chargeback for Kubernetes.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(parser)
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     modules: dict[str, ModuleType] = {}
@@ -53,11 +74,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger("alembic").setLevel(logging.WARNING)
     try:
         code: int = modules[args.command].run(args)
+    except StoreUnavailableError as exc:
+        print(f"gpuquota: error: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
     except (StoreError, AccountingError) as exc:
         print(f"gpuquota: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # never a traceback for a user, unless asked for (-v)
+        if args.verbose:
+            raise
+        print(
+            f"gpuquota {args.command}: error: unexpected {type(exc).__name__}: {exc} "
+            "(run with -v for details, and please report it)",
+            file=sys.stderr,
+        )
+        return EXIT_UNEXPECTED
     return code
 
 

@@ -7,20 +7,45 @@ import argparse
 from quota.options import add_db_option
 from quota.store import db
 
+EXAMPLES = """\
+examples:
+  gpuquota db upgrade --db sqlite:///gpuquota.db         # creates the file and every table
+  gpuquota db upgrade --db postgresql+psycopg://gpuquota@db.example/gpuquota
+  gpuquota db current --db sqlite:///gpuquota.db         # exit 1 when not at the latest
+  gpuquota db downgrade base --db sqlite:///scratch.db   # drops every table
+
+exit status: 0 on success (current: at the latest revision); 1 from current when the store is
+empty or behind; 2 on bad input (an unknown revision, a bad URL) or an unreachable database.
+Only upgrade creates a SQLite file: current and downgrade never do.
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
     up = actions.add_parser(
-        "upgrade", help="migrate the schema to the latest revision (creates it)"
+        "upgrade",
+        help="migrate the schema to the latest revision (creates it)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     up.add_argument("revision", nargs="?", default="head", help="target revision (default: head)")
     add_db_option(up)
     down = actions.add_parser(
-        "downgrade", help="migrate the schema back ('base' drops every table)"
+        "downgrade",
+        help="migrate the schema back ('base' drops every table)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     down.add_argument("revision", help="target revision, e.g. base")
     add_db_option(down)
-    cur = actions.add_parser("current", help="print the schema revision of the database")
+    cur = actions.add_parser(
+        "current",
+        help="print the schema revision of the database",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_db_option(cur)
 
 

@@ -215,7 +215,11 @@ class Accountant:
         elif kind == "Namespace":
             self._apply_namespace(acc.namespace_labels(obj), deleted, observed_at)
         elif kind == "ResourceQuota":
-            self._apply_quota(acc.quota_facts(obj, self.config), deleted, observed_at)
+            # a quota's figures changed when it was last written (its managedFields time), not
+            # when the controller happened to see it; a deletion is as seen
+            changed = None if deleted else acc.last_written(obj)
+            at = observed_at if changed is None else min(observed_at, changed)
+            self._apply_quota(acc.quota_facts(obj, self.config), deleted, at)
         # other kinds are not accounted
 
     def resync(self, kind: str, objects: Iterable[Mapping[str, Any]], observed_at: int) -> None:

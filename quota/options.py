@@ -1,14 +1,18 @@
-"""Command-line options shared by the `gpuquota` subcommands (database URL, cluster name)."""
+"""Command-line options shared by the `gpuquota` subcommands (database URL, cluster name,
+node pool labels, TCP ports)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 
+from quota.accounting import DEFAULT_NODE_POOL_LABELS
 from quota.store.db import DEFAULT_URL, ENV_URL
 
 ENV_CLUSTER = "GPUQUOTA_CLUSTER"
 DEFAULT_CLUSTER = "default"
+ENV_NODE_POOL_LABELS = "GPUQUOTA_NODE_POOL_LABELS"
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -21,10 +25,60 @@ def add_db_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def cluster_name(text: str) -> str:
+    """argparse type: a cluster name is not empty (every stored row carries it)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the cluster name is empty")
+    return text
+
+
 def add_cluster_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cluster",
         metavar="NAME",
+        type=cluster_name,
         default=os.environ.get(ENV_CLUSTER, DEFAULT_CLUSTER),
         help=f"cluster name stored with every row (env {ENV_CLUSTER}; default {DEFAULT_CLUSTER})",
     )
+
+
+def add_node_pool_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-pool-label",
+        dest="node_pool_labels",
+        action="append",
+        metavar="LABEL",
+        help="node label naming the node's pool; repeat or comma-separate for several, tried "
+        f"in order before the built-in ones (env {ENV_NODE_POOL_LABELS}; built-in: "
+        f"{', '.join(DEFAULT_NODE_POOL_LABELS)})",
+    )
+
+
+def node_pool_labels(values: Sequence[str] | None) -> tuple[str, ...]:
+    """The labels to read a node's pool from, in order: the flag's (else the environment's),
+    then the built-in ones. ValueError for an empty or malformed label key."""
+    given = values if values else [os.environ.get(ENV_NODE_POOL_LABELS, "")]
+    labels: list[str] = []
+    for value in given:
+        for part in value.split(","):
+            label = part.strip()
+            if not label:
+                if value.strip():
+                    raise ValueError(f"--node-pool-label: empty label in {value!r}")
+                continue
+            if any(c.isspace() for c in label) or label.count("/") > 1:
+                raise ValueError(f"--node-pool-label: {label!r} is not a label key")
+            if label not in labels:
+                labels.append(label)
+    return (*labels, *(k for k in DEFAULT_NODE_POOL_LABELS if k not in labels))
+
+
+def port_number(text: str) -> int:
+    """argparse type: a TCP port, 0 to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
+    return port

@@ -15,7 +15,10 @@ and never before the event above it. Pods, Nodes, Namespaces and ResourceQuotas 
 accounted; other kinds are counted and skipped.
 
 The whole file is read and checked first: a malformed line stops the command (exit 2) with
-its line number before anything is written. Events then go through the same Accountant as
+its line number before anything is written. Like every gpuquota command that writes, it
+refuses a store that is not at the latest schema revision unless given ``--migrate``. At the
+end it records the cluster's heartbeat at the last replayed event: the report counts
+allocations still open in the recording up to there, not beyond. Events then go through the same Accountant as
 the live controller, flushed in batches; the writes are idempotent, so after a database
 failure rerunning the same command completes the job without counting anything twice.
 """
@@ -25,7 +28,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -36,11 +41,33 @@ from tqdm import tqdm
 
 from quota import accounting as acc
 from quota.engine import KINDS, Accountant
-from quota.options import add_cluster_option, add_db_option
+from quota.options import (
+    add_cluster_option,
+    add_db_option,
+    add_node_pool_option,
+    node_pool_labels,
+)
 from quota.store.db import open_store, safe_url
 
 DEFAULT_FLUSH_EVERY = 5000
 PROGRESS_MIN_BYTES = 1 << 20
+PROGRESS_LOG_SECONDS = 10.0  # without a terminal: one progress line in the log this often
+
+log = logging.getLogger(__name__)
+
+EXAMPLES = """\
+examples:
+  gpuquota db upgrade --db sqlite:///gpuquota.db
+  kubectl get pods -A --watch --output-watch-events -o json > events.jsonl
+  gpuquota replay events.jsonl --db sqlite:///gpuquota.db --cluster prod
+  python -m sim.workload --seed 1 --hours 48 | gpuquota replay - --migrate --cluster sim
+  gpuquota replay events.jsonl --node-pool-label node-pool --cluster prod
+
+exit status: 0 when every event was stored; 2 on bad input (a malformed line, named with its
+line number, before anything is written; an unmigrated store without --migrate); 1 when the
+database does not answer (rerun the same command: nothing is counted twice); one line on
+stderr.
+"""
 
 
 class ReplayError(ValueError):
@@ -109,7 +136,39 @@ def _observed(value: Any, where: str) -> int | None:
         raise ReplayError(f"{where}: {exc}") from None
 
 
-def events(stream: IO[str], name: str, progress: tqdm[Any] | None = None) -> Iterator[Event]:
+class Progress:
+    """Progress through the input in bytes: a tqdm bar on a terminal, else (logs, CI, a pod)
+    one log line every PROGRESS_LOG_SECONDS, for inputs of PROGRESS_MIN_BYTES or more."""
+
+    def __init__(self, what: str, total: int, *, terminal: bool, clock: Any = time.monotonic):
+        self.what, self.total, self.clock = what, total, clock
+        self.done = 0
+        self.enabled = total >= PROGRESS_MIN_BYTES
+        self.bar: tqdm[Any] | None = None
+        if self.enabled and terminal:
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=what)
+        self.next_log = clock() + PROGRESS_LOG_SECONDS
+
+    def update(self, size: int) -> None:
+        self.done += size
+        if self.bar is not None:
+            self.bar.update(size)
+        elif self.enabled and self.clock() >= self.next_log:
+            self.next_log = self.clock() + PROGRESS_LOG_SECONDS
+            log.info(
+                "%s: %.0f%% (%d of %d MB)",
+                self.what,
+                100 * self.done / self.total,
+                self.done >> 20,
+                self.total >> 20,
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def events(stream: IO[str], name: str, progress: Progress | None = None) -> Iterator[Event]:
     """The events of a recorded stream, in order; ReplayError on the first bad line."""
     for line, size, item in _items(stream, name):
         if progress is not None:
@@ -194,13 +253,19 @@ class Source:
             raise ReplayError(f"{self.path}: cannot read: {exc.strerror}") from None
 
 
-def validate(source: Source, config: acc.AccountingConfig = acc.DEFAULT_CONFIG) -> Summary:
+def validate(
+    source: Source,
+    config: acc.AccountingConfig = acc.DEFAULT_CONFIG,
+    *,
+    show_progress: bool = False,
+) -> Summary:
     """Check every event of the input; ReplayError names the first bad line."""
     summary = Summary(kinds=Counter(), skipped=Counter())
     assert summary.kinds is not None and summary.skipped is not None
+    progress = Progress("check", source.size, terminal=show_progress)
     with source.open() as stream:
         try:
-            for event in events(stream, source.name):
+            for event in events(stream, source.name, progress):
                 kind = check(event, source.name, config)
                 if kind is None:
                     if event.type != "BOOKMARK":
@@ -210,6 +275,8 @@ def validate(source: Source, config: acc.AccountingConfig = acc.DEFAULT_CONFIG) 
                     summary.events += 1
         except UnicodeDecodeError as exc:
             raise ReplayError(f"{source.name}: not UTF-8 text: {exc.reason}") from None
+        finally:
+            progress.close()
     return summary
 
 
@@ -221,19 +288,17 @@ def apply(
     show_progress: bool = False,
 ) -> int:
     """Feed every event of a validated input to ``accountant``, flushing every
-    ``flush_every`` events; returns the number of rows written."""
+    ``flush_every`` events; returns the number of rows written. The last event's time is
+    recorded as the cluster's heartbeat: the store knew the cluster up to there."""
     rows = 0
     observed = 0
     pending = 0
-    progress = tqdm(
-        total=source.size,
-        unit="B",
-        unit_scale=True,
-        desc="replay",
-        disable=not (show_progress and source.size >= PROGRESS_MIN_BYTES),
-    )
-    with source.open() as stream, progress:
+    progress = Progress("replay", source.size, terminal=show_progress)
+    with source.open() as stream:
         for event in events(stream, source.name, progress):
+            if event.observed_at is not None:
+                # any line saying when it was seen (a bookmark too) moves the recording's end
+                observed = max(observed, event.observed_at)
             if event.obj.get("kind") not in KINDS:
                 continue  # other kinds, and bookmarks without a kind
             if event.observed_at is not None:
@@ -246,14 +311,23 @@ def apply(
             if pending >= flush_every:
                 rows += accountant.flush()
                 pending = 0
+        progress.close()
+        if observed:
+            accountant.heartbeat(observed)
         rows += accountant.flush()
     return rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("file", metavar="FILE", help="recorded watch events ('-' reads stdin)")
     add_db_option(parser)
     add_cluster_option(parser)
+    parser.add_argument(
+        "--migrate", action="store_true", help="bring the store's schema up to date first"
+    )
+    add_node_pool_option(parser)
     parser.add_argument(
         "--flush-every",
         type=int,
@@ -267,16 +341,19 @@ def run(args: argparse.Namespace) -> int:
     if args.flush_every < 1:
         print("gpuquota replay: error: --flush-every must be at least 1", file=sys.stderr)
         return 2
+    terminal = sys.stderr.isatty()
     try:
+        config = acc.AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
         source = Source(args.file)
-        summary = validate(source)  # before touching the database: a bad line costs nothing
-    except ReplayError as exc:
+        # before touching the database: a bad line costs nothing
+        summary = validate(source, config, show_progress=terminal)
+    except (ReplayError, ValueError) as exc:
         print(f"gpuquota replay: error: {exc}", file=sys.stderr)
         return 2
-    with open_store(args.db, migrate=True) as store:
-        accountant = Accountant(store, args.cluster, holder="replay")
+    with open_store(args.db, migrate=args.migrate) as store:
+        accountant = Accountant(store, args.cluster, config, holder="replay")
         summary.rows = apply(
-            source, accountant, flush_every=args.flush_every, show_progress=sys.stderr.isatty()
+            source, accountant, flush_every=args.flush_every, show_progress=terminal
         )
         summary.estimated = accountant.stats["estimated"]
     kinds = ", ".join(f"{n} {k}" for k, n in sorted((summary.kinds or {}).items())) or "none"

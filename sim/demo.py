@@ -8,8 +8,12 @@ Four acts, each through the real interfaces and the real programs:
    kubelet device plugin stream, and it turns Healthy again after the quiet period;
 3. a kube-apiserver stand-in fed by the workload generator, watched by `gpuquota controller`
    writing to SQLite;
-4. `gpuquota report` prints the chargeback report of that cluster, checked against the
-   generator's own truth.
+4. `gpuquota report` prints the chargeback report of that cluster - GPU-hours, cost, idle
+   GPUs and quota use against each namespace's ResourceQuota - checked against the
+   generator's own truth, and the exact report commands to rerun on the store.
+
+The store, the logs and the simulated node's state stay in build/demo/ (or --work DIR),
+replaced by the next run.
 """
 
 from __future__ import annotations
@@ -17,13 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 import urllib.request
@@ -43,6 +47,7 @@ BIN = Path(sys.executable).parent
 GPU = "nvidia.com/gpu"
 RATE_CARD = ROOT / "docs" / "examples" / "ratecard.yaml"
 QUIET_PERIOD_S = 5
+DEFAULT_WORK = ROOT / "build" / "demo"
 
 
 def title(text: str) -> None:
@@ -216,7 +221,7 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
     everywhere("healthy")
 
 
-def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, int]]:
+def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]:
     title("3. A cluster: kube-apiserver stand-in, generated workload, gpuquota controller")
     # The events are played in seconds, so the controller observes them "now": leave out the
     # cases whose end exists only as the time a change was seen (gpuquota replay keeps those
@@ -238,8 +243,12 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, 
         f"--metrics-port={metrics_port}",
         "--metrics-address=127.0.0.1",
         "--flush-interval=500ms",
+        "--node-pool-label=node-pool",  # the label the generated nodes name their pool with
     ]
-    print("$ gpuquota controller --kubeconfig=... --db=sqlite:///.../gpuquota.db --cluster=demo")
+    print(
+        "$ gpuquota controller --kubeconfig=... --db=sqlite:///.../gpuquota.db --cluster=demo "
+        "--node-pool-label=node-pool"
+    )
     with process(controller, None, work / "controller.log"):
         wait_until("the controller's first heartbeat", lambda: _heartbeat(work) is not None)
         print(
@@ -267,7 +276,7 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[str, int, int, dict[str, 
     truth: dict[str, int] = {}
     for (namespace, _resource), seconds in workload.truth.gpu_seconds().items():
         truth[namespace] = truth.get(namespace, 0) + seconds
-    return db, workload.start, workload.end, truth
+    return workload.start, workload.end, truth
 
 
 def _heartbeat(work: Path) -> dict[str, str] | None:
@@ -289,24 +298,41 @@ def _synced_version(work: Path) -> int:
     return min(int(v) for v in versions.values()) if len(versions) == 4 else 0
 
 
-def report_act(db: str, start: int, end: int, truth: dict[str, int]) -> None:
-    title("4. Chargeback: gpuquota report")
-    args = [
-        str(BIN / "gpuquota"),
-        "report",
-        f"--db={db}",
+def shown(path: Path) -> str:
+    """A path as a newcomer types it: relative to the current folder when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def report_act(db_path: Path, start: int, end: int, truth: dict[str, int]) -> None:
+    title("4. Chargeback: gpuquota report, with quota use")
+    gpuquota = BIN / "gpuquota"
+    period = [
         f"--from={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(start))}",
         f"--to={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(end))}",
-        f"--rate-card={RATE_CARD}",
-        "--idle",
     ]
-    print("$ gpuquota report --from ... --to ... --rate-card docs/examples/ratecard.yaml --idle")
-    subprocess.run(args, check=True)
-    as_json = subprocess.run([*args, "--format=json"], check=True, capture_output=True, text=True)
-    reported = {
-        row["group"]["namespace"]: int(row["gpu_seconds_raw"])
-        for row in json.loads(as_json.stdout)["rows"]
-    }
+    store = f"--db=sqlite:///{shown(db_path)}"
+    commands = [
+        [store, *period, f"--rate-card={shown(RATE_CARD)}", "--idle"],
+        [store, *period, "--by=label:team,model"],
+        [store, *period, "--by=namespace,resource", "--format=csv"],
+    ]
+
+    def typed(args: list[str]) -> str:
+        return shlex.join([shown(gpuquota), "report", *args])
+
+    print(f"$ {typed(commands[0])}")
+    subprocess.run([str(gpuquota), "report", *commands[0]], check=True)
+    as_json = subprocess.run(
+        [str(gpuquota), "report", *commands[0], "--format=json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    doc = json.loads(as_json.stdout)
+    reported = {row["group"]["namespace"]: int(row["gpu_seconds_raw"]) for row in doc["rows"]}
     print("\nraw GPU-seconds per namespace, the report against the generator's own truth:")
     for namespace in sorted(truth.keys() | reported.keys()):
         got, want = reported.get(namespace, 0), truth.get(namespace, 0)
@@ -314,28 +340,37 @@ def report_act(db: str, start: int, end: int, truth: dict[str, int]) -> None:
         print(f"    {namespace:<16} report {got:>10}   truth {want:>10}   {verdict}")
     if reported != truth:
         raise SystemExit("demo: the report does not match the generator's truth")
+    if not doc.get("quota", {}).get("rows"):
+        raise SystemExit("demo: the report has no quota figures")
+    print(f"\nthe store stays in {shown(db_path)}; rerun the report, or try other views:")
+    for args in commands:
+        print(f"  {typed(args)}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make demo", description=textwrap.dedent(__doc__ or ""))
-    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs, store)")
+    parser = argparse.ArgumentParser(
+        prog="make demo",
+        description=textwrap.dedent(__doc__ or ""),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        default=DEFAULT_WORK,
+        metavar="DIR",
+        help=f"folder for the store, logs and node state, emptied first ({shown(DEFAULT_WORK)})",
+    )
     args = parser.parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="gq-demo-", dir="/tmp"))
-    try:
-        with ExitStack() as stack:
-            node, kubelet, base = node_act(stack, work)
-            health_act(node, kubelet, base)
-        with ExitStack() as stack:
-            db, start, end, truth = cluster_act(stack, work)
-        report_act(db, start, end, truth)
-        print(
-            f"\ndemo finished; logs and the SQLite store are in {work}"
-            if args.keep
-            else "\ndemo finished"
-        )
-    finally:
-        if not args.keep:
-            shutil.rmtree(work, ignore_errors=True)
+    work: Path = args.work.resolve()
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    with ExitStack() as stack:
+        node, kubelet, base = node_act(stack, work)
+        health_act(node, kubelet, base)
+    with ExitStack() as stack:
+        start, end, truth = cluster_act(stack, work)
+    report_act(work / "gpuquota.db", start, end, truth)
+    print(f"\ndemo finished; the store and the logs are in {shown(work)}/")
     return 0
 
 

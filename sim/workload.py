@@ -43,6 +43,8 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
+from gpuquota.commandline import OneLineParser, add_version
+
 Obj = dict[str, Any]
 
 #: 2026-01-01T00:00:00Z, the default start of a simulated span.
@@ -280,14 +282,38 @@ class Workload:
     truth: Truth
 
     def lines(self) -> Iterator[str]:
+        """Replay lines: every event, then a bookmark at the end of the span, which tells
+        `gpuquota replay` the recording knew the cluster up to there (its heartbeat)."""
         for ev in self.events:
             yield ev.line()
+        yield json.dumps(
+            {
+                "type": "BOOKMARK",
+                "object": {"kind": "Pod", "apiVersion": "v1", "metadata": {}},
+                "observedAt": rfc3339(self.end),
+            },
+            separators=(",", ":"),
+        )
 
     def kinds(self) -> set[str]:
         return {ev.object["kind"] for ev in self.events}
 
 
 # --- the simulation -------------------------------------------------------------------------
+
+
+def _written(obj: Obj, manager: str, subresource: str | None, at: int) -> None:
+    """Stamp a write the way the API server does: the manager's managedFields entry gets the
+    time (the quota controller's status updates are when a quota's used changed)."""
+    fields = obj["metadata"].setdefault("managedFields", [])
+    entry: Obj = {"manager": manager, "operation": "Update", "apiVersion": "v1"}
+    if subresource:
+        entry["subresource"] = subresource
+    entry["time"] = rfc3339(at)
+    entry["fieldsType"] = "FieldsV1"
+    entry["fieldsV1"] = {"f:status": {"f:used": {}}} if subresource else {"f:spec": {}}
+    kept = [e for e in fields if (e.get("manager"), e.get("subresource")) != (manager, subresource)]
+    obj["metadata"]["managedFields"] = [*kept, entry]
 
 
 @dataclass
@@ -444,6 +470,8 @@ class _Sim:
             "status": {"hard": dict(hard), "used": {k: "0" for k in hard}},
         }
         self.quotas[ns] = obj
+        _written(obj, "kubectl-client-side-apply", None, self.now)
+        _written(obj, "kube-controller-manager", "status", self.now)
         self.emit("ADDED", obj)
 
     def refresh_quota(self, ns: str) -> None:
@@ -466,6 +494,7 @@ class _Sim:
         }
         if new != quota["status"]["used"]:
             quota["status"]["used"] = new
+            _written(quota, "kube-controller-manager", "status", self.now)
             self.emit("MODIFIED", quota)
 
     # -- pods
@@ -1072,19 +1101,46 @@ def generate(
     return Workload(seed, start, end, sim.events, Truth(end, sim.intervals, sim.ns_labels))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sim.workload", description=__doc__.split("\n")[0]
+EXAMPLES = """\
+examples:
+  python -m sim.workload --seed 1 --hours 2 > events.jsonl
+  python -m sim.workload --seed 7 --hours 48 --truth truth.json | gpuquota replay - --migrate
+
+exit status: 0; 2 on bad input (a flag, a span under 10 minutes), one line on stderr.
+"""
+
+
+def _hours(text: str) -> float:
+    try:
+        hours = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of hours") from None
+    if not 0 < hours <= 24 * 366:
+        raise argparse.ArgumentTypeError(f"{text!r}: give between 0 and a year of hours")
+    return hours
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m sim.workload",
+        description=(__doc__ or "").split("\n")[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--hours", type=float, default=2.0)
-    parser.add_argument(
+    add_version(p)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--hours", type=_hours, default=2.0, help="simulated span (default 2)")
+    p.add_argument(
         "--start", type=int, default=DEFAULT_START, help="unix seconds (default 2026-01-01)"
     )
-    parser.add_argument("--pods-per-hour", type=float, default=30.0)
-    parser.add_argument("--observation-independent", action="store_true")
-    parser.add_argument("--truth", metavar="FILE", help="also write the truth as JSON to FILE")
-    args = parser.parse_args(argv)
+    p.add_argument("--pods-per-hour", type=float, default=30.0)
+    p.add_argument("--observation-independent", action="store_true")
+    p.add_argument("--truth", metavar="FILE", help="also write the truth as JSON to FILE")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         wl = generate(
             args.seed,
@@ -1094,7 +1150,7 @@ def main(argv: list[str] | None = None) -> int:
             observation_independent=args.observation_independent,
         )
     except ValueError as exc:
-        print(f"sim.workload: {exc}", file=sys.stderr)
+        print(f"python -m sim.workload: error: {exc}", file=sys.stderr)
         return 2
     out = sys.stdout
     for line in wl.lines():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,17 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_demo_runs_every_act_end_to_end() -> None:
+    # a short folder: the kubelet's unix sockets live in it (108 bytes at most per path)
+    tmp_path = Path(tempfile.mkdtemp(prefix="gqd", dir="/tmp"))
+    try:
+        check_demo(tmp_path)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def check_demo(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "sim.demo"],
+        [sys.executable, "-m", "sim.demo", "--work", str(tmp_path / "demo")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -35,3 +46,8 @@ def test_demo_runs_every_act_end_to_end() -> None:
     # act 4: the report matches the generator's truth to the second
     assert "TOTAL" in out and "OFF BY" not in out
     assert out.count("   exact") >= 3
+    # quota, the namesake: per namespace and resource, in the workload's own clock
+    assert "Quota use" in out and "nvidia.com/mig-1g.10gb" in out
+    # exact commands to rerun on the kept store
+    assert "gpuquota report --db=sqlite:///" in out and "--from=2026-01-01T00:00:00Z" in out
+    assert (tmp_path / "demo" / "gpuquota.db").is_file()

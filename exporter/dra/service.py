@@ -72,7 +72,8 @@ class DraService:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> DraService | None:
-        """None when DRA support is off; ValueError (naming the flag) on bad settings."""
+        """None when DRA support is off; ValueError (naming the flag) on bad settings,
+        DraKubeConfigError when the Kubernetes API it needs cannot be configured."""
         drivers = [d.strip() for d in args.dra_drivers.split(",") if d.strip()]
         if not drivers:
             raise ValueError("--dra-drivers: give at least one DRA driver name")
@@ -89,7 +90,7 @@ class DraService:
             return None  # auto, and no API server or node name to follow slices with
         try:
             kube = _kube(args.kubeconfig, args.node_name)
-        except ValueError as exc:
+        except DraKubeConfigError as exc:
             if args.dra != "auto" or args.dra_device_taints:
                 raise
             # auto: a pod without a service account token, say; device plugins still attribute
@@ -128,12 +129,16 @@ class DraService:
             self.attribution.admin.stop()
 
 
+class DraKubeConfigError(RuntimeError):
+    """No usable Kubernetes API configuration for --dra on/--dra-device-taints (one line)."""
+
+
 def _kube(kubeconfig: Any, node_name: str) -> Any:
     from quota.controller.kube import Kube, KubeConfigError, load
 
     try:
         api = load(str(kubeconfig) if kubeconfig else None)
     except KubeConfigError as exc:
-        raise ValueError(f"--kubeconfig: {exc}") from None
+        raise DraKubeConfigError(f"--dra needs the Kubernetes API: {exc}") from None
     selector = f"spec.nodeName={node_name}"
     return Kube(api, field_selectors=dict.fromkeys(KINDS, selector))

@@ -21,21 +21,46 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from gpuquota.durations import duration_flag, whole_seconds_flag
+from quota.accounting import AccountingConfig
 from quota.controller import kube as kubeapi
 from quota.controller.leader import LeaseSettings, check, elect
 from quota.controller.loop import Controller, Settings, StartupError
 from quota.controller.metrics import ControllerMetrics
 from quota.engine import Accountant
-from quota.options import add_cluster_option, add_db_option
-from quota.store.db import StoreError, open_store
+from quota.options import (
+    add_cluster_option,
+    add_db_option,
+    add_node_pool_option,
+    node_pool_labels,
+    port_number,
+)
+from quota.store.db import StoreError, StoreUnavailableError, open_store
 
 log = logging.getLogger(__name__)
 
 EXIT_ERROR = 2
 EXIT_LOST_LEASE = 1
+EXIT_UNAVAILABLE = 1  # the API server or the database does not answer
+
+
+EXAMPLES = """\
+examples:
+  gpuquota controller --kubeconfig ~/.kube/config --db sqlite:///gpuquota.db --migrate
+  gpuquota controller --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod-eu1 \\
+      --lease-name gpuquota-controller --lease-namespace gpuquota
+  gpuquota controller --flush-interval 10s --read-timeout 2m --node-pool-label node-pool
+
+durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
+exit status: 0 after SIGTERM/SIGINT (pending rows written first); 2 on bad input (flags,
+kubeconfig, database URL, an unmigrated store without --migrate); 1 when the environment
+fails: the API server or the database does not answer at start, or the Lease was lost.
+Always one line on stderr.
+"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--kubeconfig",
         metavar="FILE",
@@ -95,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--metrics-port",
-        type=int,
+        type=port_number,
         default=9402,
         help="Prometheus metrics port; 0 turns them off (9402)",
     )
@@ -124,11 +149,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up when the API server cannot be listed for this long (30s)",
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
+    add_node_pool_option(parser)
 
 
-def _fail(message: str) -> int:
+def _fail(message: str, status: int = EXIT_ERROR) -> int:
     print(f"gpuquota controller: error: {message}", file=sys.stderr)
-    return EXIT_ERROR
+    return status
 
 
 def _reach(kube: kubeapi.Kube, timeout: float) -> str | None:
@@ -156,6 +182,10 @@ def run(args: argparse.Namespace) -> int:
         return _fail(
             "--flush-interval, --flush-every, --read-timeout and --page-size must be positive"
         )
+    try:
+        config = AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
+    except ValueError as exc:
+        return _fail(str(exc))
     lease = LeaseSettings(
         args.lease_name,
         args.lease_namespace,
@@ -192,7 +222,7 @@ def run(args: argparse.Namespace) -> int:
     def lead() -> None:
         try:
             metrics.leader.set(1)
-            accountant = Accountant(store, args.cluster, holder=args.identity)
+            accountant = Accountant(store, args.cluster, config, holder=args.identity)
             controller = Controller(kube, accountant, metrics, settings)
             current.append(controller)
             if stopping.is_set():
@@ -200,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
             controller.run()
         except (StartupError, StoreError) as exc:
             outcome["error"] = str(exc)
+            outcome["unavailable"] = isinstance(exc, (StartupError, StoreUnavailableError))
         except BaseException as exc:
             outcome["error"] = f"{type(exc).__name__}: {exc}"
             log.exception("controller failed")
@@ -234,7 +265,7 @@ def run(args: argparse.Namespace) -> int:
         problem = _reach(kube, args.startup_timeout)
         if problem:
             store.close()
-            return _fail(problem)
+            return _fail(problem, EXIT_UNAVAILABLE)
         elect(lease, lead, lost)
     else:
         threading.Thread(target=lead, name="controller", daemon=True).start()
@@ -244,7 +275,9 @@ def run(args: argparse.Namespace) -> int:
         c.stop()
     store.close()
     if "error" in outcome:
-        code = _fail(str(outcome["error"]))
+        code = _fail(
+            str(outcome["error"]), EXIT_UNAVAILABLE if outcome.get("unavailable") else EXIT_ERROR
+        )
     else:
         code = EXIT_LOST_LEASE if outcome.get("lost") else 0
     if args.lease_name:

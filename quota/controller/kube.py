@@ -97,7 +97,14 @@ def slim(obj: Obj, kind: str) -> Obj:
     obj.setdefault("kind", kind)
     meta = obj.get("metadata")
     if isinstance(meta, dict):
-        meta.pop("managedFields", None)
+        fields = meta.pop("managedFields", None)
+        if kind == "ResourceQuota" and isinstance(fields, list):
+            # keep when each manager last wrote it (the quota sample's time), not the field sets
+            meta["managedFields"] = [
+                {k: v for k, v in entry.items() if k != "fieldsV1"}
+                for entry in fields
+                if isinstance(entry, dict)
+            ]
         ann = meta.get("annotations")
         if isinstance(ann, dict):
             for key in _DROP_ANNOTATIONS:

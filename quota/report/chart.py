@@ -10,10 +10,11 @@ from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
 
-from quota.report.compute import HOUR, Report
+from quota.report.compute import HOUR, OTHER, Report
 from quota.report.period import Period
 
-MAX_SERIES = 10
+MAX_SERIES = 10  # the colours of matplotlib's default cycle: no two groups share one
+OTHER_COLOUR = "#9e9e9e"  # grey: (other) is never mistaken for a group
 
 
 class ChartUnavailableError(Exception):
@@ -40,15 +41,20 @@ def draw(report: Report, period: Period, path: Path) -> None:
     shown = report.groups[:MAX_SERIES]
     rest = report.groups[MAX_SERIES:]
     series = [(" / ".join(k or "(none)" for k in g.keys), g.series) for g in shown]
-    if rest:
-        other = [sum((g.series[i] for g in rest), Fraction(0)) for i in range(len(edges) - 1)]
-        series.append(("(other)", other))
+    folded = [i for i, g in enumerate(shown) if all(k == OTHER for k in g.keys)]
+    other = [sum((g.series[i] for g in rest), Fraction(0)) for i in range(len(edges) - 1)]
+    for i in folded:  # --top's (other) row joins the rest, drawn last
+        other = [a + b for a, b in zip(other, series[i][1], strict=True)]
+    series = [s for i, s in enumerate(series) if i not in folded]
+    if rest or folded:
+        series.append((OTHER, other))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.3 * len(labels) + 3), 4.5))
     try:
         bottom = [0.0] * len(labels)
-        for name, values in series:
+        for n, (name, values) in enumerate(series):
             hours = [float(v / HOUR) for v in values]
-            ax.bar(range(len(labels)), hours, bottom=bottom, label=name)
+            colour = colours_for(name, n)
+            ax.bar(range(len(labels)), hours, bottom=bottom, label=name, color=colour)
             bottom = [b + h for b, h in zip(bottom, hours, strict=True)]
         ax.set_xticks(range(len(labels)), labels, rotation=60, ha="right", fontsize=7)
         ax.set_ylabel("physical GPU-hours")
@@ -59,3 +65,8 @@ def draw(report: Report, period: Period, path: Path) -> None:
         fig.savefig(path, format=path.suffix.lower().lstrip("."))
     finally:
         plt.close(fig)
+
+
+def colours_for(name: str, index: int) -> str:
+    """The n-th group's colour of the default cycle (C0..C9); grey for (other)."""
+    return OTHER_COLOUR if name == OTHER else f"C{index % MAX_SERIES}"

@@ -1,5 +1,6 @@
-"""`gpuquota report`: arguments, wiring and error handling (exit 2 on bad input, nothing on
-stdout unless the whole report was computed)."""
+"""`gpuquota report`: parse the flags into a ReportRequest, open the store, build the report
+(quota/report/build.py) and render it (exit 2 on bad input, nothing on stdout unless the
+whole report was computed)."""
 
 from __future__ import annotations
 
@@ -14,17 +15,21 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from gpuquota.durations import duration_flag
 from quota.options import add_db_option
-from quota.report import compute, period, query, ratecard, render
-from quota.store.db import Store, StoreError, open_store, safe_url
+from quota.report import period, query, ratecard, render
+from quota.report.build import ReportError, ReportRequest, build_report, first_line
+from quota.store.db import Store, StoreError, StoreUnavailableError, open_store, safe_url
 
 EPILOG = """\
 period (half-open [start, end); default: this month so far; --tz zone, default UTC):
   --month 2026-10                    a calendar month, midnight to midnight in --tz
   --from 2026-10-01 --to 2026-10-08  dates are midnight in --tz; RFC 3339 times also work
-  --last 7d                          the last 7 days up to now (s, m, h, d, w)
+  --last 7d                          the last 7 days up to now (ms, s, m, h, d, w, combined
+                                     as in 1h30m, or a bare number of seconds)
   Intervals are split pro rata at the window's edges; running allocations count up to the
-  end of the window or now, whichever is earlier.
+  end of the window, now, or where the cluster's data ends (the controller's last heartbeat
+  or a replay's last event), whichever is earliest; the report notes where the data ends.
 
 group keys (--by, comma-separated or repeated; default namespace):
   namespace, model, node, pool (node pool), cluster, owner (Kind/name), resource
@@ -38,10 +43,13 @@ columns:
   cost              physical GPU-hours x the rate in force when it happened (--rate-card)
   share %           share of the physical GPU-hours of all groups
   est. GPU-h        raw GPU-hours of intervals closed by estimate (controller downtime)
-  quota ...         time-weighted average used and hard, peak used, and GPU-hours of quota
-                    left unused (hard - used), from quota history (--by namespace)
   idle GPU-h        with --spread-idle: the fleet's idle GPU-hours shared among groups
   util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation
+  quota section     per group, quota and resource (each in its own units: whole GPUs, MIG
+                    slices and shared replicas are never added up): time-weighted average
+                    used and hard, peak used and hard, unused unit-hours (hard - used) and
+                    the share of the period with quota samples; with --by namespace or a
+                    namespace label
   Totals add up exactly: figures stay exact until display and each column is rounded so
   the rows shown sum to the total shown.
 
@@ -53,14 +61,16 @@ examples:
   gpuquota report --month 2026-10 --prometheus http://prometheus:9090 --chart usage.svg
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
 
+missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
+without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
+says how much of the allocated time Prometheus covers, and util % is over that part only.
+
 exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted period,
-malformed rate card, unreachable database or Prometheus), with one line on stderr and
-nothing on stdout.
+malformed rate card, an unmigrated or missing store, an answer that is not Prometheus's) and
+when nothing matches (a cluster the store does not know, listing the known ones; a period
+after now or after the data ends); 1 when the database or Prometheus does not answer.
+Always one line on stderr and nothing on stdout.
 """
-
-
-class ReportError(Exception):
-    """Bad input or an unreachable dependency: one line for stderr, exit 2."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,7 +91,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="end: date or RFC 3339 time (exclusive; default now)",
     )
     when.add_argument("--month", metavar="YYYY-MM", help="a calendar month in --tz")
-    when.add_argument("--last", metavar="DURATION", help="the last N s|m|h|d|w up to now, e.g. 7d")
+    when.add_argument(
+        "--last",
+        metavar="DURATION",
+        type=duration_flag(minimum=1),
+        help="the period up to now, e.g. 7d, 12h, 1h30m (durations as in every gpuquota flag)",
+    )
     when.add_argument(
         "--tz",
         default="UTC",
@@ -117,9 +132,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--top",
         type=int,
-        default=0,
         metavar="N",
-        help="show the N largest groups and fold the rest into (other)",
+        help="show the N largest groups (N >= 1) and fold the rest into (other); default: all",
     )
     what.add_argument(
         "--prometheus",
@@ -169,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         output, stderr_notes = build(args)
     except ReportError as exc:
         print(f"gpuquota report: error: {exc}", file=sys.stderr)
-        return 2
+        return exc.status
     sys.stdout.write(output)
     sys.stdout.flush()
     for note in stderr_notes:
@@ -177,8 +191,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def build(args: argparse.Namespace) -> tuple[str, list[str]]:
-    """The whole report as text (and notes for stderr); raises ReportError on bad input."""
+def request_of(args: argparse.Namespace) -> ReportRequest:
+    """The parsed and checked flags as a ReportRequest; ReportError on bad input."""
     try:
         now = int(time.time())
         if args.now is not None:
@@ -194,18 +208,46 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     except period.PeriodError as exc:
         raise ReportError(str(exc)) from exc
     keys = parse_keys(args.by)
-    if args.top < 0:
-        raise ReportError("--top: must be a positive number of groups")
+    if args.top is not None and args.top < 1:
+        raise ReportError(f"--top: {args.top} groups: give at least 1 (leave --top out for all)")
     if args.chart is not None and args.chart.suffix.lower() not in (".png", ".svg"):
         raise ReportError(f"--chart: {args.chart} must end in .png or .svg")
-    if args.prometheus and keys != ["namespace"]:
-        raise ReportError("--prometheus: utilisation is reported per namespace; use --by namespace")
+    if args.prometheus:
+        if keys != ["namespace"]:
+            raise ReportError(
+                "--prometheus: utilisation is reported per namespace; use --by namespace"
+            )
+        from quota.report import prometheus
+
+        try:
+            prometheus.check_url(args.prometheus)
+        except prometheus.PrometheusError as exc:
+            raise ReportError(str(exc)) from exc
+    if args.cluster is not None and not args.cluster.strip():
+        raise ReportError("--cluster: the cluster name is empty")
     card = None
     if args.rate_card is not None:
         try:
             card = ratecard.load(args.rate_card)
         except ratecard.RateCardError as exc:
             raise ReportError(f"rate card {exc}") from exc
+    return ReportRequest(
+        window=window,
+        now=now,
+        keys=tuple(keys),
+        cluster=args.cluster,
+        card=card,
+        idle=args.idle,
+        spread_idle=args.spread_idle,
+        top=args.top,
+        chart_buckets=args.chart is not None,
+        prometheus=args.prometheus,
+    )
+
+
+def build(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """The whole report as text (and notes for stderr); raises ReportError on bad input."""
+    request = request_of(args)
     chart_module: Any = None
     if args.chart is not None:
         from quota.report import chart
@@ -214,47 +256,9 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
             chart_module = chart.require()
         except chart.ChartUnavailableError as exc:
             raise ReportError(str(exc)) from exc
-    idle = args.idle or args.spread_idle is not None
-    buckets = period.buckets(window) if args.chart is not None else [window.start, window.end]
-    edges = compute.sub_windows(
-        window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
-    )
     with _Connect(args.db) as conn:
-        try:
-            scope = query.Scope.of(conn, args.cluster)
-            rows = query.usage(conn, keys, edges, now, scope=scope)
-            report = compute.aggregate(keys, rows, edges, card, buckets)
-            report.best_effort_pods = query.best_effort_pods(
-                conn, scope, window.start, window.end, now
-            )
-            if all(k in query.QUOTA_PLAIN_KEYS or k.startswith("label:") for k in keys) and (
-                "namespace" in keys or any(k.startswith("label:") for k in keys)
-            ):
-                span = max(min(window.end, now) - window.start, 0)
-                if span:
-                    compute.add_quota(
-                        report,
-                        query.quota(conn, keys, window.start, window.end, now, args.cluster),
-                        span,
-                    )
-            if idle:
-                alloc = query.usage(conn, ["model", "pool"], edges, now, scope=scope)
-                report.idle = compute.idle(
-                    query.capacity(conn, edges, now, args.cluster), alloc, edges, card
-                )
-        except SQLAlchemyError as exc:
-            raise ReportError(f"database query failed: {_first_line(exc)}") from exc
-    if args.prometheus:
-        from quota.report import prometheus
-
-        try:
-            busy = prometheus.busy_seconds(args.prometheus, window.start, min(window.end, now))
-        except prometheus.PrometheusError as exc:
-            raise ReportError(str(exc)) from exc
-        prometheus.attach(report, busy)
-    if args.spread_idle is not None:
-        compute.spread_idle(report, args.spread_idle)
-    compute.fold_top(report, args.top)
+        report = build_report(conn, request)
+    window = request.window
     if args.format == "csv":
         output, notes = render.render_csv(report), render.notes(report)
     elif args.format == "json":
@@ -285,7 +289,11 @@ class _Connect:
         if parsed.get_backend_name() == "sqlite":
             # opening a missing SQLite file would create an empty one
             path = parsed.database
-            if path and path != ":memory:" and not Path(path).exists():
+            try:
+                missing = bool(path) and path != ":memory:" and not Path(path or "").exists()
+            except OSError as exc:
+                raise ReportError(f"database {safe_url(self.url)}: {exc.strerror}") from None
+            if missing:
                 raise ReportError(f"database {safe_url(self.url)}: file {path} does not exist")
         try:
             self.store = open_store(self.url)
@@ -296,11 +304,13 @@ class _Connect:
                 # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
                 self.conn.execute(text("SET jit = off"))
                 self.conn.execute(text("SET work_mem = '64MB'"))
+        except StoreUnavailableError as exc:
+            raise ReportError(str(exc), 1) from exc
         except StoreError as exc:
             raise ReportError(str(exc)) from exc
         except SQLAlchemyError as exc:
             raise ReportError(
-                f"cannot connect to database {safe_url(self.url)}: {_first_line(exc)}"
+                f"cannot connect to database {safe_url(self.url)}: {first_line(exc)}", 1
             ) from exc
         return self.conn
 
@@ -309,8 +319,3 @@ class _Connect:
             self.conn.close()
         if self.store is not None:
             self.store.close()
-
-
-def _first_line(exc: BaseException) -> str:
-    message = str(getattr(exc, "orig", None) or exc).strip()
-    return message.splitlines()[0] if message else type(exc).__name__

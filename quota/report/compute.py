@@ -42,15 +42,26 @@ class Group:
     estimated_raw_seconds: int = 0
     estimated_intervals: int = 0
     series: list[Fraction] = field(default_factory=list)  # physical seconds per chart bucket
-    # quota view (raw units), only when grouped by namespace
-    quota_avg_used: Fraction | None = None
-    quota_avg_hard: Fraction | None = None
-    quota_peak_used: Fraction | None = None
-    quota_peak_hard: Fraction | None = None
-    quota_unused_seconds: Fraction | None = None
     idle_seconds: Fraction | None = None  # spread idle physical seconds
     idle_cost: Fraction | None = None
     utilised_seconds: Fraction | None = None  # from Prometheus: physical seconds of busy GPU
+    # from Prometheus: physical seconds of the group's allocations that had samples
+    measured_seconds: Fraction | None = None
+
+
+@dataclass
+class QuotaFigure:
+    """Quota use of one group, quota and resource (raw units of that resource) over the window."""
+
+    keys: tuple[str | None, ...]
+    quota_name: str | None
+    resource_name: str
+    avg_used: Fraction
+    avg_hard: Fraction
+    unused_seconds: Fraction
+    sampled_seconds: Fraction  # how much of the window had samples
+    peak_used: Fraction | None
+    peak_hard: Fraction | None
 
 
 @dataclass
@@ -75,6 +86,15 @@ class Report:
     bucket_edges: list[int] = field(default_factory=list)
     # namespace -> BestEffort pods that held GPUs in the window (they escape scoped quotas)
     best_effort_pods: dict[str, int] = field(default_factory=dict)
+    # quota figures per group, quota and resource; None: the grouping has no quota view
+    quota: list[QuotaFigure] | None = None
+    quota_span: int = 0  # seconds of the window the quota averages are over
+    # where each cluster's data ends (None: no heartbeat), for the coverage note
+    coverage: dict[str, int | None] = field(default_factory=dict)
+    window_end: int = 0  # the window's end as computed (the earlier of its end and now)
+    # clusters whose data ends inside the window, well before its end: the report says so
+    ends_early: dict[str, int] = field(default_factory=dict)
+    prometheus: str | None = None  # the Prometheus utilisation came from
 
     @property
     def physical_total(self) -> Fraction:
@@ -159,25 +179,25 @@ def _sort_key(keys: tuple[str | None, ...]) -> tuple[str, ...]:
     return tuple("" if k is None else k for k in keys)
 
 
-def add_quota(report: Report, quotas: Iterable[QuotaRow], window_seconds: int) -> None:
-    """Attach time-weighted quota figures (rows keyed like the report's groups); groups with
-    quota but no usage get a row of their own."""
-    by_group = {g.keys: g for g in report.groups}
+def quota_figures(quotas: Iterable[QuotaRow], window_seconds: int) -> list[QuotaFigure]:
+    """Time-weighted quota figures, one per group, quota and resource, sorted by group."""
     span = Fraction(window_seconds)
-    for q in quotas:
-        g = by_group.get(q.keys)
-        if g is None:
-            g = by_group[q.keys] = Group(
-                q.keys, series=[Fraction(0)] * (len(report.bucket_edges) - 1)
-            )
-            report.groups.append(g)
-        g.quota_avg_used = (g.quota_avg_used or 0) + Fraction(q.used_seconds) / span
-        g.quota_avg_hard = (g.quota_avg_hard or 0) + Fraction(q.hard_seconds) / span
-        g.quota_unused_seconds = (g.quota_unused_seconds or 0) + Fraction(q.unused_seconds)
-        if q.peak_used is not None:
-            g.quota_peak_used = max(g.quota_peak_used or Fraction(0), Fraction(q.peak_used))
-        if q.peak_hard is not None:
-            g.quota_peak_hard = max(g.quota_peak_hard or Fraction(0), Fraction(q.peak_hard))
+    figures = [
+        QuotaFigure(
+            q.keys,
+            q.quota_name,
+            q.resource_name,
+            Fraction(q.used_seconds) / span,
+            Fraction(q.hard_seconds) / span,
+            Fraction(q.unused_seconds),
+            Fraction(q.sampled_seconds),
+            None if q.peak_used is None else Fraction(q.peak_used),
+            None if q.peak_hard is None else Fraction(q.peak_hard),
+        )
+        for q in quotas
+    ]
+    figures.sort(key=lambda f: (_sort_key(f.keys), f.quota_name or "", f.resource_name))
+    return figures
 
 
 def idle(
@@ -232,7 +252,7 @@ def spread_idle(report: Report, how: Literal["proportional", "even"]) -> None:
 
 def fold_top(report: Report, top: int) -> None:
     """Keep the ``top`` largest groups and fold the rest into one (other) row."""
-    if top <= 0 or len(report.groups) <= top:
+    if len(report.groups) <= top:
         return
     kept, rest = report.groups[:top], report.groups[top:]
     other = Group(tuple([OTHER] * len(report.keys)), series=[Fraction(0)] * len(rest[0].series))
@@ -243,14 +263,7 @@ def fold_top(report: Report, top: int) -> None:
         other.estimated_raw_seconds += g.estimated_raw_seconds
         other.estimated_intervals += g.estimated_intervals
         other.series = [a + b for a, b in zip(other.series, g.series, strict=True)]
-        for name in (
-            "quota_avg_used",
-            "quota_avg_hard",
-            "quota_unused_seconds",
-            "idle_seconds",
-            "idle_cost",
-            "utilised_seconds",
-        ):
+        for name in ("idle_seconds", "idle_cost", "utilised_seconds", "measured_seconds"):
             value = getattr(g, name)
             if value is not None:
                 setattr(other, name, (getattr(other, name) or 0) + value)

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from gpuquota import durations
+
 
 class PeriodError(ValueError):
     """A period that cannot be parsed, or is empty or inverted."""
@@ -30,15 +32,14 @@ class Period:
         return f"[{a}, {b})"
 
 
-_DURATION = re.compile(r"^\s*(\d+)\s*([smhdw])\s*$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+LAST_INSTANT = 253370764800  # 9999-01-01T00:00:00Z: every later date breaks calendar arithmetic
 _MONTH = re.compile(r"^(\d{4})-(\d{2})$")
 
 
 def parse_zone(name: str) -> tzinfo:
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
+    except (ZoneInfoNotFoundError, ValueError, OSError) as exc:
         raise PeriodError(f"--tz: unknown time zone {name!r}") from exc
 
 
@@ -67,14 +68,19 @@ def parse_instant(text: str, tz: tzinfo, option: str) -> int:
         ) from exc
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=tz)
-    return int(moment.timestamp())
+    try:
+        return int(moment.timestamp())
+    except (OverflowError, ValueError, OSError) as exc:
+        raise PeriodError(f"{option}: {text!r} is out of range") from exc
 
 
 def parse_duration(text: str) -> int:
-    match = _DURATION.match(text)
-    if not match or int(match.group(1)) == 0:
-        raise PeriodError(f"--last: {text!r} is not a positive duration like 7d, 12h, 2w, 30m")
-    return int(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    """``--last``: the shared duration grammar (gpuquota/durations.py), whole seconds."""
+    try:
+        seconds = durations.parse_duration(text, minimum=1)
+    except ValueError as exc:
+        raise PeriodError(f"--last: {exc}") from None
+    return int(seconds)
 
 
 def month_window(text: str, tz: tzinfo) -> tuple[int, int]:
@@ -82,6 +88,8 @@ def month_window(text: str, tz: tzinfo) -> tuple[int, int]:
     if not match or not 1 <= int(match.group(2)) <= 12:
         raise PeriodError(f"--month: {text!r} is not a month like 2026-10")
     year, month = int(match.group(1)), int(match.group(2))
+    if not 1970 <= year < 9999:
+        raise PeriodError(f"--month: {text!r} is outside the years 1970 to 9998")
     following = date(year + 1, 1, 1) if month == 12 else date(year, month + 1, 1)
     return midnight(date(year, month, 1), tz), midnight(following, tz)
 
@@ -93,7 +101,7 @@ def resolve(
     start: str | None = None,
     end: str | None = None,
     month: str | None = None,
-    last: str | None = None,
+    last: str | float | None = None,
 ) -> Period:
     """Resolve the period options; with none given, the current month up to now."""
     tz = parse_zone(tz_name)
@@ -105,7 +113,8 @@ def resolve(
     if month is not None:
         lo, hi = month_window(month, tz)
     elif last is not None:
-        lo, hi = now - parse_duration(last), now
+        seconds = parse_duration(last) if isinstance(last, str) else int(last)
+        lo, hi = now - seconds, now
     elif start is not None or end is not None:
         hi = parse_instant(end, tz, "--to") if end is not None else now
         if start is None:
@@ -114,6 +123,8 @@ def resolve(
     else:
         today = datetime.fromtimestamp(now, tz).date()
         lo, hi = midnight(today.replace(day=1), tz), now
+    if lo < 0 or hi > LAST_INSTANT:
+        raise PeriodError("the period must lie between 1970 and 9998")
     if hi < lo:
         raise PeriodError(
             f"the period is inverted: its end comes before its start {_span(lo, hi, tz)}"

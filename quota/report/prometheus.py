@@ -14,6 +14,7 @@ import math
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -26,7 +27,12 @@ MAX_POINTS = 10_000
 
 
 class PrometheusError(Exception):
-    """Prometheus unreachable or the query failed: one line naming the problem."""
+    """Prometheus unreachable or the query failed: one line naming the problem.
+    ``unavailable``: it did not answer (or answered 5xx), as opposed to a wrong answer."""
+
+    def __init__(self, message: str, *, unavailable: bool = False) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
 
 
 def step_for(seconds: int) -> int:
@@ -35,9 +41,13 @@ def step_for(seconds: int) -> int:
     return max(1, math.ceil(seconds / MAX_POINTS))
 
 
-def busy_query(seconds: int, step: int) -> str:
-    """PromQL: busy GPU-seconds per namespace over the ``seconds`` before the evaluation time."""
+def busy_query(seconds: int, step: int, *, measured: bool = False) -> str:
+    """PromQL: busy GPU-seconds per namespace over the ``seconds`` before the evaluation time;
+    with ``measured``, the GPU-seconds that had a utilisation sample at all (busy or not), which
+    is how much of the allocated time Prometheus covers."""
     util = f"max by ({DEVICE_LABEL}) ({UTIL_METRIC})"
+    if measured:
+        util = f"({util} * 0 + 1)"
     pods = f"max by ({DEVICE_LABEL}, namespace, pod) ({JOIN_METRIC})"
     joined = (
         f"({util} * on ({DEVICE_LABEL}) group_right {pods})"
@@ -46,13 +56,34 @@ def busy_query(seconds: int, step: int) -> str:
     return f"sum by (namespace) (sum_over_time(({joined})[{seconds}s:{step}s])) * {step}"
 
 
-def busy_seconds(base_url: str, start: int, end: int, timeout: float = 30.0) -> dict[str, Fraction]:
-    """Busy physical GPU-seconds per namespace in [start, end), from Prometheus at ``base_url``."""
+@dataclass(frozen=True)
+class Measured:
+    """Per namespace: busy GPU-seconds, and the GPU-seconds that had samples at all."""
+
+    busy: dict[str, Fraction]
+    sampled: dict[str, Fraction]
+
+
+def measure(base_url: str, start: int, end: int, timeout: float = 30.0) -> Measured:
+    """Busy and sampled physical GPU-seconds per namespace in [start, end) from Prometheus."""
+    return Measured(
+        busy_seconds(base_url, start, end, timeout),
+        busy_seconds(base_url, start, end, timeout, measured=True),
+    )
+
+
+def busy_seconds(
+    base_url: str, start: int, end: int, timeout: float = 30.0, *, measured: bool = False
+) -> dict[str, Fraction]:
+    """Busy physical GPU-seconds per namespace in [start, end), from Prometheus at ``base_url``
+    (with ``measured``: the GPU-seconds that had samples)."""
     seconds = end - start
     if seconds <= 0:
         return {}
     step = step_for(seconds)
-    params = urllib.parse.urlencode({"query": busy_query(seconds, step), "time": str(end)})
+    params = urllib.parse.urlencode(
+        {"query": busy_query(seconds, step, measured=measured), "time": str(end)}
+    )
     url = f"{base_url.rstrip('/')}/api/v1/query?{params}"
     body = _get(url, base_url, timeout)
     if body.get("status") != "success":
@@ -69,11 +100,21 @@ def busy_seconds(base_url: str, start: int, end: int, timeout: float = 30.0) -> 
         try:
             namespace = sample["metric"].get("namespace", "")
             value = float(sample["value"][1])
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
             raise PrometheusError(f"Prometheus at {base_url}: malformed sample {sample!r}") from exc
         if math.isfinite(value):
             out[namespace] = Fraction(value)
     return out
+
+
+def check_url(base_url: str) -> str:
+    """The URL if it is an http(s) URL with a host, else PrometheusError naming it."""
+    parsed = urllib.parse.urlsplit(base_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise PrometheusError(
+            f"--prometheus: {base_url!r} is not an http(s) URL like http://prometheus:9090"
+        )
+    return base_url
 
 
 def _get(url: str, base_url: str, timeout: float) -> dict[str, Any]:
@@ -83,10 +124,14 @@ def _get(url: str, base_url: str, timeout: float) -> dict[str, Any]:
             raw = response.read()
     except urllib.error.HTTPError as exc:
         detail = _error_detail(exc.read())
-        raise PrometheusError(f"Prometheus at {base_url}: HTTP {exc.code}: {detail}") from exc
+        raise PrometheusError(
+            f"Prometheus at {base_url}: HTTP {exc.code}: {detail}", unavailable=exc.code >= 500
+        ) from exc
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
-        raise PrometheusError(f"cannot reach Prometheus at {base_url}: {reason}") from exc
+        raise PrometheusError(
+            f"cannot reach Prometheus at {base_url}: {reason}", unavailable=True
+        ) from exc
     try:
         doc = json.loads(raw)
     except ValueError as exc:
@@ -104,7 +149,13 @@ def _error_detail(raw: bytes) -> str:
         return raw.decode(errors="replace").strip().splitlines()[0] if raw.strip() else "no body"
 
 
-def attach(report: Report, busy: dict[str, Fraction]) -> None:
-    """Set each namespace group's busy GPU-seconds (report grouped by namespace only)."""
+def attach(report: Report, measured: Measured) -> None:
+    """Set each namespace group's busy and sampled GPU-seconds (report grouped by namespace
+    only). A namespace Prometheus has no samples for keeps None: no data, not zero."""
     for g in report.groups:
-        g.utilised_seconds = min(busy.get(g.keys[0] or "", Fraction(0)), g.physical_seconds)
+        ns = g.keys[0] or ""
+        sampled = measured.sampled.get(ns)
+        if sampled is None or sampled <= 0:
+            continue
+        g.measured_seconds = min(sampled, g.physical_seconds)
+        g.utilised_seconds = min(measured.busy.get(ns, Fraction(0)), g.measured_seconds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from sqlalchemy import (
     ColumnElement,
     Integer,
     Select,
+    String,
     and_,
     case,
     cast,
@@ -39,6 +40,8 @@ from quota.store.models import (
     SPAN_CLASS_BOUNDS,
     SPAN_CLASS_SQL,
     Allocation,
+    Cluster,
+    Heartbeat,
     NamespaceLabels,
     NodeCapacity,
     QuotaSample,
@@ -104,13 +107,26 @@ class Scope:
 
     clusters: tuple[str, ...]
     longest: int | None  # longest closed interval in seconds; None: no closed intervals
+    # per cluster, the last time the store knew its state (heartbeat): open intervals end there
+    known_until: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, conn: Connection, cluster: str | None) -> Scope:
         a = Allocation
         longest = conn.execute(select(func.max(a.ended_at - a.started_at))).scalar()
         clusters = (cluster,) if cluster is not None else tuple(distinct_clusters(conn))
-        return cls(clusters, None if longest is None else int(longest))
+        until = tuple(
+            (c.cluster, c.known_until)
+            for c in coverage(conn, clusters)
+            if c.known_until is not None
+        )
+        return cls(clusters, None if longest is None else int(longest), until)
+
+    def open_end(self, cluster_column: Any, now: int) -> ColumnElement[int]:
+        """SQL: where an interval still open in ``cluster_column``'s cluster ends for the
+        report: the earlier of ``now`` and the last time the store knew that cluster."""
+        whens = [(cluster_column == c, t(min(now, at))) for c, at in self.known_until if at < now]
+        return case(*whens, else_=t(now)) if whens else t(now)
 
     def parts(self, lo: int, hi: int) -> list[ColumnElement[bool]]:
         a = Allocation
@@ -127,7 +143,13 @@ class Scope:
             )
             for k, bound in enumerate(bounds)
         ]
-        parts.append(and_(cluster, a.ended_at.is_(None), a.started_at < t(hi)))
+        ends = dict(self.known_until)
+        stale = [c for c in self.clusters if c in ends and ends[c] < hi]
+        fresh = [c for c in self.clusters if c not in stale]
+        if fresh:
+            parts.append(and_(a.cluster.in_(fresh), a.ended_at.is_(None), a.started_at < t(hi)))
+        for c in stale:  # nothing started after the data ends is known to run in the window
+            parts.append(and_(a.cluster == c, a.ended_at.is_(None), a.started_at < t(ends[c])))
         return parts
 
 
@@ -157,6 +179,38 @@ def distinct_clusters(conn: Connection) -> list[str]:
     ).where(seed.c.name.is_not(None))
     walk = seed.union_all(step)
     return [r[0] for r in conn.execute(select(walk.c.name).where(walk.c.name.is_not(None)))]
+
+
+@dataclass(frozen=True)
+class ClusterCoverage:
+    """Where one cluster's data ends: the last time the store knew its state, written by the
+    controller's heartbeat or, for a replayed recording, at its last event."""
+
+    cluster: str
+    known_until: int | None  # None: no heartbeat (rows written by something else)
+    source: str | None  # the heartbeat's holder: "replay", or the controller's identity
+
+
+def coverage(conn: Connection, clusters: Sequence[str]) -> list[ClusterCoverage]:
+    h = Heartbeat
+    beats = {
+        str(c): (int(at), str(holder))
+        for c, at, holder in conn.execute(
+            select(h.cluster, h.at, h.holder).where(h.cluster.in_(list(clusters)))
+        )
+    }
+    return [
+        ClusterCoverage(c, beats[c][0], beats[c][1])
+        if c in beats
+        else ClusterCoverage(c, None, None)
+        for c in clusters
+    ]
+
+
+def known_clusters(conn: Connection) -> list[str]:
+    """Every cluster the store holds anything of (its clusters table, and allocations)."""
+    named = {str(r[0]) for r in conn.execute(select(Cluster.name))}
+    return sorted(named | set(distinct_clusters(conn)))
 
 
 @dataclass(frozen=True)
@@ -219,7 +273,8 @@ def usage(
     n = len(edges) - 1
     parts = scope.parts(edges[0], min(edges[-1], now))
     base_rows = [
-        _usage_row(plain, r, n) for r in conn.execute(_usage_query(plain, [], edges, now, parts))
+        _usage_row(plain, r, n)
+        for r in conn.execute(_usage_query(plain, [], edges, now, parts, scope))
     ]
     if not label_keys:
         return base_rows
@@ -227,7 +282,7 @@ def usage(
     labelled_keys = plain + [f"label:{k}" for k in label_keys]
     rows = [
         _usage_row(labelled_keys, r, n)
-        for r in conn.execute(_usage_query(plain, label_keys, edges, now, parts))
+        for r in conn.execute(_usage_query(plain, label_keys, edges, now, parts, scope))
     ]
     rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
     order = [k for k in keys if not k.startswith("label:")] + [
@@ -243,6 +298,7 @@ def _usage_query(
     edges: Sequence[int],
     now: int,
     parts: Sequence[ColumnElement[bool]],
+    scope: Scope,
 ) -> Select[Any]:
     """One grouped query over the UNION ALL of the scope's parts (each an index range; the
     database runs them side by side where it can, PostgreSQL with a Parallel Append)."""
@@ -262,7 +318,7 @@ def _usage_query(
     columns_in = [c for c in a.__table__.columns if c.key in needed]
     u = union_all(*(select(*columns_in).where(part) for part in parts)).subquery("scoped")
     start: Any = u.c.started_at
-    end: Any = func.coalesce(u.c.ended_at, t(now))
+    end: Any = func.coalesce(u.c.ended_at, scope.open_end(u.c.cluster, now))
     lo_bound: Any = None
     hi_bound: Any = None
     group: list[Any] = [u.c[c.key] for k in plain for c in GROUP_COLUMNS[k]]
@@ -374,11 +430,16 @@ class CapacityRow:
 
 
 def capacity(
-    conn: Connection, edges: Sequence[int], now: int, cluster: str | None = None
+    conn: Connection,
+    edges: Sequence[int],
+    now: int,
+    cluster: str | None = None,
+    scope: Scope | None = None,
 ) -> list[CapacityRow]:
     """Allocatable GPU seconds of GPU nodes per model, pool and sub-window."""
     c = NodeCapacity
-    end: Any = func.coalesce(c.ended_at, t(now))
+    scope = scope or Scope.of(conn, cluster)
+    end: Any = func.coalesce(c.ended_at, scope.open_end(c.cluster, now))
     lo, hi = edges[0], min(edges[-1], now)
     windows = [
         func.sum(clipped(c.started_at, end, b0, min(b1, now)))
@@ -407,15 +468,37 @@ def capacity(
 
 @dataclass(frozen=True)
 class QuotaRow:
+    """One quota's figures for one resource over the window, summed over a group's namespaces.
+
+    Each (namespace, quota, resource) is a step function of its samples, so its average can
+    never exceed its peak; figures of different resources (whole GPUs, MIG slices, shared
+    replicas) are never added together."""
+
     keys: tuple[str | None, ...]  # one value per report key (namespace, cluster, label:*)
+    quota_name: str | None  # None where the group adds up several namespaces' quotas
+    resource_name: str  # in requests form without the prefix: nvidia.com/gpu
     used_seconds: float  # integral of used over the window (unit-seconds)
     hard_seconds: float  # integral of hard
     unused_seconds: float  # integral of max(hard - used, 0)
+    sampled_seconds: float  # how long the window had a sample of this quota (coverage)
     peak_used: float | None  # only when grouped by namespace: peaks of namespaces do not add
     peak_hard: float | None
 
 
 QUOTA_PLAIN_KEYS = ("namespace", "cluster")
+
+
+def quota_applies(keys: Sequence[str]) -> bool:
+    """Quota figures exist per namespace: a report gets them when it groups by namespace or a
+    namespace label, and by nothing finer than a namespace (only cluster besides)."""
+    return all(k in QUOTA_PLAIN_KEYS or k.startswith("label:") for k in keys) and (
+        "namespace" in keys or any(k.startswith("label:") for k in keys)
+    )
+
+
+def quota_resource(name: str) -> str:
+    """A quota's resource in the report: ``requests.X`` and bare ``X`` both count requests."""
+    return name[len("requests.") :] if name.startswith("requests.") else name
 
 
 def quota(
@@ -425,59 +508,83 @@ def quota(
     hi: int,
     now: int,
     cluster: str | None = None,
+    scope: Scope | None = None,
 ) -> list[QuotaRow]:
-    """Time-weighted quota hard/used per group from QuotaSample history (a step function:
-    each sample holds until the next one of the same quota and resource). Keys: namespace,
-    cluster and label:<key> (labels as they were, split where they changed; time without
-    recorded labels under None).
+    """Time-weighted quota hard/used per group, quota and resource from QuotaSample history (a
+    step function: each sample holds until the next one of the same quota and resource, and
+    the last one until the cluster's data ends). Keys: namespace, cluster and label:<key>
+    (labels as they were, split where they changed; time without recorded labels under None).
 
     Counts resources in requests form (``requests.X`` or bare ``X``), not ``limits.X``, so a
-    quota that sets both is not counted twice."""
+    quota that sets both is not counted twice; where a quota sets both ``requests.X`` and
+    ``X``, the ``requests.X`` samples are used."""
     label_keys = [k.split(":", 1)[1] for k in keys if k.startswith("label:")]
     plain = [k for k in keys if not k.startswith("label:")]
     if any(k not in QUOTA_PLAIN_KEYS for k in plain):
         raise ValueError(f"quota figures cannot be grouped by {plain}")
+    scope = scope or Scope.of(conn, cluster)
     hi = min(hi, now)
     if hi <= lo:
         return []
-    base = [
-        _quota_row(len(plain), r, "namespace" in plain)
-        for r in conn.execute(_quota_query(plain, [], lo, hi, cluster))
-    ]
+    peaks = "namespace" in plain
+    base = _requests_form(
+        _quota_row(len(plain), r, peaks)
+        for r in conn.execute(_quota_query(plain, [], lo, hi, cluster, scope))
+    )
     if not label_keys:
         return base
-    labelled = [
-        _quota_row(len(plain) + len(label_keys), r, "namespace" in plain)
-        for r in conn.execute(_quota_query(plain, label_keys, lo, hi, cluster))
-    ]
-    covered: dict[tuple[str | None, ...], list[float]] = {}
+    labelled = _requests_form(
+        _quota_row(len(plain) + len(label_keys), r, peaks)
+        for r in conn.execute(_quota_query(plain, label_keys, lo, hi, cluster, scope))
+    )
+    covered: dict[tuple[Any, ...], list[float]] = {}
     for r in labelled:
-        acc = covered.setdefault(r.keys[: len(plain)], [0.0, 0.0, 0.0])
+        acc = covered.setdefault((*r.keys[: len(plain)], r.quota_name, r.resource_name), [0.0] * 4)
         acc[0] += r.used_seconds
         acc[1] += r.hard_seconds
         acc[2] += r.unused_seconds
+        acc[3] += r.sampled_seconds
     for r in base:  # time a namespace had no recorded labels
-        acc = covered.get(r.keys, [0.0, 0.0, 0.0])
-        rest = (r.used_seconds - acc[0], r.hard_seconds - acc[1], r.unused_seconds - acc[2])
+        acc = covered.get((*r.keys, r.quota_name, r.resource_name), [0.0] * 4)
+        rest = (
+            r.used_seconds - acc[0],
+            r.hard_seconds - acc[1],
+            r.unused_seconds - acc[2],
+            r.sampled_seconds - acc[3],
+        )
         if any(abs(x) > 1e-6 * max(1.0, r.hard_seconds) for x in rest):
-            labelled.append(QuotaRow((*r.keys, *([None] * len(label_keys))), *rest, None, None))
+            labelled.append(
+                QuotaRow(
+                    (*r.keys, *([None] * len(label_keys))),
+                    r.quota_name,
+                    r.resource_name,
+                    *rest,
+                    None,
+                    None,
+                )
+            )
     order = plain + [f"label:{k}" for k in label_keys]
     position = [order.index(k) for k in keys]
-    return [
-        QuotaRow(
-            tuple(r.keys[p] for p in position),
-            r.used_seconds,
-            r.hard_seconds,
-            r.unused_seconds,
-            r.peak_used,
-            r.peak_hard,
-        )
-        for r in labelled
-    ]
+    return [dataclasses.replace(r, keys=tuple(r.keys[p] for p in position)) for r in labelled]
+
+
+def _requests_form(rows: Iterable[tuple[QuotaRow, bool]]) -> list[QuotaRow]:
+    """Fold ``requests.X`` and ``X`` of one quota into one row, preferring ``requests.X``."""
+    chosen: dict[tuple[Any, ...], tuple[bool, QuotaRow]] = {}
+    for row, prefixed in rows:
+        key = (row.keys, row.quota_name, row.resource_name)
+        if key not in chosen or (prefixed and not chosen[key][0]):
+            chosen[key] = (prefixed, row)
+    return [row for _prefixed, row in chosen.values()]
 
 
 def _quota_query(
-    plain: Sequence[str], label_keys: Sequence[str], lo: int, hi: int, cluster: str | None
+    plain: Sequence[str],
+    label_keys: Sequence[str],
+    lo: int,
+    hi: int,
+    cluster: str | None,
+    scope: Scope,
 ) -> Select[Any]:
     q = QuotaSample
     nxt = (
@@ -488,31 +595,42 @@ def _quota_query(
         )
         .label("next_at")
     )
-    samples = select(q.cluster, q.namespace, q.hard, q.used, q.observed_at, nxt).where(
-        q.observed_at < t(hi), ~q.resource_name.startswith("limits.")
-    )
+    samples = select(
+        q.cluster, q.namespace, q.quota_name, q.resource_name, q.hard, q.used, q.observed_at, nxt
+    ).where(q.observed_at < t(hi), ~q.resource_name.startswith("limits."))
     if cluster is not None:
         samples = samples.where(q.cluster == cluster)
     s = samples.subquery()
     start: Any = s.c.observed_at
-    end: Any = func.coalesce(s.c.next_at, t(hi))
+    # the last sample holds until the cluster's data ends (or the window does)
+    last_end: Any = scope.open_end(s.c.cluster, hi)
+    end: Any = func.coalesce(s.c.next_at, last_end)
     group: list[Any] = [getattr(s.c, k) for k in plain]
+    quota_name: Any = s.c.quota_name if "namespace" in plain else literal(None, String)
+    if "namespace" in plain:
+        group.append(s.c.quota_name)
     if label_keys:
         nl = NamespaceLabels
         start = greatest(start, nl.valid_from)
         end = least(end, func.coalesce(nl.valid_to, t(FAR_FUTURE)))
         group += [nl.labels[k].as_string() for k in label_keys]
+    group.append(s.c.resource_name)
     dur = clipped(start, end, t(lo), t(hi))
     used = func.coalesce(s.c.used, 0)
     hard = func.coalesce(s.c.hard, 0)
+    # the very label expressions grouped by (PostgreSQL matches them with their parameters)
+    key_columns = [getattr(s.c, k) for k in plain] + group[-1 - len(label_keys) : -1]
     stmt = select(
-        *group,
+        *key_columns,
+        quota_name,
+        s.c.resource_name,
         func.sum(used * dur),
         func.sum(hard * dur),
         func.sum(case((hard > used, (hard - used) * dur), else_=0)),
+        func.sum(dur),
         func.max(case((dur > 0, s.c.used), else_=None)),
         func.max(case((dur > 0, s.c.hard), else_=None)),
-    ).where(func.coalesce(s.c.next_at, t(hi)) > t(lo))
+    ).where(func.coalesce(s.c.next_at, last_end) > t(lo))
     if label_keys:
         nl = NamespaceLabels
         stmt = stmt.select_from(s).join(
@@ -520,20 +638,25 @@ def _quota_query(
             and_(
                 nl.cluster == s.c.cluster,
                 nl.namespace == s.c.namespace,
-                nl.valid_from < func.coalesce(s.c.next_at, t(hi)),
+                nl.valid_from < func.coalesce(s.c.next_at, last_end),
                 func.coalesce(nl.valid_to, t(FAR_FUTURE)) > s.c.observed_at,
             ),
         )
     return stmt.group_by(*group)
 
 
-def _quota_row(n_keys: int, r: Sequence[Any], peaks: bool) -> QuotaRow:
-    used, hard, unused, peak_used, peak_hard = r[n_keys : n_keys + 5]
-    return QuotaRow(
+def _quota_row(n_keys: int, r: Sequence[Any], peaks: bool) -> tuple[QuotaRow, bool]:
+    quota_name, resource = r[n_keys], str(r[n_keys + 1])
+    used, hard, unused, sampled, peak_used, peak_hard = r[n_keys + 2 : n_keys + 8]
+    row = QuotaRow(
         tuple(r[:n_keys]),
+        None if quota_name is None else str(quota_name),
+        quota_resource(resource),
         float(used or 0),
         float(hard or 0),
         float(unused or 0),
+        float(sampled or 0),
         None if peak_used is None or not peaks else float(peak_used),
         None if peak_hard is None or not peaks else float(peak_hard),
     )
+    return row, resource.startswith("requests.")

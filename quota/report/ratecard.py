@@ -84,9 +84,11 @@ class RateCard:
 def load(path: str | Path) -> RateCard:
     name = str(path)
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise RateCardError(name, "", f"cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise RateCardError(name, "", f"not a YAML text file: {exc.reason}") from exc
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -94,6 +96,8 @@ def load(path: str | Path) -> RateCard:
         where = f"line {mark.line + 1}" if mark is not None else "document"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise RateCardError(name, where, f"invalid YAML: {problem}") from exc
+    except ValueError as exc:  # a date-shaped scalar that is no date: from: 2026-13-01
+        raise RateCardError(name, "document", f"invalid date: {exc}") from exc
     return parse(doc, name)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
-from quota.report.compute import HOUR, Group, IdleRow, Report, apportion
+from quota.report.compute import HOUR, Group, IdleRow, QuotaFigure, Report, apportion
 from quota.report.period import Period
 
 Total = Literal["sum", "none", "ratio"]
@@ -64,18 +64,6 @@ def columns(report: Report) -> list[Column]:
             "estimated_gpu_hours_raw", "est. GPU-h", 2, _hours(lambda g: g.estimated_raw_seconds)
         )
     )
-    if any(g.quota_avg_hard is not None for g in report.groups):
-        cols += [
-            Column("quota_avg_used", "quota avg used", 2, lambda g: g.quota_avg_used),
-            Column("quota_peak_used", "quota peak used", 2, lambda g: g.quota_peak_used, "none"),
-            Column("quota_avg_hard", "quota avg hard", 2, lambda g: g.quota_avg_hard),
-            Column(
-                "quota_unused_gpu_hours",
-                "quota unused GPU-h",
-                2,
-                _hours(lambda g: g.quota_unused_seconds),
-            ),
-        ]
     if any(g.idle_seconds is not None for g in report.groups):
         cols.append(Column("idle_gpu_hours", "idle GPU-h", 2, _hours(lambda g: g.idle_seconds)))
         if report.priced:
@@ -87,22 +75,13 @@ def columns(report: Report) -> list[Column]:
                     lambda g: g.idle_cost,
                 )
             )
-    if any(g.utilised_seconds is not None for g in report.groups):
+    if report.prometheus is not None:
         used = _hours(lambda g: g.utilised_seconds)
+        sampled = _hours(lambda g: g.measured_seconds)
         phys = _hours(lambda g: g.physical_seconds)
         cols += [
-            Column(
-                "utilisation_pct",
-                "util %",
-                1,
-                lambda g: (
-                    None
-                    if g.utilised_seconds is None or not g.physical_seconds
-                    else g.utilised_seconds * 100 / g.physical_seconds
-                ),
-                "ratio",
-                (used, phys),
-            ),
+            _percent("measured_pct", "measured %", sampled, phys),
+            _percent("utilisation_pct", "util %", used, sampled),
             Column("used_gpu_hours", "busy GPU-h", 2, used),
             Column(
                 "idle_while_allocated_gpu_hours",
@@ -111,13 +90,29 @@ def columns(report: Report) -> list[Column]:
                 _hours(
                     lambda g: (
                         None
-                        if g.utilised_seconds is None
-                        else max(g.physical_seconds - g.utilised_seconds, Fraction(0))
+                        if g.utilised_seconds is None or g.measured_seconds is None
+                        else max(g.measured_seconds - g.utilised_seconds, Fraction(0))
                     )
                 ),
             ),
         ]
     return cols
+
+
+def _percent(
+    name: str,
+    header: str,
+    part: Callable[[Group], Fraction | None],
+    whole: Callable[[Group], Fraction | None],
+) -> Column:
+    """part / whole as a percentage, blank where either is missing or the whole is zero; its
+    total is the ratio of the sums over the groups that have both."""
+
+    def value(g: Group) -> Fraction | None:
+        a, b = part(g), whole(g)
+        return None if a is None or not b else a * 100 / b
+
+    return Column(name, header, 1, value, "ratio", (part, whole))
 
 
 @dataclass(frozen=True)
@@ -216,8 +211,48 @@ def _pct(a: Fraction, b: Fraction) -> str:
     return format_scaled(round(a * 1000 / b), 1) if b else ""
 
 
+QuotaGetter = Callable[[QuotaFigure], Fraction | None]
+# (field, heading, getter, summed in the per-resource totals)
+QUOTA_COLUMNS: list[tuple[str, str, QuotaGetter, bool]] = [
+    ("quota_avg_used", "avg used", lambda f: f.avg_used, True),
+    ("quota_peak_used", "peak used", lambda f: f.peak_used, False),
+    ("quota_avg_hard", "avg hard", lambda f: f.avg_hard, True),
+    ("quota_peak_hard", "peak hard", lambda f: f.peak_hard, False),
+    ("quota_unused_gpu_hours", "unused units-h", lambda f: f.unused_seconds / HOUR, True),
+]
+
+
+def quota_cells(report: Report) -> tuple[list[str], list[list[str]], list[list[str]]]:
+    """Field names, one row per group/quota/resource, and one total per resource (figures of
+    different resources are different units: they are never added up)."""
+    assert report.quota is not None
+    figures = report.quota
+    names = [*report.keys, "quota", "resource", *[c[0] for c in QUOTA_COLUMNS], "sampled_pct"]
+    rows = [[*map(_key_text, f.keys), f.quota_name or "", f.resource_name] for f in figures]
+    resources = sorted({f.resource_name for f in figures})
+    totals = [["TOTAL", *[""] * len(report.keys), r] for r in resources]
+    for _name, _header, get, summed in QUOTA_COLUMNS:
+        for t, resource in zip(totals, resources, strict=True):
+            members = [i for i, f in enumerate(figures) if f.resource_name == resource]
+            values = [get(figures[i]) for i in members]
+            if summed:
+                scaled, total = apportion([v or Fraction(0) for v in values], 2)
+                for i, v, sc in zip(members, values, scaled, strict=True):
+                    rows[i].append("" if v is None else format_scaled(sc, 2))
+                t.append(format_scaled(total, 2))
+            else:
+                for i, v in zip(members, values, strict=True):
+                    rows[i].append("" if v is None else format_scaled(round(v * 100), 2))
+                t.append("")
+    for row, f in zip(rows, figures, strict=True):
+        row.append(_pct(f.sampled_seconds, Fraction(report.quota_span)))
+    for t in totals:
+        t.append("")
+    return names, rows, totals
+
+
 def notes(report: Report) -> list[str]:
-    out = []
+    out = coverage_notes(report)
     if report.estimated_intervals:
         est = sum(g.estimated_raw_seconds for g in report.groups)
         out.append(
@@ -237,7 +272,80 @@ def notes(report: Report) -> list[str]:
             f"{pods} pod(s) held GPUs while BestEffort, so NotBestEffort-scoped quotas did "
             f"not count them (give them cpu/memory requests): {where}"
         )
+    return out + quota_notes(report) + prometheus_notes(report) + pool_notes(report)
+
+
+def pool_notes(report: Report) -> list[str]:
+    """A pool shown as (none) is a node without any of the labels the controller reads."""
+    unnamed = (
+        "pool" in report.keys
+        and any(g.keys[report.keys.index("pool")] is None and g.raw_seconds for g in report.groups)
+    ) or any(r.node_pool is None for r in report.idle or [])
+    if not unnamed:
+        return []
+    return [
+        "node pool (none): those nodes carried none of the node pool labels the controller "
+        "(or replay) was told to read; name yours with --node-pool-label or "
+        "GPUQUOTA_NODE_POOL_LABELS there (new intervals record it)"
+    ]
+
+
+def coverage_notes(report: Report) -> list[str]:
+    """Where the period reaches past the data a cluster's store holds."""
+    if not report.coverage:
+        return [
+            "the store holds no cluster's data yet (run `gpuquota controller` or "
+            "`gpuquota replay`): nothing to report"
+        ]
+    out = []
+    for cluster, until in sorted(report.ends_early.items()):
+        if until < report.window_end:
+            out.append(
+                f"the data of cluster {cluster!r} ends at {_utc(until)} (its last heartbeat or "
+                "replayed event): the period reaches past it, and allocations still open then "
+                "are counted up to that time only"
+            )
     return out
+
+
+def quota_notes(report: Report) -> list[str]:
+    if report.quota is None:
+        return []
+    if not report.quota:
+        return ["no quota samples in this period: no ResourceQuota on GPU resources was recorded"]
+    with_quota = {f.keys for f in report.quota}
+    missing = [g.keys for g in report.groups if g.keys not in with_quota]
+    if not missing:
+        return []
+    names = ", ".join(" / ".join(map(_key_text, k)) for k in missing)
+    return [f"no quota samples (no quota figures, not zero) for: {names}"]
+
+
+def prometheus_notes(report: Report) -> list[str]:
+    if report.prometheus is None:
+        return []
+    out = []
+    missing = [g for g in report.groups if g.measured_seconds is None and g.physical_seconds]
+    if missing:
+        names = ", ".join(" / ".join(map(_key_text, g.keys)) for g in missing)
+        out.append(
+            f"Prometheus at {report.prometheus} has no utilisation samples for: {names} "
+            "(util % blank: no data, not idle)"
+        )
+    measured = sum((g.measured_seconds or Fraction(0) for g in report.groups), Fraction(0))
+    held = report.physical_total
+    if held and measured < held:
+        out.append(
+            f"Prometheus covers {format_scaled(round(measured * 1000 / held), 1)}% of the "
+            "allocated GPU-hours (column measured %): util % is over the measured part only"
+        )
+    return out
+
+
+def _utc(t: int) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(t, UTC).isoformat().replace("+00:00", "Z")
 
 
 def _fit(cells: Sequence[Sequence[str]], numeric_from: int) -> list[str]:
@@ -295,6 +403,29 @@ def render_table(report: Report, period: Period) -> str:
             irule,
             ilines[-1],
         ]
+    if report.quota:
+        _qnames, qrows, qtot = quota_cells(report)
+        headers = [
+            *report.keys,
+            "quota",
+            "resource",
+            *[c[1] for c in QUOTA_COLUMNS],
+            "sampled %",
+        ]
+        nkeys = len(report.keys) + 2
+        qlines = _fit([headers, *qrows, *qtot], nkeys)
+        qrule = "-" * max(len(line) for line in qlines)
+        out += [
+            "",
+            "Quota use (time-weighted, in each resource's own units) by "
+            f"{', '.join(report.keys)}, quota and resource",
+            "",
+            qlines[0],
+            qrule,
+            *qlines[1 : 1 + len(qrows)],
+            qrule,
+            *qlines[1 + len(qrows) :],
+        ]
     for note in notes(report):
         out.append(f"note: {note}")
     return "\n".join(out) + "\n"
@@ -310,9 +441,15 @@ def render_csv(report: Report) -> str:
     idle_total: list[str] = []
     if report.idle is not None:
         idle_names, idle_rows, idle_total = idle_cells(report)
+    quota_names: list[str] = []
+    quota_lines: list[tuple[str, list[str]]] = []
+    if report.quota:
+        quota_names, qrows, qtot = quota_cells(report)
+        quota_lines = [("quota", r) for r in qrows] + [("quota_total", ["", *t[1:]]) for t in qtot]
     key_names = list(report.keys)
     fields = ["row", *key_names, *[c.name for c in cols], "gpu_seconds_raw"]
     fields += [n for n in idle_names if n not in fields]
+    fields += [n for n in quota_names if n not in fields]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -330,6 +467,8 @@ def render_csv(report: Report) -> str:
         writer.writerow({"row": "idle", **dict(zip(idle_names, line, strict=True))})
     if idle_total:
         writer.writerow({"row": "idle_total", **dict(zip(idle_names, idle_total, strict=True))})
+    for kind, line in quota_lines:
+        writer.writerow({"row": kind, **dict(zip(quota_names, line, strict=True))})
     return buf.getvalue()
 
 
@@ -369,7 +508,35 @@ def render_json(report: Report, period: Period) -> str:
             ],
             "total": {n: _num(v) for n, v in zip(names[2:], itot[2:], strict=True)},
         }
+    doc["coverage"] = {
+        c: None if until is None else {"data_ends": _utc(until), "data_ends_unix": until}
+        for c, until in sorted(report.coverage.items())
+    }
+    if report.quota is not None:
+        doc["quota"] = quota_json(report)
     return json.dumps(doc, indent=2) + "\n"
+
+
+def quota_json(report: Report) -> dict[str, Any]:
+    """Quota figures per group, quota and resource; totals per resource (null: no data)."""
+    names, rows, totals = quota_cells(report)
+    n = len(report.keys)
+    return {
+        "window_seconds": report.quota_span,
+        "rows": [
+            {
+                "group": dict(zip(report.keys, f.keys, strict=True)),
+                "quota": f.quota_name,
+                "resource": f.resource_name,
+                **{k: _num(v) for k, v in zip(names[n + 2 :], line[n + 2 :], strict=True)},
+            }
+            for f, line in zip(report.quota or [], rows, strict=True)
+        ],
+        "totals": {
+            t[n + 1]: {k: _num(v) for k, v in zip(names[n + 2 :], t[n + 2 :], strict=True)}
+            for t in totals
+        },
+    }
 
 
 def _idle_record(names: Sequence[str], line: Sequence[str], row: IdleRow) -> dict[str, Any]:

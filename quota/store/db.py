@@ -60,6 +60,11 @@ class StoreError(RuntimeError):
     """The database cannot be used (unreachable, wrong schema revision, bad URL): one line."""
 
 
+class StoreUnavailableError(StoreError):
+    """The database did not answer or failed a statement: the environment, not the input
+    (exit 1 by the command-line convention, where a bad URL or an unmigrated store is 2)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # Rows the engine writes (one dataclass per table, without the surrogate id and cluster)
 
@@ -217,7 +222,10 @@ def _engine(url: str) -> Engine:
     try:
         engine = create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ImportError) as exc:
-        raise StoreError(f"no driver for {safe_url(url)}: {exc}") from None
+        hint = ""
+        if parsed.get_backend_name() == "postgresql":
+            hint = ": install the PostgreSQL driver with pip install 'gpuquota[postgres]'"
+        raise StoreError(f"no driver for {safe_url(url)} ({exc}){hint}") from None
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
 
         @event.listens_for(engine, "connect")
@@ -235,14 +243,41 @@ def _describe(exc: BaseException) -> str:
     return " ".join(str(orig).split()) or type(orig).__name__
 
 
+def _missing_file(url: str) -> bool:
+    """Whether ``url`` names a SQLite file that does not exist (opening it would create it)."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"invalid database URL {url!r}") from None
+    path = parsed.database or ""
+    in_file = parsed.get_backend_name() == "sqlite" and path not in ("", ":memory:")
+    try:
+        return in_file and not path.startswith("file:") and not Path(path).exists()
+    except OSError as exc:
+        raise StoreError(f"database {safe_url(url)}: {exc.strerror or exc}") from None
+
+
+def _require_existing_file(url: str) -> None:
+    """A SQLite file that does not exist: StoreError, for opening it would create an empty one
+    (only `gpuquota db upgrade` creates a store)."""
+    if _missing_file(url):
+        path = make_url(url).database
+        raise StoreError(
+            f"database {safe_url(url)}: file {path} does not exist "
+            "(create it with `gpuquota db upgrade`)"
+        )
+
+
 @contextmanager
-def _connected(url: str) -> Iterator[Connection]:
+def _connected(url: str, *, create: bool = False) -> Iterator[Connection]:
+    if not create:
+        _require_existing_file(url)
     engine = _engine(url)
     try:
         try:
             connection = engine.connect()
         except DBAPIError as exc:
-            raise StoreError(
+            raise StoreUnavailableError(
                 f"cannot connect to database {safe_url(url)}: {_describe(exc)}"
             ) from None
         with connection:
@@ -251,11 +286,27 @@ def _connected(url: str) -> Iterator[Connection]:
         engine.dispose()
 
 
+def _check_revision(revision: str) -> None:
+    """StoreError naming the known revisions when ``revision`` is none of them."""
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    if revision in ("head", "base") or revision.startswith(("+", "-")):
+        return
+    script = ScriptDirectory.from_config(_alembic_config())
+    try:
+        script.get_revisions(revision)
+    except CommandError as exc:
+        known = ", ".join(sorted(r.revision for r in script.walk_revisions()))
+        raise StoreError(f"revision {revision!r}: {exc} (known: head, base, {known})") from None
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     """Migrate the database at ``url`` to ``revision`` (default: the latest)."""
     from alembic import command
 
-    with _connected(url) as connection:
+    _check_revision(revision)
+    with _connected(url, create=True) as connection:
         try:
             command.upgrade(_alembic_config(connection), revision)
             connection.commit()
@@ -267,6 +318,7 @@ def downgrade(url: str, revision: str) -> None:
     """Migrate the database at ``url`` back to ``revision`` ("base" removes every table)."""
     from alembic import command
 
+    _check_revision(revision)
     with _connected(url) as connection:
         try:
             command.downgrade(_alembic_config(connection), revision)
@@ -279,6 +331,8 @@ def current(url: str) -> str | None:
     """The database's schema revision, None for an empty database."""
     from alembic.runtime.migration import MigrationContext
 
+    if _missing_file(url):
+        return None  # as empty as it gets, and left uncreated
     with _connected(url) as connection:
         return MigrationContext.configure(connection).get_current_revision()
 
@@ -288,6 +342,8 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
     revision first, else refuse a database that is not at it."""
     if migrate:
         upgrade(url)
+    else:
+        _require_existing_file(url)  # never leave an empty file behind
     revision = current(url)
     head = head_revision()
     if revision != head:
@@ -339,7 +395,9 @@ class Store:
             with self.engine.begin() as conn:
                 self._write(conn, cluster, batch)
         except SQLAlchemyError as exc:
-            raise StoreError(f"write to {safe_url(self.url)} failed: {_describe(exc)}") from None
+            raise StoreUnavailableError(
+                f"write to {safe_url(self.url)} failed: {_describe(exc)}"
+            ) from None
 
     def _write(self, conn: Connection, cluster: str, batch: Batch) -> None:
         created = batch.observed_at
@@ -465,7 +523,9 @@ class Store:
             with self.engine.connect() as conn:
                 return self._load(conn, cluster)
         except SQLAlchemyError as exc:
-            raise StoreError(f"read from {safe_url(self.url)} failed: {_describe(exc)}") from None
+            raise StoreUnavailableError(
+                f"read from {safe_url(self.url)} failed: {_describe(exc)}"
+            ) from None
 
     def _load(self, conn: Connection, cluster: str) -> StoredState:
         def rows(cls: type[Any], stmt: Any) -> list[Any]:

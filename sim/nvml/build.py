@@ -1,6 +1,7 @@
 """Builds the NVML stand-in, ``libnvidia-ml.so.1``, from NVIDIA's nvml.h.
 
     python -m sim.nvml.build --out build/sim/libnvidia-ml.so.1
+    python -m sim.nvml.build      # from an installed wheel: into ~/.cache/gpuquota/sim/
 
 The C sources beside this file implement the functions the simulation supports. Every other
 function nvml.h declares is generated here as a stub answering NVML_ERROR_NOT_SUPPORTED, so a
@@ -20,10 +21,24 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpuquota.commandline import OneLineParser, add_version
+
 CSRC = Path(__file__).resolve().parent
 REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_OUT = REPO_ROOT / "build" / "sim" / "libnvidia-ml.so.1"
 SONAME = "libnvidia-ml.so.1"
+
+
+def default_out() -> Path:
+    """Where the library is built and looked for: build/sim/ of a source checkout (the
+    Makefile's target), else, from an installed wheel, the user's cache folder
+    ($XDG_CACHE_HOME or ~/.cache)/gpuquota/sim/ - never inside site-packages."""
+    if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "sim" / "nvml").is_dir():
+        return REPO_ROOT / "build" / "sim" / SONAME
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "gpuquota" / "sim" / SONAME
+
+
+DEFAULT_OUT = default_out()
 NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
 
 _DECLARED = re.compile(r"nvmlReturn_t\s+DECLDIR\s+(nvml\w+)\s*\(")
@@ -118,15 +133,38 @@ def build(out: Path, cc: str = "gcc") -> Path:
     return out
 
 
+EXAMPLES = """\
+examples:
+  python -m sim.nvml.build                                  # the default place (above)
+  python -m sim.nvml.build --out build/sim/libnvidia-ml.so.1 --cc clang
+  NVML_H=/usr/include/nvml.h python -m sim.nvml.build      # another nvml.h
+
+exit status: 0 when built; 2 on a bad flag; 1 when it cannot be built (no nvml.h, no
+compiler, a compile error), with one line on stderr naming the cause.
+"""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog="python -m sim.nvml.build",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_version(p)
+    p.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"library path to write ({DEFAULT_OUT})"
+    )
+    p.add_argument("--cc", default=os.environ.get("CC", "gcc"), help="C compiler")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sim.nvml.build", description=__doc__)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="library path to write")
-    parser.add_argument("--cc", default=os.environ.get("CC", "gcc"), help="C compiler")
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     try:
         path = build(args.out, args.cc)
     except BuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"python -m sim.nvml.build: error: {exc}", file=sys.stderr)
         return 1
     print(f"built {path}")
     return 0

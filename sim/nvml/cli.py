@@ -18,14 +18,30 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpuquota.commandline import OneLineParser, add_version
 from sim.nvml.control import SimError, SimNode
+
+PROG = "python -m sim.nvml"
+EXAMPLES = """\
+examples:
+  python -m sim.nvml.build                         # the stand-in library, once
+  python -m sim.nvml /tmp/node.state create h100x8
+  eval "$(python -m sim.nvml /tmp/node.state env)"; nvidia-smi-like-tool
+  python -m sim.nvml /tmp/node.state set 0 power_watts=300 gpu_utilization_ratio=0.5
+  python -m sim.nvml /tmp/node.state xid 3 79
+
+exit status: 0 on success; 2 on bad input (flag, spec, field), one line on stderr.
+"""
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m sim.nvml",
+    p = OneLineParser(
+        prog=PROG,
         description="Drive the simulated GPU node behind the NVML stand-in.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version(p)
     p.add_argument("state", type=Path, help="state file (GPUQUOTA_SIM_STATE)")
     sub = p.add_subparsers(dest="command", required=True)
     c = sub.add_parser("create", help="write a fresh node from a preset or spec file")
@@ -62,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("gpu", help="GPU index, or 'system'")
     f.add_argument("function", help="e.g. nvmlDeviceGetPowerUsage")
     f.add_argument("code", help="NVML return code (e.g. 999), or 'clear'")
+    for action in sub.choices.values():  # every action's --help shows the examples too
+        action.epilog = EXAMPLES
+        action.formatter_class = argparse.RawDescriptionHelpFormatter
     return p
 
 
@@ -133,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except (ValueError, SimError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -98,7 +98,13 @@ def load(spec: str | Mapping[str, Any]) -> NodeSpec:
         if path.suffix in {".yaml", ".yml", ".json"} or path.is_file():
             if not path.is_file():
                 raise ValueError(f"spec file {spec} does not exist")
-            loaded = yaml.safe_load(path.read_text())
+            try:
+                loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+            except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+                reason = " ".join(str(exc).split())
+                raise ValueError(f"spec file {spec}: not a YAML/JSON node spec: {reason}") from None
+            if not isinstance(loaded, Mapping):
+                raise ValueError(f"spec file {spec}: expected a mapping with 'gpus'")
         else:
             try:
                 loaded = yaml.safe_load(spec)

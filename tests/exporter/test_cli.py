@@ -118,3 +118,35 @@ def test_nvml_init_failure(make_node: Callable[..., SimNode]) -> None:
     result = run_cli(env=base_env(**node.env()))
     assert result.returncode == 1
     assert "kernel driver is not loaded" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "needle"),
+    [
+        # not in a cluster and no kubeconfig at all
+        ([], {"KUBECONFIG": "/nonexistent/kubeconfig", "HOME": "/nonexistent"}, "Kubernetes API"),
+        (["--kubeconfig", "/nonexistent"], {}, "kubeconfig /nonexistent"),
+    ],
+    ids=["no-kubeconfig", "missing-kubeconfig"],
+)
+def test_node_condition_without_kubernetes_is_one_line(
+    make_node: Callable[..., SimNode], flags: list[str], env: dict[str, str], needle: str
+) -> None:
+    node = make_node("l4x2")
+    result = run_cli(
+        "--node-condition", "--node-name", "n1", *flags, env=base_env(**node.env(), **env)
+    )
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("gpu-exporter: error: --node-taint/--node-condition need")
+    assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_interval_is_logged_in_the_duration_grammar(
+    make_node: Callable[..., SimNode], start_exporter: Callable[..., Exporter]
+) -> None:
+    exporter = start_exporter(make_node("l4x2"), "--interval", "1h30m")
+    exporter.proc.send_signal(signal.SIGTERM)
+    exporter.proc.wait(timeout=10)
+    log = exporter.log.read_text()
+    assert "collecting every 1h30m" in log, log

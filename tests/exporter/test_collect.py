@@ -179,12 +179,20 @@ def test_every_metric_on_every_preset(nvml_on: NvmlOn, sim_library, preset: str)
         if gpu.mig:  # real NVML answers engine utilisation per instance only; allow either
             got -= UTILISATION
         assert got == expected_native(gpu), f"GPU {gpu.index} ({gpu.model.key})"
+        # one spelling on every GPU: an L4 (no MIG at all) says "false" like a MIG-off H100
+        mig_mode = value(native, "gpu_info", uuid=gpu.uuid) and next(
+            lbl["mig_mode"] for lbl, _v in native["gpu_info"] if lbl["uuid"] == gpu.uuid
+        )
+        assert mig_mode == ("true" if gpu.mig else "false"), gpu.model.key
         for mig in gpu.mig:
             assert by_uuid[(mig.uuid, None)] == MIG_DEVICE, mig.uuid
             labels = {"uuid": mig.uuid, "gpu": str(gpu.index)}
             assert value(native, "gpu_mig_info", parent_uuid=gpu.uuid, **labels) == 1
-            got_profile = value(native, "gpu_mig_info", profile=mig.profile.name, **labels)
+            got_profile = value(native, "gpu_mig_info", mig_profile=mig.profile.name, **labels)
             assert got_profile == 1
+            # one profile label, not two: the mig_profile every per-MIG series carries
+            (info,) = [lbl for lbl, _v in native["gpu_mig_info"] if lbl["uuid"] == mig.uuid]
+            assert "profile" not in info
     assert value(native, "gpuquota_exporter_devices", kind="gpu") == len(spec.gpus)
     migs = sum(len(g.mig) for g in spec.gpus)
     assert value(native, "gpuquota_exporter_devices", kind="mig") == migs

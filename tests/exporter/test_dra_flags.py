@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.cli import build_parser
-from exporter.dra.service import DraService
+from exporter.dra.service import DraKubeConfigError, DraService
 from sim.apiserver import ApiServer
 
 
@@ -31,13 +31,17 @@ def test_dra_support_is_off_without_an_api_server_or_when_told(monkeypatch) -> N
         (("--dra=off", "--dra-device-taints"), "--dra-device-taints needs DRA support"),
         (("--dra=on",), "need --node-name"),
         (("--dra=on", "--node-name=n", "--dra-drivers=,"), "--dra-drivers"),
-        (("--dra=on", "--node-name=n", "--kubeconfig=/nonexistent"), "--kubeconfig"),
     ],
 )
 def test_bad_dra_settings_name_the_flag(argv: tuple[str, ...], message: str, monkeypatch) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     with pytest.raises(ValueError, match=message):
         DraService.from_args(args(*argv))
+
+
+def test_an_unusable_kubeconfig_is_an_environment_error() -> None:
+    with pytest.raises(DraKubeConfigError, match=r"--dra needs the Kubernetes API: .*nonexistent"):
+        DraService.from_args(args("--dra=on", "--node-name=n", "--kubeconfig=/nonexistent"))
 
 
 def test_bad_taint_effect_is_a_usage_error(capsys) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC
 from fractions import Fraction
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -154,3 +156,24 @@ def test_apportion_rows_sum_to_rounded_total_and_stay_within_one_unit(
     assert abs(total - sum(values) * scale) <= Fraction(1, 2)
     for v, r in zip(values, rounded, strict=True):
         assert r - 1 < v * scale < r + 1 or v * scale == r
+
+
+def test_chart_draws_other_in_its_own_grey(tmp_path: Path) -> None:
+    from quota.report import chart
+    from quota.report.compute import OTHER, Group, Report
+    from quota.report.period import Period
+
+    groups = [
+        Group((f"ns-{i:02d}",), physical_seconds=Fraction(100 - i), series=[Fraction(3600)])
+        for i in range(12)
+    ]
+    report = Report(("namespace",), groups, priced=False, currency=None, bucket_edges=[0, 3600])
+    fold_top(report, 10)  # ten groups and --top's (other)
+    assert report.groups[-1].keys == (OTHER,)
+    path = tmp_path / "c.svg"
+    chart.require().draw(report, Period(0, 3600, UTC), path)
+    svg = path.read_text()
+    assert chart.OTHER_COLOUR in svg  # (other) is grey ...
+    colours = [chart.colours_for(f"ns-{i:02d}", i) for i in range(10)]
+    assert len(set(colours)) == 10  # ... and no two groups share a colour
+    assert chart.colours_for(OTHER, 0) == chart.OTHER_COLOUR

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 from pathlib import Path
@@ -18,8 +19,10 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def assert_refused(result: Any, *needles: str) -> None:
-    assert result.rc == 2
+def assert_refused(result: Any, *needles: str, status: int = 2) -> None:
+    """One line on stderr, nothing on stdout, exit ``status`` (2: bad input, 1: the
+    environment did not answer)."""
+    assert result.rc == status
     assert result.out == ""
     lines = result.err.strip().splitlines()
     assert len(lines) == 1, result.err
@@ -41,6 +44,10 @@ def assert_refused(result: Any, *needles: str) -> None:
         (["--tz", "Moon/Base"], ["--tz"]),
         (["--chart", "out.pdf"], ["--chart", ".png or .svg"]),
         (["--top", "-1"], ["--top"]),
+        (["--top", "0"], ["--top", "at least 1"]),  # not a silent "all"
+        (["--prometheus", "not-a-url"], ["--prometheus", "not an http(s) URL"]),
+        (["--month", "9999-12"], ["--month", "outside the years"]),
+        (["--cluster", ""], ["--cluster", "empty"]),
         (["--by", "model", "--prometheus", "http://127.0.0.1:1"], ["--by namespace"]),
     ],
 )
@@ -61,9 +68,38 @@ def test_malformed_rate_card_names_file_and_key(
     )
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (b"default_rate: 1\nmodels:\n  H100:\n    - {rate: 2, from: 2026-13-01}\n", "invalid date"),
+        (bytes(range(256)), "not a YAML text file"),
+    ],
+    ids=["month-13", "binary"],
+)
+def test_rate_card_that_is_no_rate_card(
+    report: Any, sqlite_store: Store, tmp_path: Path, content: bytes, needle: str
+) -> None:
+    card = tmp_path / "card.yaml"
+    card.write_bytes(content)
+    assert_refused(report("--rate-card", str(card), db=sqlite_store), str(card), needle)
+
+
+@pytest.mark.parametrize("last", ["1h30m", "7", "90m", "1.5h"])
+def test_last_takes_the_shared_duration_grammar(
+    report: Any, sqlite_store: Store, last: str
+) -> None:
+    from gpuquota.durations import parse_duration
+
+    sqlite_store.clear()
+    result = report("--last", last, "--json", "--now", "2026-10-02T00:00:00Z", db=sqlite_store)
+    assert result.rc == 0, result.err
+    period = json.loads(result.out)["period"]
+    assert period["end_unix"] - period["start_unix"] == parse_duration(last)
+
+
 def test_unreachable_postgres(report: Any) -> None:
     url = f"postgresql+psycopg://postgres@127.0.0.1:{closed_port()}/test"
-    assert_refused(report(db=url), "cannot connect to database", "127.0.0.1")
+    assert_refused(report(db=url), "cannot connect to database", "127.0.0.1", status=1)
 
 
 def test_missing_sqlite_file(report: Any, tmp_path: Path) -> None:
@@ -85,7 +121,9 @@ def test_not_a_url(report: Any) -> None:
 def test_unreachable_prometheus(report: Any, sqlite_store: Store) -> None:
     sqlite_store.clear()
     url = f"http://127.0.0.1:{closed_port()}"
-    assert_refused(report("--prometheus", url, db=sqlite_store), "cannot reach Prometheus", url)
+    assert_refused(
+        report("--prometheus", url, db=sqlite_store), "cannot reach Prometheus", url, status=1
+    )
 
 
 def test_missing_matplotlib_says_what_to_install(

@@ -45,6 +45,7 @@ class Canned:
     def __init__(self) -> None:
         self.status = 200
         self.body: bytes = b""
+        self.bodies: dict[str, bytes] = {}  # by PromQL query; else body
         self.requests: list[dict[str, list[str]]] = []
         canned = self
 
@@ -53,10 +54,11 @@ class Canned:
                 canned.requests.append(
                     urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
                 )
+                query = canned.requests[-1].get("query", [""])[0]
                 self.send_response(canned.status)
                 self.send_header("Content-Type", "application/json")
                 self.end_headers()
-                self.wfile.write(canned.body)
+                self.wfile.write(canned.bodies.get(query, canned.body))
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -94,7 +96,12 @@ def test_utilisation_columns_from_canned_answer(
     sqlite_store.clear()
     sqlite_store.alloc("ml", OCT, OCT + 2 * H, units=2)  # 4 GPU-hours
     sqlite_store.alloc("web", OCT, OCT + H)
-    canned.body = vector({"ml": 3 * H, "web": 0.0, "other": 5.0})
+    canned.bodies = {
+        busy_query(86400, step_for(86400)): vector({"ml": 3 * H, "web": 0.0, "other": 5.0}),
+        busy_query(86400, step_for(86400), measured=True): vector(
+            {"ml": 4 * H, "web": H, "other": 5.0}
+        ),
+    }
     result = report(
         "--from",
         "2026-10-01",
@@ -115,9 +122,11 @@ def test_utilisation_columns_from_canned_answer(
     assert rows["ml"]["idle_while_allocated_gpu_hours"] == 1.0
     assert rows["web"]["utilisation_pct"] == 0.0
     assert doc["total"]["utilisation_pct"] == 60.0
-    (params,) = canned.requests
-    assert params["time"] == [str(OCT + 86400)]
+    params, sampled = canned.requests
+    assert params["time"] == sampled["time"] == [str(OCT + 86400)]
     assert params["query"] == [busy_query(86400, step_for(86400))]
+    assert sampled["query"] == [busy_query(86400, step_for(86400), measured=True)]
+    assert rows["ml"]["measured_pct"] == 100.0
 
 
 @pytest.mark.parametrize(
@@ -141,7 +150,9 @@ def test_prometheus_errors_refuse_the_report(
     canned: Canned, sqlite_store: Store, report: Any, status: int, body: bytes, needle: str
 ) -> None:
     canned.status, canned.body = status, body
-    assert_refused(report("--last", "1d", "--prometheus", canned.url, db=sqlite_store), needle)
+    result = report("--last", "1d", "--prometheus", canned.url, db=sqlite_store)
+    # a Prometheus that answers 5xx is the environment (1); a wrong answer is bad input (2)
+    assert_refused(result, needle, status=1 if status >= 500 else 2)
 
 
 def _openmetrics(start: int, end: int) -> str:

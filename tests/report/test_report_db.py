@@ -175,7 +175,12 @@ def test_quota_average_and_peak_from_history(store: Store, report: Any) -> None:
     )  # ignored
     store.alloc("ml", OCT, OCT + H)
     doc = rows_json(report, store, "--month", "2026-10")
-    r = doc["rows"][0]
+    (r,) = doc["quota"]["rows"]  # one quota, one resource (requests form, prefix dropped)
+    assert (r["group"], r["quota"], r["resource"]) == (
+        {"namespace": "ml"},
+        "gpu-quota",
+        "nvidia.com/gpu",
+    )
     assert r["quota_avg_used"] == 3.0
     assert r["quota_peak_used"] == 4.0
     assert r["quota_avg_hard"] == 4.0
@@ -357,15 +362,16 @@ def test_quota_by_label_as_it_was(store: Store, report: Any) -> None:
     store.alloc("ml", OCT, OCT + 20 * H)
     doc = rows_json(report, store, "--month", "2026-10", "--by", "label:team")
     g = by_group(doc)
+    q = by_group(doc["quota"])
     month = 31 * 24
-    assert g[("vision",)]["quota_unused_gpu_hours"] == 2 * 10
-    assert g[("speech",)]["quota_unused_gpu_hours"] == 2 * (month - 10)
-    assert g[(None,)]["quota_unused_gpu_hours"] == month
-    assert g[("vision",)]["quota_avg_hard"] == pytest.approx(4 * 10 / month, abs=0.005)
-    assert g[("vision",)]["quota_peak_used"] is None  # peaks of namespaces do not add up
+    assert q[("vision",)]["quota_unused_gpu_hours"] == 2 * 10
+    assert q[("speech",)]["quota_unused_gpu_hours"] == 2 * (month - 10)
+    assert q[(None,)]["quota_unused_gpu_hours"] == month
+    assert q[("vision",)]["quota_avg_hard"] == pytest.approx(4 * 10 / month, abs=0.005)
+    assert q[("vision",)]["quota_peak_used"] is None  # peaks of namespaces do not add up
     assert g[("vision",)]["gpu_seconds_raw"] == 10 * H
-    assert g[(None,)]["gpu_seconds_raw"] == 0  # quota but no usage: still a row
-    assert doc["total"]["quota_avg_hard"] == pytest.approx(5.0)
+    assert (None,) in q and (None,) not in g  # quota but no usage: still a quota row
+    assert doc["quota"]["totals"]["nvidia.com/gpu"]["quota_avg_hard"] == pytest.approx(5.0)
 
 
 def test_single_strategy_mig_is_priced_by_its_recorded_profile(

@@ -10,7 +10,7 @@ from datetime import datetime
 import pytest
 
 from sim import workload
-from sim.workload import generate
+from sim.workload import generate, rfc3339
 
 
 def ts(s: str) -> int:
@@ -139,7 +139,10 @@ def test_cli_writes_replay_lines(tmp_path):
     ).stdout.splitlines()
     first = json.loads(out[0])
     assert set(first) == {"type", "object", "observedAt"} and first["type"] == "ADDED"
-    assert len(out) == len(generate(2, 0.5).events)
+    workload = generate(2, 0.5)
+    assert len(out) == len(workload.events) + 1  # and a bookmark where the recording ends
+    last = json.loads(out[-1])
+    assert last["type"] == "BOOKMARK" and last["observedAt"] == rfc3339(workload.end)
     assert json.loads(truth.read_text())["gpu_seconds"]
     bad = subprocess.run(
         [sys.executable, "-m", "sim.workload", "--hours", "0.01"], capture_output=True, text=True

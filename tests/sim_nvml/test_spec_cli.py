@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,35 @@ def test_cli_runs_as_a_module(tmp_path, sim_library):
         [sys.executable, "-m", "sim.nvml", state, "env"], capture_output=True, text=True, check=True
     )
     assert f"GPUQUOTA_SIM_STATE={state}" in env.stdout
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"gpus: [\n", b"- 1\n", "\u00ff\u00fe".encode("latin-1") + bytes(range(40))],
+    ids=["unclosed-yaml", "not-a-mapping", "binary"],
+)
+def test_malformed_spec_file_is_one_line(tmp_path: Path, content: bytes) -> None:
+    spec = tmp_path / "node.yaml"
+    spec.write_bytes(content)
+    result = subprocess.run(
+        [sys.executable, "-m", "sim.nvml", str(tmp_path / "state"), "create", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"python -m sim.nvml: error: spec file {spec}")
+
+
+def test_stand_in_lives_outside_site_packages_when_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sim.nvml import build
+
+    assert build.default_out() == build.REPO_ROOT / "build" / "sim" / build.SONAME
+    # as from an installed wheel: the package's parents are site-packages, not a checkout
+    monkeypatch.setattr(build, "REPO_ROOT", tmp_path / "lib" / "python3.11")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    assert build.default_out() == tmp_path / "cache" / "gpuquota" / "sim" / build.SONAME

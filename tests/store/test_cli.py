@@ -20,7 +20,7 @@ import pytest
 
 from quota.cli import SUBCOMMANDS, build_parser, main
 from quota.store import db
-from sim.workload import generate
+from sim.workload import generate, rfc3339
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -88,7 +88,15 @@ def test_replay_then_replay_again_changes_nothing(
 ) -> None:
     stream = write_lines(tmp_path / "events.jsonl", events())
     done = gpuquota(
-        "replay", str(stream), "--db", empty_db_url, "--cluster", "prod", "--flush-every", "2"
+        "replay",
+        str(stream),
+        "--db",
+        empty_db_url,
+        "--migrate",
+        "--cluster",
+        "prod",
+        "--flush-every",
+        "2",
     )
     assert done.returncode == 0, done.stderr
     assert "replayed 8 events" in done.stdout
@@ -131,7 +139,9 @@ def test_replay_reads_kubectl_list_and_pretty_printed_watch_output(
     )
     stream = tmp_path / "watch.json"
     stream.write_text(pretty)
-    code, _, err = cli(capsys, "replay", str(stream), "--db", empty_db_url, "--cluster", "k")
+    code, _, err = cli(
+        capsys, "replay", str(stream), "--db", empty_db_url, "--migrate", "--cluster", "k"
+    )
     assert code == 0, err
     with db.open_store(empty_db_url) as store:
         allocs = rows.allocations(store, "k")
@@ -204,7 +214,7 @@ def test_unreachable_database_is_one_line_through_the_console_script(tmp_path: P
     done = gpuquota(
         "replay", str(stream), env={"GPUQUOTA_DB": "postgresql+psycopg://u:secret@127.0.0.1:1/db"}
     )
-    assert done.returncode == 2
+    assert done.returncode == 1  # the environment, not the input
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith(
@@ -219,7 +229,7 @@ def test_replay_from_stdin(
     url = f"sqlite:///{tmp_path / 's.db'}"
     text = "".join(json.dumps(e) + "\n" for e in events())
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))
-    code, _, err = cli(capsys, "replay", "-", "--db", url)
+    code, _, err = cli(capsys, "replay", "-", "--db", url, "--migrate")
     assert code == 0, err
     with db.open_store(url) as store:
         assert len(rows.allocations(store, "default")) == 2
@@ -255,7 +265,8 @@ def test_replay_killed_mid_way_then_rerun_matches_a_clean_run(
     workload = generate(5, 3.0, pods_per_hour=120)
     stream = tmp_path / "w.jsonl"
     stream.write_text("".join(line + "\n" for line in workload.lines()))
-    replay = [GPUQUOTA, "replay", str(stream), "--db", empty_db_url, "--flush-every", "20"]
+    replay = [GPUQUOTA, "replay", str(stream), "--db", empty_db_url, "--migrate"]
+    replay += ["--flush-every", "20"]
     victim = subprocess.Popen(
         [*replay, "--cluster", "k"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
@@ -281,3 +292,166 @@ def test_replay_killed_mid_way_then_rerun_matches_a_clean_run(
         killed = rows.everything(store, "k", without_updated_at=True)
         assert killed == rows.everything(store, "clean", without_updated_at=True)
         assert len(killed["allocations"]) == len(workload.truth.intervals)
+
+
+def test_replay_refuses_an_unmigrated_store_like_every_command(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    stream = write_lines(tmp_path / "ok.jsonl", events())
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    code, out, err = cli(capsys, "replay", str(stream), "--db", f"sqlite:///{empty}")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "empty database" in err and "gpuquota db upgrade" in err
+    missing = tmp_path / "missing.db"
+    code, _, err = cli(capsys, "replay", str(stream), "--db", f"sqlite:///{missing}")
+    assert code == 2 and "does not exist" in err
+    assert not missing.exists()
+    code, _, err = cli(capsys, "replay", str(stream), "--db", f"sqlite:///{missing}", "--migrate")
+    assert code == 0, err
+
+
+def test_read_only_commands_create_no_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nowhere.db"
+    url = f"sqlite:///{missing}"
+    code, out, _ = cli(capsys, "db", "current", "--db", url)
+    assert code == 1 and "empty" in out
+    code, _, err = cli(capsys, "report", "--db", url)
+    assert code == 2 and "does not exist" in err
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:1'}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\nusers: [{name: u, user: {}}]\n"
+    )
+    done = gpuquota(
+        "controller", "--kubeconfig", str(kubeconfig), "--db", url, "--metrics-port", "0"
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "does not exist" in done.stderr and "gpuquota db upgrade" in done.stderr
+    code, _, err = cli(capsys, "db", "upgrade", "9999", "--db", url)
+    assert code == 2 and "revision '9999'" in err and "known: head, base, 0001" in err
+    assert not missing.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["replay", "x.jsonl", "--cluster", ""],
+        ["controller", "--metrics-port", "99999"],
+        ["replay", "x.jsonl", "--node-pool-label", "a b"],
+    ],
+    ids=["empty-cluster", "port-out-of-range", "bad-label"],
+)
+def test_bad_flags_are_one_line(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "x.jsonl").write_text(json.dumps(events()[0]) + "\n")
+    argv = [str(tmp_path / a) if a == "x.jsonl" else a for a in argv]
+    try:
+        code = main([*argv, "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    except SystemExit as exc:
+        code = int(exc.code or 0)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_node_pool_label_is_configurable_for_replay_and_report(
+    db_url: str,
+    cluster: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    workload = generate(4, 1.0)
+    stream = tmp_path / "w.jsonl"
+    stream.write_text("".join(line + "\n" for line in workload.lines()))
+    pools = {
+        n["metadata"]["labels"]["node-pool"]
+        for n in (e.object for e in workload.events if e.object["kind"] == "Node")
+    }
+
+    def pools_reported(name: str) -> set[str | None]:
+        code, out, err = cli(
+            capsys,
+            "report",
+            "--db",
+            db_url,
+            "--cluster",
+            name,
+            "--by",
+            "pool",
+            "--json",
+            "--from",
+            rfc3339(workload.start),
+            "--to",
+            rfc3339(workload.end),
+            "--now",
+            rfc3339(workload.end),
+        )
+        assert code == 0, err
+        return {r["group"]["pool"] for r in json.loads(out)["rows"]}
+
+    # the generator names pools with `node-pool`, which no built-in label matches
+    assert cli(capsys, "replay", str(stream), "--db", db_url, "--cluster", cluster)[0] == 0
+    assert pools_reported(cluster) == {None}
+    assert (
+        cli(
+            capsys,
+            "replay",
+            str(stream),
+            "--db",
+            db_url,
+            "--cluster",
+            f"{cluster}-f",
+            "--node-pool-label",
+            "other,node-pool",
+        )[0]
+        == 0
+    )
+    named = pools_reported(f"{cluster}-f")
+    assert None not in named and len(named) >= 2 and named <= pools
+    monkeypatch.setenv("GPUQUOTA_NODE_POOL_LABELS", "node-pool")
+    assert cli(capsys, "replay", str(stream), "--db", db_url, "--cluster", f"{cluster}-e")[0] == 0
+    assert pools_reported(f"{cluster}-e") == named
+
+
+def test_node_pool_labels_in_order_before_the_built_in_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quota.accounting import DEFAULT_NODE_POOL_LABELS
+    from quota.options import node_pool_labels
+
+    assert node_pool_labels(None) == DEFAULT_NODE_POOL_LABELS
+    assert node_pool_labels(["b,a", "c"])[:3] == ("b", "a", "c")
+    monkeypatch.setenv("GPUQUOTA_NODE_POOL_LABELS", "x/pool, y")
+    assert node_pool_labels(None)[:2] == ("x/pool", "y")
+    assert node_pool_labels(["z"])[0] == "z"  # the flag wins over the environment
+    with pytest.raises(ValueError, match="not a label key"):
+        node_pool_labels(["a b"])
+
+
+def test_replay_logs_progress_without_a_terminal(
+    db_url: str,
+    cluster: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from quota import replay
+
+    monkeypatch.setattr(replay, "PROGRESS_MIN_BYTES", 1)
+    monkeypatch.setattr(replay, "PROGRESS_LOG_SECONDS", 0.0)
+    stream = write_lines(tmp_path / "ok.jsonl", events())
+    with caplog.at_level("INFO", logger="quota.replay"):
+        code, _, err = cli(capsys, "replay", str(stream), "--db", db_url, "--cluster", cluster)
+    assert code == 0, err
+    lines = [r.getMessage() for r in caplog.records if r.name == "quota.replay"]
+    assert any(m.startswith("check: ") and "%" in m for m in lines), lines  # validation
+    assert any(m.startswith("replay: ") and "%" in m for m in lines), lines

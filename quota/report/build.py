@@ -1,0 +1,145 @@
+"""The report's core: one request in, one computed report out.
+
+``build_report(conn, request)`` runs every query of a report on an open connection (and asks
+Prometheus where the request names it) and returns a :class:`compute.Report`; it knows nothing
+of flags or output formats. `gpuquota report` (quota/report/cli.py) parses its flags into a
+:class:`ReportRequest`, opens the store, calls this, and renders.
+
+Missing data is never shown as zero: a cluster the store does not know, or a window holding no
+data at all, raise ReportError naming what the store does hold; open intervals count only up
+to the last time the store knew their cluster (Report.coverage says where that is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
+
+from quota.report import compute, period, query
+from quota.report.ratecard import RateCard
+
+# A live controller's heartbeat is a flush interval old (seconds): data ending less than this
+# before the window's end is the present, not a recording or a controller that stopped.
+LIVE_GRACE_SECONDS = 600
+
+
+class ReportError(Exception):
+    """Bad input or no matching data (status 2), or a dependency that does not answer
+    (status 1): one line for stderr."""
+
+    def __init__(self, message: str, status: int = 2) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """Everything a report is computed from, already parsed and checked."""
+
+    window: period.Period
+    now: int  # unix seconds taken as now: nothing after it is counted
+    keys: tuple[str, ...] = ("namespace",)
+    cluster: str | None = None  # None: every cluster in the store
+    card: RateCard | None = None
+    idle: bool = False
+    spread_idle: Literal["proportional", "even"] | None = None
+    top: int | None = None  # keep the N largest groups, fold the rest into (other)
+    chart_buckets: bool = False  # split the window into calendar buckets for a chart
+    prometheus: str | None = None  # base URL for measured utilisation (namespace groups)
+
+
+def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
+    """The whole report for ``request`` from the store behind ``conn``; ReportError when the
+    store holds nothing that matches, or a query (or Prometheus) fails."""
+    window, now, keys, card = request.window, request.now, list(request.keys), request.card
+    idle = request.idle or request.spread_idle is not None
+    buckets = period.buckets(window) if request.chart_buckets else [window.start, window.end]
+    edges = compute.sub_windows(
+        window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
+    )
+    try:
+        clusters = query.known_clusters(conn)
+        if request.cluster is not None and request.cluster not in clusters:
+            known = ", ".join(repr(c) for c in clusters) or "none: the store is empty"
+            raise ReportError(
+                f"--cluster: no cluster {request.cluster!r} in the store (known: {known})"
+            )
+        scope = query.Scope.of(conn, request.cluster)
+        ends = dict(scope.known_until)
+        _check_window(window, now, ends, [c for c in scope.clusters if c in ends])
+        # the latest any cluster in scope is known to (now, where one has no heartbeat)
+        known_end = max(ends.values()) if ends and len(ends) == len(scope.clusters) else now
+        rows = query.usage(conn, keys, edges, now, scope=scope)
+        report = compute.aggregate(keys, rows, edges, card, buckets)
+        report.coverage = {c: ends.get(c) for c in scope.clusters}
+        report.window_end = min(window.end, now)
+        report.ends_early = {
+            c: at for c, at in ends.items() if at < report.window_end - LIVE_GRACE_SECONDS
+        }
+        report.best_effort_pods = query.best_effort_pods(conn, scope, window.start, window.end, now)
+        if query.quota_applies(keys):
+            # averages are over the part of the window the store knows
+            span = max(min(window.end, now, known_end) - window.start, 0)
+            report.quota_span = span
+            report.quota = (
+                compute.quota_figures(
+                    query.quota(conn, keys, window.start, window.end, now, request.cluster, scope),
+                    span,
+                )
+                if span
+                else []
+            )
+        if idle:
+            alloc = query.usage(conn, ["model", "pool"], edges, now, scope=scope)
+            report.idle = compute.idle(
+                query.capacity(conn, edges, now, request.cluster, scope), alloc, edges, card
+            )
+    except SQLAlchemyError as exc:
+        raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
+    if request.prometheus:
+        from quota.report import prometheus
+
+        try:
+            measured = prometheus.measure(
+                request.prometheus, window.start, min(window.end, now, known_end)
+            )
+        except prometheus.PrometheusError as exc:
+            raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc
+        prometheus.attach(report, measured)
+        report.prometheus = request.prometheus
+    if request.spread_idle is not None:
+        compute.spread_idle(report, request.spread_idle)
+    if request.top is not None:
+        compute.fold_top(report, request.top)
+    return report
+
+
+def _check_window(
+    window: period.Period, now: int, ends: dict[str, int], clusters: list[str]
+) -> None:
+    """Refuse a window that holds no data at all: after now, or after every cluster's end."""
+    if window.start >= now:
+        raise ReportError(
+            f"the period {window.label()} starts after now ({_when(now, window)}): "
+            "there is no data for it yet"
+        )
+    # a cluster a live controller follows (heartbeat minutes old at most) has data up to now
+    ended = [c for c in clusters if ends[c] < now - LIVE_GRACE_SECONDS]
+    if clusters and ended == clusters and all(ends[c] <= window.start for c in clusters):
+        where = ", ".join(f"{c!r} up to {_when(ends[c], window)}" for c in clusters)
+        raise ReportError(
+            f"no data for the period {window.label()}: the store's data ends before it ({where})"
+        )
+
+
+def _when(t: int, window: period.Period) -> str:
+    return datetime.fromtimestamp(t, window.tz).isoformat()
+
+
+def first_line(exc: BaseException) -> str:
+    message = str(getattr(exc, "orig", None) or exc).strip()
+    return message.splitlines()[0] if message else type(exc).__name__
