@@ -53,13 +53,14 @@ examples:
   gpu-exporter --listen 127.0.0.1:9400 --interval 500ms --pod-labels
   gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
   gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
+  gpu-exporter --dra on --dra-device-taints --node-name "$NODE_NAME"   # a DRA node
   eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
                                                  # against the NVML stand-in (docs/sim.md)
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 exit status: 0 after SIGTERM/SIGINT; 2 on bad input (a flag, the web config); 1 when the
 machine cannot run it (no NVML, no GPU, the port in use, no Kubernetes API for
---node-condition); always one line on stderr.
+--node-condition or --dra on); always one line on stderr.
 """
 
 
