@@ -22,6 +22,7 @@ from pathlib import Path
 from exporter import metrics
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
+from exporter.dra import service as dra_service
 from exporter.http import ExporterServer
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
@@ -52,13 +53,14 @@ examples:
   gpu-exporter --listen 127.0.0.1:9400 --interval 500ms --pod-labels
   gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
   gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
+  gpu-exporter --dra on --dra-device-taints --node-name "$NODE_NAME"   # a DRA node
   eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
                                                  # against the NVML stand-in (docs/sim.md)
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 exit status: 0 after SIGTERM/SIGINT; 2 on bad input (a flag, the web config); 1 when the
 machine cannot run it (no NVML, no GPU, the port in use, no Kubernetes API for
---node-condition); always one line on stderr.
+--node-condition or --dra on); always one line on stderr.
 """
 
 
@@ -140,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
         "downward API sets it, else this host's name)",
     )
     add_health_arguments(parser)
+    dra_service.add_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=str(DEFAULT_SOCKET),
@@ -200,12 +203,6 @@ def run(args: argparse.Namespace) -> int:
     )
     xid = XidWatcher(api)
     collector.xid = xid
-    pods: PodResourcesWatcher | None = None
-    if args.pod_resources_socket:
-        pods = PodResourcesWatcher(
-            Path(args.pod_resources_socket), interval=args.pod_resources_interval
-        )
-        collector.add_enricher(pods.enrich)
     try:
         health = HealthWiring.from_args(
             args, topology=CachedTopology(api), hostname=collector.hostname
@@ -216,6 +213,23 @@ def run(args: argparse.Namespace) -> int:
     except KubeConfigUnavailableError as exc:
         api.shutdown()
         raise SetupError(str(exc)) from None
+    # after health: its errors (the node-status flags' API access) are reported first
+    try:
+        dra = dra_service.DraService.from_args(args)
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
+    except dra_service.DraKubeConfigError as exc:
+        api.shutdown()
+        raise SetupError(str(exc)) from None
+    pods: PodResourcesWatcher | None = None
+    if args.pod_resources_socket:
+        pods = PodResourcesWatcher(
+            Path(args.pod_resources_socket),
+            interval=args.pod_resources_interval,
+            dra=dra.attribution if dra is not None else None,
+        )
+        collector.add_enricher(pods.enrich)
     host, port = args.listen
     try:
         server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
@@ -227,6 +241,8 @@ def run(args: argparse.Namespace) -> int:
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
 
     health.attach(collector, xid, server)
+    if dra is not None:
+        dra.attach(health.service.checker)
 
     stopping = threading.Event()
 
@@ -239,6 +255,8 @@ def run(args: argparse.Namespace) -> int:
 
     xid.start()
     health.start()
+    if dra is not None:
+        dra.start()
     if pods is not None:
         pods.start()  # before the first collection, so it is attributed
     collector.start()
@@ -257,6 +275,8 @@ def run(args: argparse.Namespace) -> int:
     finally:
         server.stop()
         health.stop()
+        if dra is not None:
+            dra.stop()
         collector.stop()
         if pods is not None:
             pods.stop()

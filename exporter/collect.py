@@ -27,6 +27,7 @@ from typing import Any
 import pynvml
 
 from exporter.nvml import (
+    FI_GPU_RECOVERY_ACTION,
     FI_MEMORY_TEMP,
     FI_NVLINK_TOTALS,
     GPU_IS_LOST,
@@ -52,7 +53,9 @@ Enricher = Callable[[NodeSnapshot], NodeSnapshot]
 Subscriber = Callable[[NodeSnapshot], None]
 
 MIG_RESCAN_COLLECTIONS = 60  # re-enumerate MIG instances this often even without errors
-_FIELDS = (FI_MEMORY_TEMP, *FI_NVLINK_TOTALS)  # read together, once per GPU per round
+# read together, once per GPU per round
+_FIELDS = (FI_MEMORY_TEMP, *FI_NVLINK_TOTALS, FI_GPU_RECOVERY_ACTION)
+_NVLINK_FIELDS = slice(1, 1 + len(FI_NVLINK_TOTALS))
 _NVLINK_COUNTERS = (
     ("replay_errors", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
     ("recovery_errors", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
@@ -354,6 +357,7 @@ class Collector:
         # One batched call: HBM temperature and the NVLink error totals over all links.
         fields = reads.value(api.field_values, handle, _FIELDS) or [None] * len(_FIELDS)
         v["memory_temperature_celsius"] = fields[0]
+        v["recovery_action"] = None if fields[-1] is None else int(fields[-1])
         v["power_watts"] = _scale(reads.value(api.power_usage_mw, handle), 1e-3)
         v["power_limit_watts"] = _scale(reads.value(api.power_limit_mw, handle), 1e-3)
         v["energy_joules"] = _scale(reads.value(api.energy_mj, handle), 1e-3)
@@ -402,7 +406,7 @@ class Collector:
             api.retired_pages, handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
         )
         v["retired_pages_pending"] = reads.value(api.retired_pages_pending, handle)
-        v["nvlinks"] = self._read_nvlinks(handle, cache, tuple(fields[1:]), reads)
+        v["nvlinks"] = self._read_nvlinks(handle, cache, tuple(fields[_NVLINK_FIELDS]), reads)
         v["processes"] = self._read_processes(handle, reads)
         return v
 

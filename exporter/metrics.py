@@ -177,6 +177,18 @@ def _read_pods(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
         yield (ref.namespace, ref.pod, ref.container), 1.0
 
 
+def _read_claims(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    for c in node.claims.get(device.uuid, ()):
+        yield (c.claim_namespace, c.claim, c.namespace, c.pod, c.container, c.driver, c.pool,
+               c.device), 1.0  # fmt: skip
+
+
+def _read_dra_problems(node: NodeSnapshot) -> Iterator[Sample]:
+    if node.dra is not None:
+        for reason, count in sorted(node.dra.problems_total.items()):
+            yield (reason,), float(count)
+
+
 def _read_clock_events(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
     mask = device.clock_event_reasons
     if mask is None:
@@ -348,6 +360,19 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pods[uuid]",
         scope=Scope.IDENTITY,
         read_device=_read_pods,
+    ),
+    MetricSpec(
+        name=f"{P}dra_claim_info",
+        type="gauge",
+        unit="",
+        help="1 for each pod container holding the device through a DRA ResourceClaim "
+        "(the device is then also in gpu_pod_info); a claim shared by several pods has one "
+        "series per pod. driver/pool/device name the device in its ResourceSlice.",
+        labels=("claim_namespace", "claim", *POD_LABELS, "driver", "pool", "device"),
+        source="kubelet pod-resources v1 List (dynamic_resources) + ResourceSlices",
+        accessor="NodeSnapshot.claims[uuid]",
+        scope=Scope.IDENTITY,
+        read_device=_read_claims,
     ),
     # --- utilisation ----------------------------------------------------------------------
     device_row(
@@ -742,6 +767,66 @@ METRICS: list[MetricSpec] = [
         read_node=_node_value(
             lambda n: None if n.pod_attribution is None else n.pod_attribution.errors_total
         ),
+    ),
+    MetricSpec(
+        name=f"{S}dra_slices_up",
+        type="gauge",
+        unit="",
+        help="1 while this node's ResourceSlices are listed and watched (DRA attribution), 0 "
+        "without access or while the watch fails; absent when DRA attribution is off.",
+        labels=(),
+        source="resource.k8s.io/v1 ResourceSlices list+watch",
+        accessor="NodeSnapshot.dra.slices_up",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: None if n.dra is None else n.dra.slices_up),
+    ),
+    MetricSpec(
+        name=f"{S}dra_devices",
+        type="gauge",
+        unit="",
+        help="GPU and MIG devices this node's ResourceSlices list (newest pool generation).",
+        labels=(),
+        source="resource.k8s.io/v1 ResourceSlices list+watch",
+        accessor="NodeSnapshot.dra.devices",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: None if n.dra is None else n.dra.devices),
+    ),
+    MetricSpec(
+        name=f"{S}dra_problems_total",
+        type="counter",
+        unit="",
+        help="DRA objects that could not be used, by reason: unknown_driver (a claimed device "
+        "of a driver not in --dra-drivers), unknown_device (no slice lists it), bad_slice "
+        "(a slice device without a uuid attribute). Each is also logged once.",
+        labels=("reason",),
+        source="kubelet pod-resources v1 List + ResourceSlices",
+        accessor="NodeSnapshot.dra.problems_total",
+        scope=Scope.NODE,
+        read_node=_read_dra_problems,
+    ),
+    MetricSpec(
+        name=f"{S}dra_taint_rules",
+        type="gauge",
+        unit="",
+        help="DeviceTaintRules this exporter keeps on unhealthy DRA devices of its node; "
+        "absent without --dra-device-taints.",
+        labels=(),
+        source="resource.k8s.io DeviceTaintRules",
+        accessor="NodeSnapshot.dra.taint_rules",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_rules),
+    ),
+    MetricSpec(
+        name=f"{S}dra_taint_errors_total",
+        type="counter",
+        unit="",
+        help="Failed attempts to create, update or delete this node's DeviceTaintRules "
+        "(retried with back-off).",
+        labels=(),
+        source="resource.k8s.io DeviceTaintRules",
+        accessor="NodeSnapshot.dra.taint_errors_total",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_errors_total),
     ),
     MetricSpec(
         name=f"{S}collection_duration_seconds",

@@ -33,6 +33,8 @@ _UNSUPPORTED = frozenset({NOT_SUPPORTED, FUNCTION_NOT_FOUND})
 NVLINK_MAX_LINKS = int(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18))
 XID_EVENT = pynvml.nvmlEventTypeXidCriticalError
 FI_MEMORY_TEMP = pynvml.NVML_FI_DEV_MEMORY_TEMP
+# What the driver says the GPU needs (nvmlDeviceGpuRecoveryAction_t); nvml.h 12.8+, not in pynvml.
+FI_GPU_RECOVERY_ACTION = 230
 # Per-GPU totals over all links, in NvLinkCounters field order (replay, recovery, flit, data).
 FI_NVLINK_TOTALS = (
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,

@@ -13,6 +13,10 @@ How NVIDIA's device plugin names devices, and how they map back:
   number through the snapshot's own index -> UUID table (MIG devices named by index pairs
   are not resolved: use the plugin's default uuid strategy with MIG).
 
+On DRA nodes the same List answer carries ``dynamic_resources``; a ``dra`` resolver
+(exporter/dra/attribution.py) turns them into UUIDs through the node's ResourceSlices, and
+they join the mapping exactly like device-plugin ids, with the claims kept beside it.
+
 Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
 logged once, and the refresher keeps looking so attribution starts when the socket appears.
 A kubelet error keeps the last good mapping for ``max_stale`` seconds (counted in
@@ -30,9 +34,15 @@ from pathlib import Path
 
 import grpc
 
+from exporter.dra.attribution import (
+    PARTITION_PREFIX,
+    DraAttribution,
+    ordered_claims,
+    resolve_partition,
+)
 from exporter.kubeletapi import podresources_v1_pb2 as pb
 from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-from exporter.snapshot import NodeSnapshot, PodAttributionStatus, PodRef
+from exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus, PodRef
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +104,8 @@ def attach_pods(snapshot: NodeSnapshot, mapping: Mapping[str, tuple[PodRef, ...]
         uuid = device_id
         if device_id.isdigit():
             uuid = by_index.get(int(device_id), device_id)
+        elif device_id.startswith(PARTITION_PREFIX):  # a DRA MIG device made on allocation
+            uuid = resolve_partition(device_id, snapshot) or device_id
         if uuid in known:
             pods[uuid] = _ordered({*pods.get(uuid, ()), *refs})
     return dataclasses.replace(snapshot, pods=pods)
@@ -110,6 +122,7 @@ class PodResourcesWatcher:
         timeout: float = 2.0,
         max_stale: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        dra: DraAttribution | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"pod-resources refresh interval must be > 0, got {interval}")
@@ -124,6 +137,8 @@ class PodResourcesWatcher:
         self._clock = clock
         self._lock = threading.Lock()
         self._mapping: DeviceMap = {}
+        self._dra = dra
+        self._claims: dict[str, tuple[ClaimRef, ...]] = {}
         self._last_success: float | None = None
         self._up = False
         self._socket_present = False
@@ -152,8 +167,15 @@ class PodResourcesWatcher:
             self._failed(f"{err.code().name}: {err.details()}")
             return False
         mapping = device_pods(response)
+        claims: dict[str, tuple[ClaimRef, ...]] = {}
+        if self._dra is not None:
+            resolved = self._dra.resolve(response)
+            claims = resolved.claims
+            for uuid, refs in resolved.devices.items():
+                mapping[uuid] = _ordered({*mapping.get(uuid, ()), *refs})
         with self._lock:
             self._mapping = mapping
+            self._claims = claims
             self._last_success = self._clock()
             self._up = True
         if self._logged_error:
@@ -250,9 +272,26 @@ class PodResourcesWatcher:
             return self._mapping
 
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in."""
-        enriched = attach_pods(snapshot, self.mapping())
-        return dataclasses.replace(enriched, pod_attribution=self.status())
+        """Collector enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in
+        (and ``claims`` and ``dra`` with DRA attribution on)."""
+        mapping = self.mapping()
+        enriched = attach_pods(snapshot, mapping)
+        if self._dra is None:
+            return dataclasses.replace(enriched, pod_attribution=self.status())
+        with self._lock:
+            claims = self._claims if mapping else {}  # stale together with the mapping
+        known = {d.uuid for d in snapshot.devices}
+        resolved: dict[str, tuple[ClaimRef, ...]] = {}
+        for key, refs in claims.items():
+            uuid = resolve_partition(key, snapshot) or key
+            if uuid in known:
+                resolved[uuid] = ordered_claims({*resolved.get(uuid, ()), *refs})
+        return dataclasses.replace(
+            enriched,
+            pod_attribution=self.status(),
+            claims=resolved,
+            dra=self._dra.status(),
+        )
 
     def status(self) -> PodAttributionStatus:
         with self._lock:

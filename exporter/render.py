@@ -115,13 +115,27 @@ def _pod_pairs(ref: PodRef) -> LabelPairs:
     return (("namespace", ref.namespace), ("pod", ref.pod), ("container", ref.container))
 
 
+def _dcgm_dra_pairs(snapshot: NodeSnapshot, uuid: str, ref: PodRef) -> LabelPairs:
+    """dcgm-exporter's labels for a holder whose device came through a DRA claim."""
+    for c in snapshot.claims.get(uuid, ()):
+        if (c.namespace, c.pod, c.container) == (ref.namespace, ref.pod, ref.container):
+            return (
+                ("dra_claim_name", c.claim),
+                ("dra_claim_namespace", c.claim_namespace),
+                ("dra_device_name", c.device),
+                ("dra_driver_name", c.driver),
+                ("dra_pool_name", c.pool),
+            )
+    return ()
+
+
 @dataclass(frozen=True, slots=True)
 class _DeviceLabels(Generic[L]):
     """Label prefixes of one device for one snapshot, each a list of one or more variants."""
 
     identity: list[L]  # IDENTITY rows: never multiplied by pods
     device: list[L]  # DEVICE rows: one variant per pod holder with --pod-labels
-    dcgm: list[L]  # dcgm rows: dcgm's labels, plus pod/namespace/container if held
+    dcgm: list[L]  # dcgm rows: dcgm's labels, plus pod/namespace/container (and dra_*) if held
 
 
 def _device_labels(
@@ -139,7 +153,9 @@ def _device_labels(
     dcgm: list[L] = []
     if "dcgm" in options.compat:
         dbase = dcgm_labels(device, snapshot)
-        pairs = [dbase + _pod_pairs(ref) for ref in holders] if holders else [dbase]
+        pairs = [
+            dbase + _pod_pairs(ref) + _dcgm_dra_pairs(snapshot, device.uuid, ref) for ref in holders
+        ] or [dbase]
         dcgm = [convert(p) for p in pairs]
     return _DeviceLabels(identity=identity, device=per_device, dcgm=dcgm)
 

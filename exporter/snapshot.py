@@ -113,6 +113,8 @@ class DeviceSnapshot:
     retired_pages_single_bit: int | None = None
     retired_pages_double_bit: int | None = None
     retired_pages_pending: bool | None = None
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: the driver's nvmlDeviceGpuRecoveryAction_t (0 none)
+    recovery_action: int | None = None
     nvlinks: tuple[NvLinkCounters, ...] = ()
     processes: tuple[ProcessUsage, ...] = ()
     # NVML function name -> error string for the calls that failed this collection
@@ -125,6 +127,31 @@ class PodRef:
     namespace: str
     pod: str
     container: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A container holding a device through a DRA ResourceClaim (exporter/dra/)."""
+
+    claim_namespace: str
+    claim: str
+    namespace: str
+    pod: str
+    container: str
+    driver: str
+    pool: str
+    device: str  # the device's name in its ResourceSlice
+
+
+@dataclass(frozen=True, slots=True)
+class DraStatus:
+    """How DRA attribution is doing (exporter/dra/)."""
+
+    slices_up: bool  # the node's ResourceSlices are listed and watched
+    devices: int  # GPU/MIG devices the slices list
+    problems_total: dict[str, int]  # reason -> unresolved results and bad slices seen
+    taint_rules: int | None = None  # DeviceTaintRules published now (None: taints off)
+    taint_errors_total: int | None = None  # failed attempts to update them
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,3 +189,7 @@ class NodeSnapshot:
     collections_total: int = 0  # collections since the exporter started, this one included
     # Pod attribution's own state, set by its enricher (None: attribution turned off).
     pod_attribution: PodAttributionStatus | None = None
+    # device UUID -> the DRA claims through which pods hold it (exporter/dra/)
+    claims: dict[str, tuple[ClaimRef, ...]] = field(default_factory=dict)
+    # DRA attribution's own state (None: DRA attribution off)
+    dra: DraStatus | None = None

@@ -95,10 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--node-name",
         default=os.environ.get("NODE_NAME"),
-        help="this node's name in Kubernetes (default $NODE_NAME) for --node-taint/--node-condition",
+        help="this node's name in Kubernetes (default $NODE_NAME) for --node-taint/--node-condition "
+        "and --dra",
     )
     group.add_argument("--kubeconfig", type=Path, default=None,
-                       help="kubeconfig for --node-taint/--node-condition (default: in-cluster config)")  # fmt: skip
+                       help="kubeconfig for --node-taint/--node-condition and --dra (default: in-cluster config)")  # fmt: skip
 
 
 class HealthWiring:

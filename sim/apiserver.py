@@ -2,26 +2,42 @@
 
 Serves, over HTTP/1.1 on 127.0.0.1, what the quota controller and its tests use:
 
-* core/v1 pods, nodes, namespaces, resourcequotas and coordination.k8s.io/v1 leases: get,
+* core/v1 pods, nodes, namespaces, resourcequotas, coordination.k8s.io/v1 leases and the
+  Dynamic Resource Allocation kinds of resource.k8s.io (ResourceSlices, DeviceClasses,
+  ResourceClaims, ResourceClaimTemplates, DeviceTaintRules; see "DRA versions" below): get,
   list (``resourceVersion``, ``limit``/``continue`` over a consistent snapshot), create,
   replace (409 Conflict on a stale ``metadata.resourceVersion``), patch (JSON merge patch and
   strategic merge patch, with ``conditions`` merged by ``type``), delete;
 * watch (``?watch=1``): chunked JSON lines from ``resourceVersion``, synthetic ADDED events
   for a watch from "0"/"", ``allowWatchBookmarks`` -> BOOKMARK events, ``timeoutSeconds``
   ended by the server, and 410 Gone as an ERROR event (``reason: Expired``) when the requested
-  version is older than the retained window (HTTP 410 for such a list).
+  version is older than the retained window (HTTP 410 for such a list);
+* ``fieldSelector`` (``=``, ``==``, ``!=``) on the fields the real server indexes: every
+  kind's ``metadata.name``/``metadata.namespace``, pods' ``spec.nodeName`` and
+  ``status.phase``, ResourceSlices' ``spec.nodeName`` and ``spec.driver``; any other field is
+  400 "field label not supported", as on a real server. ``labelSelector`` with equality
+  terms (``k=v``, ``k!=v``, ``k``, ``!k``);
+* discovery: ``/api``, ``/apis``, ``/apis/<group>`` and ``/apis/<group>/<version>``.
+
+DRA versions: ``resource_versions`` names the resource.k8s.io versions that serve
+ResourceSlices, DeviceClasses, ResourceClaims and templates (``v1`` from Kubernetes 1.34,
+``v1beta2`` from 1.33; their objects have the same shape), ``device_taint_rule_versions``
+those that serve DeviceTaintRules (``v1alpha3`` behind the DRADeviceTaints gate up to 1.35,
+``v1beta2`` from 1.36, ``v1`` where GA; empty: the gate is off). Objects are stored once
+(as ``resource.k8s.io/v1``) and answered in the version asked for.
 
 Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch connection),
 :meth:`stall_watches` (keep them open, send nothing, not even bookmarks),
 :meth:`force_gone` (compact the history: the next resume gets 410), :meth:`refuse_for`
 (close the listening socket for a while: connections are refused, then it comes back on the
-same port).
+same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does).
 
 :class:`Driver` feeds a :class:`sim.workload.Workload` into the server, as fast as it can or
 time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
 
-Simplifications, by design: no authentication, no field/label selectors, a DELETE removes the
-object at once (with ``deletionTimestamp`` set to now when absent); graceful deletion is what
+Simplifications, by design: no authentication; a watch filtered by a selector sends the
+events of matching objects only (an object that stops matching is not turned into a DELETED
+event: the selectable fields used here are immutable); a DELETE removes the object at once (with ``deletionTimestamp`` set to now when absent); graceful deletion is what
 the workload driver replays.
 """
 
@@ -32,11 +48,12 @@ import bisect
 import contextlib
 import copy
 import json
+import re
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -66,7 +83,22 @@ RESOURCES: dict[str, Resource] = {
         Resource("namespaces", "Namespace", "v1", False),
         Resource("resourcequotas", "ResourceQuota", "v1", True),
         Resource("leases", "Lease", "coordination.k8s.io/v1", True),
+        Resource("resourceslices", "ResourceSlice", "resource.k8s.io/v1", False),
+        Resource("deviceclasses", "DeviceClass", "resource.k8s.io/v1", False),
+        Resource("resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True),
+        Resource("resourceclaimtemplates", "ResourceClaimTemplate", "resource.k8s.io/v1", True),
+        Resource("devicetaintrules", "DeviceTaintRule", "resource.k8s.io/v1", False),
     )
+}
+DRA_GROUP = "resource.k8s.io"
+DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaimtemplates")
+# versions that may serve them, newest first (v1beta1 is left out: its device shape differs)
+DRA_VERSIONS = ("v1", "v1beta2")
+DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+# fields a field selector may name, beyond metadata.name and metadata.namespace
+SELECTABLE_FIELDS: dict[str, tuple[str, ...]] = {
+    "pods": ("spec.nodeName", "status.phase"),
+    "resourceslices": ("spec.nodeName", "spec.driver"),
 }
 BY_KIND = {r.kind: r for r in RESOURCES.values()}
 # lists that a strategic merge patch merges by a key instead of replacing
@@ -118,6 +150,79 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     return out
 
 
+def _defaults(res: Resource, body: Obj) -> None:
+    """What the real server fills in on create and update."""
+    if res.plural == "devicetaintrules":
+        taint = (body.get("spec") or {}).get("taint")
+        if isinstance(taint, dict):  # "added automatically during create or update"
+            taint.setdefault("timeAdded", rfc3339(int(time.time())))
+
+
+def _field_value(obj: Obj, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A list/watch request's ``fieldSelector`` and ``labelSelector``, parsed."""
+
+    fields: tuple[tuple[str, str, bool], ...] = ()  # (path, value, wanted equal)
+    labels: tuple[tuple[str, str | None, bool], ...] = ()  # (key, value or None: exists, wanted)
+
+    @classmethod
+    def parse(cls, res: Resource, query: dict[str, str]) -> Selector:
+        fields: list[tuple[str, str, bool]] = []
+        allowed = {"metadata.name", "metadata.namespace", *SELECTABLE_FIELDS.get(res.plural, ())}
+        for term in filter(None, (t.strip() for t in query.get("fieldSelector", "").split(","))):
+            path, value, equal = _split_term(term, "fieldSelector")
+            if value is None:
+                raise ApiError(400, "BadRequest", f"invalid field selector term {term!r}")
+            if path not in allowed:
+                raise ApiError(400, "BadRequest", f"field label not supported: {path}")
+            fields.append((path, value, equal))
+        labels: list[tuple[str, str | None, bool]] = []
+        for term in filter(None, (t.strip() for t in query.get("labelSelector", "").split(","))):
+            if term.startswith("!"):
+                labels.append((term[1:], None, False))
+                continue
+            key, value, equal = _split_term(term, "labelSelector")
+            labels.append((key, value, equal))
+        return cls(tuple(fields), tuple(labels))
+
+    def __bool__(self) -> bool:
+        return bool(self.fields or self.labels)
+
+    def matches(self, obj: Obj) -> bool:
+        for path, value, equal in self.fields:
+            if (_field_value(obj, path) == value) != equal:
+                return False
+        have = obj.get("metadata", {}).get("labels") or {}
+        for key, label, wanted in self.labels:
+            if label is None:
+                if (key in have) != wanted:
+                    return False
+            elif (have.get(key) == label) != wanted:
+                return False
+        return True
+
+
+def _split_term(term: str, what: str) -> tuple[str, str | None, bool]:
+    for op, equal in (("!=", False), ("==", True), ("=", True)):
+        if op in term:
+            key, value = term.split(op, 1)
+            if not key.strip():
+                raise ApiError(400, "BadRequest", f"invalid {what} term {term!r}")
+            return key.strip(), value.strip(), equal
+    if what == "labelSelector":  # a bare key: the label exists
+        return term, None, True
+    raise ApiError(400, "BadRequest", f"invalid {what} term {term!r}")
+
+
 class _State:
     """Objects, the event history and the watch bookkeeping, under one lock."""
 
@@ -125,8 +230,8 @@ class _State:
         self.lock = threading.Condition()
         self.rv = 100
         self.objects: dict[str, dict[tuple[str, str], Obj]] = {p: {} for p in RESOURCES}
-        # (rv, plural, namespace, encoded line); the oldest are dropped beyond ``window``
-        self.history: list[tuple[int, str, str, bytes]] = []
+        # (rv, plural, namespace, encoded line, object); the oldest are dropped beyond ``window``
+        self.history: list[tuple[int, str, str, bytes, Obj]] = []
         self.window = window
         self.compacted = self.rv  # a watch from an older version than this gets 410
         self.snapshots: dict[str, tuple[int, list[Obj]]] = {}
@@ -138,7 +243,7 @@ class _State:
     def record(self, plural: str, type_: str, obj: Obj) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
         line = json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n"
-        self.history.append((rv, plural, obj["metadata"].get("namespace", ""), line))
+        self.history.append((rv, plural, obj["metadata"].get("namespace", ""), line, obj))
         if len(self.history) > self.window * 2:
             drop = len(self.history) - self.window
             self.compacted = self.history[drop - 1][0]
@@ -149,7 +254,34 @@ class _State:
 class ApiServer:
     """The stand-in; ``start()`` binds 127.0.0.1 on a free port (or ``port``)."""
 
-    def __init__(self, *, window: int = 100_000, bookmark_interval: float = 1.0, port: int = 0):
+    def __init__(
+        self,
+        *,
+        window: int = 100_000,
+        bookmark_interval: float = 1.0,
+        port: int = 0,
+        resource_versions: Sequence[str] = ("v1",),
+        device_taint_rule_versions: Sequence[str] = ("v1",),
+    ):
+        for version in resource_versions:
+            if version not in DRA_VERSIONS:
+                raise ValueError(f"resource_versions: {version!r} is not one of {DRA_VERSIONS}")
+        for version in device_taint_rule_versions:
+            if version not in DEVICE_TAINT_RULE_VERSIONS:
+                raise ValueError(
+                    f"device_taint_rule_versions: {version!r} is not one of "
+                    f"{DEVICE_TAINT_RULE_VERSIONS}"
+                )
+        # group/version -> the plurals it serves
+        self.served: dict[str, set[str]] = {}
+        for res in RESOURCES.values():
+            if not res.group_version.startswith(DRA_GROUP):
+                self.served.setdefault(res.group_version, set()).add(res.plural)
+        for version in resource_versions:
+            self.served.setdefault(f"{DRA_GROUP}/{version}", set()).update(DRA_KINDS)
+        for version in device_taint_rule_versions:
+            self.served.setdefault(f"{DRA_GROUP}/{version}", set()).add("devicetaintrules")
+        self._forbidden: set[str] = set()
         self.state = _State(window)
         self.bookmark_interval = bookmark_interval
         self._port = port
@@ -271,6 +403,27 @@ class ApiServer:
         timer.daemon = True
         timer.start()
 
+    def forbid(self, plural: str, forbidden: bool = True) -> None:
+        """Answer every request for ``plural`` with 403 Forbidden (RBAC not granted)."""
+        if plural not in RESOURCES:
+            raise ValueError(f"unknown resource {plural!r}")
+        with self.state.lock:
+            (self._forbidden.add if forbidden else self._forbidden.discard)(plural)
+
+    def check_allowed(self, res: Resource, verb: str, ns: str) -> None:
+        with self.state.lock:
+            forbidden = res.plural in self._forbidden
+        if forbidden:
+            group = res.group_version.rpartition("/")[0]
+            where = f'in the namespace "{ns}"' if ns else "at the cluster scope"
+            raise ApiError(
+                403,
+                "Forbidden",
+                f"{res.plural}{'.' + group if group else ''} is forbidden: User "
+                f'"system:serviceaccount:sim:sim" cannot {verb} resource "{res.plural}" in API '
+                f'group "{group}" {where}',
+            )
+
     # -- direct access (the driver and tests; bypasses HTTP)
 
     def apply(self, type_: str, obj: Obj, *, copy_obj: bool = True) -> Obj:
@@ -312,6 +465,7 @@ class ApiServer:
 
     def list(self, res: Resource, ns: str, query: dict[str, str]) -> Obj:
         st = self.state
+        selector = Selector.parse(res, query)
         limit = int(query.get("limit") or 0)
         token = query.get("continue")
         with st.lock:
@@ -329,7 +483,11 @@ class ApiServer:
             else:
                 rv = st.rv
                 items = sorted(
-                    (o for (ons, _), o in st.objects[res.plural].items() if not ns or ons == ns),
+                    (
+                        o
+                        for (ons, _), o in st.objects[res.plural].items()
+                        if (not ns or ons == ns) and (not selector or selector.matches(o))
+                    ),
                     key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]),
                 )
                 key, offset = uuid.uuid4().hex, 0
@@ -373,6 +531,7 @@ class ApiServer:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", rfc3339(int(time.time())))
             body["kind"], body["apiVersion"] = res.kind, res.group_version
+            _defaults(res, body)
             return self.apply("ADDED", body)
 
     def replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
@@ -394,6 +553,7 @@ class ApiServer:
             if res.namespaced:
                 body["metadata"]["namespace"] = ns
             body["kind"], body["apiVersion"] = res.kind, res.group_version
+            _defaults(res, body)
             return self.apply("MODIFIED", body)
 
     def patch(self, res: Resource, ns: str, name: str, body: Any, content_type: str) -> Obj:
@@ -442,6 +602,7 @@ class ApiServer:
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
+        selector = Selector.parse(res, query)
         rv_q = query.get("resourceVersion", "")
         with st.lock:
             if rv_q in ("", "0"):
@@ -450,7 +611,7 @@ class ApiServer:
                     json.dumps({"type": "ADDED", "object": o}, separators=(",", ":")).encode()
                     + b"\n"
                     for (ons, _), o in sorted(st.objects[res.plural].items())
-                    if not ns or ons == ns
+                    if (not ns or ons == ns) and (not selector or selector.matches(o))
                 ]
             else:
                 since = int(rv_q)
@@ -489,8 +650,12 @@ class ApiServer:
                     return
                 hist = st.history
                 i = bisect.bisect_right(hist, since, key=lambda h: h[0])
-                for rv, plural, ons, line in hist[i:]:
-                    if plural == res.plural and (not ns or ons == ns):
+                for rv, plural, ons, line, obj in hist[i:]:
+                    if (
+                        plural == res.plural
+                        and (not ns or ons == ns)
+                        and (not selector or selector.matches(obj))
+                    ):
                         out.append(line)
                     since = rv
                 if bookmarks and time.monotonic() >= next_bookmark:
@@ -512,28 +677,91 @@ class ApiServer:
                 yield b"".join(out)
 
 
-def _route(path: str) -> tuple[Resource, str, str, str]:
-    """(resource, namespace, name, subresource) of an API path; raises 404 otherwise."""
+def _route(path: str, served: dict[str, set[str]]) -> tuple[Resource, str, str, str, str]:
+    """(resource, namespace, name, subresource, group/version asked for) of an API path;
+    raises 404 for a path, or a version, the server does not serve."""
     parts = [p for p in path.split("/") if p]
     if parts[:2] == ["api", "v1"]:
-        rest = parts[2:]
-    elif parts[:3] == ["apis", "coordination.k8s.io", "v1"]:
-        rest = parts[3:]
+        group_version, rest = "v1", parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        group_version, rest = f"{parts[1]}/{parts[2]}", parts[3:]
     else:
-        raise ApiError(
-            404, "NotFound", f"the server could not find the requested resource ({path})"
-        )
+        group_version, rest = "", []
+    plurals = served.get(group_version, set())
     ns = ""
-    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in RESOURCES:
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] in plurals:
         ns, rest = rest[1], rest[2:]
-    if not rest or rest[0] not in RESOURCES:
+    if not rest or rest[0] not in plurals:
         raise ApiError(
             404, "NotFound", f"the server could not find the requested resource ({path})"
         )
     res = RESOURCES[rest[0]]
     name = rest[1] if len(rest) > 1 else ""
     sub = rest[2] if len(rest) > 2 else ""
-    return res, ns, name, sub
+    return res, ns, name, sub, group_version
+
+
+def _version_rank(version: str) -> tuple[int, int, int]:
+    """Kubernetes' version priority: GA before beta before alpha, then higher numbers first."""
+    match = re.fullmatch(r"v(\d+)(?:(alpha|beta)(\d+))?", version)
+    if match is None:
+        return (-1, 0, 0)
+    major, stage, minor = match.groups()
+    return ({"alpha": 0, "beta": 1}.get(stage or "", 2), int(major), int(minor or 0))
+
+
+def discovery(served: dict[str, set[str]], path: str) -> Obj | None:
+    """The discovery document at ``path`` (/api, /apis, /apis/<group>[/<version>]), or None."""
+    parts = [p for p in path.split("/") if p]
+    groups: dict[str, list[str]] = {}
+    for group_version in served:
+        if "/" in group_version:
+            group, version = group_version.split("/")
+            groups.setdefault(group, []).append(version)
+    for versions in groups.values():
+        versions.sort(key=_version_rank, reverse=True)
+
+    def group_doc(group: str) -> Obj:
+        versions = [{"groupVersion": f"{group}/{v}", "version": v} for v in groups[group]]
+        return {"name": group, "versions": versions, "preferredVersion": versions[0]}
+
+    if parts == ["api"]:
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []}
+    if parts == ["apis"]:
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [group_doc(g) for g in sorted(groups)],
+        }
+    if len(parts) == 2 and parts[0] == "apis" and parts[1] in groups:
+        return {"kind": "APIGroup", "apiVersion": "v1", **group_doc(parts[1])}
+    group_version = "v1" if parts == ["api", "v1"] else "/".join(parts[1:3])
+    if (parts == ["api", "v1"] or (len(parts) == 3 and parts[0] == "apis")) and (
+        group_version in served
+    ):
+        return {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": [
+                {
+                    "name": plural,
+                    "singularName": RESOURCES[plural].kind.lower(),
+                    "namespaced": RESOURCES[plural].namespaced,
+                    "kind": RESOURCES[plural].kind,
+                    "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"],
+                }
+                for plural in sorted(served[group_version])
+            ],
+        }
+    return None
+
+
+def as_version(obj: Obj, group_version: str) -> Obj:
+    """``obj`` as answered at ``group_version`` (stored once, served in every version)."""
+    if obj.get("kind") != "Status" and obj.get("apiVersion", group_version) != group_version:
+        return {**obj, "apiVersion": group_version}
+    return obj
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -580,26 +808,39 @@ class _Handler(BaseHTTPRequestHandler):
             if split.path in ("/healthz", "/readyz", "/livez"):
                 self._send_json(200, {"status": "ok"})
                 return
-            res, ns, name, _sub = _route(split.path)
+            if method == "GET":
+                doc = discovery(self.api.served, split.path)
+                if doc is not None:
+                    self._send_json(200, doc)
+                    return
+            res, ns, name, _sub, gv = _route(split.path, self.api.served)
             key = f"{method} {res.plural}"
             self.api.requests[key] = self.api.requests.get(key, 0) + 1
+            watch = query.get("watch") in ("1", "true", "True")
+            verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+            self.api.check_allowed(
+                res, verb.get(method, "watch" if watch else ("get" if name else "list")), ns
+            )
             if method == "GET" and not name:
-                if query.get("watch") in ("1", "true", "True"):
-                    self._watch(res, ns, query)
+                if watch:
+                    Selector.parse(res, query)  # a bad selector is a 400, not a broken stream
+                    self._watch(res, ns, query, gv)
                 else:
-                    self._send_json(200, self.api.list(res, ns, query))
+                    self._send_json(200, as_version(self.api.list(res, ns, query), gv))
             elif method == "GET":
-                self._send_json(200, self.api.read(res, ns, name))
+                self._send_json(200, as_version(self.api.read(res, ns, name), gv))
             elif method == "POST":
-                self._send_json(201, self.api.create(res, ns, self._body()))
+                self._send_json(201, as_version(self.api.create(res, ns, self._body()), gv))
             elif method == "PUT":
-                self._send_json(200, self.api.replace(res, ns, name, self._body()))
+                body = self.api.replace(res, ns, name, self._body())
+                self._send_json(200, as_version(body, gv))
             elif method == "PATCH":
                 ctype = self.headers.get("Content-Type", "application/merge-patch+json")
-                self._send_json(200, self.api.patch(res, ns, name, self._body(), ctype))
+                body = self.api.patch(res, ns, name, self._body(), ctype)
+                self._send_json(200, as_version(body, gv))
             elif method == "DELETE":
                 self._body()
-                self._send_json(200, self.api.delete(res, ns, name))
+                self._send_json(200, as_version(self.api.delete(res, ns, name), gv))
             else:
                 raise ApiError(405, "MethodNotAllowed", f"{method} is not supported")
         except ApiError as err:
@@ -607,7 +848,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
 
-    def _watch(self, res: Resource, ns: str, query: dict[str, str]) -> None:
+    def _watch(self, res: Resource, ns: str, query: dict[str, str], group_version: str) -> None:
         wid, gen = self.api._register(self.connection)
         try:
             self.send_response(HTTPStatus.OK)
@@ -615,6 +856,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             for chunk in self.api.watch_lines(res, ns, query, wid, gen):
+                if group_version != res.group_version:
+                    chunk = _reversioned(chunk, group_version)
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 self.wfile.flush()
             if self.api._watch_gen == gen:  # a cut ends without the last chunk, like a reset
@@ -699,6 +942,16 @@ class Driver:
     @property
     def done(self) -> bool:
         return self.position >= len(self.workload.events)
+
+
+def _reversioned(chunk: bytes, group_version: str) -> bytes:
+    """Watch lines re-encoded with their objects at ``group_version``."""
+    out = []
+    for line in chunk.splitlines():
+        event = json.loads(line)
+        event["object"] = as_version(event["object"], group_version)
+        out.append(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+    return b"".join(out)
 
 
 def now_rfc3339() -> str:

@@ -21,6 +21,18 @@ from exporter.health.table import HealthConfig, XidRule
 from exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
 from exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
 
+# NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t) value -> the condition
+# (defaults.yaml) and its detail; 0 (NONE) is no condition
+RECOVERY_ACTIONS: Mapping[int, tuple[str, str]] = {
+    1: ("recovery_reset", "GPU_RESET"),
+    2: ("recovery_reboot", "NODE_REBOOT"),
+    3: ("recovery_drain", "DRAIN_P2P"),
+    4: ("recovery_reset", "DRAIN_AND_RESET: drain peer-to-peer work, then reset"),
+    5: ("recovery_reset", "RECOVER_IMEX_DOMAIN"),
+    6: ("recovery_reset", "BUS_RESET"),
+    7: ("recovery_reboot", "SYSTEM_REBOOT"),
+}
+
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not a MIG event" marker for GPU/compute instance IDs
 
 
@@ -196,6 +208,11 @@ class HealthTracker:
             wanted["row_remap_pending"] = None
         if device.retired_pages_pending:
             wanted["retired_pages_pending"] = None
+        if device.recovery_action:  # unknown future values: a reset, until told otherwise
+            code, detail = RECOVERY_ACTIONS.get(
+                device.recovery_action, ("recovery_reset", f"value {device.recovery_action}")
+            )
+            wanted[code] = detail
         reasons = device.clock_event_reasons or 0
         for code, bit in self._clock_bits.items():
             if reasons & bit:

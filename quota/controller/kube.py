@@ -44,6 +44,10 @@ PATHS = {
     "Node": "/api/v1/nodes",
     "Namespace": "/api/v1/namespaces",
     "ResourceQuota": "/api/v1/resourcequotas",
+    # the exporter follows its node's slices (exporter/dra/slices.py); v1beta2 (Kubernetes
+    # 1.33) has the same shape
+    "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+    "ResourceSlice.v1beta2": "/apis/resource.k8s.io/v1beta2/resourceslices",
 }
 
 
@@ -114,11 +118,17 @@ class Kube:
     KINDS = ("Node", "Namespace", "ResourceQuota", "Pod")
 
     def __init__(
-        self, api: client.ApiClient, timeouts: Timeouts = Timeouts(), page_size: int = 500
+        self,
+        api: client.ApiClient,
+        timeouts: Timeouts = Timeouts(),
+        page_size: int = 500,
+        field_selectors: dict[str, str] | None = None,
     ):
         self.api = api
         self.timeouts = timeouts
         self.page_size = page_size
+        # kind -> fieldSelector for its lists and watches (e.g. slices of one node)
+        self.field_selectors = dict(field_selectors or {})
 
     @property
     def host(self) -> str:
@@ -133,18 +143,30 @@ class Kube:
             resp.release_conn()
 
     def _get(self, kind: str, query: list[tuple[str, str]], path: str = "") -> BaseHTTPResponse:
-        method, url, headers, body, post = self.api.param_serialize(
-            "GET",
-            path or PATHS[kind],
-            query_params=query,
-            header_params={"Accept": "application/json"},
+        return self.request("GET", path or PATHS[kind], query)
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Obj | None = None,
+    ) -> BaseHTTPResponse:
+        """One raw call; the response unread (release it). Raises ApiStatusError on >= 400."""
+        method, url, headers, data, post = self.api.param_serialize(
+            method,
+            path,
+            query_params=query or [],
+            header_params={"Accept": "application/json"}
+            | ({"Content-Type": "application/json"} if body is not None else {}),
+            body=body,
             auth_settings=["BearerToken"],
         )
         resp = self.api.call_api(
             method,
             url,
             headers,
-            body,
+            data,
             post,
             _request_timeout=(self.timeouts.connect, self.timeouts.read),
         )
@@ -159,6 +181,25 @@ class Kube:
             raise ApiStatusError(resp.status, str(resp.reason), message)
         return raw
 
+    def call(
+        self,
+        method: str,
+        path: str,
+        query: list[tuple[str, str]] | None = None,
+        body: Obj | None = None,
+    ) -> Obj:
+        """One raw call, its JSON answer as a dict."""
+        resp = self.request(method, path, query, body)
+        try:
+            answer = json.loads(resp.data) if resp.data else {}
+        finally:
+            resp.release_conn()
+        return answer if isinstance(answer, dict) else {}
+
+    def _selector(self, kind: str) -> list[tuple[str, str]]:
+        selector = self.field_selectors.get(kind)
+        return [("fieldSelector", selector)] if selector else []
+
     def list(self, kind: str, keep: Callable[[Obj], bool] | None = None) -> tuple[list[Obj], str]:
         """Every object of ``kind`` (paged, one consistent snapshot) and the list's version.
 
@@ -167,7 +208,7 @@ class Kube:
         token: str | None = None
         version = ""
         while True:
-            query = [("limit", str(self.page_size))]
+            query = [("limit", str(self.page_size)), *self._selector(kind)]
             if token:
                 query.append(("continue", token))
             resp = self._get(kind, query)
@@ -200,6 +241,7 @@ class Kube:
                 ("resourceVersion", resource_version),
                 ("allowWatchBookmarks", "true"),
                 ("timeoutSeconds", str(self.timeouts.watch)),
+                *self._selector(kind),
             ],
         )
         try:

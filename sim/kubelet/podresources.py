@@ -5,6 +5,10 @@ from exporter/kubeletapi/podresources_v1.proto, so the exporter's client runs un
 against it. Tests and the demo decide which containers hold which devices (whole GPUs,
 time-sliced replicas ``UUID::N``, MIG devices) and can make the server fail or stall.
 
+DRA allocations (a container's ResourceClaims) are answered as ``dynamic_resources``, exactly
+as a kubelet with DRA does: claim name and namespace, and per device the driver, pool, device
+name and CDI device ids (:class:`ClaimAssignment`, :meth:`PodResourcesServer.assign_claim`).
+
 Run it on its own: ``python -m sim.kubelet.podresources --socket PATH --assignments FILE``
 where FILE is a JSON list of ``{"namespace", "pod", "container", "resource", "device_ids"}``.
 """
@@ -58,6 +62,41 @@ class Assignment:
             str(raw["container"]),
             str(raw["resource"]),
             tuple(ids),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAssignment:
+    """One ResourceClaim's devices as a container sees them through pod-resources.
+
+    ``devices`` are ``(driver, pool, device)`` triplets; CDI ids follow the NVIDIA driver's
+    ``k8s.gpu.nvidia.com/device=<device>`` form unless given.
+    """
+
+    namespace: str
+    pod: str
+    container: str
+    claim_name: str
+    claim_namespace: str
+    devices: tuple[tuple[str, str, str], ...]
+    cdi_devices: tuple[str, ...] = ()
+
+    def message(self) -> pb.DynamicResource:
+        return pb.DynamicResource(
+            claim_name=self.claim_name,
+            claim_namespace=self.claim_namespace,
+            claim_resources=[
+                pb.ClaimResource(
+                    cdi_devices=[
+                        pb.CDIDevice(name=n)
+                        for n in (self.cdi_devices or (f"k8s.{driver}/device={device}",))
+                    ],
+                    driver_name=driver,
+                    pool_name=pool,
+                    device_name=device,
+                )
+                for driver, pool, device in self.devices
+            ],
         )
 
 
@@ -146,6 +185,7 @@ class PodResourcesServer:
         self.socket_path = socket_path
         self._lock = threading.Lock()
         self._assignments: list[Assignment] = list(assignments)
+        self._claims: list[ClaimAssignment] = []
         self._allocatable: dict[str, list[str]] = {}
         self._fail_code: grpc.StatusCode | None = None
         self._fail_remaining = 0
@@ -165,11 +205,21 @@ class PodResourcesServer:
         with self._lock:
             self._assignments.append(Assignment(namespace, pod, container, resource, device_ids))
 
+    def assign_claim(self, claim: ClaimAssignment) -> None:
+        """A container holds a DRA claim's devices (several pods may share one claim)."""
+        with self._lock:
+            self._claims.append(claim)
+
+    def set_claims(self, claims: Iterable[ClaimAssignment]) -> None:
+        with self._lock:
+            self._claims = list(claims)
+
     def remove_pod(self, namespace: str, pod: str) -> None:
         with self._lock:
             self._assignments = [
                 a for a in self._assignments if (a.namespace, a.pod) != (namespace, pod)
             ]
+            self._claims = [c for c in self._claims if (c.namespace, c.pod) != (namespace, pod)]
 
     def set_allocatable(self, resource: str, device_ids: Sequence[str]) -> None:
         with self._lock:
@@ -204,20 +254,20 @@ class PodResourcesServer:
     def pod_resources(self) -> list[pb.PodResources]:
         with self._lock:
             assignments = list(self._assignments)
-        pods: dict[tuple[str, str], dict[str, list[pb.ContainerDevices]]] = {}
+            claims = list(self._claims)
+        pods: dict[tuple[str, str], dict[str, pb.ContainerResources]] = {}
         for a in assignments:
             containers = pods.setdefault((a.namespace, a.pod), {})
-            containers.setdefault(a.container, []).append(
+            container = containers.setdefault(a.container, pb.ContainerResources(name=a.container))
+            container.devices.append(
                 pb.ContainerDevices(resource_name=a.resource, device_ids=a.device_ids)
             )
+        for c in claims:
+            containers = pods.setdefault((c.namespace, c.pod), {})
+            container = containers.setdefault(c.container, pb.ContainerResources(name=c.container))
+            container.dynamic_resources.append(c.message())
         return [
-            pb.PodResources(
-                name=name,
-                namespace=namespace,
-                containers=[
-                    pb.ContainerResources(name=c, devices=devs) for c, devs in containers.items()
-                ],
-            )
+            pb.PodResources(name=name, namespace=namespace, containers=list(containers.values()))
             for (namespace, name), containers in pods.items()
         ]
 

@@ -69,6 +69,8 @@ const gq_profile *gq_mig_profile(const gq_gpu *g, int mig);
 
 /* Copies a string into a caller buffer the way NVML does: INSUFFICIENT_SIZE when it does
  * not fit with its terminator. */
+/* NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvml_recovery.c) */
+nvmlReturn_t gq_recovery_action_field(const gq_gpu *g, nvmlFieldValue_t *v);
 nvmlReturn_t gq_copy_str(char *out, unsigned int length, const char *value);
 
 #endif

@@ -43,7 +43,8 @@
     X(energy_base_mj) X(energy_base_ns) X(multiprocessor_count)       \
     X(bar1_total_bytes) X(bar1_used_bytes) X(temp_shutdown_celsius) X(temp_slowdown_celsius)   \
     X(temp_memory_max_celsius) X(temp_gpu_max_celsius) X(persistence_mode) X(compute_mode)     \
-    X(power_min_watts) X(brand)
+    X(power_min_watts) X(brand)                                                              \
+    X(recovery_action) /* nvmlDeviceGpuRecoveryAction_t, field 230 (nvml_recovery.c) */
 
 #define GQ_STR_FIELDS(X) X(name) X(uuid) X(serial) X(vbios_version) X(board_part_number)
 

@@ -204,6 +204,7 @@ static nvmlReturn_t gq_field(const gq_gpu *g, nvmlFieldValue_t *v) {
                                  : v->fieldId == NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL ? 2
                                                                                               : 3);
         break;
+    case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: return gq_recovery_action_field(g, v);
     default: return NVML_ERROR_NOT_SUPPORTED;
     }
     if (r == NVML_SUCCESS) v->value.ullVal = ull;

@@ -154,6 +154,23 @@ def test_overlays_build_and_change_what_they_say() -> None:
 
     build_parser().parse_args(pod["containers"][0]["args"])
 
+    dra = kustomize(DEPLOY / "overlays" / "dra")
+    pod = find(dra, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
+    assert {"--dra=on", "--dra-device-taints"} <= set(pod["containers"][0]["args"])
+    assert pod["automountServiceAccountToken"] is True
+    build_parser().parse_args(pod["containers"][0]["args"])
+    # the verbs of the calls exporter/dra/ makes, nothing more (tests/health/test_dra_taints.py
+    # checks the calls against the API server stand-in)
+    assert find(dra, "ClusterRole", "gpu-exporter-dra")["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"],
+         "verbs": ["list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"],
+         "verbs": ["list", "create", "update", "delete"]},
+    ]  # fmt: skip
+    binding = find(dra, "ClusterRoleBinding", "gpu-exporter-dra")
+    assert binding["subjects"][0]["name"] == "gpu-exporter"
+
     operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")
     kinds = [d["kind"] for d in operator]
     assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
@@ -162,7 +179,8 @@ def test_overlays_build_and_change_what_they_say() -> None:
 
 @needs_kubectl
 @pytest.mark.parametrize(
-    "folder", ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin"]
+    "folder",
+    ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin", "overlays/dra"],
 )
 def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
     """Strict schema validation (unknown fields fail) of every built-in object."""
@@ -246,7 +264,8 @@ def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]
 
 @needs_kubectl
 @pytest.mark.parametrize(
-    "folder", ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin"]
+    "folder",
+    ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin", "overlays/dra"],
 )
 def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
     from exporter.cli import build_parser as exporter_parser

@@ -3,43 +3,17 @@ GPUs to pods through the kubelet stand-in over its unix socket."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from sim.harness import stop_process, wait_for
+from sim.harness import wait_for
 from sim.kubelet.podresources import PodResourcesServer, node_assignments
 from sim.nvml.control import SimNode
-
-EXPORTER = Path(sys.executable).with_name("gpu-exporter")
-POD_INFO = re.compile(r"^gpu_pod_info\{([^}]*)\} 1$", re.M)
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
-def attribution_up(port: int) -> str | None:
-    match = re.search(r"^gpuquota_exporter_pod_resources_up (\S+)$", scrape(port), re.M)
-    return match.group(1) if match else None
-
-
-def pod_info(port: int) -> set[tuple[str, str, str]]:
-    """(uuid, namespace, pod) of every gpu_pod_info series."""
-    body = scrape(port)
-    found = set()
-    for labels in POD_INFO.findall(body):
-        pairs = dict(re.findall(r'(\w+)="([^"]*)"', labels))
-        found.add((pairs["uuid"], pairs["namespace"], pairs["pod"]))
-    return found
+from tests.kubelet.exporter_proc import Exporter, attribution_up, pod_info, scrape
 
 
 @pytest.fixture
@@ -47,44 +21,6 @@ def node(socket_path: Path) -> Iterator[SimNode]:
     # the state file lives beside the socket, in the fixture's short-lived /tmp folder
     with SimNode.create(socket_path.parent / "nvml.state", "h100x8") as sim:
         yield sim
-
-
-class Exporter:
-    def __init__(self, node: SimNode, socket_path: Path) -> None:
-        self.log = (socket_path.parent / "exporter.log").open("w+")
-        self.proc = subprocess.Popen(
-            [
-                str(EXPORTER),
-                "--listen=127.0.0.1:0",
-                "--interval=100ms",
-                f"--pod-resources-socket={socket_path}",
-                "--pod-resources-interval=100ms",
-            ],
-            env={**os.environ, **node.env()},
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.port = self._bound_port()
-
-    def _bound_port(self) -> int:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            match = re.search(r"serving http://[^ ]*:(\d+)/metrics", self.output())
-            if match:
-                return int(match.group(1))
-            if self.proc.poll() is not None:
-                raise AssertionError(f"gpu-exporter exited: {self.output()}")
-            time.sleep(0.05)
-        raise AssertionError(f"gpu-exporter did not start: {self.output()}")
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        stop_process(self.proc)
-        self.log.close()
 
 
 def test_exporter_attributes_time_sliced_and_whole_gpus(node: SimNode, socket_path: Path) -> None:

@@ -13,17 +13,9 @@ from kubernetes.client.rest import ApiException
 
 from sim.apiserver import Driver, merge_patch
 from sim.workload import generate
+from tests.sim_cluster.watching import watch_lines
 
 WL = generate(5, 1.0)
-
-
-def watch_lines(resp):
-    buf = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
-        buf += chunk
-        while b"\n" in buf:
-            line, buf = buf.split(b"\n", 1)
-            yield json.loads(line)
 
 
 def test_list_pages_are_one_consistent_snapshot(apiserver, kube):

@@ -1,0 +1,1 @@
+"""Dynamic Resource Allocation on the node: ResourceSlices, claim attribution, DeviceTaintRules."""

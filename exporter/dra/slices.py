@@ -1,0 +1,330 @@
+"""This node's ResourceSlices: which GPU or MIG UUID each DRA ``(driver, pool, device)`` is.
+
+A DRA driver (NVIDIA's ``gpu.nvidia.com``) describes every device it can hand out in
+resource.k8s.io ResourceSlices, with the device's UUID among its attributes. The kubelet's
+pod-resources API only names ``(driver, pool, device)``, so the exporter keeps the node's
+slices in a :class:`SliceIndex` to turn those names into the UUIDs its snapshots are keyed by.
+
+:class:`SliceIndex` is pure (no I/O): it takes whole lists and watch events. Only the newest
+generation of each pool counts, as in the scheduler: slices of an older generation are
+leftovers of a driver that is republishing. A device without a string ``uuid`` attribute is a
+bad object: logged once, counted, left out, except a MIG partition with ``parentUUID`` and
+``profile`` (the driver's dynamic MIG mode creates it on allocation, so its UUID is not known
+in advance: see exporter/dra/attribution.py). :class:`SliceWatcher` feeds the index from the API
+server with the controller's list+watch loop (quota/controller/watch.py: relist on 410 Gone,
+restart on a silent connection, back-off), field-selected to this node
+(``spec.nodeName=<node>``). Without RBAC access (403) or on a cluster that does not serve
+resource.k8s.io/v1 (404) it says so once, keeps trying quietly every few minutes, and the
+exporter keeps its device-plugin attribution.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+DEFAULT_DRIVERS = frozenset({"gpu.nvidia.com"})
+KIND = "ResourceSlice"
+# quota/controller/kube.py's names for the slice API, newest first (same object shape)
+KINDS = (KIND, "ResourceSlice.v1beta2")
+
+
+@dataclass(frozen=True, slots=True)
+class DraDevice:
+    """One device a slice lists, with what the exporter needs from its attributes."""
+
+    driver: str
+    pool: str
+    name: str
+    uuid: str  # "" for a MIG partition created on allocation (see partition_key)
+    type: str = ""  # NVIDIA's driver: "gpu" or "mig"
+    parent_uuid: str | None = None  # MIG devices
+    profile: str | None = None  # MIG devices, e.g. "1g.10gb"
+    product_name: str | None = None
+    slice_name: str = ""
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.driver, self.pool, self.name)
+
+
+def _attribute(attrs: Any, driver: str, name: str) -> str | None:
+    """A string attribute by its short or driver-qualified name (``uuid``, ``<driver>/uuid``)."""
+    if not isinstance(attrs, dict):
+        return None
+    value = attrs.get(name, attrs.get(f"{driver}/{name}"))
+    if isinstance(value, dict):
+        text = value.get("string")
+        return text if isinstance(text, str) and text else None
+    return None
+
+
+def slice_devices(obj: Obj, drivers: frozenset[str]) -> tuple[list[DraDevice], list[str]]:
+    """The GPU devices of one slice object, and a message for each device left out."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    name = str(meta.get("name", "?"))
+    driver = spec.get("driver")
+    if driver not in drivers:
+        return [], []  # another driver's devices (NICs, FPGAs...): not ours to resolve
+    pool = (spec.get("pool") or {}).get("name")
+    if not isinstance(pool, str) or not pool:
+        return [], [f"ResourceSlice {name}: no spec.pool.name; its devices are ignored"]
+    found: list[DraDevice] = []
+    problems: list[str] = []
+    for device in spec.get("devices") or []:
+        if not isinstance(device, dict) or not isinstance(device.get("name"), str):
+            problems.append(f"ResourceSlice {name}: a device without a name is ignored")
+            continue
+        attrs = device.get("attributes")
+        uuid = _attribute(attrs, driver, "uuid")
+        parent = _attribute(attrs, driver, "parentUUID")
+        profile = _attribute(attrs, driver, "profile")
+        if uuid is None and parent and profile:
+            uuid = ""  # a MIG partition the driver creates on allocation: no UUID before
+        if uuid is None:
+            problems.append(
+                f"ResourceSlice {name}: device {device['name']} has no string 'uuid' "
+                "attribute; pods holding it cannot be attributed"
+            )
+            continue
+        found.append(
+            DraDevice(
+                driver=driver,
+                pool=pool,
+                name=device["name"],
+                uuid=uuid,
+                type=_attribute(attrs, driver, "type") or "",
+                parent_uuid=parent,
+                profile=profile,
+                product_name=_attribute(attrs, driver, "productName"),
+                slice_name=name,
+            )
+        )
+    return found, problems
+
+
+def _generation(obj: Obj) -> int:
+    gen = ((obj.get("spec") or {}).get("pool") or {}).get("generation", 0)
+    return gen if isinstance(gen, int) else 0
+
+
+class SliceIndex:
+    """The node's slices by name, and the (driver, pool, device) -> device lookup over them."""
+
+    def __init__(
+        self,
+        drivers: Iterable[str] = DEFAULT_DRIVERS,
+        on_problem: Callable[[str, str], None] | None = None,
+    ) -> None:
+        self.drivers = frozenset(drivers)
+        self.on_problem = on_problem or (lambda _reason, _message: None)
+        self._lock = threading.Lock()
+        self._slices: dict[str, Obj] = {}
+        self._lookup: dict[tuple[str, str, str], DraDevice] = {}
+        self._reported: set[str] = set()  # problems already logged (once each)
+        self.synced = False
+
+    def replace_all(self, items: Iterable[Obj]) -> None:
+        """A full list: the slices are exactly these now."""
+        with self._lock:
+            self._slices = {str((o.get("metadata") or {}).get("name")): o for o in items}
+            self._rebuild()
+            self.synced = True
+
+    def apply(self, event_type: str, obj: Obj) -> None:
+        """One watch event (ADDED, MODIFIED, DELETED; BOOKMARK is ignored)."""
+        name = str((obj.get("metadata") or {}).get("name"))
+        with self._lock:
+            if event_type == "DELETED":
+                gone = self._slices.pop(name, None)
+                if gone is not None and (gone.get("spec") or {}).get("driver") in self.drivers:
+                    count = len((gone.get("spec") or {}).get("devices") or [])
+                    log.info(
+                        "ResourceSlice %s deleted: its %d device(s) no longer resolve", name, count
+                    )
+            elif event_type in ("ADDED", "MODIFIED"):
+                self._slices[name] = obj
+            else:
+                return
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        newest: dict[tuple[str, str], int] = {}
+        for obj in self._slices.values():
+            spec = obj.get("spec") or {}
+            pool_key = (str(spec.get("driver")), str((spec.get("pool") or {}).get("name")))
+            newest[pool_key] = max(newest.get(pool_key, 0), _generation(obj))
+        lookup: dict[tuple[str, str, str], DraDevice] = {}
+        problems: list[str] = []
+        for obj in self._slices.values():
+            spec = obj.get("spec") or {}
+            pool_key = (str(spec.get("driver")), str((spec.get("pool") or {}).get("name")))
+            if _generation(obj) < newest[pool_key]:
+                continue
+            devices, bad = slice_devices(obj, self.drivers)
+            problems.extend(bad)
+            for device in devices:
+                lookup[device.key] = device
+        self._lookup = lookup
+        for message in problems:
+            if message not in self._reported:
+                self._reported.add(message)
+                log.warning("%s", message)
+                self.on_problem("bad_slice", message)
+
+    def lookup(self, driver: str, pool: str, device: str) -> DraDevice | None:
+        with self._lock:
+            return self._lookup.get((driver, pool, device))
+
+    def devices(self) -> list[DraDevice]:
+        with self._lock:
+            return sorted(self._lookup.values(), key=lambda d: d.key)
+
+
+class SliceWatcher:
+    """Keeps a :class:`SliceIndex` in step with this node's ResourceSlices, in the background.
+
+    ``kube`` is a quota.controller.kube.Kube whose field selector for ResourceSlice names this
+    node; the list+watch itself is the controller's WatchLoop.
+    """
+
+    def __init__(
+        self,
+        kube: Any,
+        index: SliceIndex,
+        node_name: str,
+        retry_s: float = 300.0,
+        asked_for: bool = True,
+        transient_retry_s: float = 5.0,
+    ) -> None:
+        self.kube = kube
+        # asked for (--dra on): a missing grant is a warning; auto: only information
+        self.asked_for = asked_for
+        self.index = index
+        self.node_name = node_name
+        self.retry_s = retry_s  # after a 401/403/404: no grant or no API, rarely fixed soon
+        self.transient_retry_s = transient_retry_s  # after an unreachable API server
+        self.available: bool | None = None  # None: not known yet; False: no access / API
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: Any = None
+        self._failing = False
+        self.kind = KIND
+
+    @property
+    def up(self) -> bool:
+        """True while the slices are listed and the watch on them works."""
+        loop = self._loop
+        # between the first list and the watch loop's own first list, the list counts
+        return bool(self.available and (loop is None or not loop.synced.is_set() or loop.healthy))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _probe(self) -> bool:
+        """One list: True when the slices can be read; says once why not."""
+        from urllib3.exceptions import HTTPError
+
+        from quota.controller.kube import ApiStatusError
+
+        try:
+            items = self._list_newest()
+        except ApiStatusError as exc:
+            if exc.status in (401, 403, 404):
+                if self.available is not False:
+                    why = (
+                        "the API server serves no resource.k8s.io ResourceSlices (v1, v1beta2)"
+                        if exc.status == 404
+                        else "no RBAC access to list resource.k8s.io resourceslices "
+                        "(deploy/overlays/dra grants it)"
+                    )
+                    (log.warning if self.asked_for else log.info)(
+                        "DRA attribution is off: %s (%s); device-plugin attribution continues, "
+                        "checking again every %.0fs",
+                        why,
+                        exc,
+                        self.retry_s,
+                    )
+                self.available = False
+                return False
+            raise
+        except (HTTPError, OSError) as exc:
+            self._transient(exc)
+            return False
+        self.index.replace_all(items)
+        self._failing = False
+        if self.available is False:
+            log.info("ResourceSlices are readable now: DRA attribution on")
+        self.available = True
+        return True
+
+    def _list_newest(self) -> list[Obj]:
+        """List through the newest slice API served; sets ``self.kind``."""
+        from quota.controller.kube import ApiStatusError
+
+        for kind in KINDS:
+            try:
+                items, _ = self.kube.list(kind)
+            except ApiStatusError as exc:
+                if exc.status == 404 and kind != KINDS[-1]:
+                    continue  # an older cluster: try the older version
+                raise
+            if kind != self.kind:
+                log.info("following ResourceSlices through %s", kind)
+            self.kind = kind
+            return list(items)
+        raise AssertionError("unreachable")
+
+    def _transient(self, exc: Exception) -> None:
+        """An API server that cannot be reached (yet): said once per streak, then retried."""
+        (log.debug if self._failing else log.warning)(
+            "cannot list ResourceSlices yet (%s); retrying every few seconds", exc
+        )
+        self._failing = True
+
+    def _run(self) -> None:
+        from quota.controller.metrics import ControllerMetrics
+        from quota.controller.watch import Message, WatchLoop
+
+        while not self._stop.is_set():
+            try:
+                if self._probe():
+                    break
+            except Exception as exc:  # an unexpected answer: keep the exporter running
+                self._transient(exc)
+            wait = self.retry_s if self.available is False else self.transient_retry_s
+            if self._stop.wait(wait):
+                return
+        log.info(
+            "following the ResourceSlices of node %s: %d GPU device(s) from %s",
+            self.node_name,
+            len(self.index.devices()),
+            ", ".join(sorted(self.index.drivers)),
+        )
+        out: queue.Queue[Message] = queue.Queue(maxsize=1000)
+        self._loop = WatchLoop(self.kind, self.kube, out, ControllerMetrics(), self._stop)
+        self._loop.start()
+        while not self._stop.is_set():
+            try:
+                msg = out.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if msg.op == "resync" and msg.items is not None:
+                self.index.replace_all(msg.items)
+            elif msg.op == "event" and msg.obj is not None:
+                self.index.apply(msg.event_type, msg.obj)
+        self._loop.join(timeout=1)  # a daemon thread: never hold the exporter's shutdown

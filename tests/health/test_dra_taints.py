@@ -1,0 +1,237 @@
+"""The health verdict as DeviceTaintRules, through the API server stand-in and the real client."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from exporter.dra.slices import SliceIndex
+from exporter.dra.taints import (
+    MANAGED_BY,
+    MANAGER,
+    NODE_LABEL,
+    DeviceTaintPublisher,
+    rule_name,
+    wanted_rules,
+)
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import Action, State
+from exporter.nodestatus.status import TAINT_KEY
+from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot
+from quota.controller.kube import Kube, load
+from sim.apiserver import ApiServer
+from sim.harness import poll, wait_for
+from sim.nvml import spec
+from sim.nvml.control import SimNode
+from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
+from tests.kubelet.exporter_proc import Exporter, scrape
+
+MIXED = spec.load("mixed")  # 2 x H100, an A100 with 3 MIG devices, an L4
+NAMES = device_uuids(MIXED)
+A100 = MIXED.gpus[2]
+
+
+def snapshot() -> NodeSnapshot:
+    devices = []
+    for g in MIXED.gpus:
+        devices.append(DeviceSnapshot(index=g.index, uuid=g.uuid, minor_number=g.index))
+        devices.extend(
+            DeviceSnapshot(
+                index=m.gpu_instance_id,
+                uuid=m.uuid,
+                mig=MigInfo(g.uuid, g.index, m.gpu_instance_id, 0, m.profile.name),
+            )
+            for m in g.mig
+        )
+    return NodeSnapshot("node-a", "550", "12.550", 12040, tuple(devices), 0.0, 0.01)
+
+
+def index() -> SliceIndex:
+    idx = SliceIndex()
+    idx.replace_all(resource_slices(MIXED, "node-a"))
+    return idx
+
+
+def test_wanted_rules_select_each_unhealthy_dra_device() -> None:
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    healthy = t.observe_snapshot(snapshot(), now=0)
+    devices = index().devices()
+    assert wanted_rules(healthy, devices, "node-a") == {}
+    t.observe_xid(MIXED.gpus[3].uuid, 13, at=1)  # degraded only: schedulable, no rule
+    sick = t.observe_xid(MIXED.gpus[0].uuid, 79, at=2)
+    rules = wanted_rules(sick, devices, "node-a")
+    assert list(rules) == [rule_name("node-a", "gpu-0")] == ["gpuquota-node-a-gpu-0"]
+    rule = rules["gpuquota-node-a-gpu-0"]
+    assert rule["spec"] == {
+        "deviceSelector": {"driver": DRIVER, "pool": "node-a", "device": "gpu-0"},
+        "taint": {"key": TAINT_KEY, "value": "reboot_node", "effect": "NoSchedule"},
+    }
+    assert rule["metadata"]["labels"] == {MANAGED_BY: MANAGER, NODE_LABEL: "node-a"}
+    assert rule["metadata"]["annotations"]["gpuquota.io/reasons"] == "xid_79"
+    # an XID on a MIG-partitioned GPU fences every MIG device it holds
+    sick = t.observe_xid(A100.uuid, 48, at=3)
+    rules = wanted_rules(sick, devices, "node-a", effect="NoExecute")
+    mig_rules = [r for r in rules.values() if "-mig-" in r["spec"]["deviceSelector"]["device"]]
+    assert len(mig_rules) == len(A100.mig) == 3
+    assert {r["spec"]["taint"]["effect"] for r in rules.values()} == {"NoExecute"}
+    with pytest.raises(ValueError, match="PreferNoSchedule"):
+        wanted_rules(sick, devices, "node-a", effect="PreferNoSchedule")
+    assert len(rule_name("n" * 250, "gpu-0")) == 253
+
+
+def _rules(api: ApiServer) -> dict[str, dict]:
+    with api.state.lock:
+        return dict(((n, o) for (_, n), o in api.state.objects["devicetaintrules"].items()))
+
+
+def _annotation(api: ApiServer, key: str) -> str | None:
+    rule = _rules(api).get("gpuquota-node-a-gpu-0")
+    return None if rule is None else rule["metadata"]["annotations"].get(key)
+
+
+FOREIGN = {
+    "apiVersion": "resource.k8s.io/v1",
+    "kind": "DeviceTaintRule",
+    "metadata": {"name": "gpuquota-node-a-gpu-0"},  # our name, not ours: never touched
+    "spec": {
+        "deviceSelector": {"driver": DRIVER, "pool": "node-a", "device": "gpu-0"},
+        "taint": {"key": "admin.example.com/maintenance", "effect": "NoSchedule"},
+    },
+}
+
+
+def test_publisher_creates_updates_and_removes_only_its_own_rules(tmp_path: Path) -> None:
+    # a cluster serving DeviceTaintRules only as v1alpha3 (the gate on a 1.34/1.35 cluster)
+    with ApiServer(device_taint_rule_versions=("v1alpha3",)) as api:
+        leftover = wanted_rules(_sick_gpu1(), index().devices(), "node-a")
+        for body in leftover.values():  # an earlier run's rule whose device recovered since
+            api.apply("ADDED", {"apiVersion": "resource.k8s.io/v1", **body})
+        other_node = {**FOREIGN, "metadata": {"name": "x", "labels": {MANAGED_BY: MANAGER,
+                      NODE_LABEL: "node-b"}}}  # fmt: skip
+        api.apply("ADDED", other_node)
+        api.apply("ADDED", {**FOREIGN, "metadata": {"name": "admin-rule"}})
+        kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
+        publisher = DeviceTaintPublisher(kube, index(), "node-a", max_backoff_s=0.2)
+        publisher.start()
+        try:
+            t = HealthTracker(parse_config(None, quiet_period_s=10))
+            healthy = t.observe_snapshot(snapshot(), now=0)
+            publisher(healthy, healthy)
+            assert poll(lambda: set(_rules(api)) == {"x", "admin-rule"})  # leftover cleaned
+            assert publisher.version == "v1alpha3"
+
+            sick = t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
+            publisher(healthy, sick)
+            assert poll(lambda: "gpuquota-node-a-gpu-0" in _rules(api))
+            rule = _rules(api)["gpuquota-node-a-gpu-0"]
+            assert rule["spec"]["deviceSelector"]["device"] == "gpu-0"
+            assert rule["spec"]["taint"]["effect"] == "NoSchedule"
+
+            # the API server goes away; recovery is applied once it is back
+            api.refuse_for(0.5)
+            publisher(sick, t.expire(100))
+            assert poll(lambda: set(_rules(api)) == {"x", "admin-rule"})
+            assert publisher.errors_total >= 1
+        finally:
+            publisher.stop()
+
+
+def test_the_drivers_recovery_action_holds_the_verdict_until_it_reads_none() -> None:
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    base = snapshot()
+    h = t.observe_snapshot(base, now=0)
+    t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
+    asking = replace(base, devices=(replace(base.devices[0], recovery_action=2), *base.devices[1:]))
+    h = t.observe_snapshot(asking, now=2)
+    h = t.observe_snapshot(asking, now=100)  # the XID expired; the driver still asks
+    gpu0 = h.get(MIXED.gpus[0].uuid)
+    assert gpu0 is not None and gpu0.state is State.UNHEALTHY
+    assert [r.code for r in gpu0.reasons] == ["recovery_reboot"]
+    assert gpu0.action is Action.REBOOT_NODE
+    drain = replace(base, devices=(replace(base.devices[0], recovery_action=3), *base.devices[1:]))
+    gpu0 = t.observe_snapshot(drain, now=101).get(MIXED.gpus[0].uuid)
+    assert gpu0 is not None and [r.code for r in gpu0.reasons] == ["recovery_drain"]
+    gpu0 = t.observe_snapshot(base, now=102).get(MIXED.gpus[0].uuid)
+    assert gpu0 is not None and gpu0.state is State.HEALTHY
+
+
+def _sick_gpu1():
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t.observe_snapshot(snapshot(), now=0)
+    return t.observe_xid(MIXED.gpus[1].uuid, 79, at=0)
+
+
+def test_a_foreign_rule_with_our_name_is_left_alone(tmp_path: Path, caplog) -> None:
+    with ApiServer() as api:
+        api.apply("ADDED", FOREIGN)
+        kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
+        publisher = DeviceTaintPublisher(kube, index(), "node-a")
+        t = HealthTracker(parse_config(None, quiet_period_s=10))
+        t.observe_snapshot(snapshot(), now=0)
+        sick = t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
+        publisher.reconcile(wanted_rules(sick, index().devices(), "node-a"))
+        publisher.reconcile(wanted_rules(t.expire(100), index().devices(), "node-a"))
+        assert _rules(api)["gpuquota-node-a-gpu-0"]["spec"] == FOREIGN["spec"]
+        assert caplog.text.count("is not ours") == 1
+
+
+def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path) -> None:
+    # no kubelet here: the health verdict alone drives the rules
+    socket_path = Path(tempfile.mkdtemp(prefix="dtr-", dir="/tmp")) / "kubelet.sock"
+    with (
+        SimNode.create(socket_path.parent / "nvml.state", "mixed") as node,
+        ApiServer(bookmark_interval=0.2) as api,
+    ):
+        for obj in resource_slices(MIXED, "node-a"):
+            api.apply("ADDED", obj)
+        exporter = Exporter(
+            node,
+            socket_path,
+            "--dra-device-taints",
+            "--dra-taint-effect=NoExecute",
+            "--node-name=node-a",
+            "--health-quiet-period=2s",
+            f"--kubeconfig={api.write_kubeconfig(tmp_path / 'kubeconfig')}",
+        )
+        try:
+            wait_for(lambda: api.requests.get("GET devicetaintrules", 0) >= 1)
+            assert _rules(api) == {}
+            node.inject_xid(0, 79)
+            node.set(0, recovery_action=2)  # the driver asks for a node reboot (field 230)
+            wait_for(lambda: "gpuquota-node-a-gpu-0" in _rules(api))
+            rule = _rules(api)["gpuquota-node-a-gpu-0"]
+            added = rule["spec"]["taint"].pop("timeAdded")  # set by the API server
+            assert rule["spec"]["taint"] == {
+                "key": TAINT_KEY,
+                "value": "reboot_node",
+                "effect": "NoExecute",
+            }
+            assert rule["metadata"]["annotations"]["gpuquota.io/device-uuid"] == node.uuid(0)
+            wait_for(lambda: "gpuquota_exporter_dra_taint_rules 1" in scrape(exporter.port))
+            # the XID's quiet period ends, but the driver still asks for a reboot: kept
+            wait_for(
+                lambda: _annotation(api, "gpuquota.io/reasons") == "recovery_reboot", timeout=15
+            )
+            # updated in place: the taint keeps the time it was added
+            assert _rules(api)["gpuquota-node-a-gpu-0"]["spec"]["taint"]["timeAdded"] == added
+            node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
+            wait_for(lambda: _rules(api) == {}, timeout=15)
+            wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))
+            assert "gpuquota_exporter_dra_taint_errors_total 0" in scrape(exporter.port)
+            wait_for(lambda: "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" in exporter.output())
+            # every call maps onto a verb deploy/overlays/dra grants (list/watch are GETs)
+            assert set(api.requests) == {
+                "GET resourceslices",
+                "GET devicetaintrules",
+                "POST devicetaintrules",
+                "PUT devicetaintrules",
+                "DELETE devicetaintrules",
+            }
+        finally:
+            exporter.stop()
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
