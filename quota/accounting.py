@@ -716,6 +716,10 @@ class QuotaFacts:
 
 def quota_gpu_resource(key: str, config: AccountingConfig = DEFAULT_CONFIG) -> bool:
     """Whether a ResourceQuota key (requests.nvidia.com/gpu, limits.amd.com/gpu, ...) is a GPU."""
+    from quota.dra import device_class_quota  # DRA: <class>.deviceclass.resource.k8s.io/devices
+
+    if device_class_quota(key) is not None:
+        return True
     for prefix in ("requests.", "limits."):
         if key.startswith(prefix):
             return config.is_gpu(key[len(prefix) :])

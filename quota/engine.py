@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from quota import accounting as acc
+from quota import claimtracker, dra
 from quota.store.db import (
     AllocationRow,
     Batch,
@@ -31,7 +32,7 @@ from quota.store.db import (
 log = logging.getLogger(__name__)
 
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
-KINDS = frozenset({"Pod", "Node", "Namespace", "ResourceQuota"})
+KINDS = frozenset({"Pod", "Node", "Namespace", "ResourceQuota"}) | claimtracker.KINDS
 DEFAULT_RETENTION_SECONDS = 3600
 
 
@@ -129,6 +130,7 @@ class Accountant:
         self._pending_samples: dict[tuple[str, str, str, int], QuotaSampleRow] = {}
         self._pending_heartbeat: HeartbeatRow | None = None
         self.stats: dict[str, int] = {"events": 0, "flushes": 0, "rows_written": 0, "estimated": 0}
+        self.claims = claimtracker.ClaimTracker(config, node_facts=self._node_facts)
         self._load()
 
     # ------------------------------------------------------------------------------- restart
@@ -168,6 +170,7 @@ class Accountant:
                 mig_profile=row.mig_profile,
             )
             pod.written[row.resource_name] = row
+        self.claims.load(state.claim_allocations)
         for cap in state.node_capacity:
             self._capacity.setdefault(cap.node, {})[cap.resource_name] = _Interval(
                 cap.started_at, _capacity_value(cap)
@@ -209,7 +212,11 @@ class Accountant:
             return
         deleted = event_type == "DELETED"
         if kind == "Pod":
-            self._apply_pod(acc.pod_facts(obj, self.config), deleted, observed_at)
+            facts = acc.pod_facts(obj, self.config)
+            uses_claims = self.claims.pod_claims(obj)
+            self._apply_pod(facts, deleted, observed_at, uses_claims)
+        elif kind in claimtracker.KINDS:
+            self.claims.apply(kind, obj, deleted, observed_at)
         elif kind == "Node":
             self._apply_node(acc.node_gpus(obj, self.config), deleted, observed_at)
         elif kind == "Namespace":
@@ -235,7 +242,11 @@ class Accountant:
             self.apply("MODIFIED", obj, observed_at)
         names = {_identity(kind, obj) for obj in objects}
         hb = self._heartbeat_at or 0
+        if kind in claimtracker.KINDS:
+            self.claims.resync(kind, names)  # the objects were applied above
+            return
         if kind == "Pod":
+            self.claims.resync_pods(names, set(self._pods), hb)
             for uid, pod in self._pods.items():
                 if not pod.gone and uid not in names:
                     pod.gone = True
@@ -274,9 +285,11 @@ class Accountant:
 
     # ------------------------------------------------------------------------------------ pods
 
-    def _apply_pod(self, facts: acc.PodFacts, deleted: bool, observed_at: int) -> None:
-        if not facts.request.units:
-            return  # not a GPU pod (requests are immutable)
+    def _apply_pod(
+        self, facts: acc.PodFacts, deleted: bool, observed_at: int, uses_claims: bool = False
+    ) -> None:
+        if not facts.request.units and not uses_claims:
+            return  # not a GPU pod (requests are immutable) and no DRA claims
         if facts.uid in self._forgotten:
             return  # a late event of a pod already closed, written and dropped from memory
         pod = self._pods.get(facts.uid)
@@ -612,6 +625,7 @@ class Accountant:
             "nodes": len(self._nodes),
             "namespaces": len(self._namespaces),
             "resourcequotas": len(self._quotas),
+            **self.claims.tracked(),
         }
 
     def pending(self) -> int:
@@ -620,12 +634,26 @@ class Accountant:
 
     # ---------------------------------------------------------------------------------- writes
 
+    def _node_facts(self, name: str) -> acc.NodeGpus | None:
+        node = self._nodes.get(name)
+        return node.gpus if node is not None else None
+
+    def _claim_pod_interval(self, pod: _Pod) -> None:
+        """Tell the claim tracker a claim-using pod's billing interval (the pod rules')."""
+        if not self.claims.uses_claims(pod.uid):
+            return
+        end = acc.billing_end(pod.started_at, pod.evidence) if pod.started_at is not None else None
+        self.claims.pod_interval(
+            pod.uid, pod.name, (pod.owner_kind, pod.owner_name), pod.started_at, end, pod.last_seen
+        )
+
     def _batch(self) -> Batch:
         allocations = []
         for uid in sorted(self._dirty_pods):
             pod = self._pods.get(uid)
             if pod is None:
                 continue
+            self._claim_pod_interval(pod)
             for row in self._pod_rows(pod):
                 if pod.written.get(row.resource_name) != row:
                     allocations.append(row)
@@ -636,6 +664,7 @@ class Accountant:
             quota_samples=list(self._pending_samples.values()),
             heartbeat=self._pending_heartbeat,
             observed_at=self._now,
+            claim_allocations=self.claims.pending_rows(),
         )
 
     def flush(self) -> int:
@@ -651,6 +680,7 @@ class Accountant:
             self._pods[row.pod_uid].written[row.resource_name] = row
             if row.estimated:
                 self.stats["estimated"] += 1
+        self.claims.written(batch.claim_allocations)
         self._dirty_pods.clear()
         self._pending_capacity.clear()
         self._pending_labels.clear()
@@ -675,6 +705,15 @@ class Accountant:
         for uid, at in list(self._forgotten.items()):
             if at < horizon - self.retention_seconds:
                 del self._forgotten[uid]
+        self.claims.prune(horizon)
+
+
+def check_dra(kind: str, obj: Mapping[str, Any]) -> None:
+    """Validate a DRA object with the rules the claim tracker applies (for replay's check)."""
+    if kind == "ResourceClaim":
+        dra.claim_facts(obj)
+    elif kind == "ResourceSlice":
+        dra.slice_devices(obj)
 
 
 def _capacity_value(row: NodeCapacityRow) -> tuple[Any, ...]:
@@ -690,7 +729,7 @@ def _capacity_value(row: NodeCapacityRow) -> tuple[Any, ...]:
 
 def _identity(kind: str, obj: Mapping[str, Any]) -> Any:
     meta = obj.get("metadata") or {}
-    if kind == "Pod":
+    if kind in ("Pod", "ResourceClaim"):
         return meta.get("uid")
     if kind == "ResourceQuota":
         return (meta.get("namespace") or "default", meta.get("name"))

@@ -40,7 +40,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from quota import accounting as acc
-from quota.engine import KINDS, Accountant
+from quota.engine import KINDS, Accountant, check_dra
 from quota.options import (
     add_cluster_option,
     add_db_option,
@@ -221,8 +221,10 @@ def check(event: Event, name: str, config: acc.AccountingConfig) -> str | None:
             acc.node_gpus(event.obj, config)
         elif kind == "Namespace":
             acc.namespace_labels(event.obj)
-        else:
+        elif kind == "ResourceQuota":
             acc.quota_facts(event.obj, config)
+        else:
+            check_dra(kind, event.obj)
     except acc.AccountingError as exc:
         raise ReplayError(f"{where}: {kind}: {exc}") from None
     return kind

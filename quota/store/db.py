@@ -40,6 +40,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 from quota.accounting import END_REASON_PRECEDENCE
 from quota.store.models import (
     Allocation,
+    ClaimAllocation,
     Cluster,
     Heartbeat,
     NamespaceLabels,
@@ -94,6 +95,35 @@ class AllocationRow:
 
 
 @dataclass(frozen=True)
+class ClaimAllocationRow:
+    """A DRA claim's GPUs of one device class, charged through one pod (see ClaimAllocation)."""
+
+    claim_uid: str
+    pod_uid: str
+    resource_name: str  # the device class
+    namespace: str
+    claim_name: str
+    pod_name: str
+    owner_kind: str | None
+    owner_name: str | None
+    node: str | None
+    node_pool: str | None
+    gpu_model: str | None
+    raw_units: int
+    physical_gpus: float
+    sharing_strategy: str | None
+    mig_profile: str | None
+    share_estimated: bool
+    pod_started_at: int
+    pod_ended_at: int | None
+    started_at: int
+    ended_at: int | None
+    end_reason: str | None
+    estimated: bool
+    updated_at: int
+
+
+@dataclass(frozen=True)
 class NodeCapacityRow:
     node: str
     resource_name: str
@@ -143,10 +173,12 @@ class Batch:
     quota_samples: list[QuotaSampleRow] = field(default_factory=list)
     heartbeat: HeartbeatRow | None = None
     observed_at: int = 0  # the latest observation in the batch (first sight of the cluster)
+    claim_allocations: list[ClaimAllocationRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
             len(self.allocations)
+            + len(self.claim_allocations)
             + len(self.node_capacity)
             + len(self.namespace_labels)
             + len(self.quota_samples)
@@ -163,6 +195,8 @@ class StoredState:
     namespace_labels: list[NamespaceLabelsRow]
     quota_samples: list[QuotaSampleRow]
     heartbeat: HeartbeatRow | None
+    # every row of each claim that still has a pod inside its billing interval
+    claim_allocations: list[ClaimAllocationRow] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,6 +442,8 @@ class Store:
         )
         if batch.allocations:
             conn.execute(self._allocation_upsert(), _rows(cluster, batch.allocations))
+        if batch.claim_allocations:
+            conn.execute(self._claim_upsert(), _rows(cluster, batch.claim_allocations))
         if batch.node_capacity:
             t = NodeCapacity.__table__
             stmt = self._insert(t)
@@ -517,6 +553,29 @@ class Store:
             index_elements=["cluster", "pod_uid", "resource_name"], set_=set_
         )
 
+    def _claim_upsert(self) -> Any:
+        """Claim rows are recomputed whole from the pods' intervals (quota/dra.py
+        charged_pieces): the engine's row replaces the stored one, except that the pod's own
+        end, like an allocation's, only moves earlier and a measured end beats an estimate."""
+        t = ClaimAllocation.__table__
+        stmt = self._insert(t)
+        ex = stmt.excluded
+        keep_stored_end = and_(
+            t.c.pod_ended_at.is_not(None),
+            or_(
+                ex.pod_ended_at.is_(None),
+                and_(not_(t.c.estimated), ex.estimated),
+                and_(t.c.estimated == ex.estimated, t.c.pod_ended_at < ex.pod_ended_at),
+            ),
+        )
+        key = {"cluster", "claim_uid", "pod_uid", "resource_name", "id"}
+        set_: dict[str, Any] = {c.name: ex[c.name] for c in t.columns if c.name not in key}
+        for name in ("pod_ended_at", "end_reason", "estimated"):
+            set_[name] = case((keep_stored_end, t.c[name]), else_=ex[name])
+        return stmt.on_conflict_do_update(
+            index_elements=["cluster", "claim_uid", "pod_uid", "resource_name"], set_=set_
+        )
+
     def load(self, cluster: str) -> StoredState:
         """Open intervals, current label sets, the latest quota samples and the heartbeat."""
         try:
@@ -578,7 +637,19 @@ class Store:
             if beat is not None
             else None
         )
-        return StoredState(allocations, capacity, labels, samples, heartbeat)
+        c = ClaimAllocation.__table__
+        open_claims = (
+            select(c.c.claim_uid)
+            .where(c.c.cluster == cluster, c.c.pod_ended_at.is_(None))
+            .scalar_subquery()
+        )
+        claims = rows(
+            ClaimAllocationRow,
+            select(c)
+            .where(c.c.cluster == cluster, c.c.claim_uid.in_(open_claims))
+            .order_by(c.c.id),
+        )
+        return StoredState(allocations, capacity, labels, samples, heartbeat, claims)
 
 
 def _earliest_end(stored: Any, new: Any) -> Any:

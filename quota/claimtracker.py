@@ -1,0 +1,459 @@
+"""DRA claim accounting state: ResourceClaims, ResourceSlices and the pods using the claims.
+
+The Accountant (quota/engine.py) hands it every ResourceClaim, ResourceSlice and DeviceClass
+event, the claims each pod names, and each pod's billing interval as the pod rules compute it;
+the tracker keeps which pods use which claim and what each claim holds (quota/dra.py, recorded
+at allocation: model, MIG size, node), and turns that into ``claim_allocations`` rows: per
+claim, device class and pod, the disjoint piece of the claim's charged time (the union of its
+pods' intervals) that pod carries.
+
+Restart safety: rows are keyed by (claim UID, pod UID, device class) and recomputed whole from
+the pods' intervals; on start the tracker loads every row of each claim that still has a pod
+inside its interval, so a restart knows the intervals of the pods that already ended. A pod
+that vanished while the controller was down is closed at the last time it was known to exist,
+marked estimated, as pods are.
+
+Bad objects never stop the accounting: a result of a driver that is not a GPU driver, a result
+naming a device no slice lists, a slice that disappears under allocated claims each give one
+log line (once per claim) and a count in :attr:`ClaimTracker.problems`; the claim is charged
+with what is known (an unknown device as one whole GPU, its model from the node).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from quota import accounting as acc
+from quota import dra
+from quota.store.db import ClaimAllocationRow
+
+log = logging.getLogger(__name__)
+
+KINDS = frozenset({"ResourceClaim", "ResourceSlice", "DeviceClass"})
+PROBLEMS = ("driver", "device", "slice_gone")
+
+
+@dataclass
+class _Span:
+    """One pod using a claim, over its own billing interval."""
+
+    pod_uid: str
+    pod_name: str
+    owner_kind: str | None
+    owner_name: str | None
+    start: int
+    end: int | None
+    reason: str | None
+    estimated: bool
+    last_seen: int
+
+
+@dataclass
+class _Claim:
+    uid: str
+    namespace: str
+    name: str
+    created_at: int | None = None
+    charges: list[dra.Charge] | None = None  # None until allocated (recorded then)
+    facts: dra.ClaimFacts | None = None  # as recorded
+    unresolved: bool = False  # a device no slice listed when recorded
+    extended: bool = False
+    gone: bool = False
+    last_seen: int = 0
+    pool: dict[str, str | None] = field(default_factory=dict)  # device class -> node pool
+    spans: dict[str, _Span] = field(default_factory=dict)  # pod UID -> its interval
+    reserved: set[str] = field(default_factory=set)  # pod UIDs ever in reservedFor
+    written: dict[tuple[str, str], ClaimAllocationRow] = field(default_factory=dict)
+    warned: set[str] = field(default_factory=set)
+
+
+@dataclass
+class _PodInfo:
+    namespace: str
+    names: tuple[str, ...]
+    extended: str | None
+    span: _Span | None = None
+
+
+class ClaimTracker:
+    """Claims, slices and claim-using pods of one cluster; see the module docstring."""
+
+    def __init__(
+        self,
+        config: acc.AccountingConfig = acc.DEFAULT_CONFIG,
+        drivers: tuple[str, ...] = dra.DEFAULT_GPU_DRIVERS,
+        node_facts: Callable[[str], acc.NodeGpus | None] = lambda _name: None,
+    ) -> None:
+        self.config = config
+        self.drivers = drivers
+        self.node_facts = node_facts
+        self._claims: dict[str, _Claim] = {}
+        self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> current UID
+        self._pods: dict[str, _PodInfo] = {}
+        self._pods_by_name: dict[tuple[str, str], set[str]] = {}  # claim name -> pod UIDs
+        self._devices: dict[tuple[str, str, str], dra.SliceDevice] = {}
+        self._slices: dict[str, list[tuple[str, str, str]]] = {}
+        self._classes: dict[str, str | None] = {}  # DeviceClass -> extendedResourceName
+        self._dirty: set[str] = set()
+        self.problems: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
+
+    # ------------------------------------------------------------------------------ restart
+
+    def load(self, rows: Iterable[ClaimAllocationRow]) -> None:
+        for row in rows:
+            claim = self._claims.get(row.claim_uid)
+            if claim is None:
+                claim = self._claims[row.claim_uid] = _Claim(
+                    row.claim_uid, row.namespace, row.claim_name
+                )
+                claim.charges = []
+                self._by_name.setdefault((row.namespace, row.claim_name), row.claim_uid)
+            if not any(c.device_class == row.resource_name for c in claim.charges or []):
+                assert claim.charges is not None
+                claim.charges.append(
+                    dra.Charge(
+                        device_class=row.resource_name,
+                        units=row.raw_units,
+                        physical=row.physical_gpus,
+                        gpu_model=row.gpu_model,
+                        node=row.node,
+                        mig_profile=row.mig_profile,
+                        sharing=row.sharing_strategy,
+                        estimated=row.share_estimated,
+                    )
+                )
+                claim.pool[row.resource_name] = row.node_pool
+            claim.spans[row.pod_uid] = _Span(
+                row.pod_uid,
+                row.pod_name,
+                row.owner_kind,
+                row.owner_name,
+                row.pod_started_at,
+                row.pod_ended_at,
+                row.end_reason,
+                row.estimated,
+                row.updated_at,
+            )
+            claim.last_seen = max(claim.last_seen, row.updated_at)
+            claim.written[(row.pod_uid, row.resource_name)] = row
+
+    # ------------------------------------------------------------------------------- events
+
+    def apply(self, kind: str, obj: Mapping[str, Any], deleted: bool, observed_at: int) -> None:
+        """One ResourceClaim, ResourceSlice or DeviceClass event; AccountingError for an
+        object the rules cannot read (the state is then unchanged)."""
+        if kind == "ResourceClaim":
+            self._apply_claim(dra.claim_facts(obj), deleted, observed_at)
+        elif kind == "ResourceSlice":
+            name, devices = dra.slice_devices(obj)
+            if deleted:
+                self._drop_slice(name)
+            else:
+                self._add_slice(name, devices)
+        elif kind == "DeviceClass":
+            meta = acc._mapping(obj.get("metadata"), "metadata")
+            spec = acc._mapping(obj.get("spec"), "spec")
+            class_name = str(acc._str(meta.get("name"), "metadata.name", required=True))
+            if deleted:
+                self._classes.pop(class_name, None)
+            else:
+                extended = spec.get("extendedResourceName")
+                self._classes[class_name] = str(extended) if isinstance(extended, str) else None
+
+    def resync(self, kind: str, listed: set[Any]) -> None:
+        """After a full list of ``kind`` (already applied): what is known but was not listed
+        (claims by UID, slices and classes by name) is gone."""
+        if kind == "ResourceClaim":
+            for uid, claim in self._claims.items():
+                if uid not in listed and not claim.gone:
+                    claim.gone = True
+                    self._dirty.add(uid)
+        elif kind == "ResourceSlice":
+            for name in set(self._slices) - listed:
+                self._drop_slice(name)
+        else:
+            for name in set(self._classes) - listed:
+                del self._classes[name]
+
+    def _apply_claim(self, facts: dra.ClaimFacts, deleted: bool, observed_at: int) -> None:
+        claim = self._claims.get(facts.uid)
+        if claim is None:
+            claim = self._claims[facts.uid] = _Claim(facts.uid, facts.namespace, facts.name)
+        claim.created_at = facts.created_at
+        claim.last_seen = max(claim.last_seen, observed_at)
+        self._by_name[(facts.namespace, facts.name)] = facts.uid
+        claim.extended |= facts.extended
+        claim.reserved |= set(facts.reserved_for)
+        if deleted:
+            claim.gone = True
+            if self._by_name.get((facts.namespace, facts.name)) == facts.uid:
+                del self._by_name[(facts.namespace, facts.name)]
+        if facts.allocated and (claim.charges is None or claim.unresolved):
+            self._record(claim, facts)
+        for pod_uid in [*facts.reserved_for, *self._pods_by_name.get(claim_key(facts), ())]:
+            self._link(claim, pod_uid)
+        self._dirty.add(claim.uid)
+
+    def _record(self, claim: _Claim, facts: dra.ClaimFacts) -> None:
+        """What the claim holds, at allocation time (again while a device is unknown)."""
+        claim.facts = facts
+        charges, problems = dra.charges(facts, self._devices, self.drivers, self.config)
+        claim.unresolved = any(p.reason == "device" for p in problems)
+        claim.charges = charges
+        for problem in problems:
+            if problem.reason in claim.warned:
+                continue
+            claim.warned.add(problem.reason)
+            self.problems[problem.reason] += 1
+            if problem.reason == "driver":
+                log.info(
+                    "ResourceClaim %s/%s: %s is not a GPU driver (GPU drivers: %s): not charged",
+                    claim.namespace,
+                    claim.name,
+                    problem.detail,
+                    ", ".join(self.drivers),
+                )
+            else:
+                log.warning(
+                    "ResourceClaim %s/%s: %s: charged as one whole GPU of the node's model",
+                    claim.namespace,
+                    claim.name,
+                    problem.detail,
+                )
+
+    def _add_slice(self, name: str, devices: list[dra.SliceDevice]) -> None:
+        for key in self._slices.pop(name, []):
+            self._devices.pop(key, None)
+        self._slices[name] = [d.key for d in devices]
+        for device in devices:
+            self._devices[device.key] = device
+        # claims recorded before their devices were listed get their facts now
+        for claim in self._claims.values():
+            if claim.unresolved and claim.facts is not None:
+                self._record(claim, claim.facts)
+                self._dirty.add(claim.uid)
+
+    def _drop_slice(self, name: str) -> None:
+        keys = set(self._slices.pop(name, []))
+        for key in keys:
+            self._devices.pop(key, None)
+        if keys and any(
+            not c.gone and c.charges and any(s.end is None for s in c.spans.values())
+            for c in self._claims.values()
+        ):
+            self.problems["slice_gone"] += 1
+            log.warning(
+                "ResourceSlice %s disappeared under allocated claims: their devices keep the "
+                "facts recorded at allocation",
+                name,
+            )
+
+    # --------------------------------------------------------------------------------- pods
+
+    def pod_claims(self, obj: Mapping[str, Any]) -> bool:
+        """Note the claims a pod object names; whether it names any (so it must be tracked)."""
+        refs = dra.pod_claims(obj)
+        info = self._pods.get(refs.uid)
+        if info is None:
+            if not refs.names and refs.uid not in self._reserved_pods():
+                return False
+            info = self._pods[refs.uid] = _PodInfo(refs.namespace, refs.names, refs.extended)
+        else:
+            info.names = tuple(dict.fromkeys([*info.names, *refs.names]))
+            info.extended = info.extended or refs.extended
+        for name in info.names:
+            self._pods_by_name.setdefault((refs.namespace, name), set()).add(refs.uid)
+            uid = self._by_name.get((refs.namespace, name))
+            if uid is not None:
+                self._link(self._claims[uid], refs.uid)
+        if info.extended is not None:
+            uid = self._by_name.get((refs.namespace, info.extended))
+            if uid is not None and not self._claims[uid].extended:
+                self._claims[uid].extended = True
+                self._dirty.add(uid)
+        return True
+
+    def _reserved_pods(self) -> set[str]:
+        return {uid for c in self._claims.values() if not c.gone for uid in c.reserved}
+
+    def uses_claims(self, pod_uid: str) -> bool:
+        return pod_uid in self._pods
+
+    def _link(self, claim: _Claim, pod_uid: str) -> None:
+        info = self._pods.get(pod_uid)
+        if info is None:
+            info = self._pods[pod_uid] = _PodInfo(claim.namespace, (), None)
+        span = info.span
+        if span is None or pod_uid in claim.spans:
+            return
+        if (
+            claim.created_at is not None
+            and span.end is not None
+            and span.end <= claim.created_at
+            and pod_uid not in claim.reserved
+        ):
+            return  # an earlier claim of the same name: this one did not exist yet
+        claim.spans[pod_uid] = span
+        self._dirty.add(claim.uid)
+
+    def pod_interval(
+        self,
+        pod_uid: str,
+        pod_name: str,
+        owner: tuple[str | None, str | None],
+        started_at: int | None,
+        end: acc.BillingEnd | None,
+        last_seen: int,
+    ) -> None:
+        """The pod's billing interval as the pod rules compute it (called when it changes)."""
+        info = self._pods.get(pod_uid)
+        if info is None or started_at is None:
+            return
+        span = _Span(
+            pod_uid,
+            pod_name,
+            owner[0],
+            owner[1],
+            started_at,
+            end.at if end else None,
+            end.reason if end else None,
+            end.estimated if end else False,
+            last_seen,
+        )
+        if info.span == span:
+            return
+        info.span = span
+        for claim in self._claims.values():
+            if pod_uid in claim.spans:
+                claim.spans[pod_uid] = span
+                self._dirty.add(claim.uid)
+        for name in info.names:
+            uid = self._by_name.get((info.namespace, name))
+            if uid is not None:
+                self._link(self._claims[uid], pod_uid)
+        for claim in self._claims.values():
+            if pod_uid in claim.reserved:
+                self._link(claim, pod_uid)
+
+    def resync_pods(self, listed: set[str], engine_knows: set[str], at: int) -> None:
+        """After a full pod list: a pod known only from the store (loaded spans) and not
+        listed vanished while unwatched; close it at the last time it was known to exist."""
+        for claim in self._claims.values():
+            for uid, span in list(claim.spans.items()):
+                if span.end is None and uid not in listed and uid not in engine_knows:
+                    claim.spans[uid] = _Span(
+                        uid,
+                        span.pod_name,
+                        span.owner_kind,
+                        span.owner_name,
+                        span.start,
+                        max(span.start, at, span.last_seen),
+                        acc.END_VANISHED,
+                        True,
+                        span.last_seen,
+                    )
+                    self._dirty.add(claim.uid)
+
+    # --------------------------------------------------------------------------------- rows
+
+    def _claim_rows(self, claim: _Claim) -> list[ClaimAllocationRow]:
+        if not claim.charges or not claim.spans:
+            return []
+        spans = list(claim.spans.values())
+        pieces = dra.charged_pieces([dra.PodSpan(s.pod_uid, s.start, s.end) for s in spans])
+        rows = []
+        for charge in claim.charges:
+            node = self.node_facts(charge.node) if charge.node else None
+            if charge.device_class not in claim.pool or claim.pool[charge.device_class] is None:
+                claim.pool[charge.device_class] = node.node_pool if node else None
+            model = charge.gpu_model or (node.gpu_model if node else None)
+            for span in spans:
+                start, end = pieces[span.pod_uid]
+                if claim.extended:
+                    start = end = span.start  # charged through the pod's extended resource
+                rows.append(
+                    ClaimAllocationRow(
+                        claim_uid=claim.uid,
+                        pod_uid=span.pod_uid,
+                        resource_name=charge.device_class,
+                        namespace=claim.namespace,
+                        claim_name=claim.name,
+                        pod_name=span.pod_name,
+                        owner_kind=span.owner_kind,
+                        owner_name=span.owner_name,
+                        node=charge.node,
+                        node_pool=claim.pool[charge.device_class],
+                        gpu_model=model,
+                        raw_units=charge.units,
+                        physical_gpus=charge.physical,
+                        sharing_strategy=charge.sharing,
+                        mig_profile=charge.mig_profile,
+                        share_estimated=charge.estimated,
+                        pod_started_at=span.start,
+                        pod_ended_at=span.end,
+                        started_at=start,
+                        ended_at=end,
+                        end_reason=span.reason,
+                        estimated=span.estimated,
+                        updated_at=max(span.last_seen, claim.last_seen),
+                    )
+                )
+        return rows
+
+    def pending_rows(self) -> list[ClaimAllocationRow]:
+        """Rows that changed since they were last written."""
+        out = []
+        for uid in sorted(self._dirty):
+            claim = self._claims.get(uid)
+            if claim is None:
+                continue
+            for row in self._claim_rows(claim):
+                if claim.written.get((row.pod_uid, row.resource_name)) != row:
+                    out.append(row)
+        return out
+
+    def written(self, rows: Iterable[ClaimAllocationRow]) -> None:
+        for row in rows:
+            self._claims[row.claim_uid].written[(row.pod_uid, row.resource_name)] = row
+        self._dirty.clear()
+
+    def open_rows(self) -> list[ClaimAllocationRow]:
+        return [
+            row
+            for claim in self._claims.values()
+            for row in self._claim_rows(claim)
+            if row.ended_at is None
+        ]
+
+    def tracked(self) -> dict[str, int]:
+        return {
+            "resourceclaims": len(self._claims),
+            "resourceslices": len(self._slices),
+            "deviceclasses": len(self._classes),
+        }
+
+    def prune(self, horizon: int) -> None:
+        """Forget claims that are gone, whose pods all ended, written, before ``horizon``."""
+        for uid, claim in list(self._claims.items()):
+            if (
+                claim.gone
+                and uid not in self._dirty
+                and claim.last_seen < horizon
+                and all(s.end is not None and s.last_seen < horizon for s in claim.spans.values())
+            ):
+                del self._claims[uid]
+                for pod_uid in claim.spans:
+                    info = self._pods.get(pod_uid)
+                    if info is not None and info.span is not None and info.span.end is not None:
+                        self._pods.pop(pod_uid, None)
+        for key, uids in list(self._pods_by_name.items()):
+            uids &= set(self._pods)
+            if not uids:
+                del self._pods_by_name[key]
+
+
+def claim_key(facts: dra.ClaimFacts) -> tuple[str, str]:
+    return (facts.namespace, facts.name)
