@@ -398,7 +398,7 @@ class ClaimTracker:
                         ended_at=end,
                         end_reason=span.reason,
                         estimated=span.estimated,
-                        updated_at=max(span.last_seen, claim.last_seen),
+                        updated_at=span.last_seen,
                     )
                 )
         return rows
