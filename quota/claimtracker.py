@@ -59,6 +59,7 @@ class _Claim:
     created_at: int | None = None
     charges: list[dra.Charge] | None = None  # None until allocated (recorded then)
     facts: dra.ClaimFacts | None = None  # as recorded
+    problems: list[dra.Problem] = field(default_factory=list)
     unresolved: bool = False  # a device no slice listed when recorded
     extended: bool = False
     gone: bool = False
@@ -203,8 +204,15 @@ class ClaimTracker:
         charges, problems = dra.charges(facts, self._devices, self.drivers, self.config)
         claim.unresolved = any(p.reason == "device" for p in problems)
         claim.charges = charges
-        for problem in problems:
-            if problem.reason in claim.warned:
+        claim.problems = problems
+
+    def _warn(self, claim: _Claim) -> None:
+        """Log and count what the claim's results lack, once per claim and reason. Called when
+        rows are written: a device whose slice is merely late (another watch) is no problem."""
+        for problem in claim.problems if claim.charges is not None else []:
+            if problem.reason in claim.warned or (
+                problem.reason == "device" and not claim.unresolved
+            ):
                 continue
             claim.warned.add(problem.reason)
             self.problems[problem.reason] += 1
@@ -410,6 +418,7 @@ class ClaimTracker:
             claim = self._claims.get(uid)
             if claim is None:
                 continue
+            self._warn(claim)
             for row in self._claim_rows(claim):
                 if claim.written.get((row.pod_uid, row.resource_name)) != row:
                     out.append(row)

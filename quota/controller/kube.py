@@ -47,6 +47,8 @@ PATHS = {
     # the exporter follows its node's slices (exporter/dra/slices.py); v1beta2 (Kubernetes
     # 1.33) has the same shape
     "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+    "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",
+    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
     "ResourceSlice.v1beta2": "/apis/resource.k8s.io/v1beta2/resourceslices",
 }
 
@@ -113,9 +115,12 @@ def slim(obj: Obj, kind: str) -> Obj:
 
 
 class Kube:
-    """Raw list and watch of the four kinds the controller follows."""
+    """Raw list and watch of the kinds the controller follows."""
 
     KINDS = ("Node", "Namespace", "ResourceQuota", "Pod")
+    # Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+): watched where the
+    # cluster serves them and RBAC allows, before the pods (slices before the claims)
+    DRA_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim")
 
     def __init__(
         self,
@@ -141,6 +146,23 @@ class Kube:
             return str(json.loads(resp.data).get("gitVersion", "?"))
         finally:
             resp.release_conn()
+
+    def dra_unavailable(self) -> str | None:
+        """Why the DRA kinds cannot be watched (not served, forbidden), None when they can:
+        one small list of each."""
+        for kind in self.DRA_KINDS:
+            try:
+                self.call("GET", PATHS[kind], [("limit", "1")])
+            except ApiStatusError as exc:
+                if exc.status == 404:
+                    return "the cluster does not serve resource.k8s.io/v1"
+                if exc.status in (401, 403):
+                    return (
+                        f"listing {PATHS[kind]} is forbidden ({exc}): grant get, list, watch on "
+                        "resourceclaims, resourceslices and deviceclasses"
+                    )
+                raise
+        return None
 
     def _get(self, kind: str, query: list[tuple[str, str]], path: str = "") -> BaseHTTPResponse:
         return self.request("GET", path or PATHS[kind], query)

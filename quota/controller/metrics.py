@@ -92,6 +92,27 @@ class ControllerMetrics:
             ["kind"],
             registry=r,
         )
+        self.dra_allocated = Gauge(
+            "gpuquota_namespace_dra_gpus_allocated",
+            "GPUs the namespace's DRA ResourceClaims hold for running pods now, per device "
+            "class: raw devices, or physical-GPU equivalents",
+            ["namespace", "device_class", "kind"],
+            registry=r,
+        )
+        self.dra_watched = Gauge(
+            "gpuquota_controller_dra_watched",
+            "1 while ResourceClaims, ResourceSlices and DeviceClasses are watched; 0 where the "
+            "cluster does not serve resource.k8s.io/v1 or RBAC forbids it",
+            registry=r,
+        )
+        self.dra_problems = Counter(
+            "gpuquota_controller_dra_problems",
+            "DRA objects accounted with less than they should say: a result of a driver that "
+            "is not a GPU driver (driver), a device no slice lists (device), a slice gone under "
+            "allocated claims (slice_gone)",
+            ["reason"],
+            registry=r,
+        )
         self.accounting_errors = Counter(
             "gpuquota_controller_accounting_errors",
             "Objects the accounting rules could not read (skipped)",

@@ -20,6 +20,7 @@ from sim.harness import wait_for
 from sim.workload import generate
 from tests.controller.conftest import (
     ROOT,
+    WATCHED,
     ControllerProcess,
     assert_exact,
     caught_up,
@@ -136,7 +137,7 @@ def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, con
     apiserver.cut_watches()
     driver.run(until=marks[1])
     wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the cut")
-    wait_for(lambda: apiserver.active_watches == 4, 10, "the watches to reconnect")
+    wait_for(lambda: apiserver.active_watches == WATCHED, 10, "the watches to reconnect")
     apiserver.stall_watches()  # detected by the client read timeout only
     driver.run(until=marks[2])
     wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the stall")
