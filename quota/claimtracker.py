@@ -98,6 +98,7 @@ class ClaimTracker:
         self._devices: dict[tuple[str, str, str], dra.SliceDevice] = {}
         self._slices: dict[str, list[tuple[str, str, str]]] = {}
         self._classes: dict[str, str | None] = {}  # DeviceClass -> extendedResourceName
+        self._extended: set[tuple[str, str]] = set()  # claims pods name as extended-resource
         self._dirty: set[str] = set()
         self.problems: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
 
@@ -186,7 +187,7 @@ class ClaimTracker:
         claim.created_at = facts.created_at
         claim.last_seen = max(claim.last_seen, observed_at)
         self._by_name[(facts.namespace, facts.name)] = facts.uid
-        claim.extended |= facts.extended
+        claim.extended |= facts.extended or claim_key(facts) in self._extended
         claim.reserved |= set(facts.reserved_for)
         if deleted:
             claim.gone = True
@@ -264,6 +265,13 @@ class ClaimTracker:
     def pod_claims(self, obj: Mapping[str, Any]) -> bool:
         """Note the claims a pod object names; whether it names any (so it must be tracked)."""
         refs = dra.pod_claims(obj)
+        if refs.extended is not None:
+            # made for the pod's extended-resource request: charged as that request already
+            self._extended.add((refs.namespace, refs.extended))
+            uid = self._by_name.get((refs.namespace, refs.extended))
+            if uid is not None and not self._claims[uid].extended:
+                self._claims[uid].extended = True
+                self._dirty.add(uid)
         info = self._pods.get(refs.uid)
         if info is None:
             if not refs.names and refs.uid not in self._reserved_pods():
@@ -277,11 +285,6 @@ class ClaimTracker:
             uid = self._by_name.get((refs.namespace, name))
             if uid is not None:
                 self._link(self._claims[uid], refs.uid)
-        if info.extended is not None:
-            uid = self._by_name.get((refs.namespace, info.extended))
-            if uid is not None and not self._claims[uid].extended:
-                self._claims[uid].extended = True
-                self._dirty.add(uid)
         return True
 
     def _reserved_pods(self) -> set[str]:
@@ -458,6 +461,7 @@ class ClaimTracker:
                     info = self._pods.get(pod_uid)
                     if info is not None and info.span is not None and info.span.end is not None:
                         self._pods.pop(pod_uid, None)
+        self._extended &= {(c.namespace, c.name) for c in self._claims.values()}
         for key, uids in list(self._pods_by_name.items()):
             uids &= set(self._pods)
             if not uids:
