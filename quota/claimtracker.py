@@ -28,7 +28,7 @@ from typing import Any
 
 from quota import accounting as acc
 from quota import dra
-from quota.store.db import ClaimAllocationRow
+from quota.store.db import ClaimAllocationRow, NodeCapacityRow
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class ClaimTracker:
         self._classes: dict[str, str | None] = {}  # DeviceClass -> extendedResourceName
         self._extended: set[tuple[str, str]] = set()  # claims pods name as extended-resource
         self._dirty: set[str] = set()
+        # DRA devices as node capacity (idle GPU-hours): (node, resource) -> open interval
+        self._capacity: dict[tuple[str, str], tuple[int, tuple[Any, ...]]] = {}
+        self._pending_capacity: dict[tuple[str, str, int], NodeCapacityRow] = {}
         self.problems: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
 
     # ------------------------------------------------------------------------------ restart
@@ -151,10 +154,12 @@ class ClaimTracker:
             self._apply_claim(dra.claim_facts(obj), deleted, observed_at)
         elif kind == "ResourceSlice":
             name, devices = dra.slice_devices(obj)
+            meta = acc._mapping(obj.get("metadata"), "metadata")
+            created = acc.parse_time(meta.get("creationTimestamp"), "metadata.creationTimestamp")
             if deleted:
-                self._drop_slice(name)
+                self._drop_slice(name, observed_at)
             else:
-                self._add_slice(name, devices)
+                self._add_slice(name, devices, observed_at, created)
         elif kind == "DeviceClass":
             meta = acc._mapping(obj.get("metadata"), "metadata")
             spec = acc._mapping(obj.get("spec"), "spec")
@@ -165,7 +170,7 @@ class ClaimTracker:
                 extended = spec.get("extendedResourceName")
                 self._classes[class_name] = str(extended) if isinstance(extended, str) else None
 
-    def resync(self, kind: str, listed: set[Any]) -> None:
+    def resync(self, kind: str, listed: set[Any], at: int) -> None:
         """After a full list of ``kind`` (already applied): what is known but was not listed
         (claims by UID, slices and classes by name) is gone."""
         if kind == "ResourceClaim":
@@ -175,7 +180,7 @@ class ClaimTracker:
                     self._dirty.add(uid)
         elif kind == "ResourceSlice":
             for name in set(self._slices) - listed:
-                self._drop_slice(name)
+                self._drop_slice(name, at)
         else:
             for name in set(self._classes) - listed:
                 del self._classes[name]
@@ -233,22 +238,30 @@ class ClaimTracker:
                     problem.detail,
                 )
 
-    def _add_slice(self, name: str, devices: list[dra.SliceDevice]) -> None:
+    def _add_slice(
+        self, name: str, devices: list[dra.SliceDevice], at: int, created: int | None
+    ) -> None:
+        nodes = {self._devices[k].node for k in self._slices.get(name, []) if k in self._devices}
         for key in self._slices.pop(name, []):
             self._devices.pop(key, None)
         self._slices[name] = [d.key for d in devices]
         for device in devices:
             self._devices[device.key] = device
+        for node in sorted(n for n in {*nodes, *(d.node for d in devices)} if n):
+            self._node_capacity(node, at, created)
         # claims recorded before their devices were listed get their facts now
         for claim in self._claims.values():
             if claim.unresolved and claim.facts is not None:
                 self._record(claim, claim.facts)
                 self._dirty.add(claim.uid)
 
-    def _drop_slice(self, name: str) -> None:
+    def _drop_slice(self, name: str, at: int) -> None:
         keys = set(self._slices.pop(name, []))
+        nodes = {self._devices[k].node for k in keys if k in self._devices}
         for key in keys:
             self._devices.pop(key, None)
+        for node in sorted(n for n in nodes if n):
+            self._node_capacity(node, at, None)
         if keys and any(
             not c.gone and c.charges and any(s.end is None for s in c.spans.values())
             for c in self._claims.values()
@@ -259,6 +272,71 @@ class ClaimTracker:
                 "facts recorded at allocation",
                 name,
             )
+
+    # ------------------------------------------------------------------------ node capacity
+
+    def _node_capacity(self, node: str, at: int, created: int | None) -> None:
+        """The node's GPU devices per driver and model as capacity intervals, like a node's
+        allocatable GPUs: a new interval whenever they change, closed when they go."""
+        groups: dict[tuple[str, str | None], list[dra.SliceDevice]] = {}
+        for device in self._devices.values():
+            if device.node == node and device.driver in self.drivers:
+                groups.setdefault((device.driver, dra.gpu_model(device.product_name)), []).append(
+                    device
+                )
+        facts = self.node_facts(node)
+        pool = facts.node_pool if facts is not None else None
+        wanted: dict[str, tuple[Any, ...]] = {}
+        for (driver, model), devices in groups.items():
+            several = sum(1 for d, _ in groups if d == driver) > 1
+            resource = f"{driver}/{model}" if several else driver
+            physical = 0.0
+            for device in devices:
+                share = dra.device_share(device, self.config)
+                physical += share
+            wanted[resource] = (pool, model, len(devices), physical)
+        for (known_node, resource), (start, value) in list(self._capacity.items()):
+            if known_node != node or wanted.get(resource) == value:
+                continue
+            del self._capacity[(node, resource)]
+            self._queue_capacity(node, resource, start, value, max(at, start))
+        for resource, value in wanted.items():
+            if (node, resource) in self._capacity:
+                continue
+            first = not any(n == node for n, _ in self._capacity) and created is not None
+            start = min(at, created) if first and created is not None else at
+            self._capacity[(node, resource)] = (start, value)
+            self._queue_capacity(node, resource, start, value, None)
+
+    def _queue_capacity(
+        self, node: str, resource: str, start: int, value: tuple[Any, ...], end: int | None
+    ) -> None:
+        pool, model, units, physical = value
+        self._pending_capacity[(node, resource, start)] = NodeCapacityRow(
+            node=node,
+            resource_name=resource,
+            node_pool=pool,
+            gpu_model=model,
+            allocatable_units=units,
+            physical_gpus=physical,
+            mig_profile=None,
+            labels={},
+            started_at=start,
+            ended_at=end,
+        )
+
+    def is_capacity(self, resource: str) -> bool:
+        """Whether a stored node_capacity row is DRA devices (the tracker's, not a node's)."""
+        return any(resource == d or resource.startswith(d + "/") for d in self.drivers)
+
+    def load_capacity(self, row: NodeCapacityRow) -> None:
+        self._capacity[(row.node, row.resource_name)] = (
+            row.started_at,
+            (row.node_pool, row.gpu_model, row.allocatable_units, row.physical_gpus),
+        )
+
+    def pending_capacity(self) -> list[NodeCapacityRow]:
+        return list(self._pending_capacity.values())
 
     # --------------------------------------------------------------------------------- pods
 
@@ -431,6 +509,7 @@ class ClaimTracker:
         for row in rows:
             self._claims[row.claim_uid].written[(row.pod_uid, row.resource_name)] = row
         self._dirty.clear()
+        self._pending_capacity.clear()
 
     def open_rows(self) -> list[ClaimAllocationRow]:
         return [

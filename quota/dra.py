@@ -332,6 +332,15 @@ class Problem:
     detail: str
 
 
+def device_share(device: SliceDevice, config: acc.AccountingConfig = acc.DEFAULT_CONFIG) -> float:
+    """Physical GPUs one device is: a MIG device N/7 of its parent, anything else one."""
+    if device.profile and _PROFILE.match(device.profile):
+        share = acc.mig_share(device.profile, config)
+        if share is not None:
+            return share
+    return 1.0
+
+
 def _share(result: ClaimResult, device: SliceDevice | None) -> tuple[float, bool]:
     if result.share_id is None or not result.consumed:
         return 1.0, False

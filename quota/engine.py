@@ -172,6 +172,9 @@ class Accountant:
             pod.written[row.resource_name] = row
         self.claims.load(state.claim_allocations)
         for cap in state.node_capacity:
+            if self.claims.is_capacity(cap.resource_name):
+                self.claims.load_capacity(cap)  # a DRA driver's devices, not allocatable
+                continue
             self._capacity.setdefault(cap.node, {})[cap.resource_name] = _Interval(
                 cap.started_at, _capacity_value(cap)
             )
@@ -243,7 +246,7 @@ class Accountant:
         names = {_identity(kind, obj) for obj in objects}
         hb = self._heartbeat_at or 0
         if kind in claimtracker.KINDS:
-            self.claims.resync(kind, names)  # the objects were applied above
+            self.claims.resync(kind, names, observed_at)  # the objects were applied above
             return
         if kind == "Pod":
             self.claims.resync_pods(names, set(self._pods), hb)
@@ -659,7 +662,7 @@ class Accountant:
                     allocations.append(row)
         return Batch(
             allocations=allocations,
-            node_capacity=list(self._pending_capacity.values()),
+            node_capacity=[*self._pending_capacity.values(), *self.claims.pending_capacity()],
             namespace_labels=list(self._pending_labels.values()),
             quota_samples=list(self._pending_samples.values()),
             heartbeat=self._pending_heartbeat,

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from quota import accounting as acc
 from quota.engine import Accountant
 from quota.store import db
-from sim.workload import DRA_MODEL, DRA_NAMESPACE, Workload, generate, rfc3339
+from sim.workload import DRA_MODEL, DRA_NAMESPACE, DRA_NODE, Workload, generate, rfc3339
 from tests.report.conftest import Store
 
 WL = generate(3, 2.0, dra=True)
@@ -21,7 +22,9 @@ WL = generate(3, 2.0, dra=True)
 
 def load(store: Store, workload: Workload) -> None:
     with db.open_store(store.url) as opened:
-        accountant = Accountant(opened, "c1")
+        # the generator names node pools with `node-pool`
+        config = acc.AccountingConfig(node_pool_labels=("node-pool",))
+        accountant = Accountant(opened, "c1", config)
         for event in workload.events:
             accountant.apply(event.type, event.object, event.at)
         accountant.heartbeat(workload.end)
@@ -98,3 +101,21 @@ def test_device_class_quota_is_reported_like_gpu_quota(store: Store, report: Any
     assert rows[mig_class]["quota_peak_hard"] == 4
     assert 0 < rows[gpu_class]["quota_avg_used"] < rows[gpu_class]["quota_peak_used"] <= 6
     assert (DRA_NAMESPACE, "nvidia.com/gpu") in rows  # the extended-resource quota beside it
+
+
+def test_idle_counts_dra_devices_as_capacity(store: Store, report: Any) -> None:
+    load(store, WL)
+    doc = run(report, store, "--by", "model", "--idle")
+    # no pod of another path runs in the DRA pool but the DRA team's extended-resource pod
+    idle = {(r["model"], r["node_pool"]): r for r in doc["idle"]["rows"]}
+    # the DRA node's slice: 5 whole H100s and a MIG-partitioned one (3 x 1/7 + 3/7)
+    span_hours = (WL.end - WL.start) / 3600
+    dra_row = idle[(DRA_MODEL, DRA_NODE.pool)]
+    assert dra_row["allocatable_gpu_hours"] == pytest.approx((5 + 6 / 7) * span_hours, abs=0.01)
+    dra_phys = sum(WL.truth.dra_physical_seconds_exact().values())
+    plugin_phys = sum(
+        v for (ns, _r), v in WL.truth.physical_seconds_exact().items() if ns == DRA_NAMESPACE
+    )
+    assert dra_row["allocated_gpu_hours"] == pytest.approx(
+        float(dra_phys + plugin_phys) / 3600, abs=0.01
+    )
