@@ -308,6 +308,18 @@ class ClaimTracker:
             self._capacity[(node, resource)] = (start, value)
             self._queue_capacity(node, resource, start, value, None)
 
+    def node_seen(self, node: str) -> None:
+        """The node's facts arrived (or changed): DRA capacity recorded before its pool was
+        known gets it, over the same interval (the pool is a fact of the node, not a change)."""
+        facts = self.node_facts(node)
+        if facts is None or facts.node_pool is None:
+            return
+        for (known_node, resource), (start, value) in list(self._capacity.items()):
+            if known_node == node and value[0] is None:
+                value = (facts.node_pool, *value[1:])
+                self._capacity[(node, resource)] = (start, value)
+                self._queue_capacity(node, resource, start, value, None)
+
     def _queue_capacity(
         self, node: str, resource: str, start: int, value: tuple[Any, ...], end: int | None
     ) -> None:

@@ -30,27 +30,15 @@ from decimal import Decimal
 from typing import Any
 
 from quota import accounting as acc
+from quota.accounting import device_class_quota as device_class_quota  # re-exported
 
 DEFAULT_GPU_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
-# the device classes whose ResourceQuota lines are stored with the GPU quota history
-DEFAULT_GPU_DEVICE_CLASSES: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
-DEVICE_CLASS_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
 # the annotation the scheduler puts on a claim it made for an extended-resource request
 EXTENDED_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
 ALLOCATION_PATH_DEVICE_PLUGIN = "device-plugin"
 ALLOCATION_PATH_DRA = "dra"
 
 _PROFILE = re.compile(r"^\d+g\.\d+gb")
-
-
-def device_class_quota(key: str, classes: Sequence[str] = DEFAULT_GPU_DEVICE_CLASSES) -> str | None:
-    """The device class a ResourceQuota key ``<class>.deviceclass.resource.k8s.io/devices``
-    (optionally ``requests.``-prefixed) counts, when it is a GPU class; else None."""
-    name = key[len("requests.") :] if key.startswith("requests.") else key
-    if not name.endswith(DEVICE_CLASS_QUOTA_SUFFIX):
-        return None
-    device_class = name[: -len(DEVICE_CLASS_QUOTA_SUFFIX)]
-    return device_class if device_class in classes else None
 
 
 def gpu_model(product_name: str | None) -> str | None:

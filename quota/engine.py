@@ -454,6 +454,7 @@ class Accountant:
                 start = min(gpus.created_at, observed_at)  # capacity exists since creation
             self._capacity.setdefault(name, {})[resource] = _Interval(start, value)
             self._queue_capacity(name, resource, start, value, None)
+        self.claims.node_seen(name)  # DRA capacity recorded before the node's pool was known
         # pods that started before their node was seen get its facts now
         for uid in self._pods_by_node.get(name, set()):
             pod = self._pods[uid]
