@@ -18,6 +18,14 @@ from tests.controller.conftest import (
 )
 from tests.controller.test_controller import metric, ready, start
 
+# everything the stand-in serves in resource.k8s.io
+DRA_RESOURCES = {
+    "resourceclaims",
+    "resourceslices",
+    "deviceclasses",
+    "resourceclaimtemplates",
+    "devicetaintrules",
+}
 WL = generate(23, 1.0, pods_per_hour=20, observation_independent=True, dra=True)
 
 
@@ -78,6 +86,10 @@ def test_dra_claims_exact_through_watch_trouble_and_restarts(apiserver, store, c
         )
     # the claim of another driver is a problem worth a count, not a crash
     assert metric(text, "gpuquota_controller_dra_problems_total", reason="driver") >= 1
+    # every DRA call maps onto a verb deploy/base/controller-rbac.yaml grants: list and watch
+    # (both GETs of the collection; the controller never reads one object by name)
+    dra_calls = {k for k in apiserver.requests if k.split()[1] in DRA_RESOURCES}
+    assert dra_calls == {"GET resourceclaims", "GET resourceslices", "GET deviceclasses"}
     assert ctl.terminate() == 0
     assert "resuming the watch from stored version" in ctl.log()
     assert_exact(store, WL)
