@@ -99,6 +99,10 @@ class ClaimTracker:
         self._slices: dict[str, list[tuple[str, str, str]]] = {}
         self._classes: dict[str, str | None] = {}  # DeviceClass -> extendedResourceName
         self._extended: set[tuple[str, str]] = set()  # claims pods name as extended-resource
+        # indexes, so that a pod's update touches only its own claims
+        self._linked: dict[str, set[str]] = {}  # pod UID -> claims it is charged through
+        self._reserved_by_pod: dict[str, set[str]] = {}  # pod UID -> claims reserving it
+        self._unresolved: set[str] = set()  # claims with a device no slice listed
         self._dirty: set[str] = set()
         # DRA devices as node capacity (idle GPU-hours): (node, resource) -> open interval
         self._capacity: dict[tuple[str, str], tuple[int, tuple[Any, ...]]] = {}
@@ -131,6 +135,7 @@ class ClaimTracker:
                     )
                 )
                 claim.pool[row.resource_name] = row.node_pool
+            self._linked.setdefault(row.pod_uid, set()).add(row.claim_uid)
             claim.spans[row.pod_uid] = _Span(
                 row.pod_uid,
                 row.pod_name,
@@ -194,6 +199,8 @@ class ClaimTracker:
         self._by_name[(facts.namespace, facts.name)] = facts.uid
         claim.extended |= facts.extended or claim_key(facts) in self._extended
         claim.reserved |= set(facts.reserved_for)
+        for pod_uid in facts.reserved_for:
+            self._reserved_by_pod.setdefault(pod_uid, set()).add(claim.uid)
         if deleted:
             claim.gone = True
             if self._by_name.get((facts.namespace, facts.name)) == facts.uid:
@@ -209,6 +216,7 @@ class ClaimTracker:
         claim.facts = facts
         charges, problems = dra.charges(facts, self._devices, self.drivers, self.config)
         claim.unresolved = any(p.reason == "device" for p in problems)
+        (self._unresolved.add if claim.unresolved else self._unresolved.discard)(claim.uid)
         claim.charges = charges
         claim.problems = problems
 
@@ -250,10 +258,11 @@ class ClaimTracker:
         for node in sorted(n for n in {*nodes, *(d.node for d in devices)} if n):
             self._node_capacity(node, at, created)
         # claims recorded before their devices were listed get their facts now
-        for claim in self._claims.values():
-            if claim.unresolved and claim.facts is not None:
+        for uid in sorted(self._unresolved & self._claims.keys()):
+            claim = self._claims[uid]
+            if claim.facts is not None:
                 self._record(claim, claim.facts)
-                self._dirty.add(claim.uid)
+                self._dirty.add(uid)
 
     def _drop_slice(self, name: str, at: int) -> None:
         keys = set(self._slices.pop(name, []))
@@ -364,8 +373,8 @@ class ClaimTracker:
                 self._dirty.add(uid)
         info = self._pods.get(refs.uid)
         if info is None:
-            if not refs.names and refs.uid not in self._reserved_pods():
-                return False
+            if not refs.names:
+                return False  # (a pod in a claim's reservedFor got its entry from the claim)
             info = self._pods[refs.uid] = _PodInfo(refs.namespace, refs.names, refs.extended)
         else:
             info.names = tuple(dict.fromkeys([*info.names, *refs.names]))
@@ -376,9 +385,6 @@ class ClaimTracker:
             if uid is not None:
                 self._link(self._claims[uid], refs.uid)
         return True
-
-    def _reserved_pods(self) -> set[str]:
-        return {uid for c in self._claims.values() if not c.gone for uid in c.reserved}
 
     def uses_claims(self, pod_uid: str) -> bool:
         return pod_uid in self._pods
@@ -398,6 +404,7 @@ class ClaimTracker:
         ):
             return  # an earlier claim of the same name: this one did not exist yet
         claim.spans[pod_uid] = span
+        self._linked.setdefault(pod_uid, set()).add(claim.uid)
         self._dirty.add(claim.uid)
 
     def pod_interval(
@@ -427,17 +434,15 @@ class ClaimTracker:
         if info.span == span:
             return
         info.span = span
-        for claim in self._claims.values():
-            if pod_uid in claim.spans:
-                claim.spans[pod_uid] = span
-                self._dirty.add(claim.uid)
+        for uid in self._linked.get(pod_uid, set()) & self._claims.keys():
+            self._claims[uid].spans[pod_uid] = span
+            self._dirty.add(uid)
         for name in info.names:
-            uid = self._by_name.get((info.namespace, name))
-            if uid is not None:
-                self._link(self._claims[uid], pod_uid)
-        for claim in self._claims.values():
-            if pod_uid in claim.reserved:
-                self._link(claim, pod_uid)
+            named = self._by_name.get((info.namespace, name))
+            if named is not None:
+                self._link(self._claims[named], pod_uid)
+        for uid in self._reserved_by_pod.get(pod_uid, set()) & self._claims.keys():
+            self._link(self._claims[uid], pod_uid)
 
     def resync_pods(self, listed: set[str], engine_knows: set[str], at: int) -> None:
         """After a full pod list: a pod known only from the store (loaded spans) and not
@@ -553,6 +558,12 @@ class ClaimTracker:
                     if info is not None and info.span is not None and info.span.end is not None:
                         self._pods.pop(pod_uid, None)
         self._extended &= {(c.namespace, c.name) for c in self._claims.values()}
+        for index in (self._linked, self._reserved_by_pod):
+            for pod_uid, uids in list(index.items()):
+                uids &= self._claims.keys()
+                if not uids:
+                    del index[pod_uid]
+        self._unresolved &= self._claims.keys()
         for key, uids in list(self._pods_by_name.items()):
             uids &= set(self._pods)
             if not uids:
