@@ -15,6 +15,15 @@ a node deleted under running pods) and returns a :class:`Workload`:
   the node it bound the pod to, and the seconds ``[start, end)`` it held the GPUs. This is the
   oracle for the accounting, the controller and the report tests.
 
+``dra=True`` (``--dra``) adds Dynamic Resource Allocation: a node whose GPUs NVIDIA's DRA driver
+hands out (its ResourceSlice, DeviceClasses), and a team whose pods get GPUs and MIG devices
+through ResourceClaims: claims from templates, a claim shared by three pods (overlapping, then
+after a gap), MIG devices, a consumable-capacity share, an adminAccess monitor, an
+extended-resource request served from DRA, a claim of a driver that is not a GPU driver. The
+generator's truth for them is ``truth.dra_intervals``: one :class:`DraTruthInterval` per stretch
+of time a claim held its GPUs for at least one pod, from the generator's own record of which
+pods it bound and when they let go (the union of their intervals, a shared claim once).
+
 Replay lines (``python -m sim.workload --seed N --hours H > events.jsonl``) are
 ``{"type": ..., "object": ..., "observedAt": "<RFC 3339>"}``: what ``kubectl get --watch
 --output-watch-events -o json`` prints, plus the observation time.
