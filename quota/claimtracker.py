@@ -431,6 +431,12 @@ class ClaimTracker:
             end.estimated if end else False,
             last_seen,
         )
+        for uid in self._linked.get(pod_uid, set()) & self._claims.keys():
+            known = self._claims[uid].spans.get(pod_uid)
+            if known is not None:
+                span = _merge(known, span)
+        if info.span is not None:
+            span = _merge(info.span, span)
         if info.span == span:
             return
         info.span = span
@@ -568,6 +574,31 @@ class ClaimTracker:
             uids &= set(self._pods)
             if not uids:
                 del self._pods_by_name[key]
+
+
+def _merge(old: _Span, new: _Span) -> _Span:
+    """What two observations of a pod's interval say together: the earliest start, and the
+    end the way the pod rules merge evidence (an end only moves earlier, never reopens; a
+    measured end replaces an estimate), so a stale copy (a replayed prefix, an old resume)
+    never undoes what is known."""
+    end, reason, estimated = old.end, old.reason, old.estimated
+    if new.end is not None and (
+        end is None
+        or (estimated and not new.estimated)
+        or (estimated == new.estimated and new.end < end)
+    ):
+        end, reason, estimated = new.end, new.reason, new.estimated
+    return _Span(
+        new.pod_uid,
+        new.pod_name,
+        new.owner_kind,
+        new.owner_name,
+        min(old.start, new.start),
+        end,
+        reason,
+        estimated,
+        max(old.last_seen, new.last_seen),
+    )
 
 
 def claim_key(facts: dra.ClaimFacts) -> tuple[str, str]:

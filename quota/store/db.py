@@ -570,7 +570,8 @@ class Store:
         )
         key = {"cluster", "claim_uid", "pod_uid", "resource_name", "id"}
         set_: dict[str, Any] = {c.name: ex[c.name] for c in t.columns if c.name not in key}
-        for name in ("pod_ended_at", "end_reason", "estimated"):
+        # (and with it the piece it bounds: a stale copy never reopens a closed piece)
+        for name in ("pod_ended_at", "end_reason", "estimated", "started_at", "ended_at"):
             set_[name] = case((keep_stored_end, t.c[name]), else_=ex[name])
         return stmt.on_conflict_do_update(
             index_elements=["cluster", "claim_uid", "pod_uid", "resource_name"], set_=set_

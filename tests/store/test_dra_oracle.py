@@ -108,3 +108,20 @@ def test_replaying_twice_changes_nothing(store: Store, cluster: str) -> None:
     replay(store, cluster, workload)
     again = sorted(claim_rows(store, cluster), key=lambda r: r["id"])
     assert again == first
+
+
+def test_a_stale_copy_never_reopens_a_closed_piece(store: Store, cluster: str) -> None:
+    """Replaying a prefix of the stream again (an old recording, a resume from an old version)
+    after the whole one: what the store closed stays closed."""
+    workload = generate(13, 1.0, dra=True)
+    replay(store, cluster, workload)
+    final = charged(claim_rows(store, cluster), workload.end)
+    prefix = Workload(
+        workload.seed,
+        workload.start,
+        workload.end,
+        workload.events[: len(workload.events) // 2],
+        workload.truth,
+    )
+    replay(store, cluster, prefix)
+    assert charged(claim_rows(store, cluster), workload.end) == final == truth(workload)
