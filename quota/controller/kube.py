@@ -53,6 +53,10 @@ PATHS = {
 }
 
 
+# resource.k8s.io versions the controller reads claims from, newest first
+DRA_VERSIONS = ("v1", "v1beta2")
+
+
 @dataclass(frozen=True)
 class Timeouts:
     connect: float = 5.0
@@ -134,6 +138,7 @@ class Kube:
         self.page_size = page_size
         # kind -> fieldSelector for its lists and watches (e.g. slices of one node)
         self.field_selectors = dict(field_selectors or {})
+        self.paths = dict(PATHS)  # the DRA kinds' version is chosen by dra_unavailable()
 
     @property
     def host(self) -> str:
@@ -149,23 +154,29 @@ class Kube:
 
     def dra_unavailable(self) -> str | None:
         """Why the DRA kinds cannot be watched (not served, forbidden), None when they can:
-        one small list of each."""
-        for kind in self.DRA_KINDS:
+        one small list of each, at resource.k8s.io/v1 or else v1beta2 (Kubernetes 1.33 with
+        DRA on: the same object shape), whose paths are then used."""
+        for version in DRA_VERSIONS:
+            paths = {kind: PATHS[kind].replace("/v1/", f"/{version}/") for kind in self.DRA_KINDS}
             try:
-                self.call("GET", PATHS[kind], [("limit", "1")])
+                for kind in self.DRA_KINDS:
+                    self.call("GET", paths[kind], [("limit", "1")])
             except ApiStatusError as exc:
                 if exc.status == 404:
-                    return "the cluster does not serve resource.k8s.io/v1"
+                    continue
                 if exc.status in (401, 403):
                     return (
-                        f"listing {PATHS[kind]} is forbidden ({exc}): grant get, list, watch on "
+                        f"listing {paths[kind]} is forbidden ({exc}): grant list, watch on "
                         "resourceclaims, resourceslices and deviceclasses"
                     )
                 raise
-        return None
+            self.paths.update(paths)
+            return None
+        versions = ", ".join(DRA_VERSIONS)
+        return f"the cluster serves no resource.k8s.io ResourceClaims ({versions})"
 
     def _get(self, kind: str, query: list[tuple[str, str]], path: str = "") -> BaseHTTPResponse:
-        return self.request("GET", path or PATHS[kind], query)
+        return self.request("GET", path or self.paths[kind], query)
 
     def request(
         self,

@@ -111,5 +111,18 @@ def test_without_dra_the_controller_says_so_and_accounts_pods(store, controllers
         assert metric(ctl.metrics(), "gpuquota_controller_dra_watched") == 0
         assert ctl.terminate() == 0
     assert "DRA ResourceClaims are not accounted: listing" in ctl.log()
-    assert "grant get, list, watch on resourceclaims" in ctl.log()
+    assert "grant list, watch on resourceclaims" in ctl.log()
     assert_exact(store, wl)
+
+
+def test_kubernetes_1_33_serves_dra_at_v1beta2_only(store, controllers):
+    with ApiServer(bookmark_interval=0.2, resource_versions=("v1beta2",)) as api:
+        ctl = start(api, store, controllers)
+        ready(store)
+        Driver(api, WL).run()
+        wait_for(lambda: caught_up(store, api.resource_version), 20, "catch-up")
+        assert metric(ctl.metrics(), "gpuquota_controller_dra_watched") == 1
+        assert ctl.terminate() == 0
+        assert any("resourceclaims" in k for k in api.requests)
+    assert_exact(store, WL)
+    assert_dra_exact(store, WL)
