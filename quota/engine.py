@@ -102,6 +102,7 @@ class Accountant:
         *,
         holder: str = "gpuquota",
         retention_seconds: int = DEFAULT_RETENTION_SECONDS,
+        dra_drivers: tuple[str, ...] = dra.DEFAULT_GPU_DRIVERS,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -130,7 +131,7 @@ class Accountant:
         self._pending_samples: dict[tuple[str, str, str, int], QuotaSampleRow] = {}
         self._pending_heartbeat: HeartbeatRow | None = None
         self.stats: dict[str, int] = {"events": 0, "flushes": 0, "rows_written": 0, "estimated": 0}
-        self.claims = claimtracker.ClaimTracker(config, node_facts=self._node_facts)
+        self.claims = claimtracker.ClaimTracker(config, dra_drivers, self._node_facts)
         self._load()
 
     # ------------------------------------------------------------------------------- restart

@@ -44,7 +44,9 @@ from quota.engine import KINDS, Accountant, check_dra
 from quota.options import (
     add_cluster_option,
     add_db_option,
+    add_dra_drivers_option,
     add_node_pool_option,
+    dra_drivers,
     node_pool_labels,
 )
 from quota.store.db import open_store, safe_url
@@ -330,6 +332,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--migrate", action="store_true", help="bring the store's schema up to date first"
     )
     add_node_pool_option(parser)
+    add_dra_drivers_option(parser)
     parser.add_argument(
         "--flush-every",
         type=int,
@@ -346,6 +349,7 @@ def run(args: argparse.Namespace) -> int:
     terminal = sys.stderr.isatty()
     try:
         config = acc.AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
+        drivers = dra_drivers(args.dra_drivers)
         source = Source(args.file)
         # before touching the database: a bad line costs nothing
         summary = validate(source, config, show_progress=terminal)
@@ -353,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuquota replay: error: {exc}", file=sys.stderr)
         return 2
     with open_store(args.db, migrate=args.migrate) as store:
-        accountant = Accountant(store, args.cluster, config, holder="replay")
+        accountant = Accountant(store, args.cluster, config, holder="replay", dra_drivers=drivers)
         summary.rows = apply(
             source, accountant, flush_every=args.flush_every, show_progress=terminal
         )

@@ -496,3 +496,25 @@ def test_malformed_claim_is_rejected_before_anything_is_written(
     assert err.strip().startswith(f"gpuquota replay: error: {stream}:4: ResourceClaim: ")
     assert "results[0].driver" in err
     assert not target.exists()
+
+
+def test_dra_drivers_flag_decides_what_is_a_gpu(
+    empty_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = generate(9, 1.0, dra=True)
+    stream = tmp_path / "dra.jsonl"
+    stream.write_text("".join(line + "\n" for line in workload.lines()))
+    args = ["replay", str(stream), "--db", empty_db_url, "--migrate", "--cluster", "fpga"]
+    code, _, err = cli(capsys, *args, "--dra-drivers", "gpu.nvidia.com, fpga.example.com")
+    assert code == 0, err
+    with db.open_store(empty_db_url) as store:
+        charged = {
+            r["claim_name"]
+            for r in rows.claim_allocations(store, "fpga")
+            if r["ended_at"] != r["started_at"]
+        }
+    assert "fpga-0" in charged and "shared-gpu" in charged
+    for bad in ("", " , ", "Not_A_Driver"):
+        code, out, err = cli(capsys, *args, "--dra-drivers", bad)
+        assert code == 2 and out == ""
+        assert err.startswith("gpuquota replay: error: --dra-drivers: ") and err.count("\n") == 1
