@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quota import accounting as acc
+from quota.accounting.accountant import Accountant
 from quota.controller.kube import Kube
 from quota.controller.metrics import ControllerMetrics
 from quota.controller.watch import Backoff, Message, WatchLoop, put
-from quota.engine import Accountant
 from quota.store.db import StoreError
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from quota.accounting import AccountingError
-from quota.engine import Accountant
-from quota.store.db import QuotaSampleRow, Store, StoreError, open_store
+from quota.accounting.accountant import Accountant
+from quota.accounting.rows import QuotaSampleRow
+from quota.store.db import Store, StoreError, open_store
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -332,7 +333,7 @@ def test_a_failing_batch_writes_nothing(store: Store, cluster: str) -> None:
     accountant.apply("ADDED", node(created=10), 100)
     accountant.apply("ADDED", namespace(created=10), 100)
     accountant.apply("ADDED", pod("a", start=1000), 1000)
-    batch = accountant._batch()
+    batch = accountant.batch()
     assert batch.allocations and batch.node_capacity and batch.namespace_labels
     # the last row of the batch breaks a NOT NULL constraint: the rows before it roll back
     broken = QuotaSampleRow(None, "q", "requests.nvidia.com/gpu", 1.0, 0.0, [], 5)  # type: ignore[arg-type]
