@@ -6,6 +6,7 @@ Accountant writes through. Plain data: no SQL here (quota/store/db.py maps them 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Protocol
 
 
@@ -31,6 +32,13 @@ class AllocationRow:
     estimated: bool
     qos_class: str | None
     updated_at: int
+    # the physical share of one raw unit, exactly: physical_gpus = raw_units * share
+    share_numerator: int
+    share_denominator: int
+
+    @property
+    def share(self) -> Fraction:
+        return Fraction(self.share_numerator, self.share_denominator)
 
 
 @dataclass(frozen=True)
@@ -45,6 +53,13 @@ class NodeCapacityRow:
     labels: dict[str, Any]
     started_at: int
     ended_at: int | None
+    # the physical share of one allocatable unit, exactly
+    share_numerator: int
+    share_denominator: int
+
+    @property
+    def share(self) -> Fraction:
+        return Fraction(self.share_numerator, self.share_denominator)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,8 @@ def allocation(uid: str, end: acc.StoredEnd) -> AllocationRow:
         estimated=end.estimated,
         qos_class=None,
         updated_at=60,
+        share_numerator=1,
+        share_denominator=1,
     )
 
 

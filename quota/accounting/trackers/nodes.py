@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Protocol
 
 from quota.accounting.rows import Batch, NodeCapacityRow, StoredState
@@ -37,7 +38,7 @@ class CapacityValue:
     node_pool: str | None
     gpu_model: str | None
     allocatable_units: int
-    physical_gpus: float
+    share: Fraction  # of one unit
     mig_profile: str | None
     labels: Mapping[str, Any]
 
@@ -47,7 +48,7 @@ class CapacityValue:
             row.node_pool,
             row.gpu_model,
             row.allocatable_units,
-            row.physical_gpus,
+            row.share,
             row.mig_profile,
             dict(row.labels),
         )
@@ -136,7 +137,7 @@ class NodeTracker:
                 gpus.node_pool,
                 gpus.gpu_model,
                 units,
-                float(units * share.per_unit),
+                share.per_unit,
                 share.mig_profile,
                 dict(gpus.labels),
             )
@@ -197,7 +198,9 @@ class NodeTracker:
                 node_pool=value.node_pool,
                 gpu_model=value.gpu_model,
                 allocatable_units=value.allocatable_units,
-                physical_gpus=value.physical_gpus,
+                physical_gpus=float(value.allocatable_units * value.share),
+                share_numerator=value.share.numerator,
+                share_denominator=value.share.denominator,
                 mig_profile=value.mig_profile,
                 labels=dict(value.labels),
                 started_at=start,

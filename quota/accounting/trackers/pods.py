@@ -98,7 +98,7 @@ class PodTracker:
                 node=row.node,
                 node_pool=row.node_pool,
                 gpu_model=row.gpu_model,
-                per_unit=_stored_share(row),
+                per_unit=row.share,
                 replicas=row.replicas,
                 sharing_strategy=row.sharing_strategy,
                 mig_profile=row.mig_profile,
@@ -267,6 +267,8 @@ class PodTracker:
                     estimated=end.estimated if end else False,
                     qos_class=pod.qos_class,
                     updated_at=pod.last_seen,
+                    share_numerator=recorded.per_unit.numerator,
+                    share_denominator=recorded.per_unit.denominator,
                 )
             )
         return rows
@@ -312,10 +314,3 @@ class PodTracker:
                 sharing_strategy=share.sharing_strategy,
                 mig_profile=share.mig_profile,
             )
-
-
-def _stored_share(row: AllocationRow) -> Fraction:
-    """The per-unit share a stored row recorded."""
-    if not row.raw_units:
-        return Fraction(0)
-    return Fraction(row.physical_gpus) / row.raw_units
