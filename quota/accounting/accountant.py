@@ -113,19 +113,29 @@ class Accountant:
         """Record the latest resourceVersion of ``kind`` (stored with the next heartbeat)."""
         self._resource_versions[kind] = version
 
-    def resync(self, kind: str, objects: Iterable[Mapping[str, Any]], observed_at: int) -> None:
+    def resync(
+        self,
+        kind: str,
+        objects: Iterable[Mapping[str, Any]],
+        observed_at: int,
+        version: str = "",
+    ) -> None:
         """Apply a full list of ``kind`` taken at ``observed_at``; whatever is known but missing
         from it vanished while unwatched, and is closed at the last time it was known to exist
-        (the heartbeat, or its last event if later), marked estimated."""
+        (the heartbeat, or its last event if later), marked estimated. ``version`` is the
+        list's resourceVersion, which a restart resumes the watch from."""
         tracker = self.trackers.get(kind)
         if tracker is None:
             raise AccountingError(f"cannot resync kind {kind!r}")
+        self._now = max(self._now, observed_at)
         objects = list(objects)
         for obj in objects:
             if obj.get("kind") is None:
                 obj = {**obj, "kind": kind}
             self.apply("MODIFIED", obj, observed_at)
         tracker.vanish({tracker.identity(obj) for obj in objects}, self._heartbeat_at or 0)
+        if version:
+            self.seen_version(kind, version)
 
     def heartbeat(self, now: int) -> None:
         """Record that the cluster's state was known at ``now``; written at the next flush.
@@ -166,6 +176,11 @@ class Accountant:
     def quota_figures(self) -> list[QuotaFacts]:
         """The live ResourceQuotas' GPU lines, as read with this Accountant's config."""
         return self.quotas.live()
+
+    @property
+    def quota_generation(self) -> int:
+        """Changes whenever quota_figures() does."""
+        return self.quotas.generation
 
     def tracked(self) -> dict[str, int]:
         """How many objects the Accountant holds in memory, per kind (for metrics)."""
