@@ -16,7 +16,7 @@ Nothing in this package imports SQL, Kubernetes client or I/O modules
 (tests/common/test_import_graph.py checks it).
 
 Adding a kind (the seam for DRA ResourceClaims): write a class satisfying
-:class:`quota.accounting.trackers.base.Tracker` in ``trackers/`` — ``kind`` and ``plural``,
+:class:`quota.accounting.trackers.base.Tracker` in ``trackers/`` — ``kind`` (the Kubernetes kind),
 ``load(StoredState)`` to take back its open intervals on restart, ``apply(obj, deleted,
 observed_at)`` reading the object through a pure rule in ``rules/`` (raise AccountingError for
 a bad one), ``identity(obj)`` and ``vanish(listed, heartbeat)`` for relists, and

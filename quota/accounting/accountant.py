@@ -182,10 +182,6 @@ class Accountant:
         """Changes whenever quota_figures() does."""
         return self.quotas.generation
 
-    def tracked(self) -> dict[str, int]:
-        """How many objects the Accountant holds in memory, per kind (for metrics)."""
-        return {t.plural: t.count() for t in self.trackers.values()}
-
     def pending(self) -> int:
         """How many rows the next flush would write."""
         return len(self.batch())

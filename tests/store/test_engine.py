@@ -372,13 +372,13 @@ def test_gone_pods_are_forgotten_after_retention_and_late_events_ignored(
     accountant.apply("DELETED", pod("a", start=1000, deletion=1050, grace=0), 1050)
     accountant.apply("ADDED", pod("b", name="b", start=1000), 1000)
     accountant.flush()
-    assert accountant.tracked()["pods"] == 2  # within retention: kept for late events
+    assert accountant.pods.count() == 2  # within retention: kept for late events
     accountant.apply("MODIFIED", pod("b", name="b", start=1000), 1200)
     accountant.flush()
-    assert accountant.tracked()["pods"] == 1
+    assert accountant.pods.count() == 1
     # a late stale copy of the forgotten pod neither returns to memory nor changes its row
     accountant.apply("MODIFIED", pod("a", start=1000), 1010)
-    assert accountant.tracked()["pods"] == 1
+    assert accountant.pods.count() == 1
     assert accountant.pending() == 0
     assert accountant.quota_usage() == {("team-a", "nvidia.com/gpu"): 1}
     a = rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]
@@ -458,7 +458,7 @@ def test_unreadable_object_changes_nothing(store: Store, cluster: str) -> None:
     with pytest.raises(AccountingError, match="unknown event type"):
         accountant.apply("UPSERT", pod(), 1000)
     assert accountant.pending() == 0
-    assert accountant.tracked()["pods"] == 0
+    assert accountant.pods.count() == 0
 
 
 def test_postgresql_restart_drops_connections_and_the_next_flush_reconnects(

@@ -30,7 +30,6 @@ class Tracker(Protocol):
     """One Kubernetes kind's accounting."""
 
     kind: str  # the object kind it accounts, e.g. "Pod"
-    plural: str  # its name in Accountant.tracked() and metrics, e.g. "pods"
 
     def load(self, state: StoredState) -> None:
         """Take the open intervals this kind owns from what the store holds (restart)."""

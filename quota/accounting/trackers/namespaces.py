@@ -20,7 +20,6 @@ class _Interval:
 
 class NamespaceTracker:
     kind = "Namespace"
-    plural = "namespaces"
 
     def __init__(self, context: TrackerContext) -> None:
         self.pending = context.pending

@@ -68,7 +68,6 @@ class _Node:
 
 class NodeTracker:
     kind = "Node"
-    plural = "nodes"
 
     def __init__(self, context: TrackerContext) -> None:
         self.config = context.config

@@ -60,7 +60,6 @@ class TrackedPod:
 
 class PodTracker:
     kind = "Pod"
-    plural = "pods"
 
     def __init__(self, context: TrackerContext, nodes: NodeTracker, retention_seconds: int):
         self.config = context.config

@@ -24,7 +24,6 @@ class _Quota:
 
 class QuotaTracker:
     kind = "ResourceQuota"
-    plural = "resourcequotas"
 
     def __init__(self, context: TrackerContext) -> None:
         self.config = context.config
