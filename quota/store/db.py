@@ -267,7 +267,12 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
 
 
 def _rows(cluster: str, rows: Sequence[Any]) -> list[dict[str, Any]]:
-    return [{"cluster": cluster, **dataclasses.asdict(row)} for row in rows]
+    # a shallow read of the fields: dataclasses.asdict deep-copies every labels dict and
+    # scopes list, which cost a third of a busy flush
+    if not rows:
+        return []
+    names = [f.name for f in dataclasses.fields(rows[0])]
+    return [{"cluster": cluster, **{n: getattr(row, n) for n in names}} for row in rows]
 
 
 class Store:

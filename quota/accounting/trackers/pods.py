@@ -256,7 +256,10 @@ class PodTracker:
                     node_pool=recorded.node_pool,
                     gpu_model=recorded.gpu_model,
                     raw_units=units,
-                    physical_gpus=float(units * recorded.per_unit),
+                    # int / int is correctly rounded: float(units * share) without a Fraction
+                    physical_gpus=units
+                    * recorded.per_unit.numerator
+                    / recorded.per_unit.denominator,
                     replicas=recorded.replicas,
                     sharing_strategy=recorded.sharing_strategy,
                     mig_profile=recorded.mig_profile,
