@@ -15,19 +15,26 @@ Layout (watch -> **account** -> store -> report):
 Nothing in this package imports SQL, Kubernetes client or I/O modules
 (tests/common/test_import_graph.py checks it).
 
-Adding a kind (the seam for DRA ResourceClaims): write a class satisfying
-:class:`quota.accounting.trackers.base.Tracker` in ``trackers/`` — ``kind`` (the Kubernetes kind),
-``load(StoredState)`` to take back its open intervals on restart, ``apply(obj, deleted,
-observed_at)`` reading the object through a pure rule in ``rules/`` (raise AccountingError for
-a bad one), ``identity(obj)`` and ``vanish(listed, heartbeat)`` for relists, and
-``collect(batch)`` / ``written(batch)`` / ``count()``. Finished rows go to the shared
-``TrackerContext.pending`` (PendingWrites) under their natural key; rows derived from state
-that can still change are built in ``collect``. A tracker whose objects live on nodes
-subscribes to ``NodeTracker.listeners`` (:class:`~quota.accounting.trackers.nodes.NodeListener`:
-node_deleted / node_vanished / node_known) and reads node facts with ``NodeTracker.gpus``.
-Then add it to ``Accountant.trackers``; a new table needs its row type in ``rows``, a list in
-``Batch`` and ``StoredState``, and the store's upsert. The Accountant, the controller loop
-(which watches every kind in ``Kube.KINDS``) and replay need no other change.
+Adding a kind (the seam for DRA ResourceClaims): write a class in ``trackers/`` that
+satisfies :class:`quota.accounting.trackers.base.Tracker`:
+
+- ``kind``: the Kubernetes kind it accounts ("ResourceClaim");
+- ``load(state)``: take back its open intervals from the StoredState on restart;
+- ``apply(obj, deleted, observed_at)``: read the object through a pure rule in ``rules/``
+  (a new ``rules/claims.py``; raise AccountingError for a bad object, changing nothing);
+- ``identity(obj)`` and ``vanish(listed, heartbeat)``: close what a relist no longer names;
+- ``collect(batch)``, ``written(batch)``, ``count()``: its rows for the next flush.
+
+Finished rows go to the shared ``TrackerContext.pending`` (PendingWrites) under their natural
+key; rows derived from state that can still change are built in ``collect``. A tracker whose
+objects live on nodes appends itself to ``NodeTracker.listeners`` (NodeListener:
+``node_deleted`` / ``node_vanished`` / ``node_known``) and reads node facts and exact shares
+with ``NodeTracker.gpus`` and ``rules.shares.physical_share``. A claim tracker that needs the
+pods holding a claim takes the PodTracker in its constructor, as PodTracker takes the
+NodeTracker. Register it in ``Accountant.__init__`` (``self.trackers``) and in ``KINDS``; a
+new table needs its row type in ``rows``, a list in ``Batch`` and ``StoredState``, and the
+store's upsert and load. The controller loop needs only the kind in ``Kube.KINDS``; replay
+takes every kind in ``KINDS``.
 
 The names below are the rules' public API, importable as ``quota.accounting.<name>``.
 """
