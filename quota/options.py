@@ -9,7 +9,7 @@ import re
 from collections.abc import Sequence
 
 from quota.accounting import DEFAULT_NODE_POOL_LABELS
-from quota.dra import DEFAULT_GPU_DRIVERS
+from quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
 from quota.store.db import DEFAULT_URL, ENV_URL
 
 ENV_CLUSTER = "GPUQUOTA_CLUSTER"

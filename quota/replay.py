@@ -40,7 +40,8 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from quota import accounting as acc
-from quota.engine import KINDS, Accountant, check_dra
+from quota.accounting.accountant import KINDS, Accountant
+from quota.accounting.rules.claims import check_dra
 from quota.options import (
     add_cluster_option,
     add_db_option,

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from quota import accounting as acc
-from quota import dra
-from quota.claimtracker import ClaimTracker
+from quota.accounting.rules import claims as dra
+from quota.accounting.trackers.claims import ClaimTracker
 
 NS = "team"
 

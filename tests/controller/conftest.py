@@ -29,6 +29,7 @@ from sqlalchemy import create_engine, text
 from quota.controller.kube import Kube
 from quota.store import db
 from sim.apiserver import ApiServer
+from sim.harness import wait_for
 from sim.workload import Workload
 from tests.conftest import PgSchemas
 
@@ -346,3 +347,28 @@ def assert_exact(store: Store, wl: Workload) -> None:
     assert raw.keys() == want.keys()
     for k, v in want.items():
         assert phys[k] == pytest.approx(v, rel=1e-9, abs=1e-6), k
+
+
+# -- helpers of the controller tests (test modules share them through here)
+
+
+def start(api, store, controllers, *extra, identity="ctl-a"):
+    c = ControllerProcess(api, store, *extra, identity=identity).start()
+    controllers.append(c)
+    return c
+
+
+def ready(store):
+    wait_for(store.heartbeat, 20, "the controller's first heartbeat")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"no {name} {labels}"
+    return total

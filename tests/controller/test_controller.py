@@ -25,31 +25,12 @@ from tests.controller.conftest import (
     assert_exact,
     caught_up,
     free_port,
+    metric,
+    ready,
+    start,
 )
 
 WL = generate(21, 1.0, pods_per_hour=40, observation_independent=True)
-
-
-def start(api, store, controllers, *extra, identity="ctl-a"):
-    c = ControllerProcess(api, store, *extra, identity=identity).start()
-    controllers.append(c)
-    return c
-
-
-def ready(store):
-    wait_for(store.heartbeat, 20, "the controller's first heartbeat")
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    assert found, f"no {name} {labels}"
-    return total
 
 
 def test_live_totals_are_exact_and_metrics_match(apiserver, store, controllers):

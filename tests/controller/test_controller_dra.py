@@ -15,8 +15,10 @@ from tests.controller.conftest import (
     assert_dra_exact,
     assert_exact,
     caught_up,
+    metric,
+    ready,
+    start,
 )
-from tests.controller.test_controller import metric, ready, start
 
 # everything the stand-in serves in resource.k8s.io
 DRA_RESOURCES = {

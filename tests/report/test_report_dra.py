@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from quota import accounting as acc
-from quota.engine import Accountant
+from quota.accounting.accountant import Accountant
 from quota.store import db
 from sim.workload import DRA_MODEL, DRA_NAMESPACE, DRA_NODE, Workload, generate, rfc3339
 from tests.report.conftest import Store

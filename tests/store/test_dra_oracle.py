@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from quota.engine import Accountant
+from quota.accounting.accountant import Accountant
 from quota.store.db import Store
 from quota.store.models import ClaimAllocation
 from sim.workload import DRA_MODEL, DRA_NAMESPACE, GPU, Workload, generate

@@ -18,7 +18,8 @@ Allocation":
   :func:`charged_pieces` cuts that union into disjoint per-pod pieces, so the pieces add up
   to the union and a shared claim is charged once.
 
-Nothing here does I/O or keeps state: quota/claimtracker.py feeds events through it.
+Nothing here does I/O or keeps state: quota/accounting/trackers/claims.py feeds events
+through it.
 """
 
 from __future__ import annotations
@@ -27,10 +28,19 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
-from quota import accounting as acc
-from quota.accounting import device_class_quota as device_class_quota  # re-exported
+from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from quota.accounting.rules.parse import (
+    mapping,
+    parse_quantity,
+    parse_time,
+    sequence,
+    string,
+)
+from quota.accounting.rules.quotas import device_class_quota as device_class_quota
+from quota.accounting.rules.shares import mig_share
 
 DEFAULT_GPU_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
 # the annotation the scheduler puts on a claim it made for an extended-resource request
@@ -82,26 +92,26 @@ def _attribute(attrs: Mapping[str, Any], driver: str, name: str) -> str | None:
 
 def slice_devices(obj: Mapping[str, Any]) -> tuple[str, list[SliceDevice]]:
     """(slice name, its devices). Raises AccountingError naming a malformed field."""
-    meta = acc._mapping(obj.get("metadata"), "metadata")
-    spec = acc._mapping(obj.get("spec"), "spec")
-    name = acc._str(meta.get("name"), "metadata.name", required=True)
-    driver = acc._str(spec.get("driver"), "spec.driver", required=True)
-    pool = acc._mapping(spec.get("pool"), "spec.pool")
-    pool_name = acc._str(pool.get("name"), "spec.pool.name", required=True)
-    node = acc._str(spec.get("nodeName"), "spec.nodeName")
+    meta = mapping(obj.get("metadata"), "metadata")
+    spec = mapping(obj.get("spec"), "spec")
+    name = string(meta.get("name"), "metadata.name", required=True)
+    driver = string(spec.get("driver"), "spec.driver", required=True)
+    pool = mapping(spec.get("pool"), "spec.pool")
+    pool_name = string(pool.get("name"), "spec.pool.name", required=True)
+    node = string(spec.get("nodeName"), "spec.nodeName")
     assert name is not None and driver is not None and pool_name is not None
     devices = []
-    for i, item in enumerate(acc._sequence(spec.get("devices"), "spec.devices")):
+    for i, item in enumerate(sequence(spec.get("devices"), "spec.devices")):
         where = f"spec.devices[{i}]"
-        device = acc._mapping(item, where)
+        device = mapping(item, where)
         # v1beta1 nests attributes and capacity under "basic"
-        body = acc._mapping(device.get("basic"), f"{where}.basic") or device
-        attrs = acc._mapping(body.get("attributes"), f"{where}.attributes")
+        body = mapping(device.get("basic"), f"{where}.basic") or device
+        attrs = mapping(body.get("attributes"), f"{where}.attributes")
         capacity: dict[str, Decimal] = {}
-        for key, value in acc._mapping(body.get("capacity"), f"{where}.capacity").items():
+        for key, value in mapping(body.get("capacity"), f"{where}.capacity").items():
             raw = value.get("value") if isinstance(value, Mapping) else value
-            capacity[str(key)] = acc.parse_quantity(raw, f"{where}.capacity[{key!r}]")
-        device_name = acc._str(device.get("name"), f"{where}.name", required=True)
+            capacity[str(key)] = parse_quantity(raw, f"{where}.capacity[{key!r}]")
+        device_name = string(device.get("name"), f"{where}.name", required=True)
         assert device_name is not None
         devices.append(
             SliceDevice(
@@ -156,31 +166,31 @@ class ClaimFacts:
 
 
 def _request_classes(spec: Mapping[str, Any]) -> dict[str, str]:
-    devices = acc._mapping(spec.get("devices"), "spec.devices")
+    devices = mapping(spec.get("devices"), "spec.devices")
     out: dict[str, str] = {}
-    for i, item in enumerate(acc._sequence(devices.get("requests"), "spec.devices.requests")):
+    for i, item in enumerate(sequence(devices.get("requests"), "spec.devices.requests")):
         where = f"spec.devices.requests[{i}]"
-        request = acc._mapping(item, where)
-        name = acc._str(request.get("name"), f"{where}.name") or ""
-        exactly = acc._mapping(request.get("exactly"), f"{where}.exactly")
+        request = mapping(item, where)
+        name = string(request.get("name"), f"{where}.name") or ""
+        exactly = mapping(request.get("exactly"), f"{where}.exactly")
         # v1: exactly.deviceClassName; v1beta1: deviceClassName on the request
         device_class = exactly.get("deviceClassName") or request.get("deviceClassName")
         if isinstance(device_class, str):
             out[name] = device_class
-        for j, sub in enumerate(acc._sequence(request.get("firstAvailable"), "firstAvailable")):
-            sub = acc._mapping(sub, f"{where}.firstAvailable[{j}]")
+        for j, sub in enumerate(sequence(request.get("firstAvailable"), "firstAvailable")):
+            sub = mapping(sub, f"{where}.firstAvailable[{j}]")
             if isinstance(sub.get("deviceClassName"), str) and isinstance(sub.get("name"), str):
                 out[f"{name}/{sub['name']}"] = str(sub["deviceClassName"])
     return out
 
 
 def _allocation_node(allocation: Mapping[str, Any]) -> str | None:
-    selector = acc._mapping(allocation.get("nodeSelector"), "status.allocation.nodeSelector")
-    for term in acc._sequence(selector.get("nodeSelectorTerms"), "nodeSelectorTerms"):
-        term = acc._mapping(term, "nodeSelectorTerms[]")
-        for expr in acc._sequence(term.get("matchFields"), "matchFields"):
-            expr = acc._mapping(expr, "matchFields[]")
-            values = acc._sequence(expr.get("values"), "matchFields[].values")
+    selector = mapping(allocation.get("nodeSelector"), "status.allocation.nodeSelector")
+    for term in sequence(selector.get("nodeSelectorTerms"), "nodeSelectorTerms"):
+        term = mapping(term, "nodeSelectorTerms[]")
+        for expr in sequence(term.get("matchFields"), "matchFields"):
+            expr = mapping(expr, "matchFields[]")
+            values = sequence(expr.get("values"), "matchFields[].values")
             if expr.get("key") == "metadata.name" and len(values) == 1:
                 return str(values[0])
     return None
@@ -188,25 +198,25 @@ def _allocation_node(allocation: Mapping[str, Any]) -> str | None:
 
 def claim_facts(obj: Mapping[str, Any]) -> ClaimFacts:
     """What the rules read from one ResourceClaim; AccountingError names a malformed field."""
-    meta = acc._mapping(obj.get("metadata"), "metadata")
-    spec = acc._mapping(obj.get("spec"), "spec")
-    status = acc._mapping(obj.get("status"), "status")
-    uid = acc._str(meta.get("uid"), "metadata.uid", required=True)
-    name = acc._str(meta.get("name"), "metadata.name", required=True)
+    meta = mapping(obj.get("metadata"), "metadata")
+    spec = mapping(obj.get("spec"), "spec")
+    status = mapping(obj.get("status"), "status")
+    uid = string(meta.get("uid"), "metadata.uid", required=True)
+    name = string(meta.get("name"), "metadata.name", required=True)
     assert uid is not None and name is not None
-    namespace = acc._str(meta.get("namespace"), "metadata.namespace") or "default"
-    allocation = acc._mapping(status.get("allocation"), "status.allocation")
-    devices = acc._mapping(allocation.get("devices"), "status.allocation.devices")
+    namespace = string(meta.get("namespace"), "metadata.namespace") or "default"
+    allocation = mapping(status.get("allocation"), "status.allocation")
+    devices = mapping(allocation.get("devices"), "status.allocation.devices")
     results = []
-    for i, item in enumerate(acc._sequence(devices.get("results"), "devices.results")):
+    for i, item in enumerate(sequence(devices.get("results"), "devices.results")):
         where = f"status.allocation.devices.results[{i}]"
-        result = acc._mapping(item, where)
+        result = mapping(item, where)
         consumed = {
-            str(k): acc.parse_quantity(v, f"{where}.consumedCapacity[{k!r}]")
-            for k, v in acc._mapping(result.get("consumedCapacity"), "consumedCapacity").items()
+            str(k): parse_quantity(v, f"{where}.consumedCapacity[{k!r}]")
+            for k, v in mapping(result.get("consumedCapacity"), "consumedCapacity").items()
         }
         fields = [
-            acc._str(result.get(f), f"{where}.{f}", required=True)
+            string(result.get(f), f"{where}.{f}", required=True)
             for f in ("request", "driver", "pool", "device")
         ]
         request, driver, pool, device = (str(f) for f in fields)
@@ -217,21 +227,21 @@ def claim_facts(obj: Mapping[str, Any]) -> ClaimFacts:
                 pool=pool,
                 device=device,
                 admin_access=result.get("adminAccess") is True,
-                share_id=acc._str(result.get("shareID"), f"{where}.shareID"),
+                share_id=string(result.get("shareID"), f"{where}.shareID"),
                 consumed=consumed,
             )
         )
     reserved = []
-    for i, item in enumerate(acc._sequence(status.get("reservedFor"), "status.reservedFor")):
-        ref = acc._mapping(item, f"status.reservedFor[{i}]")
+    for i, item in enumerate(sequence(status.get("reservedFor"), "status.reservedFor")):
+        ref = mapping(item, f"status.reservedFor[{i}]")
         if ref.get("resource", "pods") == "pods" and isinstance(ref.get("uid"), str):
             reserved.append(str(ref["uid"]))
-    annotations = acc._mapping(meta.get("annotations"), "metadata.annotations")
+    annotations = mapping(meta.get("annotations"), "metadata.annotations")
     return ClaimFacts(
         uid=uid,
         namespace=namespace,
         name=name,
-        created_at=acc.parse_time(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
+        created_at=parse_time(meta.get("creationTimestamp"), "metadata.creationTimestamp"),
         allocated=bool(allocation),
         results=tuple(results),
         request_classes=_request_classes(spec),
@@ -255,28 +265,28 @@ class PodClaims:
 def pod_claims(pod: Mapping[str, Any]) -> PodClaims:
     """``spec.resourceClaims[]`` resolved through ``status.resourceClaimStatuses[]`` (a
     template's generated claim), and ``status.extendedResourceClaimStatus.resourceClaimName``."""
-    meta = acc._mapping(pod.get("metadata"), "metadata")
-    spec = acc._mapping(pod.get("spec"), "spec")
-    status = acc._mapping(pod.get("status"), "status")
-    uid = acc._str(meta.get("uid"), "metadata.uid", required=True)
+    meta = mapping(pod.get("metadata"), "metadata")
+    spec = mapping(pod.get("spec"), "spec")
+    status = mapping(pod.get("status"), "status")
+    uid = string(meta.get("uid"), "metadata.uid", required=True)
     assert uid is not None
-    namespace = acc._str(meta.get("namespace"), "metadata.namespace") or "default"
+    namespace = string(meta.get("namespace"), "metadata.namespace") or "default"
     generated = {}
     for i, item in enumerate(
-        acc._sequence(status.get("resourceClaimStatuses"), "status.resourceClaimStatuses")
+        sequence(status.get("resourceClaimStatuses"), "status.resourceClaimStatuses")
     ):
-        entry = acc._mapping(item, f"status.resourceClaimStatuses[{i}]")
+        entry = mapping(item, f"status.resourceClaimStatuses[{i}]")
         if isinstance(entry.get("name"), str) and isinstance(entry.get("resourceClaimName"), str):
             generated[entry["name"]] = entry["resourceClaimName"]
     names = []
-    for i, item in enumerate(acc._sequence(spec.get("resourceClaims"), "spec.resourceClaims")):
-        entry = acc._mapping(item, f"spec.resourceClaims[{i}]")
+    for i, item in enumerate(sequence(spec.get("resourceClaims"), "spec.resourceClaims")):
+        entry = mapping(item, f"spec.resourceClaims[{i}]")
         direct = entry.get("resourceClaimName")
         if isinstance(direct, str) and direct:
             names.append(direct)
         elif isinstance(entry.get("name"), str) and entry["name"] in generated:
             names.append(str(generated[entry["name"]]))
-    extended_status = acc._mapping(
+    extended_status = mapping(
         status.get("extendedResourceClaimStatus"), "status.extendedResourceClaimStatus"
     )
     extended = extended_status.get("resourceClaimName")
@@ -304,7 +314,7 @@ class Charge:
 
     device_class: str
     units: int  # allocated GPU devices
-    physical: float  # physical-GPU equivalent of all of them
+    physical: Fraction  # physical-GPU equivalent of all of them, exactly
     gpu_model: str | None
     node: str | None
     mig_profile: str | None
@@ -320,31 +330,33 @@ class Problem:
     detail: str
 
 
-def device_share(device: SliceDevice, config: acc.AccountingConfig = acc.DEFAULT_CONFIG) -> float:
+def device_share(device: SliceDevice, config: AccountingConfig = DEFAULT_CONFIG) -> Fraction:
     """Physical GPUs one device is: a MIG device N/7 of its parent, anything else one."""
     if device.profile and _PROFILE.match(device.profile):
-        share = acc.mig_share(device.profile, config)
+        share = mig_share(device.profile, config)
         if share is not None:
             return share
-    return 1.0
+    return Fraction(1)
 
 
-def _share(result: ClaimResult, device: SliceDevice | None) -> tuple[float, bool]:
+def _share(result: ClaimResult, device: SliceDevice | None) -> tuple[Fraction, bool]:
+    """The part of the device a result holds (exact), and whether that is an estimate."""
+    whole = Fraction(1)
     if result.share_id is None or not result.consumed:
-        return 1.0, False
+        return whole, False
     if device is not None:
         for key in sorted(result.consumed, key=lambda k: (k != "memory", k)):
             total = device.capacity.get(key)
             if total:
-                return min(1.0, float(result.consumed[key] / total)), False
-    return 1.0, True  # the driver declares no such capacity: an upper bound
+                return min(whole, Fraction(result.consumed[key]) / Fraction(total)), False
+    return whole, True  # the driver declares no such capacity: an upper bound
 
 
 def charges(
     claim: ClaimFacts,
     device_of: Mapping[tuple[str, str, str], SliceDevice],
     drivers: Sequence[str] = DEFAULT_GPU_DRIVERS,
-    config: acc.AccountingConfig = acc.DEFAULT_CONFIG,
+    config: AccountingConfig = DEFAULT_CONFIG,
 ) -> tuple[list[Charge], list[Problem]]:
     """The GPUs a claim charges per device class, and the results it could not read fully."""
     problems: list[Problem] = []
@@ -371,7 +383,7 @@ def charges(
         groups.setdefault(device_class, []).append((result, device))
     out = []
     for device_class, members in sorted(groups.items()):
-        physical = 0.0
+        physical = Fraction(0)
         estimated = False
         models = set()
         profiles = set()
@@ -382,14 +394,14 @@ def charges(
             estimated |= guessed
             if result.share_id is not None:
                 sharing = "consumable-capacity"
-            per_device = 1.0
+            per_device = Fraction(1)
             if device is not None:
                 node = node or device.node
                 if device.product_name:
                     models.add(gpu_model(device.product_name))
                 profile = device.profile if device.type == "mig" or device.profile else None
                 if profile and _PROFILE.match(profile):
-                    mig = acc.mig_share(profile, config)
+                    mig = mig_share(profile, config)
                     if mig is not None:
                         per_device = mig
                         profiles.add(profile)
@@ -451,3 +463,15 @@ def charged_pieces(spans: Sequence[PodSpan]) -> dict[str, tuple[int, int | None]
             pieces[span.pod_uid] = (begin, span.end)
             latest = span.end if latest is None else max(latest, span.end)
     return pieces
+
+
+def check_dra(kind: str, obj: Mapping[str, Any]) -> None:
+    """Validate a DRA object with the rules the claim tracker applies (replay's check):
+    AccountingError names the field."""
+    if kind == "ResourceClaim":
+        claim_facts(obj)
+    elif kind == "ResourceSlice":
+        slice_devices(obj)
+    elif kind == "DeviceClass":
+        meta = mapping(obj.get("metadata"), "metadata")
+        string(meta.get("name"), "metadata.name", required=True)

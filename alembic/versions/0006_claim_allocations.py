@@ -1,7 +1,7 @@
 """DRA ResourceClaim allocations: the GPUs a claim holds, charged through the pods using it.
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-24
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0005"
-down_revision: str | None = "0004"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -36,6 +36,8 @@ def upgrade() -> None:
         sa.Column("gpu_model", sa.String(length=253), nullable=True),
         sa.Column("raw_units", sa.Integer(), nullable=False),
         sa.Column("physical_gpus", sa.Float(), nullable=False),
+        sa.Column("share_numerator", sa.BigInteger(), nullable=False),
+        sa.Column("share_denominator", sa.BigInteger(), nullable=False),
         sa.Column("sharing_strategy", sa.String(length=63), nullable=True),
         sa.Column("mig_profile", sa.String(length=32), nullable=True),
         sa.Column("share_estimated", sa.Boolean(), nullable=False),

@@ -1,8 +1,9 @@
-"""DRA claim accounting state: ResourceClaims, ResourceSlices and the pods using the claims.
+"""DRA claims: ResourceClaims, ResourceSlices, DeviceClasses and the pods using the claims.
 
-The Accountant (quota/engine.py) hands it every ResourceClaim, ResourceSlice and DeviceClass
-event, the claims each pod names, and each pod's billing interval as the pod rules compute it;
-the tracker keeps which pods use which claim and what each claim holds (quota/dra.py, recorded
+One state (:class:`ClaimTracker`) behind three trackers, one per kind (ResourceClaim,
+ResourceSlice, DeviceClass: :func:`trackers`). The pod tracker tells it the claims each pod
+names and each claim-using pod's billing interval as the pod rules compute it;
+the tracker keeps which pods use which claim and what each claim holds (rules/claims.py, recorded
 at allocation: model, MIG size, node), and turns that into ``claim_allocations`` rows: per
 claim, device class and pod, the disjoint piece of the claim's charged time (the union of its
 pods' intervals) that pod carries.
@@ -22,17 +23,24 @@ with what is known (an unknown device as one whole GPU, its model from the node)
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
-from quota import accounting as acc
-from quota import dra
-from quota.store.db import ClaimAllocationRow, NodeCapacityRow
+from quota.accounting.pending import PendingWrites
+from quota.accounting.rows import Batch, ClaimAllocationRow, NodeCapacityRow, StoredState
+from quota.accounting.rules import claims as dra
+from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from quota.accounting.rules.ends import END_VANISHED, BillingEnd
+from quota.accounting.rules.nodes import NodeGpus
+from quota.accounting.rules.parse import mapping, parse_time, string
 
 log = logging.getLogger(__name__)
 
 KINDS = frozenset({"ResourceClaim", "ResourceSlice", "DeviceClass"})
+# the DRA kinds' rules check, for replay (re-exported)
+check = dra.check_dra
 PROBLEMS = ("driver", "device", "slice_gone")
 
 
@@ -84,13 +92,18 @@ class ClaimTracker:
 
     def __init__(
         self,
-        config: acc.AccountingConfig = acc.DEFAULT_CONFIG,
+        config: AccountingConfig = DEFAULT_CONFIG,
         drivers: tuple[str, ...] = dra.DEFAULT_GPU_DRIVERS,
-        node_facts: Callable[[str], acc.NodeGpus | None] = lambda _name: None,
+        node_facts: Callable[[str], NodeGpus | None] = lambda _name: None,
+        pending: PendingWrites | None = None,
+        retention_seconds: int = 3600,
     ) -> None:
         self.config = config
         self.drivers = drivers
         self.node_facts = node_facts
+        self.pending = pending if pending is not None else PendingWrites()
+        self.retention_seconds = retention_seconds
+        self.now = 0  # the latest observation time seen
         self._claims: dict[str, _Claim] = {}
         self._by_name: dict[tuple[str, str], str] = {}  # (namespace, name) -> current UID
         self._pods: dict[str, _PodInfo] = {}
@@ -106,7 +119,7 @@ class ClaimTracker:
         self._dirty: set[str] = set()
         # DRA devices as node capacity (idle GPU-hours): (node, resource) -> open interval
         self._capacity: dict[tuple[str, str], tuple[int, tuple[Any, ...]]] = {}
-        self._pending_capacity: dict[tuple[str, str, int], NodeCapacityRow] = {}
+        self._slice_seen: dict[str, int] = {}
         self.problems: dict[str, int] = dict.fromkeys(PROBLEMS, 0)
 
     # ------------------------------------------------------------------------------ restart
@@ -126,7 +139,7 @@ class ClaimTracker:
                     dra.Charge(
                         device_class=row.resource_name,
                         units=row.raw_units,
-                        physical=row.physical_gpus,
+                        physical=row.raw_units * row.share,
                         gpu_model=row.gpu_model,
                         node=row.node,
                         mig_profile=row.mig_profile,
@@ -155,39 +168,43 @@ class ClaimTracker:
     def apply(self, kind: str, obj: Mapping[str, Any], deleted: bool, observed_at: int) -> None:
         """One ResourceClaim, ResourceSlice or DeviceClass event; AccountingError for an
         object the rules cannot read (the state is then unchanged)."""
+        self.now = max(self.now, observed_at)
         if kind == "ResourceClaim":
             self._apply_claim(dra.claim_facts(obj), deleted, observed_at)
         elif kind == "ResourceSlice":
             name, devices = dra.slice_devices(obj)
-            meta = acc._mapping(obj.get("metadata"), "metadata")
-            created = acc.parse_time(meta.get("creationTimestamp"), "metadata.creationTimestamp")
+            meta = mapping(obj.get("metadata"), "metadata")
+            created = parse_time(meta.get("creationTimestamp"), "metadata.creationTimestamp")
+            self._slice_seen[name] = max(self._slice_seen.get(name, 0), observed_at)
             if deleted:
                 self._drop_slice(name, observed_at)
+                self._slice_seen.pop(name, None)
             else:
                 self._add_slice(name, devices, observed_at, created)
         elif kind == "DeviceClass":
-            meta = acc._mapping(obj.get("metadata"), "metadata")
-            spec = acc._mapping(obj.get("spec"), "spec")
-            class_name = str(acc._str(meta.get("name"), "metadata.name", required=True))
+            meta = mapping(obj.get("metadata"), "metadata")
+            spec = mapping(obj.get("spec"), "spec")
+            class_name = str(string(meta.get("name"), "metadata.name", required=True))
             if deleted:
                 self._classes.pop(class_name, None)
             else:
                 extended = spec.get("extendedResourceName")
                 self._classes[class_name] = str(extended) if isinstance(extended, str) else None
 
-    def resync(self, kind: str, listed: set[Any], at: int) -> None:
+    def resync(self, kind: str, listed: Set[Hashable], heartbeat: int) -> None:
         """After a full list of ``kind`` (already applied): what is known but was not listed
-        (claims by UID, slices and classes by name) is gone."""
+        (claims by UID, slices and classes by name) is gone; a slice's devices leave the
+        capacity at the last time the slice was known to exist."""
         if kind == "ResourceClaim":
             for uid, claim in self._claims.items():
                 if uid not in listed and not claim.gone:
                     claim.gone = True
                     self._dirty.add(uid)
         elif kind == "ResourceSlice":
-            for name in set(self._slices) - listed:
-                self._drop_slice(name, at)
+            for name in set(self._slices) - set(listed):
+                self._drop_slice(name, max(heartbeat, self._slice_seen.pop(name, 0)))
         else:
-            for name in set(self._classes) - listed:
+            for name in set(self._classes) - set(listed):
                 del self._classes[name]
 
     def _apply_claim(self, facts: dra.ClaimFacts, deleted: bool, observed_at: int) -> None:
@@ -299,10 +316,7 @@ class ClaimTracker:
         for (driver, model), devices in groups.items():
             several = sum(1 for d, _ in groups if d == driver) > 1
             resource = f"{driver}/{model}" if several else driver
-            physical = 0.0
-            for device in devices:
-                share = dra.device_share(device, self.config)
-                physical += share
+            physical = sum((dra.device_share(d, self.config) for d in devices), Fraction(0))
             wanted[resource] = (pool, model, len(devices), physical)
         for (known_node, resource), (start, value) in list(self._capacity.items()):
             if known_node != node or wanted.get(resource) == value:
@@ -316,6 +330,16 @@ class ClaimTracker:
             start = min(at, created) if first and created is not None else at
             self._capacity[(node, resource)] = (start, value)
             self._queue_capacity(node, resource, start, value, None)
+
+    # NodeListener: pods' ends come from the pod tracker; only the facts matter here
+    def node_deleted(self, node: str, at: int) -> None:
+        pass
+
+    def node_vanished(self, node: str, heartbeat: int) -> None:
+        pass
+
+    def node_known(self, node: str) -> None:
+        self.node_seen(node)
 
     def node_seen(self, node: str) -> None:
         """The node's facts arrived (or changed): DRA capacity recorded before its pool was
@@ -333,17 +357,24 @@ class ClaimTracker:
         self, node: str, resource: str, start: int, value: tuple[Any, ...], end: int | None
     ) -> None:
         pool, model, units, physical = value
-        self._pending_capacity[(node, resource, start)] = NodeCapacityRow(
-            node=node,
-            resource_name=resource,
-            node_pool=pool,
-            gpu_model=model,
-            allocatable_units=units,
-            physical_gpus=physical,
-            mig_profile=None,
-            labels={},
-            started_at=start,
-            ended_at=end,
+        share = physical / units if units else Fraction(1)
+        # the node tracker's collect() writes every pending capacity row
+        self.pending.put(
+            (node, resource, start),
+            NodeCapacityRow(
+                node=node,
+                resource_name=resource,
+                node_pool=pool,
+                gpu_model=model,
+                allocatable_units=units,
+                physical_gpus=float(physical),
+                mig_profile=None,
+                labels={},
+                started_at=start,
+                ended_at=end,
+                share_numerator=share.numerator,
+                share_denominator=share.denominator,
+            ),
         )
 
     def is_capacity(self, resource: str) -> bool:
@@ -353,11 +384,13 @@ class ClaimTracker:
     def load_capacity(self, row: NodeCapacityRow) -> None:
         self._capacity[(row.node, row.resource_name)] = (
             row.started_at,
-            (row.node_pool, row.gpu_model, row.allocatable_units, row.physical_gpus),
+            (
+                row.node_pool,
+                row.gpu_model,
+                row.allocatable_units,
+                row.allocatable_units * row.share,
+            ),
         )
-
-    def pending_capacity(self) -> list[NodeCapacityRow]:
-        return list(self._pending_capacity.values())
 
     # --------------------------------------------------------------------------------- pods
 
@@ -413,7 +446,7 @@ class ClaimTracker:
         pod_name: str,
         owner: tuple[str | None, str | None],
         started_at: int | None,
-        end: acc.BillingEnd | None,
+        end: BillingEnd | None,
         last_seen: int,
     ) -> None:
         """The pod's billing interval as the pod rules compute it (called when it changes)."""
@@ -463,7 +496,7 @@ class ClaimTracker:
                         span.owner_name,
                         span.start,
                         max(span.start, at, span.last_seen),
-                        acc.END_VANISHED,
+                        END_VANISHED,
                         True,
                         span.last_seen,
                     )
@@ -478,6 +511,7 @@ class ClaimTracker:
         pieces = dra.charged_pieces([dra.PodSpan(s.pod_uid, s.start, s.end) for s in spans])
         rows = []
         for charge in claim.charges:
+            share = charge.physical / charge.units if charge.units else Fraction(1)
             node = self.node_facts(charge.node) if charge.node else None
             if charge.device_class not in claim.pool or claim.pool[charge.device_class] is None:
                 claim.pool[charge.device_class] = node.node_pool if node else None
@@ -500,7 +534,9 @@ class ClaimTracker:
                         node_pool=claim.pool[charge.device_class],
                         gpu_model=model,
                         raw_units=charge.units,
-                        physical_gpus=charge.physical,
+                        physical_gpus=float(charge.physical),
+                        share_numerator=share.numerator,
+                        share_denominator=share.denominator,
                         sharing_strategy=charge.sharing,
                         mig_profile=charge.mig_profile,
                         share_estimated=charge.estimated,
@@ -532,7 +568,6 @@ class ClaimTracker:
         for row in rows:
             self._claims[row.claim_uid].written[(row.pod_uid, row.resource_name)] = row
         self._dirty.clear()
-        self._pending_capacity.clear()
 
     def open_rows(self) -> list[ClaimAllocationRow]:
         return [
@@ -603,3 +638,83 @@ def _merge(old: _Span, new: _Span) -> _Span:
 
 def claim_key(facts: dra.ClaimFacts) -> tuple[str, str]:
     return (facts.namespace, facts.name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trackers the Accountant registers: one per kind, over one ClaimTracker
+
+
+class _DraTracker:
+    """A DRA kind's Tracker (quota/accounting/trackers/base.py) over the shared state."""
+
+    kind = ""
+    plural = ""
+
+    def __init__(self, state: ClaimTracker) -> None:
+        self.state = state
+
+    def load(self, state: StoredState) -> None:
+        pass
+
+    def apply(self, obj: Mapping[str, Any], deleted: bool, observed_at: int) -> None:
+        self.state.apply(self.kind, obj, deleted, observed_at)
+
+    def identity(self, obj: Mapping[str, Any]) -> Hashable:
+        return (obj.get("metadata") or {}).get("name")
+
+    def vanish(self, listed: Set[Hashable], heartbeat: int) -> None:
+        self.state.resync(self.kind, listed, heartbeat)
+
+    def collect(self, batch: Batch) -> None:
+        pass
+
+    def written(self, batch: Batch) -> None:
+        pass
+
+    def count(self) -> int:
+        return self.state.tracked()[self.plural]
+
+
+class ResourceClaimTracker(_DraTracker):
+    """Owns the claim rows: loads them on restart, collects and prunes them."""
+
+    kind = "ResourceClaim"
+    plural = "resourceclaims"
+
+    def load(self, state: StoredState) -> None:
+        self.state.load(state.claim_allocations)
+        for row in state.node_capacity:
+            if self.state.is_capacity(row.resource_name):
+                self.state.load_capacity(row)
+
+    def identity(self, obj: Mapping[str, Any]) -> Hashable:
+        return (obj.get("metadata") or {}).get("uid")
+
+    def collect(self, batch: Batch) -> None:
+        batch.claim_allocations.extend(self.state.pending_rows())
+
+    def written(self, batch: Batch) -> None:
+        self.state.written(batch.claim_allocations)
+        self.state.prune(self.state.now - self.state.retention_seconds)
+
+
+class ResourceSliceTracker(_DraTracker):
+    kind = "ResourceSlice"
+    plural = "resourceslices"
+
+
+class DeviceClassTracker(_DraTracker):
+    kind = "DeviceClass"
+    plural = "deviceclasses"
+
+
+TRACKER_TYPES: tuple[type[_DraTracker], ...] = (
+    DeviceClassTracker,
+    ResourceSliceTracker,
+    ResourceClaimTracker,
+)
+
+
+def trackers(state: ClaimTracker) -> list[_DraTracker]:
+    """The three DRA trackers over ``state``, slices before claims."""
+    return [cls(state) for cls in TRACKER_TYPES]
