@@ -77,6 +77,7 @@ WORKER_IDLE_S = 120.0  # a GPU worker thread idle this long ends (a new one star
 _TIERS = field_tiers()
 
 
+@functools.cache
 def _tier(*fields: str) -> Tier:
     """The tier the metric table gives these snapshot fields (the fastest of them)."""
     return min((_TIERS[f] for f in fields), key=lambda t: _TIER_RANK[t])

@@ -98,6 +98,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "gqsim_counter": (cd, [vp, ci, cp]),
         "gqsim_set_counter": (ci, [vp, ci, cp, cd]),
         "gqsim_reason_counter_name": (cp, [ci]),
+        "gqsim_call_count": (ull, [vp, cp]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -354,6 +355,11 @@ class SimNode:
         if not function.startswith("nvml") or ms < 0:
             raise ValueError(f"need an NVML function name and ms >= 0, not {function!r}, {ms!r}")
         self._set_cost(-1 if i is None else i, function, CallCost(float(ms), overlap))
+
+    def call_count(self, function: str) -> int:
+        """How often `function` (a name in the cost table) was called with costs modelled,
+        by every process on this node: benchmarks count another program's rounds with it."""
+        return int(self._lib.gqsim_call_count(self._ptr(), function.encode()))
 
     def counter(self, i: int, name: str) -> float:
         """A wall-time counter of GPU `i`: pcie_tx_bytes, pcie_rx_bytes, or nanoseconds

@@ -27,6 +27,7 @@ typedef struct {
     int32_t gpu;       /* -1: every GPU (and the system calls) */
     uint32_t kind;     /* gq_cost_kind */
     double cost_us;
+    uint64_t calls; /* calls this entry costed, every process together (benchmarks count) */
 } gq_cost_entry;
 
 typedef struct {

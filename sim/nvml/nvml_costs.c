@@ -1,8 +1,9 @@
 /* The cost hook: every simulated NVML call waits the wall time the real call takes (the
  * table in sim/nvml/costs.py, written into gq_state.costs). QUEUE calls wait in line on one
  * lock per GPU (or one per library, GQ_SCOPE_LIBRARY); OVERLAP calls wait side by side.
- * Waits of more than a few hundred microseconds sleep; shorter ones spin, as an ioctl would
- * keep the CPU busy. Locks are per process, as NVML's own are. */
+ * Short calls (up to GQ_SPIN_US, the ioctl-like ones) spin, keeping the CPU busy as the
+ * driver call would; longer ones (sampling windows, firmware queries) sleep. Locks are per
+ * process, as NVML's own are. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 static pthread_mutex_t gq_gpu_queue[GQ_MAX_GPUS + 1]; /* the last: system calls */
 static pthread_mutex_t gq_library_queue = PTHREAD_MUTEX_INITIALIZER;
 static int gq_env_instant = -1;
+#define GQ_SPIN_US 100.0
 
 __attribute__((constructor)) static void gq_init_queues(void) {
     for (int i = 0; i <= GQ_MAX_GPUS; i++) pthread_mutex_init(&gq_gpu_queue[i], NULL);
@@ -26,15 +28,15 @@ static int64_t gq_mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* Waits `us` microseconds of wall time: sleeps most of a long wait, spins the rest. */
+/* Waits `us` microseconds of wall time: spins through a short wait, sleeps a long one. */
 static void gq_wait_us(double us) {
     if (us <= 0) return;
     int64_t deadline = gq_mono_ns() + (int64_t)(us * 1000.0);
-    if (us > 300.0) {
-        int64_t wake = deadline - 100000; /* wake 100 us early: timer slack */
-        struct timespec ts = {(time_t)(wake / 1000000000LL), (long)(wake % 1000000000LL)};
+    if (us > GQ_SPIN_US) {
+        struct timespec ts = {(time_t)(deadline / 1000000000LL), (long)(deadline % 1000000000LL)};
         while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != 0) {
         }
+        return;
     }
     while (gq_mono_ns() < deadline) {
     }
@@ -82,6 +84,7 @@ void gq_nvml_cost(const char *function, int gpu, double extra_us) {
     if (st == NULL || !gq_costs_on(&st->costs)) return;
     const gq_costs *c = &st->costs;
     const gq_cost_entry *e = gq_cost_of(c, function, gpu);
+    if (e != NULL) __atomic_fetch_add(&((gq_cost_entry *)e)->calls, 1, __ATOMIC_RELAXED);
     double us = (e ? e->cost_us : c->default_us) + extra_us;
     if (us <= 0) return;
     if (e != NULL && e->kind == GQ_COST_OVERLAP) {
@@ -151,6 +154,17 @@ GQ_EXPORT int gqsim_set_cost(void *vst, int gpu, const char *function, double co
     c->generation++;
     gq_unlock(st);
     return rc;
+}
+
+/* Calls of `function` costed so far (with modelled costs on), all GPUs and processes. */
+GQ_EXPORT unsigned long long gqsim_call_count(void *vst, const char *function) {
+    gq_state *st = vst;
+    if (st == NULL) return 0;
+    unsigned long long total = 0;
+    for (uint32_t i = 0; i < st->costs.count && i < GQ_MAX_COSTS; i++)
+        if (strcmp(st->costs.entries[i].function, function) == 0)
+            total += __atomic_load_n(&st->costs.entries[i].calls, __ATOMIC_RELAXED);
+    return total;
 }
 
 GQ_EXPORT int gqsim_set_field_cost(void *vst, int field_id, double cost_us) {

@@ -83,7 +83,9 @@ def test_energy_queues_and_pcie_throughput_overlaps(nvml: Callable[[Any], SimNod
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     node.set_call_cost(None, "nvmlDeviceGetTotalEnergyConsumption", 300)
     node.set_call_cost(None, "nvmlDeviceGetPcieThroughput", 300, overlap=True)
+    before = node.call_count("nvmlDeviceGetTotalEnergyConsumption")
     queued = _timed(4, lambda _k: pynvml.nvmlDeviceGetTotalEnergyConsumption(h))
+    assert node.call_count("nvmlDeviceGetTotalEnergyConsumption") == before + 4
     assert queued >= 1.2  # four callers, one after another
     overlapped = _timed(4, lambda _k: pynvml.nvmlDeviceGetPcieThroughput(h, 0))
     assert overlapped < 1.0  # side by side: one 300 ms window (queued would be 1.2 s)
