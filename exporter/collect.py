@@ -598,15 +598,17 @@ class Collector:
         ids += [fid for _, fid in FI_CLOCK_EVENT_TIME] if clock_times else []
         if not ids:
             return {}
-        read_at = time.monotonic()
         got = reads.value(self.api.field_values, handle, tuple(ids)) or [None] * len(ids)
+        read_at = time.monotonic()  # when the counters were read (fields each take their time)
         by_id = dict(zip(ids, got, strict=True))
         v: dict[str, Any] = {}
         for name, fid, scale in scalars:
             raw = by_id[fid]
             v[name] = None if raw is None else (int(raw) if scale == 1.0 else raw * scale)
         if "pcie_tx_bytes" in v:
-            v.update(self._pcie_rates(cache, read_at, v["pcie_tx_bytes"], v["pcie_rx_bytes"]))
+            v.update(
+                self._pcie_rates(cache, reads, read_at, v["pcie_tx_bytes"], v["pcie_rx_bytes"])
+            )
         if nvlinks:
             totals = tuple(by_id[fid] for fid in FI_NVLINK_TOTALS)
             v["nvlinks"] = self._read_nvlinks(handle, cache, totals, reads)
@@ -620,14 +622,14 @@ class Collector:
         return v
 
     def _pcie_rates(
-        self, cache: _GpuCache, at: float, tx: int | None, rx: int | None
+        self, cache: _GpuCache, reads: _Reads, at: float, tx: int | None, rx: int | None
     ) -> dict[str, float | None]:
         """Bytes/s from the byte counters: since the previous reading, or, for a GPU read
         for the first time, over a second reading right after (a short but real window)."""
         previous = cache.pcie_at
         if previous is None and tx is not None and cache.handle is not None:
             time.sleep(0.001)  # a window of at least a millisecond
-            again = self.api.field_values(cache.handle, _PCIE_COUNTERS)
+            again = reads(self.api.field_values, cache.handle, _PCIE_COUNTERS) or (None, None)
             previous, (tx, rx) = (at, tx, rx), (_int(again[0]), _int(again[1]))
             at = time.monotonic()
         cache.pcie_at = (at, tx, rx)
