@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.nvml import build
-from sim.nvml.costs import MAX_FIELD_ID, MODES, QUEUEING, CallCost, NodeCosts
+from sim.nvml.costs import MAX_FIELD_ID, MODES, QUEUEING, CallCost
 from sim.nvml.spec import NodeSpec, load
 
 NVML_SUCCESS = 0
@@ -121,7 +121,6 @@ class SimNode:
         self._lib = lib
         self._state = state
         self._lib_path = lib_path
-        self._costs = NodeCosts()
 
     # -- life cycle ---------------------------------------------------------------------
 
@@ -333,17 +332,17 @@ class SimNode:
     # -- costs and wall-time counters (sim/nvml/costs.py) ----------------------------------
 
     def set_costs(self, mode: str | None = None, queueing: str | None = None) -> None:
-        """Switches the cost model: mode modelled/instant/default, queueing gpu/library."""
-        costs = self._costs
+        """Switches the cost model: mode modelled/instant/default, queueing gpu/library
+        (None keeps what the node has)."""
         if mode is not None and mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if queueing is not None and queueing not in QUEUEING:
             raise ValueError(f"queueing must be gpu or library, not {queueing!r}")
-        self._costs = costs = NodeCosts(
-            mode or costs.mode, queueing or costs.queueing, costs.default_ms, costs.calls,
-            costs.field_default_ms, costs.fields,
-        )  # fmt: skip
-        self._lib.gqsim_costs_mode(self._ptr(), MODES[costs.mode], QUEUEING[costs.queueing])
+        self._lib.gqsim_costs_mode(
+            self._ptr(),
+            _NONE if mode is None else MODES[mode],
+            _NONE if queueing is None else QUEUEING[queueing],
+        )
 
     def set_call_cost(
         self, i: int | None, function: str, ms: float, *, overlap: bool = False
@@ -406,7 +405,6 @@ class SimNode:
         for g in spec.gpus:
             for function, cost in g.call_costs.items():
                 self._set_cost(g.index, function, cost)
-        self._costs = costs
 
     # -- internals ----------------------------------------------------------------------
 

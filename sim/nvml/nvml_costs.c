@@ -125,11 +125,12 @@ GQ_EXPORT int gqsim_costs_reset(void *vst, unsigned mode, unsigned scope, double
     return 0;
 }
 
+/* Switches the mode and/or the queueing; GQ_NONE (0xFFFFFFFF) keeps the current one. */
 GQ_EXPORT int gqsim_costs_mode(void *vst, unsigned mode, unsigned scope) {
     gq_state *st = vst;
     if (st == NULL) return -1;
-    __atomic_store_n(&st->costs.scope, scope, __ATOMIC_RELEASE);
-    __atomic_store_n(&st->costs.mode, mode, __ATOMIC_RELEASE);
+    if (scope != GQ_NONE) __atomic_store_n(&st->costs.scope, scope, __ATOMIC_RELEASE);
+    if (mode != GQ_NONE) __atomic_store_n(&st->costs.mode, mode, __ATOMIC_RELEASE);
     return 0;
 }
 

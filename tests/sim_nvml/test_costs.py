@@ -16,6 +16,7 @@ from typing import Any
 import pynvml
 import pytest
 
+from sim.nvml import cli
 from sim.nvml.control import SimNode
 from sim.nvml.costs import H100_CALLS, parse
 from sim.nvml.spec import load
@@ -129,3 +130,36 @@ def test_counters_run_with_wall_time(nvml: Callable[[Any], SimNode]) -> None:
     with pytest.raises(ValueError, match="unknown counter"):
         node.counter(0, "bogus")
     assert node.counter(1, "pcie_tx_bytes") == 0.0
+
+
+def _energy_behind_power(handles: list[Any]) -> float:
+    """Seconds GPU 0's energy call takes while GPU 1's power call is in flight."""
+    power = threading.Thread(target=pynvml.nvmlDeviceGetPowerUsage, args=(handles[1],))
+    power.start()
+    time.sleep(0.05)
+    started = time.perf_counter()
+    pynvml.nvmlDeviceGetTotalEnergyConsumption(handles[0])
+    took = time.perf_counter() - started
+    power.join()
+    return took
+
+
+def test_cli_switches_costs_and_sets_one_call(nvml: Callable[[Any], SimNode]) -> None:
+    node = nvml({"model": "H100-SXM5-80GB", "count": 2})  # instant (the suite's default)
+    state = str(node.path)
+    assert cli.main([state, "costs", "modelled", "--queueing", "library"]) == 0
+    assert cli.main([state, "cost", "1", "nvmlDeviceGetPowerUsage", "250"]) == 0
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2)]
+    started = time.perf_counter()
+    pynvml.nvmlDeviceGetPowerUsage(handles[1])
+    assert time.perf_counter() - started >= 0.25
+    # library-wide queueing: GPU 0's energy call waits behind GPU 1's slow power call
+    node.set_call_cost(1, "nvmlDeviceGetPowerUsage", 600)
+    assert _energy_behind_power(handles) >= 0.4
+    assert cli.main([state, "costs", "modelled", "--queueing", "gpu"]) == 0
+    assert _energy_behind_power(handles) < 0.3  # its own line: 5 ms
+    assert cli.main([state, "costs", "instant"]) == 0
+    started = time.perf_counter()
+    pynvml.nvmlDeviceGetPowerUsage(handles[1])
+    assert time.perf_counter() - started < 0.3
+    assert cli.main([state, "cost", "0", "GetPowerUsage", "1"]) == 2  # bad input: exit 2
