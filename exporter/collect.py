@@ -74,6 +74,7 @@ Subscriber = Callable[[NodeSnapshot], None]
 MIG_RESCAN_COLLECTIONS = 60  # re-enumerate MIG instances this often even without errors
 SLOW_INTERVALS = 5  # default slow_interval: this many collection intervals
 WORKER_IDLE_S = 120.0  # a GPU worker thread idle this long ends (a new one starts on demand)
+STALL_ROUNDS = 3  # a GPU whose read is this many read timeouts late is published as ERROR
 _TIERS = field_tiers()
 
 
@@ -181,6 +182,12 @@ class _GpuWorker:
         self._job: frozenset[Tier] | None = None
         self._busy = False
         self._thread: threading.Thread | None = None
+        self.started_at = 0.0  # time.monotonic() of the current (or last) job
+
+    def busy_for(self) -> float:
+        """Seconds the current job has been running; 0 when idle."""
+        with self._cv:
+            return time.monotonic() - self.started_at if self._busy else 0.0
 
     def submit(self, tiers: frozenset[Tier]) -> bool:
         """Starts reading `tiers`; False while the previous job has not finished."""
@@ -189,6 +196,7 @@ class _GpuWorker:
                 return False
             self._busy = True
             self._job = tiers
+            self.started_at = time.monotonic()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
                 self._thread.start()
@@ -360,7 +368,15 @@ class Collector:
         for worker in submitted:
             worker.wait(deadline)
         devices: list[DeviceSnapshot] = []
+        stall_after = STALL_ROUNDS * max(self.interval, self.read_timeout)
         for index in range(count):
+            stuck = self._workers[index].busy_for()
+            if stuck > stall_after:
+                # NVML has not answered for this GPU for several rounds: it is not read, so
+                # say so (health marks it); the other GPUs are published as read
+                why = (("collector", f"NVML has not answered for {stuck:.0f} s"),)
+                devices.append(self._unreadable(index, DeviceState.ERROR, why))
+                continue
             got = self._gpus[index].devices
             devices.extend(
                 got if got is not None else [self._unreadable(index, DeviceState.ERROR, ())]

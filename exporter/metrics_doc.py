@@ -30,8 +30,9 @@ cadence in the **Read** column, declared with the metric in exporter/metrics.py:
   when read less often) and slowly changing state.
 - **once**: when the device is first seen, and again after it was lost or reset.
 
-A GPU whose NVML call hangs keeps its last reading and holds up no other GPU; its
-`gpuquota_exporter_read_age_seconds` shows how old each tier is. `gpuquota_exporter_nvml_calls_total`
+A GPU whose NVML call hangs holds up no other GPU: it keeps its last reading (its
+`gpuquota_exporter_read_age_seconds` shows how old each tier is) and, once the call is three
+read timeouts (`max(--interval, 1 s)` each) late, is published as `state="error"`. `gpuquota_exporter_nvml_calls_total`
 and `gpuquota_exporter_nvml_call_seconds_total` give each NVML function's latency.
 When `nvmlDeviceGetCount` fails, the GPUs already known are still read
 (`gpuquota_exporter_nvml_up` is 0 for that round). Units are Prometheus base units (bytes, seconds, watts, joules, hertz,

@@ -587,7 +587,7 @@ def test_a_hung_call_on_one_gpu_holds_up_no_other(nvml_on: NvmlOn) -> None:
     node, api = nvml_on({"model": "H100-SXM5-80GB", "count": 4, "nvml_costs": {"mode": "modelled"}})
     collector = Collector(api, interval=0.1, read_timeout=0.3)
     collector.collect_once()
-    node.set_call_cost(2, "nvmlDeviceGetPowerUsage", 5000)  # GPU 2's power call hangs for 5 s
+    node.set_call_cost(2, "nvmlDeviceGetPowerUsage", 2500)  # GPU 2's power call hangs 2.5 s
     node.set(1, power_watts=400.0)
     node.set(2, power_watts=500.0)
     started = time.monotonic()
@@ -595,9 +595,17 @@ def test_a_hung_call_on_one_gpu_holds_up_no_other(nvml_on: NvmlOn) -> None:
     again = collector.collect_once()  # GPU 2 still busy: not even waited for
     took = time.monotonic() - started
     node.set_call_cost(2, "nvmlDeviceGetPowerUsage", 0)
-    assert took < 4.0  # two rounds, each bounded by read_timeout, not by the 5 s call
+    assert took < 2.0  # two rounds, each bounded by read_timeout, not by the 2.5 s call
     assert stalled.devices[1].power_watts == again.devices[1].power_watts == 400.0
     assert again.devices[2].state is DeviceState.OK
     assert again.devices[2].power_watts != 500.0  # its last complete reading
     ages = {i: dict(again.devices[i].read_at)["fast"] for i in (1, 2)}
     assert ages[2] < ages[1]  # GPU 2's fast tier is older
+    time.sleep(1.0)  # more than 3 read timeouts: GPU 2 is now marked, and only GPU 2
+    late = collector.collect_once()
+    assert [d.state for d in late.devices] == [DeviceState.OK] * 2 + [DeviceState.ERROR] + [
+        DeviceState.OK
+    ]
+    assert late.devices[2].uuid == node.uuid(2)
+    assert late.devices[2].errors[0][1].startswith("NVML has not answered for")
+    wait_for(lambda: collector.collect_once().devices[2].power_watts == 500.0, timeout=10)
