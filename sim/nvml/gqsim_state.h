@@ -9,8 +9,10 @@
 
 #include <stdint.h>
 
+#include "gqsim_costs.h"
+
 #define GQ_MAGIC 0x4751534d4e564d4cULL /* "GQSMNVML" */
-#define GQ_VERSION 1
+#define GQ_VERSION 2
 #define GQ_MAX_GPUS 16
 #define GQ_MAX_MIG 7
 #define GQ_MAX_PROCS 64
@@ -127,6 +129,7 @@ typedef struct {
     gq_xid xids[GQ_XID_RING];
     gq_fail system_fails[GQ_MAX_FAILS];
     gq_gpu gpus[GQ_MAX_GPUS];
+    gq_costs costs; /* NVML call costs and wall-time counters (gqsim_costs.h) */
 } gq_state;
 
 #endif
