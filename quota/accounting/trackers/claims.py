@@ -486,6 +486,9 @@ class ClaimTracker:
     def resync_pods(self, listed: set[str], engine_knows: set[str], at: int) -> None:
         """After a full pod list: a pod known only from the store (loaded spans) and not
         listed vanished while unwatched; close it at the last time it was known to exist."""
+        # pods that named claims but never started, and are gone: nothing to remember
+        for uid in [u for u, i in self._pods.items() if i.span is None and u not in listed]:
+            del self._pods[uid]
         for claim in self._claims.values():
             for uid, span in list(claim.spans.items()):
                 if span.end is None and uid not in listed and uid not in engine_knows:
