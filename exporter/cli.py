@@ -23,7 +23,7 @@ from exporter import metrics
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
 from exporter.dra import service as dra_service
-from exporter.http import ExporterServer
+from exporter.http import READY_AFTER_INTERVALS, ExporterServer, default_liveness_timeout
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
@@ -32,7 +32,7 @@ from exporter.wiring import HealthWiring, KubeConfigUnavailableError
 from exporter.wiring import add_arguments as add_health_arguments
 from exporter.xid import XidWatcher
 from gpuquota.commandline import OneLineParser, add_version
-from gpuquota.durations import duration_flag, format_duration
+from gpuquota.durations import Multiple, duration_flag, duration_or_multiple_flag, format_duration
 
 log = logging.getLogger("gpu-exporter")
 
@@ -117,6 +117,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often NVML is read, e.g. 1s, 500ms (default 1s)",
     )
     parser.add_argument(
+        "--liveness-timeout",
+        type=duration_or_multiple_flag(),
+        default=None,
+        metavar="DURATION|Nx",
+        help="/healthz fails (so the kubelet restarts the exporter) when no collection has "
+        "finished for this long, e.g. 30s or 10x (ten intervals); default 10x, at least 10s",
+    )
+    parser.add_argument(
         "--compat",
         type=parse_compat,
         action="append",
@@ -194,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
         except WebConfigError as exc:
             raise UsageError(str(exc)) from None
 
+    liveness = liveness_timeout(args.liveness_timeout, args.interval)
     api = NvmlApi()
     start_nvml(api)
     collector = Collector(
@@ -232,7 +241,14 @@ def run(args: argparse.Namespace) -> int:
         collector.add_enricher(pods.enrich)
     host, port = args.listen
     try:
-        server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
+        server = ExporterServer(
+            collector,
+            renderer,
+            host=host,
+            port=port,
+            web_config=web_config,
+            liveness_timeout=liveness,
+        )
     except OSError as exc:
         api.shutdown()
         where = f"{host or '*'}:{port}"
@@ -283,6 +299,21 @@ def run(args: argparse.Namespace) -> int:
         xid.stop()
         api.shutdown()
     return 0
+
+
+def liveness_timeout(value: float | Multiple | None, interval: float) -> float:
+    """--liveness-timeout in seconds; it must leave room for the readiness limit."""
+    if value is None:
+        return default_liveness_timeout(interval)
+    seconds = value.of(interval) if isinstance(value, Multiple) else value
+    shortest = READY_AFTER_INTERVALS * interval
+    if seconds < shortest:
+        raise UsageError(
+            f"--liveness-timeout {format_duration(seconds)} is shorter than "
+            f"{READY_AFTER_INTERVALS} x --interval ({format_duration(shortest)}): "
+            "the exporter would be restarted between two healthy collections"
+        )
+    return seconds
 
 
 def start_nvml(api: NvmlApi) -> None:
