@@ -257,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
 
     health.attach(collector, xid, server)
+    if health.plugin_manager is not None:  # its kubelet registration, for an alert
+        collector.add_enricher(health.plugin_manager.enrich)
     if dra is not None:
         dra.attach(health.service.checker)
 

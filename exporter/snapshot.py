@@ -193,3 +193,5 @@ class NodeSnapshot:
     claims: dict[str, tuple[ClaimRef, ...]] = field(default_factory=dict)
     # DRA attribution's own state (None: DRA attribution off)
     dra: DraStatus | None = None
+    # resource -> registered with the running kubelet (None: no --device-plugin)
+    device_plugin: dict[str, bool] | None = None

@@ -204,6 +204,9 @@ def test_alerts_use_only_known_metrics() -> None:
         "GPUXidError",
         "GPUEccUncorrectable",
         "GPUExporterDown",
+        "GPUExporterNVMLDown",
+        "GPUExporterCollectionStalled",
+        "GPUDevicePluginNotRegistered",
         "GPUQuotaNearLimit",
     } <= names
     for alert in alerts:
