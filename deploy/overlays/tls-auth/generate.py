@@ -22,7 +22,9 @@ BCRYPT_COST = 12  # exporter-toolkit's recommendation; checks are remembered, no
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--user", default="prometheus", help="basic-auth user (default %(default)s)")
+    parser.add_argument(
+        "--user", default="prometheus", help="basic-auth user (default %(default)s)"
+    )
     parser.add_argument("--namespace", default="gpuquota", help="for the certificate's name")
     parser.add_argument("--days", type=int, default=825, help="certificate lifetime in days")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent, help="folder to write")
