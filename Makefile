@@ -53,6 +53,7 @@ bench: $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m bench.controller
 	$(BIN)/python -m bench.report
 	$(BIN)/python -m bench.sim_nvml
+	$(BIN)/python -m bench.scrape
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

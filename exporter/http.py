@@ -39,6 +39,7 @@ from exporter.authguard import AuthGuard, Verdict
 from exporter.collect import Collector
 from exporter.health.verdict import NodeHealth
 from exporter.render import CONTENT_TYPE, Renderer
+from exporter.snapshot import NodeSnapshot
 from exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,9 @@ class ExporterServer:
         initial = self.web_config
         self._ssl_context = _rotating_context(self) if initial and initial.ssl_context else None
         self._created = time.time()
+        # (snapshot, verdict generation, body, gzipped body) rendered in the collect thread
+        self._published: tuple[NodeSnapshot, int | None, bytes, bytes] | None = None
+        collector.subscribe(self._publish)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._web_server: _WebServer | None = None
@@ -336,12 +340,32 @@ class ExporterServer:
 
     # --- routes ------------------------------------------------------------------------------
     def metrics(self, *, gzipped: bool = False) -> Response:
-        """/metrics: the latest snapshot and the health verdict of this moment, rendered."""
+        """/metrics: the latest snapshot and the health verdict of this moment, rendered.
+
+        Served from what ``_publish`` rendered in the collect thread, so a scrape on the event
+        loop only sends bytes; rendered here only when the verdict changed since, or when
+        publishing lags more than an interval behind the collector.
+        """
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
         verdict = self._verdict_source() if self._verdict_source is not None else None
+        published = self._published
+        if (
+            published is not None
+            and published[1] == (verdict.generation if verdict is not None else None)
+            and snapshot.collected_at - published[0].collected_at <= self.collector.interval
+        ):
+            return 200, CONTENT_TYPE, published[3] if gzipped else published[2]
         return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
+
+    def _publish(self, snapshot: NodeSnapshot) -> None:
+        """Collector subscriber: render the new snapshot (both encodings) off the event loop."""
+        verdict = self._verdict_source() if self._verdict_source is not None else None
+        body = self.renderer.exposition(snapshot, verdict)
+        zipped = self.renderer.exposition(snapshot, verdict, gzipped=True)
+        generation = verdict.generation if verdict is not None else None
+        self._published = (snapshot, generation, body, zipped)
 
     def _healthz(self) -> Response:
         if not self.collector.is_alive():

@@ -238,3 +238,18 @@ def test_throttled_answers_say_when_to_retry(serve, tmp_path: Path) -> None:
     status, _body, response = get(server, "/metrics", _basic("prom", "bad"))
     assert status == 429 and int(response.getheader("Retry-After", "0")) >= 1
     assert get(server, "/healthz")[0] == 200  # probes need no credentials, are never throttled
+
+
+def test_scrapes_send_what_the_collect_thread_rendered(serve) -> None:
+    _node, collector, server = serve(interval=0.1)
+    deadline = time.monotonic() + 10
+    while True:  # the published render follows the collector
+        published = server._published
+        if published is not None and published[0] is collector.latest():
+            break
+        assert time.monotonic() < deadline, "nothing published"
+        time.sleep(0.01)
+    status, body, _ = get(server, "/metrics")
+    assert status == 200 and b"gpu_info" in body
+    status, zipped, _ = get(server, "/metrics", {"Accept-Encoding": "gzip"})
+    assert (status, len(zipped) < len(body)) == (200, True)
