@@ -253,3 +253,37 @@ def test_scrapes_send_what_the_collect_thread_rendered(serve) -> None:
     assert status == 200 and b"gpu_info" in body
     status, zipped, _ = get(server, "/metrics", {"Accept-Encoding": "gzip"})
     assert (status, len(zipped) < len(body)) == (200, True)
+
+
+def test_a_rotated_certificate_is_served_to_new_connections(
+    serve, tls_files: dict[str, Path], tmp_path: Path
+) -> None:
+    import os
+    import ssl
+
+    from exporter.webconfig import ReloadingWebConfig
+
+    config_file = tmp_path / "web.yml"
+
+    def use(name: str) -> None:
+        stamp = time.time_ns() + 2_000_000_000 * (name == "client")
+        config_file.write_text(
+            f"tls_server_config:\n  cert_file: {tls_files[name + '_crt']}\n"
+            f"  key_file: {tls_files[name + '_key']}\n"
+        )
+        os.utime(config_file, ns=(stamp, stamp))
+
+    def served_name() -> str:
+        context = ssl.create_default_context(cafile=str(tls_files["ca_crt"]))
+        with (
+            socket.create_connection(server.address, timeout=5) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as conn,
+        ):
+            subject = dict(pair[0] for pair in conn.getpeercert()["subject"])
+            return str(subject["commonName"])
+
+    use("server")
+    _node, _collector, server = serve(web_config=ReloadingWebConfig(config_file, check_every=0))
+    assert served_name() == "server"
+    use("client")  # a certificate for the same names, issued anew
+    assert served_name() == "client"
