@@ -22,6 +22,7 @@ import argparse
 import os
 import re
 import resource
+import selectors
 import shutil
 import socket
 import statistics
@@ -78,56 +79,63 @@ def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) ->
 
 
 class Holder:
-    """Keeps ``count`` connections open: even ones idle, odd ones with half a header sent."""
+    """Keeps ``count`` connections open: even ones idle, odd ones with half a header sent.
 
-    def __init__(self, port: int, count: int) -> None:
-        self.port, self.count = port, count
+    They are opened over ``spread`` seconds (about the server's header deadline), so the ones
+    the server closes at its deadline come back spread out too, as from a slowloris client
+    that keeps its connections up, not in one synchronised burst."""
+
+    def __init__(self, port: int, count: int, spread: float = 10.0) -> None:
+        self.port, self.count, self.spread = port, count, spread
         self.reopened = 0
         self._stop = threading.Event()
-        self._conns: list[socket.socket | None] = [None] * count
+        self._selector = selectors.DefaultSelector()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _open(self, i: int) -> socket.socket | None:
+    def _open(self, i: int) -> None:
         try:
             conn = socket.create_connection(("127.0.0.1", self.port), timeout=5)
             if i % 2:
                 conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: slow\r\nX-Partial: ")
             conn.setblocking(False)
-            return conn
+            self._selector.register(conn, selectors.EVENT_READ, i)
         except OSError:
-            return None
+            pass
 
     def start(self) -> None:
+        """Opens them all (taking ``spread`` seconds), then keeps them open in a thread."""
+        began = time.monotonic()
         for i in range(self.count):
-            self._conns[i] = self._open(i)
+            self._open(i)
+            time.sleep(max(0.0, began + self.spread * (i + 1) / self.count - time.monotonic()))
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            for i, conn in enumerate(self._conns):
-                closed = conn is None
-                if conn is not None:
-                    try:
-                        closed = conn.recv(1) == b""
-                    except BlockingIOError:
-                        closed = False
-                    except OSError:
-                        closed = True
-                if closed:
-                    if conn is not None:
-                        conn.close()
-                        self.reopened += 1
-                    self._conns[i] = self._open(i)
+        while not self._stop.is_set():
+            for key, _events in self._selector.select(timeout=0.2):
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
+                try:
+                    closed = conn.recv(1) == b""
+                except BlockingIOError:
+                    closed = False
+                except OSError:
+                    closed = True
+                if closed:  # the server gave up on it: open another in its place
+                    self._selector.unregister(conn)
+                    conn.close()
+                    self.reopened += 1
+                    self._open(key.data)
 
     def open_now(self) -> int:
-        return sum(1 for c in self._conns if c is not None)
+        return len(self._selector.get_map())
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
-        for conn in self._conns:
-            if conn is not None:
-                conn.close()
+        for key in list(self._selector.get_map().values()):
+            key.fileobj.close()  # type: ignore[union-attr]
+        self._selector.close()
 
 
 def parse_wrk(output: str) -> tuple[dict[int, float], float, str]:
@@ -191,7 +199,6 @@ def bench(args: argparse.Namespace, wrk: str, work: Path, source: str | None) ->
             holder = Holder(port, held) if held else None
             if holder is not None:
                 holder.start()
-                time.sleep(1.0)
             try:
                 done = subprocess.run(command, capture_output=True, text=True, timeout=120)
             finally:
@@ -256,8 +263,9 @@ the NVML stand-in `{args.shape}` (8 GPUs) collecting every {args.interval} while
 
 - Command: `.venv/bin/python -m bench.scrape{f" --compare {args.compare}" if args.compare else ""}` runs `{runs[0].command}` against this tree
   (about {2 * args.repeat * (args.duration + 2) + 10} s per server), alone and while {args.held:,} other
-  connections are held open (half idle, half with half a request header sent; every one the
-  server closes is reopened at once, so all are held for the whole run).
+  connections are held open (half idle, half with half a request header sent, opened over
+  10 s; every one the server closes at its 10 s header deadline is reopened at once, so all
+  are held for the whole run).
 - wrk: one thread, {args.connections} keep-alive connections, as many requests as they can
   make, so the numbers are under load, not at Prometheus' usual one scrape per interval.
   Each condition ran {args.repeat} times ({args.duration} s each), interleaved; the table
