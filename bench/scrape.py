@@ -184,7 +184,9 @@ def bench(args: argparse.Namespace, wrk: str, work: Path, source: str | None) ->
     label = "this tree"
     if source:
         env["PYTHONPATH"] = str(source_tree(source, work))  # before the editable install
-        label = f"`{source}`"
+        short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", source],
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+        label = f"`{source}` ({short})"
     port = free_port()
     argv = [sys.executable, "-m", "exporter.cli", f"--listen=127.0.0.1:{port}",
             f"--interval={args.interval}", "--pod-resources-socket="]  # fmt: skip
