@@ -5,7 +5,8 @@ few kilobytes and no thread, so a thousand idle or slow clients cannot take a sc
 two deadlines close them: a request's headers must arrive within ``header_timeout`` of its
 first byte (or of the connection's opening), and a connection idle between requests longer
 than ``idle_timeout`` is closed. TLS handshakes run on the loop too, bounded by
-``HANDSHAKE_TIMEOUT_S``.
+``HANDSHAKE_TIMEOUT_S``. At most ``max_connections`` are open: beyond that the oldest one not
+serving a request makes room, so file descriptors never run out.
 
 A scrape only returns the collector's latest snapshot, rendered once per snapshot by the
 Renderer, so it never waits on NVML, and the collector never waits on scrapes.
@@ -56,6 +57,7 @@ HANDSHAKE_TIMEOUT_S = 10.0
 HEADER_TIMEOUT_S = 10.0  # from a request's first byte (or the connection's start) to its headers
 IDLE_TIMEOUT_S = 120.0  # longer than any sensible scrape interval, so keep-alive is kept
 LISTEN_BACKLOG = 1024  # a burst of scrapers must not overflow the kernel's accept queue
+MAX_CONNECTIONS = 4096  # open at once; the oldest idle one makes room for a new one
 SERVER_HEADER = "gpu-exporter"  # no interpreter or library versions
 
 
@@ -101,6 +103,11 @@ class _Connection(RequestHandler):
     def request_finished(self) -> None:
         self._handling = False
 
+    @property
+    def idle(self) -> bool:
+        """Not serving a request (waiting for one, or for the rest of its headers)."""
+        return not self._handling
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -135,14 +142,43 @@ class _Connection(RequestHandler):
 
 
 class _WebServer(web.Server):
-    def __init__(self, handler: Any, *, header_timeout: float, **kwargs: Any) -> None:
+    """Makes ``_Connection``s and keeps at most ``max_connections`` open: past that, the
+    oldest connection not in the middle of a request is closed for the new one, so no number
+    of held connections can use up the process's file descriptors and lock scrapers out."""
+
+    def __init__(
+        self, handler: Any, *, header_timeout: float, max_connections: int, **kwargs: Any
+    ) -> None:
         super().__init__(handler, **kwargs)
         self._header_timeout = header_timeout
+        self._max_connections = max_connections
+        self._open = 0  # connections not yet lost (aiohttp's own map keeps closing ones a while)
+        self.evicted = 0
 
     def __call__(self) -> RequestHandler:
         return _Connection(
             self, loop=self._loop, header_timeout=self._header_timeout, **self._kwargs
         )
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self._open += 1
+        if self._open <= self._max_connections:
+            return
+        for oldest in self._connections:  # insertion order: the oldest first
+            if (
+                oldest is not handler
+                and isinstance(oldest, _Connection)
+                and oldest.idle
+                and oldest.transport is not None  # not closing already
+            ):
+                oldest.force_close()
+                self.evicted += 1
+                return
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._open -= 1
+        super().connection_lost(handler, exc)
 
 
 class ExporterServer:
@@ -159,6 +195,7 @@ class ExporterServer:
         liveness_timeout: float | None = None,
         header_timeout: float = HEADER_TIMEOUT_S,
         idle_timeout: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.collector = collector
         self.renderer = renderer
@@ -170,6 +207,7 @@ class ExporterServer:
         )
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self.routes: dict[str, Route] = {
             "/": self._index,
             "/metrics": self.metrics,
@@ -261,6 +299,7 @@ class ExporterServer:
         self._web_server = _WebServer(
             self._handle,
             header_timeout=self.header_timeout,
+            max_connections=self.max_connections,
             keepalive_timeout=self.idle_timeout,
             access_log=None,
             handler_cancellation=True,

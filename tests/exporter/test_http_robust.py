@@ -287,3 +287,22 @@ def test_a_rotated_certificate_is_served_to_new_connections(
     assert served_name() == "server"
     use("client")  # a certificate for the same names, issued anew
     assert served_name() == "client"
+
+
+def test_beyond_the_connection_limit_the_oldest_idle_connection_makes_room(serve) -> None:
+    _node, collector, default = serve()
+    server = ExporterServer(
+        collector, default.renderer, host="127.0.0.1", port=0, max_connections=20
+    )
+    server.start()
+    try:
+        held = _hold(server, 30)
+        time.sleep(0.3)  # the server handles the accepts
+        assert get(server, "/metrics")[0] == 200  # a scraper still gets in
+        closed = [i for i, conn in enumerate(held) if _closed_by_server(conn, 0.2)]
+        assert closed and closed == list(range(len(closed)))  # the oldest ones
+        assert len(held) - len(closed) <= 20
+        for conn in held:
+            conn.close()
+    finally:
+        server.stop()
