@@ -49,6 +49,7 @@ docs: $(BIN)/.installed
 	$(BIN)/python -m quota.controller.metrics_doc --write docs/controller-metrics.md
 
 bench: $(BIN)/.installed $(SIMLIB)
+	@tools/debian-packages wrk
 	$(BIN)/python -m bench.exporter
 	$(BIN)/python -m bench.health
 	$(BIN)/python -m bench.controller
