@@ -49,11 +49,13 @@ docs: $(BIN)/.installed
 	$(BIN)/python -m quota.controller.metrics_doc --write docs/controller-metrics.md
 
 bench: $(BIN)/.installed $(SIMLIB)
+	@tools/debian-packages wrk
 	$(BIN)/python -m bench.exporter
 	$(BIN)/python -m bench.health
 	$(BIN)/python -m bench.controller
 	$(BIN)/python -m bench.report
 	$(BIN)/python -m bench.sim_nvml
+	$(BIN)/python -m bench.scrape
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

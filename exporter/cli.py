@@ -23,7 +23,7 @@ from exporter import metrics
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
 from exporter.dra import service as dra_service
-from exporter.http import ExporterServer
+from exporter.http import READY_AFTER_INTERVALS, ExporterServer, default_liveness_timeout
 from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
@@ -32,12 +32,13 @@ from exporter.wiring import HealthWiring, KubeConfigUnavailableError
 from exporter.wiring import add_arguments as add_health_arguments
 from exporter.xid import XidWatcher
 from gpuquota.commandline import OneLineParser, add_version
-from gpuquota.durations import duration_flag, format_duration
+from gpuquota.durations import Multiple, duration_flag, duration_or_multiple_flag, format_duration
 
 log = logging.getLogger("gpu-exporter")
 
 PROG = "gpu-exporter"
 MIN_INTERVAL_S = 0.1
+SWITCH_INTERVAL_S = 0.0005
 
 NO_LIBRARY = (
     "cannot load libnvidia-ml.so.1 (NVML): install the NVIDIA driver; on a GPU node in "
@@ -126,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         "each metric's tier)",
     )
     parser.add_argument(
+        "--liveness-timeout",
+        type=duration_or_multiple_flag(),
+        default=None,
+        metavar="DURATION|Nx",
+        help="/healthz fails (so the kubelet restarts the exporter) when no collection has "
+        "finished for this long, e.g. 30s or 10x (ten intervals); default 10x, at least 10s",
+    )
+    parser.add_argument(
         "--compat",
         type=parse_compat,
         action="append",
@@ -182,6 +191,10 @@ def _fail(message: str, status: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The event loop answering scrapes gives up the GIL on every socket call and must win it
+    # back from the collect thread, which reads NVML and renders: Python's default 5 ms
+    # switch interval then lands in the scrape latency (bench/scrape.py: p99 about halved).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -208,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             f"--slow-interval {format_duration(args.slow_interval)} is shorter than "
             f"--interval {format_duration(args.interval)}"
         )
+    liveness = liveness_timeout(args.liveness_timeout, args.interval)
     api = NvmlApi()
     start_nvml(api)
     collector = Collector(
@@ -247,7 +261,14 @@ def run(args: argparse.Namespace) -> int:
         collector.add_enricher(pods.enrich)
     host, port = args.listen
     try:
-        server = ExporterServer(collector, renderer, host=host, port=port, web_config=web_config)
+        server = ExporterServer(
+            collector,
+            renderer,
+            host=host,
+            port=port,
+            web_config=web_config,
+            liveness_timeout=liveness,
+        )
     except OSError as exc:
         api.shutdown()
         where = f"{host or '*'}:{port}"
@@ -256,6 +277,8 @@ def run(args: argparse.Namespace) -> int:
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
 
     health.attach(collector, xid, server)
+    if health.plugin_manager is not None:  # its kubelet registration, for an alert
+        collector.add_enricher(health.plugin_manager.enrich)
     if dra is not None:
         dra.attach(health.service.checker)
 
@@ -298,6 +321,21 @@ def run(args: argparse.Namespace) -> int:
         xid.stop()
         api.shutdown()
     return 0
+
+
+def liveness_timeout(value: float | Multiple | None, interval: float) -> float:
+    """--liveness-timeout in seconds; it must leave room for the readiness limit."""
+    if value is None:
+        return default_liveness_timeout(interval)
+    seconds = value.of(interval) if isinstance(value, Multiple) else value
+    shortest = READY_AFTER_INTERVALS * interval
+    if seconds < shortest:
+        raise UsageError(
+            f"--liveness-timeout {format_duration(seconds)} is shorter than "
+            f"{READY_AFTER_INTERVALS} x --interval ({format_duration(shortest)}): "
+            "the exporter would be restarted between two healthy collections"
+        )
+    return seconds
 
 
 def start_nvml(api: NvmlApi) -> None:

@@ -1,29 +1,46 @@
 """The exporter's HTTP endpoint: /metrics, /healthz, /readyz and routes other parts add.
 
-A ThreadingHTTPServer: every connection gets its own thread (TLS handshakes included), and a
-scrape only renders the collector's latest snapshot (cached per snapshot by the Renderer), so
-concurrent scrapes never wait on NVML or on each other, and the collector never waits on them.
+aiohttp's low-level server on one asyncio event loop in its own thread. A connection costs a
+few kilobytes and no thread, so a thousand idle or slow clients cannot take a scrape's place;
+two deadlines close them: a request's headers must arrive within ``header_timeout`` of its
+first byte (or of the connection's opening), and a connection idle between requests longer
+than ``idle_timeout`` is closed. TLS handshakes run on the loop too, bounded by
+``HANDSHAKE_TIMEOUT_S``. At most ``max_connections`` are open: beyond that the oldest one not
+serving a request makes room, so file descriptors never run out.
 
-TLS and basic auth come from an exporter-toolkit web config (exporter/webconfig.py). Basic
-auth guards every route except /healthz and /readyz, which kubelet probes call without
-credentials and which reveal nothing but "up".
+A scrape only returns the collector's latest snapshot, rendered once per snapshot by the
+Renderer, so it never waits on NVML, and the collector never waits on scrapes.
+
+TLS and basic auth come from an exporter-toolkit web config (exporter/webconfig.py); the
+certificate in force is the current one on every handshake, so rotated certificates apply
+without a restart. Basic auth guards every route except /healthz and /readyz, which kubelet
+probes call without credentials and which reveal nothing but "up"; its checks are timed and
+throttled as exporter/authguard.py says.
+
+/healthz (liveness) fails when the collector thread died or has published no snapshot for
+``liveness_timeout`` seconds (an NVML call that hangs), so the kubelet restarts the pod;
+/readyz fails when the newest snapshot is older than READY_AFTER_INTERVALS intervals.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from exporter.authguard import AuthGuard, Verdict
 from exporter.collect import Collector
 from exporter.health.verdict import NodeHealth
 from exporter.render import CONTENT_TYPE, Renderer
+from exporter.snapshot import NodeSnapshot
 from exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
@@ -34,131 +51,134 @@ Route = Callable[[], Response]
 
 UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
 READY_AFTER_INTERVALS = 3  # /readyz fails when the newest snapshot is older than this
+LIVENESS_INTERVALS = 10  # default: /healthz fails after this many intervals without progress
+LIVENESS_MIN_S = 10.0  # ... but never sooner than this (a short interval is no reason to die)
 HANDSHAKE_TIMEOUT_S = 10.0
+HEADER_TIMEOUT_S = 10.0  # from a request's first byte (or the connection's start) to its headers
+IDLE_TIMEOUT_S = 120.0  # longer than any sensible scrape interval, so keep-alive is kept
+LISTEN_BACKLOG = 1024  # a burst of scrapers must not overflow the kernel's accept queue
+MAX_CONNECTIONS = 4096  # open at once; the oldest idle one makes room for a new one
+SERVER_HEADER = "gpu-exporter"  # no interpreter or library versions
 
 
-def _accepts_gzip(headers: Any) -> bool:
-    encodings = str(headers.get("Accept-Encoding", "")).lower()
-    return any(part.split(";")[0].strip() == "gzip" for part in encodings.split(","))
+def default_liveness_timeout(interval: float) -> float:
+    return max(LIVENESS_INTERVALS * interval, LIVENESS_MIN_S)
+
+
+def _accepts_gzip(header: str) -> bool:
+    return any(part.split(";")[0].strip() == "gzip" for part in header.lower().split(","))
 
 
 def _text(status: int, body: str) -> Response:
     return status, "text/plain; charset=utf-8", body.encode()
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    # socketserver's default listen backlog is 5: a burst of concurrent scrapers overflows it
-    # and the kernel drops their SYNs, which costs each one a 1 s retransmit.
-    request_queue_size = 128
-    block_on_close = False
-    allow_reuse_address = True
-    ssl_context: ssl.SSLContext | None = None
-    exporter: ExporterServer
+class _Connection(RequestHandler):
+    """aiohttp's connection protocol plus the header-read deadline it lacks (it has only the
+    idle one: ``keepalive_timeout``, counted from the connection's start and each response)."""
 
-    def finish_request(self, request: Any, client_address: Any) -> None:
-        # The TLS handshake runs here, in the connection's own thread, so one slow client
-        # cannot hold up accept() for everybody else.
-        if self.ssl_context is not None:
-            config = self.exporter.web_config  # the current one: certificates may rotate
-            context = config.ssl_context if config and config.ssl_context else self.ssl_context
-            request.settimeout(HANDSHAKE_TIMEOUT_S)
-            try:
-                request = context.wrap_socket(request, server_side=True)
-            except (ssl.SSLError, OSError) as exc:
-                log.debug("TLS handshake with %s failed: %s", client_address, exc)
-                request.close()
-                return
-        super().finish_request(request, client_address)
+    def __init__(self, manager: web.Server, *, header_timeout: float, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._header_timeout = header_timeout
+        self._header_deadline: asyncio.TimerHandle | None = None
+        self._handling = False
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._arm()
 
-    # Connections are served by reusable daemon worker threads instead of a new thread each:
-    # starting a thread costs about as much CPU as serving a cached scrape. A worker is
-    # started only when none is idle, up to MAX_WORKERS; beyond that connections wait.
-    MAX_WORKERS = 64
-    _jobs: queue.SimpleQueue[tuple[Any, Any] | None] | None = None
+    def data_received(self, data: bytes) -> None:
+        if data and self._header_deadline is None and not self._handling:
+            self._arm()  # the first byte of a new request on a kept-alive connection
+        super().data_received(data)
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if self._jobs is None:
-            self._jobs = queue.SimpleQueue()
-            self._idle = threading.Semaphore(0)
-            self._workers = 0
-        self._jobs.put((request, client_address))
-        if not self._idle.acquire(blocking=False) and self._workers < self.MAX_WORKERS:
-            self._workers += 1  # only the accept thread runs this: no lock needed
-            threading.Thread(target=self._work, name="http-worker", daemon=True).start()
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
 
-    def _work(self) -> None:
-        assert self._jobs is not None
-        while (job := self._jobs.get()) is not None:
-            self.process_request_thread(*job)  # finish_request, then shutdown_request
-            self._idle.release()
+    def request_started(self) -> None:
+        self._handling = True
+        self._disarm()
 
-    def server_close(self) -> None:
-        super().server_close()
-        if self._jobs is not None:
-            for _ in range(self._workers):
-                self._jobs.put(None)
+    def request_finished(self) -> None:
+        self._handling = False
+
+    @property
+    def idle(self) -> bool:
+        """Not serving a request (waiting for one, or for the rest of its headers)."""
+        return not self._handling
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        # aiohttp's own answers (400 for a malformed request ...) name its and Python's version
+        response = super().handle_error(request, status, exc, message)
+        response.headers["Server"] = SERVER_HEADER
+        return response
+
+    def log_exception(self, *args: Any, **kw: Any) -> None:
+        # a malformed request is the client's problem: one debug line, no traceback
+        exc = kw.get("exc_info")
+        log.debug("bad request: %s", " ".join(str(exc).split()) if exc else args)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_deadline = self._loop.call_later(self._header_timeout, self._expired)
+
+    def _disarm(self) -> None:
+        if self._header_deadline is not None:
+            self._header_deadline.cancel()
+            self._header_deadline = None
+
+    def _expired(self) -> None:
+        self._header_deadline = None
+        if not self._handling:
+            log.debug("closing a connection whose request headers took too long")
+            self.force_close()
 
 
-class _Server6(_Server):
-    address_family = socket.AF_INET6
+class _WebServer(web.Server):
+    """Makes ``_Connection``s and keeps at most ``max_connections`` open: past that, the
+    oldest connection not in the middle of a request is closed for the new one, so no number
+    of held connections can use up the process's file descriptors and lock scrapers out."""
 
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"
-    # Headers and body go out in two writes; without TCP_NODELAY, Nagle's algorithm and the
-    # client's delayed ACK add ~40 ms to every keep-alive scrape.
-    disable_nagle_algorithm = True
-    timeout = 30  # seconds a connection may sit idle before its thread gives up
-
-    def do_GET(self) -> None:
-        exporter = self.server.exporter
-        path = self.path.split("?", 1)[0]
-        config = exporter.web_config
-        if (
-            config is not None
-            and path not in UNAUTHENTICATED
-            and not config.authorized(self.headers.get("Authorization"))
-        ):
-            self._send(
-                *_text(401, "Unauthorized\n"), {"WWW-Authenticate": 'Basic realm="gpu-exporter"'}
-            )
-            return
-        route = exporter.routes.get(path)
-        if path == "/metrics" and route == exporter.metrics and _accepts_gzip(self.headers):
-            status, content_type, body = exporter.metrics(gzipped=True)
-            self._send(
-                status, content_type, body, {"Content-Encoding": "gzip"} if status == 200 else None
-            )
-            return
-        if route is None:
-            self._send(*_text(404, f"{path} not found\n"))
-            return
-        try:
-            status, content_type, body = route()
-        except Exception:
-            log.exception("route %s failed", path)
-            status, content_type, body = _text(500, "internal error\n")
-        self._send(status, content_type, body)
-
-    def _send(
-        self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None
+    def __init__(
+        self, handler: Any, *, header_timeout: float, max_connections: int, **kwargs: Any
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        config = self.server.exporter.web_config
-        for name, value in {**(config.headers if config else {}), **(extra or {})}.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(body)
+        super().__init__(handler, **kwargs)
+        self._header_timeout = header_timeout
+        self._max_connections = max_connections
+        self._open = 0  # connections not yet lost (aiohttp's own map keeps closing ones a while)
+        self.evicted = 0
 
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+    def __call__(self) -> RequestHandler:
+        return _Connection(
+            self, loop=self._loop, header_timeout=self._header_timeout, **self._kwargs
+        )
+
+    def connection_made(self, handler: RequestHandler, transport: asyncio.Transport) -> None:
+        super().connection_made(handler, transport)
+        self._open += 1
+        if self._open <= self._max_connections:
+            return
+        for oldest in self._connections:  # insertion order: the oldest first
+            if (
+                oldest is not handler
+                and isinstance(oldest, _Connection)
+                and oldest.idle
+                and oldest.transport is not None  # not closing already
+            ):
+                oldest.force_close()
+                self.evicted += 1
+                return
+
+    def connection_lost(self, handler: RequestHandler, exc: BaseException | None = None) -> None:
+        self._open -= 1
+        super().connection_lost(handler, exc)
 
 
 class ExporterServer:
@@ -172,10 +192,22 @@ class ExporterServer:
         host: str = "",
         port: int = 9400,
         web_config: WebConfig | ReloadingWebConfig | None = None,
+        liveness_timeout: float | None = None,
+        header_timeout: float = HEADER_TIMEOUT_S,
+        idle_timeout: float = IDLE_TIMEOUT_S,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.collector = collector
         self.renderer = renderer
         self._web_config = web_config
+        self.liveness_timeout = (
+            liveness_timeout
+            if liveness_timeout is not None
+            else default_liveness_timeout(collector.interval)
+        )
+        self.header_timeout = header_timeout
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
         self.routes: dict[str, Route] = {
             "/": self._index,
             "/metrics": self.metrics,
@@ -184,17 +216,23 @@ class ExporterServer:
         }
         # The health verdict rendered beside the latest snapshot (None: no health checking).
         self._verdict_source: Callable[[], NodeHealth | None] | None = None
+        self._guard = AuthGuard()
         # Binding here (not in start) makes "port in use" an error at construction.
-        server_class = _Server6 if ":" in host else _Server
-        self._server = server_class((host, port), _Handler)
-        self._server.exporter = self
+        self._socket = _listen(host, port)
         initial = self.web_config
-        self._server.ssl_context = initial.ssl_context if initial else None
+        self._ssl_context = _rotating_context(self) if initial and initial.ssl_context else None
+        self._created = time.time()
+        # (snapshot, verdict generation, body, gzipped body) rendered in the collect thread
+        self._published: tuple[NodeSnapshot, int | None, bytes, bytes] | None = None
+        collector.subscribe(self._publish)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._web_server: _WebServer | None = None
+        self._listener: asyncio.Server | None = None
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._server.server_address[:2]
+        host, port = self._socket.getsockname()[:2]
         return str(host), int(port)
 
     @property
@@ -205,10 +243,10 @@ class ExporterServer:
 
     @property
     def scheme(self) -> str:
-        return "https" if self._server.ssl_context is not None else "http"
+        return "https" if self._ssl_context is not None else "http"
 
     def add_route(self, path: str, route: Route) -> None:
-        """Serve ``route()`` at ``path`` (GET). Must be called before ``start()``."""
+        """Serve ``route()`` at ``path`` (GET and HEAD). Must be called before ``start()``."""
         if not path.startswith("/"):
             raise ValueError(f"route path must start with '/': {path!r}")
         self.routes[path] = route
@@ -218,32 +256,169 @@ class ExporterServer:
         self._verdict_source = source
 
     def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.1}, name="http"
-        )
-        self._thread.daemon = True
+        """Serve from a thread of its own; returns once the socket accepts connections."""
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._open())
+            except BaseException as exc:
+                failed.append(exc)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(self._close())
+                loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=run, name="http", daemon=True)
         self._thread.start()
+        started.wait()
+        if failed:
+            self._thread.join()
+            self._thread = None
+            raise failed[0]
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
+        if self._thread is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(5)
             self._thread = None
+        else:
+            self._socket.close()
+        self._guard.close()
+
+    async def _open(self) -> None:
+        self._web_server = _WebServer(
+            self._handle,
+            header_timeout=self.header_timeout,
+            max_connections=self.max_connections,
+            keepalive_timeout=self.idle_timeout,
+            access_log=None,
+            handler_cancellation=True,
+        )
+        self._listener = await asyncio.get_running_loop().create_server(
+            self._web_server,
+            sock=self._socket,
+            ssl=self._ssl_context,
+            ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S if self._ssl_context else None,
+            backlog=LISTEN_BACKLOG,
+        )
+
+    async def _close(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        if self._web_server is not None:
+            await self._web_server.shutdown(1.0)
+        if self._listener is not None:
+            await self._listener.wait_closed()
+
+    # --- requests ----------------------------------------------------------------------------
+    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        connection = request.protocol
+        if isinstance(connection, _Connection):
+            connection.request_started()
+        try:
+            return await self._respond(request)
+        finally:
+            if isinstance(connection, _Connection):
+                connection.request_finished()
+
+    async def _respond(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.method not in ("GET", "HEAD"):
+            return self._response(
+                *_text(405, f"{request.method} not allowed\n"), {"Allow": "GET, HEAD"}
+            )
+        path = request.path
+        config = self.web_config
+        if config is not None and config.users and path not in UNAUTHENTICATED:
+            address = request.remote or ""
+            verdict = await self._guard.check(config, request.headers.get("Authorization"), address)
+            if verdict is Verdict.DENIED:
+                return self._response(
+                    *_text(401, "Unauthorized\n"),
+                    {"WWW-Authenticate": 'Basic realm="gpu-exporter"'},
+                )
+            if verdict is Verdict.THROTTLED:
+                return self._response(
+                    *_text(429, "too many failed authentication attempts; try again later\n"),
+                    {"Retry-After": str(self._guard.retry_after(address))},
+                )
+        route = self.routes.get(path)
+        if route is None:
+            return self._response(*_text(404, f"{path} not found\n"))
+        if route == self.metrics and _accepts_gzip(request.headers.get("Accept-Encoding", "")):
+            status, content_type, body = self.metrics(gzipped=True)
+            extra = {"Content-Encoding": "gzip"} if status == 200 else None
+            return self._response(status, content_type, body, extra)
+        try:
+            status, content_type, body = route()
+        except Exception:
+            log.exception("route %s failed", path)
+            status, content_type, body = _text(500, "internal error\n")
+        return self._response(status, content_type, body)
+
+    def _response(
+        self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None
+    ) -> web.Response:
+        config = self.web_config
+        headers = {
+            **(config.headers if config else {}),
+            "Content-Type": content_type,
+            "Server": SERVER_HEADER,
+            **(extra or {}),
+        }
+        return web.Response(status=status, body=body, headers=headers)
 
     # --- routes ------------------------------------------------------------------------------
     def metrics(self, *, gzipped: bool = False) -> Response:
-        """/metrics: the latest snapshot and the health verdict of this moment, rendered."""
+        """/metrics: the latest snapshot and the health verdict of this moment, rendered.
+
+        Served from what ``_publish`` rendered in the collect thread, so a scrape on the event
+        loop only sends bytes; rendered here only when the verdict changed since, or when
+        publishing lags more than an interval behind the collector.
+        """
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
         verdict = self._verdict_source() if self._verdict_source is not None else None
+        published = self._published
+        if (
+            published is not None
+            and published[1] == (verdict.generation if verdict is not None else None)
+            and snapshot.collected_at - published[0].collected_at <= self.collector.interval
+        ):
+            return 200, CONTENT_TYPE, published[3] if gzipped else published[2]
         return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
 
+    def _publish(self, snapshot: NodeSnapshot) -> None:
+        """Collector subscriber: render the new snapshot (both encodings) off the event loop."""
+        verdict = self._verdict_source() if self._verdict_source is not None else None
+        body = self.renderer.exposition(snapshot, verdict)
+        zipped = self.renderer.exposition(snapshot, verdict, gzipped=True)
+        generation = verdict.generation if verdict is not None else None
+        self._published = (snapshot, generation, body, zipped)
+
     def _healthz(self) -> Response:
-        if self.collector.is_alive():
-            return _text(200, "ok\n")
-        return _text(503, "collector thread is not running\n")
+        if not self.collector.is_alive():
+            return _text(503, "collector thread is not running\n")
+        snapshot = self.collector.latest()
+        since = snapshot.collected_at if snapshot is not None else self._created
+        stalled = time.time() - since
+        if stalled > self.liveness_timeout:
+            return _text(
+                503,
+                f"collector made no progress for {stalled:.1f}s "
+                f"(limit {self.liveness_timeout:.1f}s): an NVML call may hang\n",
+            )
+        return _text(200, "ok\n")
 
     def _readyz(self) -> Response:
         snapshot = self.collector.latest()
@@ -259,3 +434,33 @@ class ExporterServer:
         links = "".join(f'<li><a href="{p}">{p}</a></li>' for p in sorted(self.routes) if p != "/")
         page = f"<html><head><title>gpu-exporter</title></head><body><h1>gpu-exporter</h1><ul>{links}</ul></body></html>"
         return 200, "text/html; charset=utf-8", page.encode()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _rotating_context(server: ExporterServer) -> ssl.SSLContext:
+    """The listening socket's TLS context: on every ClientHello it hands the handshake to the
+    web config's current context, so a reloaded certificate applies to new connections."""
+    config = server.web_config
+    assert config is not None and config.ssl_context is not None
+    first = config.ssl_context
+
+    def pick(ssl_object: ssl.SSLObject, _name: str | None, _context: ssl.SSLContext) -> None:
+        current = server.web_config
+        if current is not None and current.ssl_context is not None:
+            ssl_object.context = current.ssl_context
+
+    first.sni_callback = pick  # also called without SNI (then with name None)
+    return first

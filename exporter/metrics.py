@@ -330,6 +330,11 @@ def _version() -> str:
 VERSION = _version()
 
 
+def _read_device_plugin(node: NodeSnapshot) -> Iterator[Sample]:
+    for resource, registered in sorted((node.device_plugin or {}).items()):
+        yield (resource,), float(registered)
+
+
 def _read_build(_node: NodeSnapshot) -> Iterator[Sample]:
     yield (VERSION,), 1.0
 
@@ -939,6 +944,19 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.dra.taint_errors_total",
         scope=Scope.NODE,
         read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_errors_total),
+    ),
+    MetricSpec(
+        name=f"{S}device_plugin_registered",
+        type="gauge",
+        unit="",
+        help="1 while the device plugin of this resource is registered with the kubelet now "
+        "running (a restarted kubelet forgets plugins until they register again), else 0; "
+        "absent without --device-plugin.",
+        labels=("resource",),
+        source="kubelet device plugin Register",
+        accessor="NodeSnapshot.device_plugin",
+        scope=Scope.NODE,
+        read_node=_read_device_plugin,
     ),
     MetricSpec(
         name=f"{S}collection_duration_seconds",

@@ -201,3 +201,5 @@ class NodeSnapshot:
     dra: DraStatus | None = None
     # NVML function -> (calls, seconds spent in them) since the exporter started
     nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # resource -> registered with the running kubelet (None: no --device-plugin)
+    device_plugin: dict[str, bool] | None = None

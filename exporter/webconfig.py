@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
+import hmac
 import logging
+import secrets
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +66,23 @@ _TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version",
              "max_version"}  # fmt: skip
 _HTTP_KEYS = {"headers", "http2"}
-_DUMMY_HASH = bcrypt.hashpw(b"unused", bcrypt.gensalt(rounds=4))
+VERDICT_TTL_S = 120.0  # a presented credential's verdict is remembered this long ...
+MAX_VERDICTS = 4096  # ... for this many credentials at most (the oldest are forgotten)
+# One secret per process keys the remembered verdicts: what sits in memory is an HMAC of the
+# Authorization header, never the password, and useless for guessing passwords offline.
+_VERDICT_KEY = secrets.token_bytes(32)
+
+
+def bcrypt_cost(hashed: bytes) -> int:
+    """The cost (log2 rounds) of a bcrypt hash: b"$2b$12$..." -> 12."""
+    return int(hashed.split(b"$")[2])
+
+
+@functools.cache
+def dummy_hash(cost: int) -> bytes:
+    """A hash of the given cost that no password matches in practice: checking an unknown
+    user's password against it takes as long as checking a known user's."""
+    return bcrypt.hashpw(secrets.token_bytes(16).hex().encode(), bcrypt.gensalt(rounds=cost))
 
 
 @dataclass(eq=False)
@@ -72,13 +92,48 @@ class WebConfig:
     users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)
     files: tuple[Path, ...] = ()  # the config file and the files it names (for reloading)
-    _verified: set[bytes] = field(default_factory=set, repr=False)
+    _verdicts: OrderedDict[bytes, tuple[bool, float]] = field(
+        default_factory=OrderedDict, repr=False
+    )
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
+    @property
+    def dummy_hash(self) -> bytes:
+        """Checked for unknown users: the cost of the costliest configured hash."""
+        return dummy_hash(max((bcrypt_cost(h) for h in self.users.values()), default=4))
+
+    def remembered(self, header: str | None) -> bool | None:
+        """The verdict on ``header`` if it was checked less than VERDICT_TTL_S ago, else None."""
+        key = _verdict_key(header)
+        with self._lock:
+            found = self._verdicts.get(key)
+            if found is None:
+                return None
+            if time.monotonic() - found[1] > VERDICT_TTL_S:
+                del self._verdicts[key]
+                return None
+            return found[0]
+
     def authorized(self, header: str | None) -> bool:
-        """Whether an Authorization header satisfies basic_auth_users (True if none set)."""
+        """Whether an Authorization header satisfies basic_auth_users (True if none set).
+
+        Known and unknown users cost one bcrypt check of the same cost; the verdict is then
+        remembered for VERDICT_TTL_S, so a scraper does not pay bcrypt (~250 ms at cost 12)
+        on every scrape.
+        """
         if not self.users:
             return True
+        remembered = self.remembered(header)
+        if remembered is not None:
+            return remembered
+        ok = self._check(header)
+        with self._lock:
+            self._verdicts[_verdict_key(header)] = (ok, time.monotonic())
+            while len(self._verdicts) > MAX_VERDICTS:
+                self._verdicts.popitem(last=False)
+        return ok
+
+    def _check(self, header: str | None) -> bool:
         if not header or not header.startswith("Basic "):
             return False
         try:
@@ -89,17 +144,12 @@ class WebConfig:
         if not sep:
             return False
         hashed = self.users.get(user)
-        # bcrypt costs ~100 ms by design; remember credentials that passed so a scrape every
-        # second does not pay it each time (keyed by a digest, never the password itself).
-        key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed or b""))).digest()
-        with self._lock:
-            if key in self._verified:
-                return True
-        ok = bcrypt.checkpw(password.encode(), hashed or _DUMMY_HASH) and hashed is not None
-        if ok:
-            with self._lock:
-                self._verified.add(key)
-        return ok
+        ok = bcrypt.checkpw(password.encode(), hashed or self.dummy_hash)
+        return ok and hashed is not None
+
+
+def _verdict_key(header: str | None) -> bytes:
+    return hmac.new(_VERDICT_KEY, (header or "").encode(), hashlib.sha256).digest()
 
 
 def load(path: str | Path) -> WebConfig:
@@ -136,6 +186,8 @@ def load(path: str | Path) -> WebConfig:
         raise WebConfigError(f"{where}: basic_auth_users must map user names to bcrypt hashes")
     for user, hashed in users.items():
         config.users[str(user)] = _bcrypt_hash(hashed, f"{where}: basic_auth_users.{user}")
+    if config.users:
+        _ = config.dummy_hash  # made now, so the first unknown user is not slower than the rest
     return config
 
 

@@ -11,6 +11,7 @@ import argparse
 import math
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 
 UNIT_SECONDS: dict[str, float] = {
     "ms": 0.001,
@@ -87,3 +88,35 @@ def format_duration(seconds: float) -> str:
     if rest or not out:
         out.append(f"{rest:g}s")
     return "".join(out)
+
+
+@dataclass(frozen=True)
+class Multiple:
+    """A duration given as a multiple of another (``10x`` = ten times the interval)."""
+
+    factor: float
+
+    def of(self, seconds: float) -> float:
+        return self.factor * seconds
+
+
+_MULTIPLE = re.compile(r"(\d+(?:\.\d+)?)x")
+
+
+def duration_or_multiple_flag(minimum: float = 0.0) -> Callable[[str], float | Multiple]:
+    """An argparse ``type=`` for a duration ('30s') or a multiple of another one ('10x')."""
+
+    def parse(text: str) -> float | Multiple:
+        found = _MULTIPLE.fullmatch(text.strip())
+        if found:
+            factor = float(found.group(1))
+            if factor <= 0:
+                raise argparse.ArgumentTypeError(f"multiple {text!r} must be positive, e.g. 10x")
+            return Multiple(factor)
+        try:
+            return parse_duration(text, minimum=minimum)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{exc}, or a multiple such as 10x") from exc
+
+    parse.__name__ = "duration"
+    return parse

@@ -294,6 +294,8 @@ class ApiServer:
         self._conns: set[socket.socket] = set()  # every open connection, for refuse_for
         self._refusing = threading.Lock()
         self.requests: dict[str, int] = {}  # "GET pods" -> count, for tests
+        # (API group, resource[/subresource], RBAC verb) of every request: what a role needs
+        self.calls: set[tuple[str, str, str]] = set()
         self.active_watches = 0
 
     # -- life cycle
@@ -813,14 +815,15 @@ class _Handler(BaseHTTPRequestHandler):
                 if doc is not None:
                     self._send_json(200, doc)
                     return
-            res, ns, name, _sub, gv = _route(split.path, self.api.served)
+            res, ns, name, sub, gv = _route(split.path, self.api.served)
             key = f"{method} {res.plural}"
             self.api.requests[key] = self.api.requests.get(key, 0) + 1
             watch = query.get("watch") in ("1", "true", "True")
-            verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
-            self.api.check_allowed(
-                res, verb.get(method, "watch" if watch else ("get" if name else "list")), ns
-            )
+            verbs = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+            verb = verbs.get(method, "watch" if watch else ("get" if name else "list"))
+            group = res.group_version.rpartition("/")[0]
+            self.api.calls.add((group, f"{res.plural}/{sub}" if sub else res.plural, verb))
+            self.api.check_allowed(res, verb, ns)
             if method == "GET" and not name:
                 if watch:
                     Selector.parse(res, query)  # a bad selector is a 400, not a broken stream

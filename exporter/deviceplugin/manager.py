@@ -12,6 +12,7 @@ Stopping the manager stops every server and removes their sockets.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -23,6 +24,7 @@ from exporter.deviceplugin.devices import PluginConfig, plugin_devices
 from exporter.deviceplugin.preferred import Topology
 from exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
 from exporter.health.board import HealthBoard
+from exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +85,19 @@ class DevicePluginManager:
                 self.reconcile()
             except Exception:  # keep watching whatever one round hit
                 log.exception("device plugin reconcile failed")
+
+    def registrations(self) -> dict[str, bool]:
+        """resource -> whether its plugin is registered with the kubelet running now."""
+        kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
+        with self._lock:
+            return {
+                resource: kubelet is not None and self._registered.get(resource) == kubelet
+                for resource in self.servers
+            }
+
+    def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        """Collector enricher: the snapshot with ``device_plugin`` filled in."""
+        return dataclasses.replace(snapshot, device_plugin=self.registrations())
 
     def resources(self) -> list[str]:
         return sorted(plugin_devices(self.board.current(), self.config))

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuquota.durations import duration_flag, format_duration, parse_duration
+from gpuquota.durations import (
+    Multiple,
+    duration_flag,
+    duration_or_multiple_flag,
+    format_duration,
+    parse_duration,
+)
 
 
 @pytest.mark.parametrize(
@@ -63,3 +69,12 @@ def test_flag_type_reports_usage_errors() -> None:
 @given(st.integers(min_value=1, max_value=10**8))
 def test_format_reads_back(seconds: int) -> None:
     assert parse_duration(format_duration(seconds)) == seconds
+
+
+def test_duration_or_multiple() -> None:
+    parse = duration_or_multiple_flag()
+    assert parse("10x") == Multiple(10.0) and parse("1.5x").of(2.0) == 3.0
+    assert parse("30s") == 30.0
+    for bad in ("0x", "x", "10y", "-1x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="10x"):
+            parse(bad)

@@ -3,7 +3,6 @@ exporter and controller need, and the alert rules are valid, tested and use know
 
 from __future__ import annotations
 
-import functools
 import json
 import re
 import shutil
@@ -16,37 +15,31 @@ import yaml
 
 from dashboards.known_metrics import known_metric_names
 from dashboards.promql import metric_names
+from tests.deploy.manifests import DEPLOY, KUBECTL, ROOT, built, find, kustomize
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
 RULE = DEPLOY / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
-KUBECTL = shutil.which("kubectl")
 PROMTOOL = shutil.which("promtool")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) missing")
 
 
+# every folder kustomize builds; tls-auth from a copy with its generated Secret files
+OVERLAYS = [
+    "base",
+    "overlays/dcgm-compat",
+    "overlays/postgres",
+    "overlays/device-plugin",
+    "overlays/dra",
+    "overlays/restricted",
+    "overlays/tls-auth",
+]
+GENERATED = {"web-config.yml"}  # overlays/tls-auth/generate.py writes it; never committed
+
+
 def yaml_files() -> list[Path]:
-    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
-
-
-@functools.cache
-def kustomize(folder: Path) -> list[dict[str, Any]]:
-    assert KUBECTL is not None
-    built = subprocess.run(
-        [KUBECTL, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
-    )
-    assert built.returncode == 0, built.stderr
-    return [d for d in yaml.safe_load_all(built.stdout) if d]
-
-
-def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    for doc in docs:
-        if doc["kind"] == kind and doc["metadata"]["name"] == name:
-            return doc
-    raise AssertionError(
-        f"no {kind}/{name} in {[(d['kind'], d['metadata']['name']) for d in docs]}"
+    return sorted(
+        p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml") and p.name not in GENERATED
     )
 
 
@@ -75,7 +68,7 @@ def test_every_yaml_parses_into_named_kubernetes_objects() -> None:
 
 
 @needs_kubectl
-def test_base_exporter_daemonset_reaches_the_kubelet_sockets_on_gpu_nodes() -> None:
+def test_base_exporter_daemonset_reaches_the_kubelet_socket_on_gpu_nodes() -> None:
     docs = kustomize(DEPLOY / "base")
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "Namespace"} <= {
         "gpuquota",
@@ -84,7 +77,8 @@ def test_base_exporter_daemonset_reaches_the_kubelet_sockets_on_gpu_nodes() -> N
     pod = find(docs, "DaemonSet", "gpu-exporter")["spec"]["template"]
     spec = pod["spec"]
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    assert host_paths == {"/var/lib/kubelet/pod-resources", "/var/lib/kubelet/device-plugins"}
+    # the device-plugins folder only where the device plugin runs (overlays/device-plugin)
+    assert host_paths == {"/var/lib/kubelet/pod-resources"}
     assert spec["nodeSelector"]
     assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
     container = spec["containers"][0]
@@ -156,6 +150,8 @@ def test_overlays_build_and_change_what_they_say() -> None:
         pod["containers"][0]["args"]
     )
     assert pod["automountServiceAccountToken"] is True
+    mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert not mounts["/var/lib/kubelet/device-plugins"].get("readOnly")  # it makes sockets
     role = find(plugin, "ClusterRole", "gpu-exporter-node-status")
     assert {"resources": ["nodes/status"], "verbs": ["patch"], "apiGroups": [""]} in role["rules"]
     # every flag the overlays add is one gpu-exporter accepts
@@ -189,14 +185,14 @@ def test_overlays_build_and_change_what_they_say() -> None:
 @needs_kubectl
 @pytest.mark.parametrize(
     "folder",
-    ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin", "overlays/dra"],
+    OVERLAYS,
 )
 def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
     """Strict schema validation (unknown fields fail) of every built-in object."""
     import kubernetes_validate
 
     version = kubernetes_validate.latest_version()
-    for doc in kustomize(DEPLOY / folder):
+    for doc in built(folder):
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -213,6 +209,9 @@ def test_alerts_use_only_known_metrics() -> None:
         "GPUXidError",
         "GPUEccUncorrectable",
         "GPUExporterDown",
+        "GPUExporterNVMLDown",
+        "GPUExporterCollectionStalled",
+        "GPUDevicePluginNotRegistered",
         "GPUQuotaNearLimit",
     } <= names
     for alert in alerts:
@@ -274,13 +273,13 @@ def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]
 @needs_kubectl
 @pytest.mark.parametrize(
     "folder",
-    ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin", "overlays/dra"],
+    OVERLAYS,
 )
 def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
     from exporter.cli import build_parser as exporter_parser
     from quota.cli import build_parser as gpuquota_parser
 
-    commands = container_commands(kustomize(DEPLOY / folder))
+    commands = container_commands(built(folder))
     assert {argv[0] for _, argv in commands} == {"gpu-exporter", "gpuquota"}
     for name, argv in commands:
         parser = exporter_parser() if argv[0] == "gpu-exporter" else gpuquota_parser()[0]

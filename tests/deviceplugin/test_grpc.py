@@ -327,3 +327,24 @@ def test_missing_plugin_folder_is_an_error(tmp_path: Path) -> None:
     m = DevicePluginManager(Node(*gpus(1)).board, PluginConfig(), tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="does not exist"):
         m.start()
+
+
+def test_registration_state_follows_the_kubelet(plugin_dir: Path, start) -> None:
+    """What gpuquota_exporter_device_plugin_registered reports (the alert on a lost plugin)."""
+    stale = plugin_dir / "kubelet.sock"
+    stale.write_text("")  # a dead kubelet's socket: registration fails
+    manager = start(Node(*gpus(1)))
+    time.sleep(0.3)
+    assert manager.registrations() == {GPU: False}
+    kubelet = KubeletStandIn(plugin_dir)
+    kubelet.start()
+    try:
+        assert kubelet.wait_for_plugin(GPU, timeout=10.0)
+        deadline = time.monotonic() + 5
+        while manager.registrations() != {GPU: True}:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        kubelet.stop()  # the kubelet goes away: its socket with it
+        assert manager.registrations() == {GPU: False}
+    finally:
+        kubelet.stop()

@@ -61,6 +61,7 @@ def test_compat_dcgm_and_pod_labels_flags(
         (["--listen", "9400"], "invalid listen address '9400'"),
         (["--listen", ":99999"], "invalid listen address ':99999'"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--liveness-timeout", "soon"], "invalid duration 'soon'"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line(
@@ -89,6 +90,24 @@ def test_bad_web_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "must be a bcrypt hash" in err
+
+
+@pytest.mark.parametrize("value", ["2x", "1s"])
+def test_liveness_timeout_shorter_than_readiness_exits_2(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["--interval", "1s", "--liveness-timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--liveness-timeout" in err and "3 x --interval" in err
+
+
+def test_liveness_timeout_is_a_duration_or_a_multiple_of_the_interval() -> None:
+    assert cli.liveness_timeout(None, 0.5) == 10.0  # 10 intervals, at least 10 s
+    assert cli.liveness_timeout(None, 2.0) == 20.0
+    args = cli.build_parser().parse_args(["--liveness-timeout", "12x"])
+    assert cli.liveness_timeout(args.liveness_timeout, 2.0) == 24.0
+    args = cli.build_parser().parse_args(["--liveness-timeout", "1m30s"])
+    assert cli.liveness_timeout(args.liveness_timeout, 2.0) == 90.0
 
 
 def test_missing_nvml_library_says_what_to_do() -> None:

@@ -1,5 +1,5 @@
-"""Connections are served by reused worker threads, not a new thread per connection
-(starting a thread costs about as much CPU as serving a cached scrape)."""
+"""Connections cost no thread each (starting a thread costs about as much CPU as serving a
+cached scrape): the event loop serves them all, so no thread is started per connection."""
 
 from __future__ import annotations
 

@@ -356,3 +356,16 @@ def test_promtool_only_objects_to_dcgm_exporters_own_names(promtool: str) -> Non
     assert findings, "expected dcgm-exporter's own lint findings"
     for line in findings:
         assert line.startswith("DCGM_FI_") and line.endswith(allowed), line
+
+
+def test_device_plugin_registration_per_resource() -> None:
+    off = parse(Renderer().render(node(gpu(0))))
+    assert "gpuquota_exporter_device_plugin_registered" not in off
+    samples = parse(
+        Renderer().render(
+            node(gpu(0), device_plugin={"nvidia.com/gpu": True, "nvidia.com/mig-1g.5gb": False})
+        )
+    )
+    name = "gpuquota_exporter_device_plugin_registered"
+    assert value(samples, name, resource="nvidia.com/gpu") == 1.0
+    assert value(samples, name, resource="nvidia.com/mig-1g.5gb") == 0.0
