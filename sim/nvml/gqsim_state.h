@@ -9,6 +9,8 @@
 
 #include <stdint.h>
 
+#include "gqsim_prof.h"
+
 #define GQ_MAGIC 0x4751534d4e564d4cULL /* "GQSMNVML" */
 #define GQ_VERSION 1
 #define GQ_MAX_GPUS 16
@@ -127,6 +129,7 @@ typedef struct {
     gq_xid xids[GQ_XID_RING];
     gq_fail system_fails[GQ_MAX_FAILS];
     gq_gpu gpus[GQ_MAX_GPUS];
+    gq_prof prof[GQ_MAX_GPUS]; /* GPM and per-process utilisation (gqsim_prof.h) */
 } gq_state;
 
 #endif
