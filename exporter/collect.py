@@ -21,7 +21,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -37,6 +37,7 @@ from exporter.nvml import (
     NvmlApi,
     NvmlError,
 )
+from exporter.profiling import ProfilingReader
 from exporter.snapshot import (
     DeviceSnapshot,
     DeviceState,
@@ -155,6 +156,7 @@ class Collector:
         self._collections = 0
         self._last_success: float | None = None
         self._driver: tuple[str | None, str | None, int | None] | None = None
+        self.profiling = ProfilingReader(api)  # GPM and per-process utilisation
 
     # --- wiring ------------------------------------------------------------------------------
     def add_enricher(self, fn: Enricher) -> None:
@@ -293,6 +295,8 @@ class Collector:
                 cache.migs = None
             values = self._read_values(handle, cache, reads)
             migs = self._read_migs(index, handle, cache, reads)
+            gis = [m.mig.gpu_instance_id for m in migs if m.mig is not None]
+            profiling = self.profiling.read(index, handle, gis, reads)
         except _DeviceDownError as down:
             for function, _message in reads.errors:
                 self._count_error(function)
@@ -309,7 +313,9 @@ class Collector:
             errors=tuple(reads.errors),
             **identity,
             **values,
+            **profiling.gpu,
         )
+        migs = [replace(m, **extra) for m, extra in zip(migs, profiling.migs, strict=True)]
         return [gpu, *migs]
 
     @staticmethod

@@ -1,0 +1,180 @@
+"""GPM profiling metrics and per-process utilisation: the collector against the NVML
+stand-in through the real pynvml, rendered natively and under dcgm-exporter's names."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from exporter.collect import Collector
+from exporter.nvml import NvmlApi
+from exporter.profiling import MIN_GPM_GAP
+from exporter.render import Renderer, RenderOptions
+from sim.nvml.control import SimNode
+from sim.nvml.spec import load
+from tests.exporter.scrape import parse, value
+
+NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
+MIB = 1024 * 1024
+H100_MIG = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
+# The measured H100 under a bf16 matmul (../shared/nvml-h100.md), as the stand-in's rates.
+UNDER_LOAD = {
+    "graphics_activity": 0.9926,
+    "sm_activity": 0.9588,
+    "sm_occupancy": 0.1417,
+    "tensor_activity": 0.9307,
+    "hmma_tensor_activity": 0.9307,
+    "dram_activity": 0.2378,
+    "fp32_activity": 0.0,
+    "pcie_tx_bytes_per_second": 6.18 * MIB,
+    "pcie_rx_bytes_per_second": 15.84 * MIB,
+    "nvlink_rx_bytes_per_second": 0.0,
+}
+DCGM_PROF = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
+}
+NATIVE_PROF = {
+    "gpu_graphics_engine_active_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_sm_occupancy_ratio",
+    "gpu_dram_active_ratio",
+    "gpu_pipe_active_ratio",
+    "gpu_pcie_bandwidth_bytes_per_second",
+    "gpu_nvlink_bandwidth_bytes_per_second",
+}
+
+
+def _two_rounds(collector: Collector):
+    collector.collect_once()
+    time.sleep(MIN_GPM_GAP + 0.03)
+    return collector.collect_once()
+
+
+def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(3, **UNDER_LOAD)
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    uuid = node.uuid(3)
+    native = parse(Renderer().render(snapshot))
+    at = {"gpu": "3", "uuid": uuid}
+    assert value(native, "gpu_sm_active_ratio", **at) == pytest.approx(0.9588, abs=1e-6)
+    assert value(native, "gpu_graphics_engine_active_ratio", **at) == pytest.approx(0.9926)
+    assert value(native, "gpu_sm_occupancy_ratio", **at) == pytest.approx(0.1417)
+    assert value(native, "gpu_dram_active_ratio", **at) == pytest.approx(0.2378)
+    assert value(native, "gpu_pipe_active_ratio", pipe="tensor", **at) == pytest.approx(0.9307)
+    assert value(native, "gpu_pipe_active_ratio", pipe="tensor_hmma", **at) == pytest.approx(0.9307)
+    assert value(native, "gpu_pipe_active_ratio", pipe="fp32", **at) == 0.0
+    rx = value(native, "gpu_pcie_bandwidth_bytes_per_second", direction="rx", **at)
+    assert rx == pytest.approx(15.84 * MIB, rel=1e-6)
+    pipes = {lbl["pipe"] for lbl, _v in native["gpu_pipe_active_ratio"] if lbl["uuid"] == uuid}
+    assert pipes == {"tensor", "tensor_hmma", "tensor_imma", "tensor_dfma", "tensor_dmma",
+                     "fp64", "fp32", "fp16", "integer"}  # fmt: skip
+    for i in range(8):  # every H100 has the series, idle ones at a true 0
+        assert value(native, "gpu_sm_active_ratio", gpu=str(i), uuid=node.uuid(i)) is not None
+
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    assert set(dcgm) >= DCGM_PROF
+    by = {"gpu": "3", "UUID": uuid}
+    assert value(dcgm, "DCGM_FI_PROF_SM_ACTIVE", **by) == pytest.approx(0.9588)
+    assert value(dcgm, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **by) == pytest.approx(0.9307)
+    assert value(dcgm, "DCGM_FI_PROF_PCIE_TX_BYTES", **by) == pytest.approx(6.18 * MIB, rel=1e-6)
+    (labels, _v) = next(s for s in dcgm["DCGM_FI_PROF_DRAM_ACTIVE"] if s[0]["UUID"] == uuid)
+    assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"} <= set(labels)
+
+
+def test_gpus_before_hopper_omit_profiling_never_zero(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("mixed")
+    for i in range(node.gpu_count):
+        node.set_gpm(i, sm_activity=0.5)  # stored, but only Hopper answers GPM
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    native = parse(Renderer().render(snapshot))
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    spec = load("mixed")
+    for gpu in spec.gpus:
+        hopper = gpu.model.compute_capability[0] >= 9
+        uuids = {gpu.uuid, *(m.uuid for m in gpu.mig)}
+        for name in NATIVE_PROF:
+            has = any(lbl["uuid"] in uuids for lbl, _v in native.get(name, []))
+            assert has == hopper, (gpu.model.key, name)
+        for name in DCGM_PROF:
+            has = any(lbl["UUID"] == gpu.uuid for lbl, _v in dcgm.get(name, []))
+            assert has == hopper, (gpu.model.key, name)
+    assert snapshot.nvml_errors_total == {}
+
+
+def test_samples_closer_than_100ms_are_never_published(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(0, sm_activity=0.96)
+    collector = Collector(api, hostname="sim")
+    collector.collect_once()
+    quick = collector.collect_once()  # a few ms later: the GPU would answer zeros
+    assert quick.devices[0].gpm is None
+    time.sleep(MIN_GPM_GAP + 0.03)
+    good = collector.collect_once()
+    assert good.devices[0].gpm is not None
+    assert good.devices[0].gpm.sm_active == pytest.approx(0.96)
+    again = collector.collect_once()  # too soon again: the last good averages, not zeros
+    assert again.devices[0].gpm == good.devices[0].gpm
+
+
+def test_gpm_per_mig_instance(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on(H100_MIG)
+    node.set_gpm(0, mig=0, sm_activity=0.25, dram_activity=0.5)
+    node.set_gpm(0, mig=1, sm_activity=0.75)
+    node.set_gpm(0, sm_activity=0.5)
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    gpu, mig0, mig1 = snapshot.devices
+    assert gpu.gpm is not None and gpu.gpm.sm_active == pytest.approx(0.5)
+    assert mig0.gpm is not None and mig0.gpm.sm_active == pytest.approx(0.25)
+    assert mig0.gpm.dram_active == pytest.approx(0.5)
+    assert mig1.gpm is not None and mig1.gpm.sm_active == pytest.approx(0.75)
+    native = parse(Renderer().render(snapshot))
+    got = value(native, "gpu_sm_active_ratio", uuid=mig1.uuid, mig_profile="3g.40gb")
+    assert got == pytest.approx(0.75)
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    assert mig1.mig is not None
+    gi = str(mig1.mig.gpu_instance_id)
+    got = value(dcgm, "DCGM_FI_PROF_SM_ACTIVE", UUID=gpu.uuid, GPU_I_ID=gi, GPU_I_PROFILE="3g.40gb")
+    assert got == pytest.approx(0.75)
+    # NVML has no per-process utilisation with MIG on: left out, not zero
+    assert gpu.process_utilization is None
+
+
+def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.add_process(0, 411, 8 * 2**30)
+    node.add_process(0, 412, 2 * 2**30)
+    node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
+    collector = Collector(api, hostname="sim")
+    first = collector.collect_once()
+    assert [
+        (p.pid, p.sm_ratio, p.memory_ratio) for p in first.devices[0].process_utilization or ()
+    ] == [(411, 0.92, 0.28)]
+    # the next round in the same second gets no new sample: the process keeps its value
+    second = collector.collect_once()
+    assert second.devices[0].process_utilization == first.devices[0].process_utilization
+    native = parse(Renderer().render(second))
+    at = {"gpu": "0", "uuid": node.uuid(0)}
+    assert value(native, "gpu_process_sm_utilization_ratio", pid="411", **at) == 0.92
+    assert value(native, "gpu_process_memory_utilization_ratio", pid="411", **at) == 0.28
+    pids = {lbl["pid"] for lbl, _v in native["gpu_process_sm_utilization_ratio"]}
+    assert pids == {"411"}  # 412 had no busy sample: idle, as the driver reports it
+    assert second.devices[1].process_utilization == ()
