@@ -171,6 +171,20 @@ def test_overlays_build_and_change_what_they_say() -> None:
     binding = find(dra, "ClusterRoleBinding", "gpu-exporter-dra")
     assert binding["subjects"][0]["name"] == "gpu-exporter"
 
+    usage = kustomize(DEPLOY / "overlays" / "pod-usage")
+    pod = find(usage, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and "--pod-usage" in pod["containers"][0]["args"]
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not find(base, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"].get("hostPID")
+    build_parser().parse_args(pod["containers"][0]["args"])
+    # the one call exporter/podusage.py makes (tests/exporter/test_podusage.py runs it)
+    assert find(usage, "ClusterRole", "gpu-exporter-pod-usage")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    ]
+    binding = find(usage, "ClusterRoleBinding", "gpu-exporter-pod-usage")
+    assert binding["subjects"][0]["name"] == "gpu-exporter"
+
     operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")
     kinds = [d["kind"] for d in operator]
     assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
@@ -180,7 +194,14 @@ def test_overlays_build_and_change_what_they_say() -> None:
 @needs_kubectl
 @pytest.mark.parametrize(
     "folder",
-    ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin", "overlays/dra"],
+    [
+        "base",
+        "overlays/dcgm-compat",
+        "overlays/postgres",
+        "overlays/device-plugin",
+        "overlays/dra",
+        "overlays/pod-usage",
+    ],
 )
 def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
     """Strict schema validation (unknown fields fail) of every built-in object."""
@@ -265,7 +286,14 @@ def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]
 @needs_kubectl
 @pytest.mark.parametrize(
     "folder",
-    ["base", "overlays/dcgm-compat", "overlays/postgres", "overlays/device-plugin", "overlays/dra"],
+    [
+        "base",
+        "overlays/dcgm-compat",
+        "overlays/postgres",
+        "overlays/device-plugin",
+        "overlays/dra",
+        "overlays/pod-usage",
+    ],
 )
 def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
     from exporter.cli import build_parser as exporter_parser
