@@ -54,6 +54,7 @@ examples:
   gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
   gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
   gpu-exporter --dra on --dra-device-taints --node-name "$NODE_NAME"   # a DRA node
+  gpu-exporter --pod-usage --node-name "$NODE_NAME"   # per-pod GPU use (needs hostPID)
   eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
                                                  # against the NVML stand-in (docs/sim.md)
 
