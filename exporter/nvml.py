@@ -390,10 +390,11 @@ class NvmlApi:
         self._call("nvmlEventSetFree", event_set)
 
     # --- profiling: GPM and per-process utilisation (read by exporter/profiling.py) ----------
-    def gpm_supported(self, handle: Handle) -> bool | None:
-        """Whether the GPU does GPM (Hopper and later); None when NVML cannot say."""
+    def gpm_supported(self, handle: Handle) -> bool:
+        """Whether the GPU does GPM (Hopper and later); False also where the driver lacks the
+        call."""
         support = self._call("nvmlGpmQueryDeviceSupport", handle)
-        return None if support is None else bool(support.isSupportedDevice)
+        return support is not None and bool(support.isSupportedDevice)
 
     def gpm_sample_alloc(self) -> GpmSample:
         return self._call("nvmlGpmSampleAlloc")

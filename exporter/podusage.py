@@ -198,6 +198,8 @@ class PodUsageEnricher:
         return OWNER_POD, name.namespace, name.pod, container
 
     def usage(self, device: DeviceSnapshot) -> tuple[PodUsage, ...]:
+        if device.mig is None and device.mig_mode_enabled:
+            return ()  # a MIG-enabled GPU's processes are its instances', counted there
         memory: dict[int, int | None] = {}
         for proc in device.processes:  # a pid listed as compute and graphics: one allocation
             prev, used = memory.get(proc.pid), proc.used_memory_bytes

@@ -106,8 +106,8 @@ class ProfilingReader:
         reads: Reads,
     ) -> ProfilingValues:
         state = self._gpus.setdefault(index, _GpuState())
-        if state.gpm_supported is None:
-            state.gpm_supported = bool(reads(self.api.gpm_supported, handle))
+        if state.gpm_supported is None:  # asked again next round when the call failed
+            state.gpm_supported = reads(self.api.gpm_supported, handle)
         gpu: dict[str, Any] = {}
         migs: list[dict[str, Any]] = [{} for _ in mig_instance_ids]
         if state.gpm_supported:

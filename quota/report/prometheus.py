@@ -67,7 +67,7 @@ def busy_query(
         f" / on ({DEVICE_LABEL}) group_left count by ({DEVICE_LABEL}) ({pods})"
     )
     if not measured:  # each pod's own use where the exporter measures it per pod
-        own = f'max by ({DEVICE_LABEL}, namespace, pod) ({POD_UTIL_METRIC}{{owner="pod"}})'
+        own = f'sum by ({DEVICE_LABEL}, namespace, pod) ({POD_UTIL_METRIC}{{owner="pod"}})'
         joined = f"{own} or ({joined} unless on ({DEVICE_LABEL}) {own})"
     labels = ", ".join(by)
     return f"sum by ({labels}) (sum_over_time(({joined})[{seconds}s:{step}s])) * {step}"

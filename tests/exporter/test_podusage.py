@@ -193,3 +193,20 @@ def test_bad_pod_usage_flags_exit_2(nvml_on: NvmlOn, capsys, monkeypatch, argv, 
     assert exporter_main([*argv, "--listen", "127.0.0.1:0", "--pod-resources-socket", ""]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_mig_processes_count_on_their_instance_only(nvml_on: NvmlOn, tmp_path: Path) -> None:
+    spec = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
+    node, api = nvml_on(spec)
+    proc = tmp_path / "proc"
+    _proc(proc, 77, "0::/system.slice/infer.service\n")
+    collector = Collector(api, hostname="sim")
+    mig = collector.collect_once().devices[2].mig
+    assert mig is not None
+    node.add_process(0, 77, 3 * 2**30, gpu_instance_id=mig.gpu_instance_id, compute_instance_id=0)
+    collector.add_enricher(PodUsageEnricher(ProcReader(proc), PodDirectory(lambda: [])))
+    snapshot = collector.collect_once()
+    parent, _first, second = snapshot.devices
+    assert parent.uuid not in snapshot.pod_usage  # the parent lists it too: counted once
+    (use,) = snapshot.pod_usage[second.uuid]
+    assert (use.owner, use.memory_used_bytes, use.sm_ratio) == ("host", 3 * 2**30, None)

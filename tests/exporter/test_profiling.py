@@ -178,3 +178,17 @@ def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
     pids = {lbl["pid"] for lbl, _v in native["gpu_process_sm_utilization_ratio"]}
     assert pids == {"411"}  # 412 had no busy sample: idle, as the driver reports it
     assert second.devices[1].process_utilization == ()
+
+
+def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(0, sm_activity=0.5)
+    node.fail_call(0, "nvmlGpmQueryDeviceSupport", 999)
+    collector = Collector(api, hostname="sim")
+    failed = collector.collect_once()
+    assert failed.devices[0].gpm is None
+    assert failed.nvml_errors_total == {"nvmlGpmQueryDeviceSupport": 1}
+    node.fail_call(0, "nvmlGpmQueryDeviceSupport", None)
+    snapshot = _two_rounds(collector)
+    assert snapshot.devices[0].gpm is not None
+    assert snapshot.devices[0].gpm.sm_active == pytest.approx(0.5)

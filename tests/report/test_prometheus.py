@@ -34,7 +34,7 @@ def test_query_joins_utilisation_with_pod_attribution() -> None:
         "(max by (uuid) (gpu_utilization_ratio)"
         f" * on (uuid) group_right {pods}) / on (uuid) group_left count by (uuid) ({pods})"
     )
-    own = 'max by (uuid, namespace, pod) (gpu_pod_sm_utilization_ratio{owner="pod"})'
+    own = 'sum by (uuid, namespace, pod) (gpu_pod_sm_utilization_ratio{owner="pod"})'
     # each pod's own SM use where the exporter measures it, else an even split of the GPU
     assert busy_query(86400, 9) == (
         f"sum by (namespace) (sum_over_time(({own} or ({even} unless on (uuid) {own}))"
@@ -270,12 +270,15 @@ def _openmetrics_per_pod(start: int, end: int) -> str:
             for t in times
         ]
     lines.append("# TYPE gpu_pod_sm_utilization_ratio gauge")
-    for ns, pod, owner, sm in (
-        ("ml", "b", "pod", 0.4),
-        ("web", "c", "pod", 0.2),
-        ("", "", "host", 0.3),
+    for ns, pod, container, owner, sm in (
+        ("ml", "b", "main", "pod", 0.3),
+        ("ml", "b", "sidecar", "pod", 0.1),  # a pod's containers add up
+        ("web", "c", "main", "pod", 0.2),
+        ("", "", "", "host", 0.3),
     ):
-        labels = f'uuid="GPU-b",namespace="{ns}",pod="{pod}",container="main",owner="{owner}"'
+        labels = (
+            f'uuid="GPU-b",namespace="{ns}",pod="{pod}",container="{container}",owner="{owner}"'
+        )
         lines += [f"gpu_pod_sm_utilization_ratio{{{labels}}} {sm} {t}" for t in times]
     return "\n".join([*lines, "# EOF", ""])
 
