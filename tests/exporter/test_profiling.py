@@ -11,7 +11,7 @@ import pytest
 
 from exporter.collect import Collector
 from exporter.nvml import NvmlApi
-from exporter.profiling import MIN_GPM_GAP
+from exporter.profiling import MIN_GPM_GAP, ProfilingReader
 from exporter.render import Renderer, RenderOptions
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load
@@ -123,16 +123,21 @@ def test_gpus_before_hopper_omit_profiling_never_zero(nvml_on: NvmlOn) -> None:
 def test_samples_closer_than_100ms_are_never_published(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set_gpm(0, sm_activity=0.96)
+    now = [1000.0]
     collector = Collector(api, hostname="sim")
+    collector.profiling = ProfilingReader(api, clock=lambda: now[0])
     collector.collect_once()
-    quick = collector.collect_once()  # a few ms later: the GPU would answer zeros
+    now[0] += 0.05  # the GPU would answer zeros for this pair: it is not even asked
+    quick = collector.collect_once()
     assert quick.devices[0].gpm is None
-    time.sleep(MIN_GPM_GAP + 0.03)
+    time.sleep(MIN_GPM_GAP)  # the stand-in measures real time between its samples
+    now[0] += MIN_GPM_GAP
     good = collector.collect_once()
     assert good.devices[0].gpm is not None
     assert good.devices[0].gpm.sm_active == pytest.approx(0.96)
-    again = collector.collect_once()  # too soon again: the last good averages, not zeros
-    assert again.devices[0].gpm == good.devices[0].gpm
+    now[0] += 0.05  # too soon again: the last good averages, not zeros
+    again = collector.collect_once()
+    assert again.devices[0].gpm is good.devices[0].gpm
 
 
 def test_gpm_per_mig_instance(nvml_on: NvmlOn) -> None:

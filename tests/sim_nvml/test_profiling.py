@@ -51,13 +51,21 @@ def test_gpm_metrics_average_the_rates_between_two_samples(nvml):
     assert got[pynvml.NVML_GPM_METRIC_NVLINK_L0_RX_PER_SEC][0] == pynvml.NVML_ERROR_NOT_SUPPORTED
     # A change half-way shows as the time-weighted mean, as real counters do.
     s3 = pynvml.nvmlGpmSampleAlloc()
+    a1 = time.time()
     pynvml.nvmlGpmSampleGet(h, s1)
+    b1 = time.time()
     time.sleep(0.2)
+    c0 = time.time()
     node.set_gpm(0, sm_activity=0.0)
+    c1 = time.time()
     time.sleep(0.2)
+    a3 = time.time()
     pynvml.nvmlGpmSampleGet(h, s3)
+    b3 = time.time()
     sm = _metrics(s1, s3, [pynvml.NVML_GPM_METRIC_SM_UTIL])[pynvml.NVML_GPM_METRIC_SM_UTIL][1]
-    assert 30.0 < sm < 65.0
+    busy_least, busy_most = (c0 - b1) / (b3 - a1), (c1 - a1) / (a3 - b1)
+    assert 95.88 * busy_least - 1e-6 <= sm <= 95.88 * busy_most + 1e-6
+    assert 0 < sm < 95.88
     for s in (s1, s2, s3):
         pynvml.nvmlGpmSampleFree(s)
 
@@ -66,7 +74,7 @@ def test_samples_under_100ms_apart_read_silent_zeros(nvml):
     node = nvml("h100x8")
     node.set_gpm(0, sm_activity=0.96)
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
-    s1, s2 = _pair(lambda s: pynvml.nvmlGpmSampleGet(h, s), 0.02)
+    s1, s2 = _pair(lambda s: pynvml.nvmlGpmSampleGet(h, s), 0.0)  # microseconds apart
     assert _metrics(s1, s2, [pynvml.NVML_GPM_METRIC_SM_UTIL]) == {
         pynvml.NVML_GPM_METRIC_SM_UTIL: (pynvml.NVML_SUCCESS, 0.0)
     }
