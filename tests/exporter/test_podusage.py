@@ -210,3 +210,12 @@ def test_mig_processes_count_on_their_instance_only(nvml_on: NvmlOn, tmp_path: P
     assert parent.uuid not in snapshot.pod_usage  # the parent lists it too: counted once
     (use,) = snapshot.pod_usage[second.uuid]
     assert (use.owner, use.memory_used_bytes, use.sm_ratio) == ("host", 3 * 2**30, None)
+
+
+def test_pod_usage_without_the_kubernetes_api_exits_1(nvml_on: NvmlOn, capsys, tmp_path) -> None:
+    nvml_on("h100x8")
+    argv = ["--pod-usage", "--node-name", "n1", "--kubeconfig", str(tmp_path / "missing")]
+    assert exporter_main([*argv, "--listen", "127.0.0.1:0", "--pod-resources-socket", ""]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu-exporter: error: --pod-usage needs the Kubernetes API: kubeconfig")
+    assert len(err.splitlines()) == 1
