@@ -46,6 +46,7 @@ image: $(BIN)/.installed $(SIMLIB)
 
 docs: $(BIN)/.installed
 	$(BIN)/python -m exporter.metrics_doc --write docs/metrics.md
+	$(BIN)/python -m quota.controller.metrics_doc --write docs/controller-metrics.md
 
 bench: $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m bench.exporter

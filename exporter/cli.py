@@ -118,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often NVML is read, e.g. 1s, 500ms (default 1s)",
     )
     parser.add_argument(
+        "--slow-interval",
+        type=duration_flag(minimum=MIN_INTERVAL_S),
+        default=None,
+        metavar="DURATION",
+        help="how often the slow tier is read: ECC, row remapping, retired pages, processes, "
+        "energy and throttle-time counters (default 5 x --interval; docs/metrics.md says "
+        "each metric's tier)",
+    )
+    parser.add_argument(
         "--compat",
         type=parse_compat,
         action="append",
@@ -196,11 +205,17 @@ def run(args: argparse.Namespace) -> int:
         except WebConfigError as exc:
             raise UsageError(str(exc)) from None
 
+    if args.slow_interval is not None and args.slow_interval < args.interval:
+        raise UsageError(
+            f"--slow-interval {format_duration(args.slow_interval)} is shorter than "
+            f"--interval {format_duration(args.interval)}"
+        )
     api = NvmlApi()
     start_nvml(api)
     collector = Collector(
         api,
         interval=args.interval,
+        slow_interval=args.slow_interval,
         hostname=args.hostname or os.environ.get("NODE_NAME") or socket.gethostname(),
     )
     xid = XidWatcher(api)

@@ -1,8 +1,21 @@
 """The collect step: a background loop that reads NVML into one NodeSnapshot per interval.
 
-``Collector.collect_once`` reads every GPU (and its MIG instances) through ``NvmlApi``, runs
-the enrichers (pod attribution) on the result, stores it as ``latest()`` and hands it to the
-subscribers (the health checker). Scrapes only ever read ``latest()``.
+Each round reads every GPU (and its MIG instances) through ``NvmlApi``, runs the enrichers
+(pod attribution) on the result, stores it as ``latest()`` and hands it to the subscribers
+(the health checker). Scrapes only ever read ``latest()``.
+
+Concurrency: each GPU is read by its own worker thread (NVML releases the GIL inside its
+calls, and on a real GPU some calls take milliseconds). A round hands every idle worker its
+GPU's reads and waits for them until ``read_timeout``; a GPU whose call hangs keeps its last
+reading (its ``gpuquota_exporter_read_age_seconds`` grows) and holds up no other GPU.
+
+Cadence: each NVML value is read at the tier its metric rows declare in exporter/metrics.py
+(fast: every round; slow: every ``slow_interval``; once: with the identity). ``collect_once``
+reads every tier; the background loop only what is due. Counters replace samples where NVML
+has them: PCIe bytes/s is the rate between two readings of the cumulative byte counters.
+
+Node-wide failures stay partial: when nvmlDeviceGetCount fails, the last known device list is
+read as usual (``ok`` is False for the round; only GPUs that cannot be read are marked).
 
 Cost: identity (name, serial, VBIOS, PCI, compute capability, MIG layout, which NVLinks
 exist, whether ECC is on) is read once per device and cached; a device is re-read from
@@ -16,6 +29,7 @@ it, and the other GPUs are read as usual.
 
 from __future__ import annotations
 
+import functools
 import logging
 import socket
 import threading
@@ -26,10 +40,15 @@ from typing import Any
 
 import pynvml
 
+from exporter.metrics import Tier, field_tiers
 from exporter.nvml import (
+    FI_CLOCK_EVENT_TIME,
+    FI_ENERGY,
     FI_GPU_RECOVERY_ACTION,
     FI_MEMORY_TEMP,
     FI_NVLINK_TOTALS,
+    FI_PCIE_RX_BYTES,
+    FI_PCIE_TX_BYTES,
     GPU_IS_LOST,
     NVLINK_MAX_LINKS,
     RESET_REQUIRED,
@@ -54,9 +73,29 @@ Enricher = Callable[[NodeSnapshot], NodeSnapshot]
 Subscriber = Callable[[NodeSnapshot], None]
 
 MIG_RESCAN_COLLECTIONS = 60  # re-enumerate MIG instances this often even without errors
-# read together, once per GPU per round
-_FIELDS = (FI_MEMORY_TEMP, *FI_NVLINK_TOTALS, FI_GPU_RECOVERY_ACTION)
-_NVLINK_FIELDS = slice(1, 1 + len(FI_NVLINK_TOTALS))
+SLOW_INTERVALS = 5  # default slow_interval: this many collection intervals
+WORKER_IDLE_S = 120.0  # a GPU worker thread idle this long ends (a new one starts on demand)
+STALL_ROUNDS = 3  # a GPU whose read is this many read timeouts late is published as ERROR
+_TIERS = field_tiers()
+
+
+@functools.cache
+def _tier(*fields: str) -> Tier:
+    """The tier the metric table gives these snapshot fields (the fastest of them)."""
+    return min((_TIERS[f] for f in fields), key=lambda t: _TIER_RANK[t])
+
+
+_TIER_RANK = {Tier.FAST: 0, Tier.SLOW: 1, Tier.ONCE: 2, Tier.NONE: 3}
+# Scalar field values: snapshot field, field id, scale. Read in one batched call per round
+# with whichever of them are due.
+_SCALAR_FIELDS: tuple[tuple[str, int, float], ...] = (
+    ("memory_temperature_celsius", FI_MEMORY_TEMP, 1.0),
+    ("recovery_action", FI_GPU_RECOVERY_ACTION, 1.0),
+    ("energy_joules", FI_ENERGY, 1e-3),
+    ("pcie_tx_bytes", FI_PCIE_TX_BYTES, 1.0),
+    ("pcie_rx_bytes", FI_PCIE_RX_BYTES, 1.0),
+)
+_PCIE_COUNTERS = (FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES)
 _NVLINK_COUNTERS = (
     ("replay_errors", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
     ("recovery_errors", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
@@ -112,7 +151,8 @@ class _MigCache:
 
 @dataclass(slots=True)
 class _GpuCache:
-    """What is worth remembering about one physical GPU between collections."""
+    """What is worth remembering about one physical GPU between collections. Only its own
+    worker thread writes it; a round reads ``devices`` (replaced whole) and ``last_identity``."""
 
     handle: Handle | None = None
     identity: dict[str, Any] | None = None  # DeviceSnapshot identity fields
@@ -125,6 +165,73 @@ class _GpuCache:
     nvlink_counters: tuple[NvLinkCounters, ...] = ()
     nvlink_read_at: int = 0
     last_identity: dict[str, Any] = field(default_factory=dict)  # survives a loss
+    values: dict[str, Any] = field(default_factory=dict)  # latest reading of every field
+    read_at: dict[Tier, float] = field(default_factory=dict)  # unix time per complete tier
+    pcie_at: tuple[float, float | None, float | None] | None = None  # (monotonic, tx, rx)
+    mig_processes: dict[str, tuple[ProcessUsage, ...]] = field(default_factory=dict)
+    devices: list[DeviceSnapshot] | None = None  # the last complete reading
+
+
+class _GpuWorker:
+    """One GPU's reader thread: takes one job at a time; a round waits for it until its
+    deadline and otherwise goes on without it (the job finishes whenever NVML answers)."""
+
+    def __init__(self, name: str, work: Callable[[frozenset[Tier]], None]) -> None:
+        self._name = name
+        self._work = work
+        self._cv = threading.Condition()
+        self._job: frozenset[Tier] | None = None
+        self._busy = False
+        self._thread: threading.Thread | None = None
+        self.started_at = 0.0  # time.monotonic() of the current (or last) job
+
+    def busy_for(self) -> float:
+        """Seconds the current job has been running; 0 when idle."""
+        with self._cv:
+            return time.monotonic() - self.started_at if self._busy else 0.0
+
+    def submit(self, tiers: frozenset[Tier]) -> bool:
+        """Starts reading `tiers`; False while the previous job has not finished."""
+        with self._cv:
+            if self._busy:
+                return False
+            self._busy = True
+            self._job = tiers
+            self.started_at = time.monotonic()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                self._thread.start()
+            self._cv.notify_all()
+        return True
+
+    def wait(self, deadline: float) -> bool:
+        """Waits until the job is done or time.monotonic() passes `deadline`."""
+        with self._cv:
+            while self._busy:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cv.wait(remaining)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                if self._job is None and not self._cv.wait_for(
+                    lambda: self._job is not None, WORKER_IDLE_S
+                ):
+                    self._thread = None  # idle: end; submit() starts a new one
+                    return
+                job, self._job = self._job, None
+            try:
+                assert job is not None
+                self._work(job)
+            except Exception:  # one bad read must not kill the GPU's reader
+                log.exception("reading %s failed", self._name)
+            finally:
+                with self._cv:
+                    self._busy = False
+                    self._cv.notify_all()
 
 
 class Collector:
@@ -137,11 +244,20 @@ class Collector:
         interval: float = 1.0,
         hostname: str | None = None,
         xid: XidWatcher | None = None,
+        slow_interval: float | None = None,
+        read_timeout: float | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError("interval must be positive")
+        if slow_interval is not None and slow_interval < interval:
+            raise ValueError("slow_interval must be at least the interval")
         self.api = api
         self.interval = interval
+        self.slow_interval = (
+            slow_interval if slow_interval is not None else SLOW_INTERVALS * interval
+        )
+        # how long a round waits for a GPU before publishing its last reading instead
+        self.read_timeout = read_timeout if read_timeout is not None else max(interval, 1.0)
         self.hostname = hostname or socket.gethostname()
         self.xid = xid
         self._enrichers: list[Enricher] = []
@@ -151,7 +267,8 @@ class Collector:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._gpus: list[_GpuCache] = []
-        self._count: int | None = None
+        self._workers: list[_GpuWorker] = []
+        self._errors_lock = threading.Lock()
         self._errors_total: dict[str, int] = {}
         self._collections = 0
         self._last_success: float | None = None
@@ -191,16 +308,19 @@ class Collector:
         next_at = time.monotonic() + self.interval
         while not self._stop.wait(max(0.0, next_at - time.monotonic())):
             try:
-                self.collect_once()
+                self._collect_and_publish(full=False)
             except Exception:  # never let one bad round kill the loop
                 log.exception("collection failed")
             # Fixed rate; after a stall skip the missed rounds instead of bursting.
             next_at = max(next_at + self.interval, time.monotonic())
 
     def collect_once(self) -> NodeSnapshot:
-        """Read NVML now, enrich, publish and return the snapshot."""
+        """Read NVML now (every tier), enrich, publish and return the snapshot."""
+        return self._collect_and_publish(full=True)
+
+    def _collect_and_publish(self, *, full: bool) -> NodeSnapshot:
         with self._lock:
-            snapshot = self._collect()
+            snapshot = self._collect(full)
             for enrich in self._enrichers:
                 try:
                     snapshot = enrich(snapshot)
@@ -215,11 +335,10 @@ class Collector:
         return snapshot
 
     # --- reading NVML ------------------------------------------------------------------------
-    def _collect(self) -> NodeSnapshot:
+    def _collect(self, full: bool) -> NodeSnapshot:
         started = time.perf_counter()
         self._collections += 1
         ok = True
-        devices: list[DeviceSnapshot] = []
         try:
             count = self.api.device_count()
             if self._driver is None:
@@ -229,23 +348,49 @@ class Collector:
                     self.api.cuda_driver_version(),
                 )
         except NvmlError as exc:
+            # Keep the last known device list: the GPUs' handles are still good, and most
+            # likely every GPU still answers. Only what cannot be read is marked.
             self._count_error(exc.function)
-            log.warning("NVML unavailable this round: %s", exc)
+            log.warning("NVML node-wide call failed this round: %s", exc)
             ok = False
             count = len(self._gpus)
         while len(self._gpus) < count:
+            index = len(self._gpus)
             self._gpus.append(_GpuCache())
+            self._workers.append(
+                _GpuWorker(f"nvml-gpu-{index}", functools.partial(self._read_gpu, index))
+            )
+        now = time.time()
+        submitted = []
         for index in range(count):
-            if ok:
-                devices.extend(self._read_gpu(index))
-            else:
-                devices.append(self._unreadable(index, DeviceState.ERROR, ()))
+            tiers = self._due(self._gpus[index], now, full)
+            if self._workers[index].submit(tiers):
+                submitted.append(self._workers[index])
+        deadline = time.monotonic() + self.read_timeout
+        for worker in submitted:
+            worker.wait(deadline)
+        devices: list[DeviceSnapshot] = []
+        stall_after = STALL_ROUNDS * max(self.interval, self.read_timeout)
+        for index in range(count):
+            stuck = self._workers[index].busy_for()
+            if stuck > stall_after:
+                # NVML has not answered for this GPU for several rounds: it is not read, so
+                # say so (health marks it); the other GPUs are published as read
+                why = (("collector", f"NVML has not answered for {stuck:.0f} s"),)
+                devices.append(self._unreadable(index, DeviceState.ERROR, why))
+                continue
+            got = self._gpus[index].devices
+            devices.extend(
+                got if got is not None else [self._unreadable(index, DeviceState.ERROR, ())]
+            )
         now = time.time()
         if ok:
             self._last_success = now
         xid_counts = self.xid.counts() if self.xid is not None else {}
         xid_last = self.xid.last() if self.xid is not None else {}
         driver, nvml_version, cuda = self._driver or (None, None, None)
+        with self._errors_lock:
+            errors_total = dict(self._errors_total)
         return NodeSnapshot(
             hostname=self.hostname,
             driver_version=driver,
@@ -257,13 +402,22 @@ class Collector:
             xid_counts=xid_counts,
             xid_last=xid_last,
             ok=ok,
-            nvml_errors_total=dict(self._errors_total),
+            nvml_errors_total=errors_total,
             last_success_at=self._last_success,
             collections_total=self._collections,
+            nvml_calls=self.api.call_stats(),
         )
 
+    def _due(self, cache: _GpuCache, now: float, full: bool) -> frozenset[Tier]:
+        slow_at = cache.read_at.get(Tier.SLOW)
+        # half an interval of slack: a slow read due "just after" this round happens now
+        if full or slow_at is None or now - slow_at >= self.slow_interval - self.interval / 2:
+            return frozenset((Tier.FAST, Tier.SLOW))
+        return frozenset((Tier.FAST,))
+
     def _count_error(self, function: str) -> None:
-        self._errors_total[function] = self._errors_total.get(function, 0) + 1
+        with self._errors_lock:
+            self._errors_total[function] = self._errors_total.get(function, 0) + 1
 
     def _unreadable(
         self, index: int, state: DeviceState, errors: tuple[tuple[str, str], ...]
@@ -273,7 +427,8 @@ class Collector:
         uuid = known.pop("uuid", "")
         return DeviceSnapshot(index=index, uuid=uuid, state=state, errors=errors, **known)
 
-    def _read_gpu(self, index: int) -> list[DeviceSnapshot]:
+    def _read_gpu(self, index: int, tiers: frozenset[Tier]) -> None:
+        """Reads one GPU (in its worker thread) and stores the result in its cache."""
         cache = self._gpus[index]
         if self._collections - cache.mig_scanned_at >= MIG_RESCAN_COLLECTIONS:
             cache.unsupported.clear()  # re-probe now and then (firmware/driver changes)
@@ -293,17 +448,34 @@ class Collector:
                 cache.ecc = reads(api.ecc_mode, handle)
                 cache.nvlinks = self._probe_nvlinks(handle, reads)
                 cache.migs = None
-            values = self._read_values(handle, cache, reads)
-            migs = self._read_migs(index, handle, cache, reads)
+                cache.values = {}
+                cache.pcie_at = None
+                cache.read_at[Tier.ONCE] = time.time()
+                tiers = tiers | {Tier.SLOW}  # a new identity: nothing known yet
+            values = self._read_values(handle, cache, reads, tiers)
+            migs = self._read_migs(index, handle, cache, reads, tiers)
             gis = [m.mig.gpu_instance_id for m in migs if m.mig is not None]
-            profiling = self.profiling.read(index, handle, gis, reads)
+            # this GPU's profiling state: only this worker thread touches it
+            profiling = self.profiling.read(
+                index,
+                handle,
+                gis,
+                reads,
+                gpm=_tier("gpm") in tiers,
+                processes=_tier("process_utilization") in tiers,
+            )
         except _DeviceDownError as down:
             for function, _message in reads.errors:
                 self._count_error(function)
             self._forget(cache, handle_too=True)
-            return [self._unreadable(index, down.state, tuple(reads.errors))]
+            cache.devices = [self._unreadable(index, down.state, tuple(reads.errors))]
+            return
         for function, _message in reads.errors:
             self._count_error(function)
+        done = time.time()
+        for tier in tiers:
+            cache.read_at[tier] = done
+        cache.values.update(values)
         identity = dict(cache.identity)
         uuid = identity.pop("uuid")
         gpu = DeviceSnapshot(
@@ -311,12 +483,16 @@ class Collector:
             uuid=uuid,
             ecc_mode_enabled=cache.ecc,
             errors=tuple(reads.errors),
+            read_at=tuple(
+                (t.value, at)
+                for t, at in sorted(cache.read_at.items(), key=lambda i: _TIER_RANK[i[0]])
+            ),
             **identity,
-            **values,
+            **cache.values,
             **profiling.gpu,
         )
         migs = [replace(m, **extra) for m, extra in zip(migs, profiling.migs, strict=True)]
-        return [gpu, *migs]
+        cache.devices = [gpu, *migs]
 
     @staticmethod
     def _forget(cache: _GpuCache, *, handle_too: bool) -> None:
@@ -324,6 +500,9 @@ class Collector:
         cache.migs = None
         cache.unsupported.clear()
         cache.nvlink_totals = ()
+        cache.values = {}
+        cache.read_at.clear()
+        cache.pcie_at = None
         if handle_too:
             cache.handle = None
 
@@ -349,39 +528,54 @@ class Collector:
             links.append(link)
         return tuple(links)
 
-    def _read_values(self, handle: Handle, cache: _GpuCache, reads: _Reads) -> dict[str, Any]:
+    def _read_values(
+        self, handle: Handle, cache: _GpuCache, reads: _Reads, tiers: frozenset[Tier]
+    ) -> dict[str, Any]:
+        """The fields due in `tiers` (the metric table says which tier each field is in)."""
         api = self.api
+
+        def due(*fields: str) -> bool:
+            return _tier(*fields) in tiers
+
         v: dict[str, Any] = {}
-        util = reads.value(api.utilization, handle)
-        if util is not None:
-            v["gpu_utilization_ratio"] = util[0] / 100.0
-            v["memory_utilization_ratio"] = util[1] / 100.0
-        v["encoder_utilization_ratio"] = _scale(reads.value(api.encoder_utilization, handle), 0.01)
-        v["decoder_utilization_ratio"] = _scale(reads.value(api.decoder_utilization, handle), 0.01)
-        v.update(_memory_fields(reads.value(api.memory, handle)))
-        v["gpu_temperature_celsius"] = _scale(reads.value(api.temperature, handle), 1.0)
-        # One batched call: HBM temperature and the NVLink error totals over all links.
-        fields = reads.value(api.field_values, handle, _FIELDS) or [None] * len(_FIELDS)
-        v["memory_temperature_celsius"] = fields[0]
-        v["recovery_action"] = None if fields[-1] is None else int(fields[-1])
-        v["power_watts"] = _scale(reads.value(api.power_usage_mw, handle), 1e-3)
-        v["power_limit_watts"] = _scale(reads.value(api.power_limit_mw, handle), 1e-3)
-        v["energy_joules"] = _scale(reads.value(api.energy_mj, handle), 1e-3)
-        v["sm_clock_hertz"] = _scale(reads.value(api.clock_mhz, handle, pynvml.NVML_CLOCK_SM), 1e6)
-        v["memory_clock_hertz"] = _scale(
-            reads.value(api.clock_mhz, handle, pynvml.NVML_CLOCK_MEM), 1e6
-        )
-        v["pcie_tx_bytes_per_second"] = _scale(
-            reads.value(api.pcie_throughput_kbps, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES), 1024.0
-        )
-        v["pcie_rx_bytes_per_second"] = _scale(
-            reads.value(api.pcie_throughput_kbps, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES), 1024.0
-        )
-        v["pcie_replay_total"] = reads.value(api.pcie_replay_counter, handle)
-        v["fan_speed_ratio"] = _scale(reads.value(api.fan_speed_percent, handle), 0.01)
-        v["performance_state"] = reads.value(api.performance_state, handle)
-        v["clock_event_reasons"] = reads.value(api.clock_event_reasons, handle)
-        if cache.ecc:
+        if due("gpu_utilization_ratio", "memory_utilization_ratio"):
+            util = reads.value(api.utilization, handle)
+            v["gpu_utilization_ratio"] = None if util is None else util[0] / 100.0
+            v["memory_utilization_ratio"] = None if util is None else util[1] / 100.0
+        if due("encoder_utilization_ratio"):
+            v["encoder_utilization_ratio"] = _scale(
+                reads.value(api.encoder_utilization, handle), 0.01
+            )
+        if due("decoder_utilization_ratio"):
+            v["decoder_utilization_ratio"] = _scale(
+                reads.value(api.decoder_utilization, handle), 0.01
+            )
+        if due("memory_used_bytes"):
+            v.update(_memory_fields(reads.value(api.memory, handle)))
+        if due("gpu_temperature_celsius"):
+            v["gpu_temperature_celsius"] = _scale(reads.value(api.temperature, handle), 1.0)
+        v.update(self._read_fields(handle, cache, reads, tiers))
+        if due("power_watts"):
+            v["power_watts"] = _scale(reads.value(api.power_usage_mw, handle), 1e-3)
+        if due("power_limit_watts"):
+            v["power_limit_watts"] = _scale(reads.value(api.power_limit_mw, handle), 1e-3)
+        if due("sm_clock_hertz"):
+            v["sm_clock_hertz"] = _scale(
+                reads.value(api.clock_mhz, handle, pynvml.NVML_CLOCK_SM), 1e6
+            )
+        if due("memory_clock_hertz"):
+            v["memory_clock_hertz"] = _scale(
+                reads.value(api.clock_mhz, handle, pynvml.NVML_CLOCK_MEM), 1e6
+            )
+        if due("pcie_replay_total"):
+            v["pcie_replay_total"] = reads.value(api.pcie_replay_counter, handle)
+        if due("fan_speed_ratio"):
+            v["fan_speed_ratio"] = _scale(reads.value(api.fan_speed_percent, handle), 0.01)
+        if due("performance_state"):
+            v["performance_state"] = reads.value(api.performance_state, handle)
+        if due("clock_event_reasons"):
+            v["clock_event_reasons"] = reads.value(api.clock_event_reasons, handle)
+        if cache.ecc and due("ecc_corrected_volatile"):
             corrected, uncorrected = (
                 pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED,
                 pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
@@ -395,26 +589,92 @@ class Collector:
             v["ecc_uncorrected_aggregate"] = reads.value(
                 api.ecc_errors, handle, uncorrected, aggregate
             )
-        remap = reads.value(api.remapped_rows, handle)
-        if remap is not None:
+        if due("remapped_rows_correctable"):
+            remap = reads.value(api.remapped_rows, handle) or (None, None, None, None)
             (
                 v["remapped_rows_correctable"],
                 v["remapped_rows_uncorrectable"],
                 v["remap_pending"],
                 v["remap_failure"],
             ) = remap
-        v["retired_pages_single_bit"] = reads.value(
-            api.retired_pages,
-            handle,
-            pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
-        )
-        v["retired_pages_double_bit"] = reads.value(
-            api.retired_pages, handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
-        )
-        v["retired_pages_pending"] = reads.value(api.retired_pages_pending, handle)
-        v["nvlinks"] = self._read_nvlinks(handle, cache, tuple(fields[_NVLINK_FIELDS]), reads)
-        v["processes"] = self._read_processes(handle, reads)
+        if due("retired_pages_single_bit"):
+            v["retired_pages_single_bit"] = reads.value(
+                api.retired_pages,
+                handle,
+                pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
+            )
+            v["retired_pages_double_bit"] = reads.value(
+                api.retired_pages, handle, pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+            )
+        if due("retired_pages_pending"):
+            v["retired_pages_pending"] = reads.value(api.retired_pages_pending, handle)
+        if due("processes"):
+            v["processes"] = self._read_processes(handle, reads)
         return v
+
+    def _read_fields(
+        self, handle: Handle, cache: _GpuCache, reads: _Reads, tiers: frozenset[Tier]
+    ) -> dict[str, Any]:
+        """Every field value due this round in one nvmlDeviceGetFieldValues call: HBM
+        temperature, recovery action, energy, PCIe byte counters, the NVLink error totals
+        and the clock-event-reason time counters."""
+        scalars = [
+            (name, fid, scale) for name, fid, scale in _SCALAR_FIELDS if _tier(name) in tiers
+        ]
+        nvlinks = bool(cache.nvlinks) and _tier("nvlinks") in tiers
+        clock_times = _tier("clock_event_time_ns") in tiers
+        ids = [fid for _, fid, _ in scalars]
+        ids += list(FI_NVLINK_TOTALS) if nvlinks else []
+        ids += [fid for _, fid in FI_CLOCK_EVENT_TIME] if clock_times else []
+        if not ids:
+            return {}
+        got = reads.value(self.api.field_values, handle, tuple(ids)) or [None] * len(ids)
+        read_at = time.monotonic()  # when the counters were read (fields each take their time)
+        by_id = dict(zip(ids, got, strict=True))
+        v: dict[str, Any] = {}
+        for name, fid, scale in scalars:
+            raw = by_id[fid]
+            v[name] = None if raw is None else (int(raw) if scale == 1.0 else raw * scale)
+        if "pcie_tx_bytes" in v:
+            v.update(
+                self._pcie_rates(cache, reads, read_at, v["pcie_tx_bytes"], v["pcie_rx_bytes"])
+            )
+        if nvlinks:
+            totals = tuple(by_id[fid] for fid in FI_NVLINK_TOTALS)
+            v["nvlinks"] = self._read_nvlinks(handle, cache, totals, reads)
+        elif _tier("nvlinks") in tiers:
+            v["nvlinks"] = ()
+        if clock_times:
+            v["clock_event_time_ns"] = tuple(
+                (reason, float(by_id[fid])) for reason, fid in FI_CLOCK_EVENT_TIME
+                if by_id[fid] is not None
+            )  # fmt: skip
+        return v
+
+    def _pcie_rates(
+        self, cache: _GpuCache, reads: _Reads, at: float, tx: int | None, rx: int | None
+    ) -> dict[str, float | None]:
+        """Bytes/s from the byte counters: since the previous reading, or, for a GPU read
+        for the first time, over a second reading right after (a short but real window)."""
+        previous = cache.pcie_at
+        if previous is None and tx is not None and cache.handle is not None:
+            time.sleep(0.001)  # a window of at least a millisecond
+            again = reads(self.api.field_values, cache.handle, _PCIE_COUNTERS) or (None, None)
+            previous, (tx, rx) = (at, tx, rx), (_int(again[0]), _int(again[1]))
+            at = time.monotonic()
+        cache.pcie_at = (at, tx, rx)
+        if previous is None or at <= previous[0]:
+            return {"pcie_tx_bytes_per_second": None, "pcie_rx_bytes_per_second": None}
+        span = at - previous[0]
+        out: dict[str, float | None] = {}
+        for key, now_value, then_value in (
+            ("pcie_tx_bytes_per_second", tx, previous[1]),
+            ("pcie_rx_bytes_per_second", rx, previous[2]),
+        ):
+            # a counter that went back wrapped (NVML says it may) or was reset: no rate now
+            ok = now_value is not None and then_value is not None and now_value >= then_value
+            out[key] = (now_value - then_value) / span if ok else None  # type: ignore[operator]
+        return out
 
     def _read_nvlinks(
         self,
@@ -457,7 +717,12 @@ class Collector:
         return tuple(found)
 
     def _read_migs(
-        self, index: int, handle: Handle, cache: _GpuCache, reads: _Reads
+        self,
+        index: int,
+        handle: Handle,
+        cache: _GpuCache,
+        reads: _Reads,
+        tiers: frozenset[Tier],
     ) -> list[DeviceSnapshot]:
         assert cache.identity is not None
         if not cache.identity.get("mig_mode_enabled"):
@@ -467,8 +732,12 @@ class Collector:
             cache.migs = self._scan_migs(handle, reads)
             cache.mig_scanned_at = self._collections
         snapshots = []
+        processes_due = _tier("processes") in tiers
         for slot, mig in enumerate(cache.migs):
             values = _memory_fields(reads.value(self.api.memory, mig.handle))
+            uuid = mig.identity["uuid"]
+            if processes_due or uuid not in cache.mig_processes:
+                cache.mig_processes[uuid] = self._read_processes(mig.handle, reads)
             snapshots.append(
                 DeviceSnapshot(
                     index=slot,
@@ -480,7 +749,7 @@ class Collector:
                         compute_instance_id=mig.identity["ci"],
                         profile=mig.identity["profile"],
                     ),
-                    processes=self._read_processes(mig.handle, reads),
+                    processes=cache.mig_processes[uuid],
                     **values,
                 )
             )
@@ -504,6 +773,10 @@ class Collector:
             }
             found.append(_MigCache(handle=mig, identity=identity))
         return found
+
+
+def _int(value: float | None) -> int | None:
+    return None if value is None else int(value)
 
 
 def _scale(value: float | None, factor: float) -> float | None:

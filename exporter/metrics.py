@@ -6,6 +6,11 @@ a snapshot (the ``gpu_health_*`` rows: from the health verdict the renderer gets
 snapshot). The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
 are both generated from this table, so a metric exists exactly when it has a row here.
 
+Each row also says how often its value is read from NVML (``tier``: every collection, every
+slow interval, once per device) and which snapshot fields it shows (``fields``): the
+collector (exporter/collect.py) reads each NVML value at the fastest tier of the rows that
+show it, so the cadence is declared here, with the metric, and nowhere else.
+
 Rows with ``compat="dcgm"`` reproduce dcgm-exporter's default counters (names, units, labels)
 and are emitted only with ``--compat dcgm``. A reader returns no sample when the snapshot
 field is ``None`` (NVML said NOT_SUPPORTED, or the read failed): the series is left out,
@@ -33,6 +38,18 @@ NodeReader = Callable[[NodeSnapshot], Iterable[Sample]]
 # Per-device rows read from the health verdict (exporter/health/verdict.py), which the
 # renderer gets beside the snapshot; a device without a verdict has no series.
 VerdictReader = Callable[[DeviceHealth], Iterable[Sample]]
+
+
+class Tier(Enum):
+    """How often the NVML values behind a row are read (docs/metrics.md says it per row)."""
+
+    FAST = "fast"  # every collection (--interval): cheap and quickly changing
+    SLOW = "slow"  # every --slow-interval: counters and slowly changing state
+    ONCE = "once"  # once per device, again after it was lost, reset or re-identified
+    NONE = "none"  # not an NVML reading (exporter state, kubelet, events, health verdicts)
+
+
+TIER_ORDER = (Tier.FAST, Tier.SLOW, Tier.ONCE)
 
 
 class Scope(Enum):
@@ -84,8 +101,12 @@ class MetricSpec:
     read_node: NodeReader | None = None
     read_verdict: VerdictReader | None = None
     compat: str | None = None  # "dcgm": only emitted with --compat dcgm
+    tier: Tier = Tier.NONE  # how often the NVML values behind it are read
+    fields: tuple[str, ...] = ()  # the DeviceSnapshot fields it shows (NVML readings)
 
     def __post_init__(self) -> None:
+        if (self.tier is Tier.NONE) != (not self.fields):
+            raise ValueError(f"{self.name}: NVML-read rows name their fields and their tier")
         if self.type not in ("gauge", "counter"):
             raise ValueError(f"{self.name}: type must be gauge or counter, not {self.type}")
         needs_node = self.scope is Scope.NODE
@@ -119,6 +140,7 @@ def device_row(
     *,
     scale: float = 1.0,
     compat: str | None = None,
+    tier: Tier = Tier.FAST,
 ) -> MetricSpec:
     """A row with one series per device, read from one DeviceSnapshot field."""
     shown = attr if scale == 1.0 else f"{attr} * {scale:g}"
@@ -132,6 +154,8 @@ def device_row(
         accessor=f"DeviceSnapshot.{shown}",
         read_device=_scalar(attr, scale),
         compat=compat,
+        tier=tier,
+        fields=(attr,),
     )
 
 
@@ -195,6 +219,26 @@ def _read_clock_events(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[
         return
     for reason, bit in CLOCK_EVENT_REASONS:
         yield (reason,), 1.0 if mask & bit else 0.0
+
+
+def _read_clock_event_time(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    for reason, ns in device.clock_event_time_ns:
+        yield (reason,), ns * 1e-9
+
+
+def _read_nvml_calls(index: int) -> NodeReader:
+    def read(node: NodeSnapshot) -> Iterator[Sample]:
+        for function, stats in sorted(node.nvml_calls.items()):
+            yield (function,), float(stats[index])
+
+    return read
+
+
+def _read_ages(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    # relative to the collection, so that a snapshot renders the same at every scrape; a GPU
+    # whose reads stall keeps its old read times while collections go on
+    for tier, at in device.read_at:
+        yield (tier,), max(0.0, node.collected_at - at)
 
 
 def _pair(first: str, second: str, values: tuple[str, str]) -> DeviceReader:
@@ -273,6 +317,8 @@ def gpm_row(
         accessor=f"DeviceSnapshot.gpm.{attr}",
         read_device=_gpm(attr),
         compat=compat,
+        tier=Tier.FAST,
+        fields=("gpm",),
     )
 
 
@@ -405,6 +451,15 @@ METRICS: list[MetricSpec] = [
         "mig_mode_enabled, NodeSnapshot.driver_version",
         scope=Scope.IDENTITY,
         read_device=_read_info,
+        tier=Tier.ONCE,
+        fields=(
+            "name",
+            "serial",
+            "pci_bus_id",
+            "vbios_version",
+            "compute_capability",
+            "mig_mode_enabled",
+        ),
     ),
     MetricSpec(
         name=f"{P}mig_info",
@@ -418,6 +473,8 @@ METRICS: list[MetricSpec] = [
         accessor="DeviceSnapshot.mig",
         scope=Scope.IDENTITY,
         read_device=_read_mig_info,
+        tier=Tier.ONCE,
+        fields=("mig",),
     ),
     MetricSpec(
         name=f"{P}device_state",
@@ -554,14 +611,16 @@ METRICS: list[MetricSpec] = [
         "Enforced power limit.",
         "nvmlDeviceGetEnforcedPowerLimit",
         "power_limit_watts",
+        tier=Tier.SLOW,
     ),
     device_row(
         f"{P}energy_joules_total",
         "counter",
         "joules",
         "Energy consumed since the driver was loaded.",
-        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)",
         "energy_joules",
+        tier=Tier.SLOW,
     ),
     device_row(
         f"{P}fan_speed_ratio",
@@ -606,23 +665,59 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetCurrentClocksEventReasons",
         accessor="DeviceSnapshot.clock_event_reasons (bitmask)",
         read_device=_read_clock_events,
+        tier=Tier.FAST,
+        fields=("clock_event_reasons",),
+    ),
+    MetricSpec(
+        name=f"{P}clock_event_seconds_total",
+        type="counter",
+        unit="seconds",
+        help="Time clocks were held down, per reason (NVML's clock event reason counters: "
+        "sw_power_cap, thermal, sync_boost, board_limit, gpu_idle, reliability, "
+        "sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown); absent where "
+        "the GPU lacks them.",
+        labels=("reason",),
+        source="nvmlDeviceGetFieldValues(NVML_FI_DEV_PERF_POLICY_* 74-79, "
+        "NVML_FI_DEV_CLOCKS_EVENT_REASON_* 269-271), nanoseconds",
+        accessor="DeviceSnapshot.clock_event_time_ns * 1e-9",
+        read_device=_read_clock_event_time,
+        tier=Tier.SLOW,
+        fields=("clock_event_time_ns",),
     ),
     # --- PCIe -----------------------------------------------------------------------------
     device_row(
         f"{P}pcie_tx_bytes_per_second",
         "gauge",
         "bytes/second",
-        "PCIe transmit throughput over NVML's last 20 ms sample.",
-        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)",
+        "PCIe transmit throughput between the last two readings of the byte counter "
+        "gpu_pcie_tx_bytes_total (no 20 ms throughput sample).",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_TX_BYTES), rate",
         "pcie_tx_bytes_per_second",
+    ),
+    device_row(
+        f"{P}pcie_tx_bytes_total",
+        "counter",
+        "bytes",
+        "PCIe bytes transmitted (NVML's cumulative counter; may wrap, as NVML says).",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_TX_BYTES)",
+        "pcie_tx_bytes",
     ),
     device_row(
         f"{P}pcie_rx_bytes_per_second",
         "gauge",
         "bytes/second",
-        "PCIe receive throughput over NVML's last 20 ms sample.",
-        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)",
+        "PCIe receive throughput between the last two readings of the byte counter "
+        "gpu_pcie_rx_bytes_total (no 20 ms throughput sample).",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_RX_BYTES), rate",
         "pcie_rx_bytes_per_second",
+    ),
+    device_row(
+        f"{P}pcie_rx_bytes_total",
+        "counter",
+        "bytes",
+        "PCIe bytes received (NVML's cumulative counter; may wrap, as NVML says).",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_RX_BYTES)",
+        "pcie_rx_bytes",
     ),
     device_row(
         f"{P}pcie_replays_total",
@@ -631,6 +726,7 @@ METRICS: list[MetricSpec] = [
         "PCIe replay (retransmission) events.",
         "nvmlDeviceGetPcieReplayCounter",
         "pcie_replay_total",
+        tier=Tier.SLOW,
     ),
     # --- memory errors --------------------------------------------------------------------
     device_row(
@@ -640,6 +736,7 @@ METRICS: list[MetricSpec] = [
         "1 when ECC is enabled; absent on boards without ECC.",
         "nvmlDeviceGetEccMode",
         "ecc_mode_enabled",
+        tier=Tier.ONCE,
     ),
     MetricSpec(
         name=f"{P}ecc_volatile_errors_total",
@@ -652,6 +749,8 @@ METRICS: list[MetricSpec] = [
         read_device=_pair(
             "ecc_corrected_volatile", "ecc_uncorrected_volatile", ("corrected", "uncorrected")
         ),
+        tier=Tier.SLOW,
+        fields=("ecc_corrected_volatile", "ecc_uncorrected_volatile"),
     ),
     MetricSpec(
         name=f"{P}ecc_aggregate_errors_total",
@@ -664,6 +763,8 @@ METRICS: list[MetricSpec] = [
         read_device=_pair(
             "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", ("corrected", "uncorrected")
         ),
+        tier=Tier.SLOW,
+        fields=("ecc_corrected_aggregate", "ecc_uncorrected_aggregate"),
     ),
     MetricSpec(
         name=f"{P}remapped_rows_total",
@@ -678,6 +779,8 @@ METRICS: list[MetricSpec] = [
             "remapped_rows_uncorrectable",
             ("correctable", "uncorrectable"),
         ),
+        tier=Tier.SLOW,
+        fields=("remapped_rows_correctable", "remapped_rows_uncorrectable"),
     ),
     device_row(
         f"{P}row_remap_pending",
@@ -686,6 +789,7 @@ METRICS: list[MetricSpec] = [
         "1 when a row remap is pending (takes effect at the next GPU reset).",
         "nvmlDeviceGetRemappedRows",
         "remap_pending",
+        tier=Tier.SLOW,
     ),
     device_row(
         f"{P}row_remap_failure",
@@ -694,6 +798,7 @@ METRICS: list[MetricSpec] = [
         "1 when a row remap failed (no spare rows left): the GPU needs servicing.",
         "nvmlDeviceGetRemappedRows",
         "remap_failure",
+        tier=Tier.SLOW,
     ),
     MetricSpec(
         name=f"{P}retired_pages_total",
@@ -708,6 +813,8 @@ METRICS: list[MetricSpec] = [
             "retired_pages_double_bit",
             ("single_bit_ecc", "double_bit_ecc"),
         ),
+        tier=Tier.SLOW,
+        fields=("retired_pages_single_bit", "retired_pages_double_bit"),
     ),
     device_row(
         f"{P}retired_pages_pending",
@@ -716,6 +823,7 @@ METRICS: list[MetricSpec] = [
         "1 when pages are waiting to be retired at the next reboot.",
         "nvmlDeviceGetRetiredPagesPendingStatus",
         "retired_pages_pending",
+        tier=Tier.SLOW,
     ),
     # --- interconnect and driver events ---------------------------------------------------
     MetricSpec(
@@ -728,6 +836,8 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetFieldValues change)",
         accessor="DeviceSnapshot.nvlinks",
         read_device=_read_nvlink,
+        tier=Tier.SLOW,
+        fields=("nvlinks",),
     ),
     MetricSpec(
         name=f"{P}xid_errors_total",
@@ -764,6 +874,8 @@ METRICS: list[MetricSpec] = [
         accessor="NodeHealth[uuid].reasons",
         scope=Scope.IDENTITY,
         read_verdict=_read_health_reasons,
+        tier=Tier.FAST,
+        fields=("recovery_action",),  # the other inputs come with their own rows
     ),
     MetricSpec(
         name=f"{P}health_since_timestamp_seconds",
@@ -786,6 +898,8 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3",
         accessor="DeviceSnapshot.processes",
         read_device=_read_processes,
+        tier=Tier.SLOW,
+        fields=("processes",),
     ),
     # --- profiling: GPM (Hopper and later; left out on older GPUs) --------------------------
     gpm_row(
@@ -824,6 +938,8 @@ METRICS: list[MetricSpec] = [
         source="nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet",
         accessor="DeviceSnapshot.gpm.*_active",
         read_device=_read_pipes,
+        tier=Tier.FAST,
+        fields=("gpm",),
     ),
     MetricSpec(
         name=f"{P}pcie_bandwidth_bytes_per_second",
@@ -834,6 +950,8 @@ METRICS: list[MetricSpec] = [
         source="nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC)",
         accessor="DeviceSnapshot.gpm.pcie_*_bytes_per_second",
         read_device=_gpm_pair("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"),
+        tier=Tier.FAST,
+        fields=("gpm",),
     ),
     MetricSpec(
         name=f"{P}nvlink_bandwidth_bytes_per_second",
@@ -845,6 +963,8 @@ METRICS: list[MetricSpec] = [
         source="nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC)",
         accessor="DeviceSnapshot.gpm.nvlink_*_bytes_per_second",
         read_device=_gpm_pair("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"),
+        tier=Tier.FAST,
+        fields=("gpm",),
     ),
     # --- per-process and per-pod utilisation ----------------------------------------------
     MetricSpec(
@@ -857,6 +977,8 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].sm_ratio",
         read_device=_read_process_util("sm_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
     ),
     MetricSpec(
         name=f"{P}process_memory_utilization_ratio",
@@ -868,6 +990,8 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].memory_ratio",
         read_device=_read_process_util("memory_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
     ),
     MetricSpec(
         name=f"{P}pod_sm_utilization_ratio",
@@ -881,6 +1005,8 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pod_usage[uuid].sm_ratio",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("sm_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
     ),
     MetricSpec(
         name=f"{P}pod_memory_utilization_ratio",
@@ -893,6 +1019,8 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pod_usage[uuid].memory_ratio",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
     ),
     MetricSpec(
         name=f"{P}pod_memory_used_bytes",
@@ -905,6 +1033,8 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pod_usage[uuid].memory_used_bytes",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_used_bytes"),
+        tier=Tier.SLOW,
+        fields=("processes",),
     ),
     # --- the node and the exporter itself -------------------------------------------------
     MetricSpec(
@@ -1074,6 +1204,42 @@ METRICS: list[MetricSpec] = [
         read_node=_read_nvml_errors,
     ),
     MetricSpec(
+        name=f"{S}nvml_calls_total",
+        type="counter",
+        unit="",
+        help="NVML calls made, by NVML function (failed ones included).",
+        labels=("function",),
+        source="exporter (exporter/nvml.py times every call)",
+        accessor="NodeSnapshot.nvml_calls[function][0]",
+        scope=Scope.NODE,
+        read_node=_read_nvml_calls(0),
+    ),
+    MetricSpec(
+        name=f"{S}nvml_call_seconds_total",
+        type="counter",
+        unit="seconds",
+        help="Wall time spent in NVML calls, by NVML function; divided by "
+        "gpuquota_exporter_nvml_calls_total it is the mean latency per call.",
+        labels=("function",),
+        source="exporter (exporter/nvml.py times every call)",
+        accessor="NodeSnapshot.nvml_calls[function][1]",
+        scope=Scope.NODE,
+        read_node=_read_nvml_calls(1),
+    ),
+    MetricSpec(
+        name=f"{S}read_age_seconds",
+        type="gauge",
+        unit="seconds",
+        help="Per GPU and tier (fast, slow, once; see the tier of each metric here), how old "
+        "its last complete reading was at the last collection. A GPU whose NVML calls hang "
+        "keeps its last readings while this grows; the other GPUs are not held up.",
+        labels=("tier",),
+        source="exporter",
+        accessor="NodeSnapshot.collected_at - DeviceSnapshot.read_at[tier]",
+        scope=Scope.IDENTITY,
+        read_device=_read_ages,
+    ),
+    MetricSpec(
         name=f"{S}devices",
         type="gauge",
         unit="",
@@ -1148,17 +1314,18 @@ METRICS: list[MetricSpec] = [
         "counter",
         "millijoules",
         "Total energy consumption since boot (in mJ).",
-        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)",
         "energy_joules",
         scale=1000.0,
         compat="dcgm",
+        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
         "counter",
         "KB/second",
         "Total number of bytes transmitted through PCIe TX (in KB) via NVML.",
-        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_TX_BYTES)",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_TX_BYTES), rate",
         "pcie_tx_bytes_per_second",
         scale=1.0 / 1024,
         compat="dcgm",
@@ -1168,7 +1335,7 @@ METRICS: list[MetricSpec] = [
         "counter",
         "KB/second",
         "Total number of bytes received through PCIe RX (in KB) via NVML.",
-        "nvmlDeviceGetPcieThroughput(NVML_PCIE_UTIL_RX_BYTES)",
+        "nvmlDeviceGetFieldValues(NVML_FI_DEV_PCIE_COUNT_RX_BYTES), rate",
         "pcie_rx_bytes_per_second",
         scale=1.0 / 1024,
         compat="dcgm",
@@ -1181,6 +1348,7 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetPcieReplayCounter",
         "pcie_replay_total",
         compat="dcgm",
+        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_GPU_UTIL",
@@ -1261,6 +1429,7 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetRemappedRows",
         "remapped_rows_uncorrectable",
         compat="dcgm",
+        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
@@ -1270,6 +1439,7 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetRemappedRows",
         "remapped_rows_correctable",
         compat="dcgm",
+        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_ROW_REMAP_FAILURE",
@@ -1279,6 +1449,7 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetRemappedRows",
         "remap_failure",
         compat="dcgm",
+        tier=Tier.SLOW,
     ),
     # dcgm-exporter's profiling (DCP) fields, from GPM: ratios 0-1 and bytes per second as
     # DCGM reports them; PCIe/NVLink typed counter as in dcgm-exporter's counters files.
@@ -1423,12 +1594,25 @@ def rows(compat: frozenset[str] = frozenset()) -> list[MetricSpec]:
 
 
 def check_table(table: Iterable[MetricSpec] = METRICS) -> None:
-    """Raise ValueError when two rows share a name (the table must stay one-per-metric)."""
+    """Raise ValueError when two rows share a name (the table must stay one-per-metric) or
+    give one snapshot field two different tiers."""
     seen: set[str] = set()
+    tiers: dict[str, tuple[Tier, str]] = {}
     for spec in table:
         if spec.name in seen:
             raise ValueError(f"metric {spec.name} is defined twice")
         seen.add(spec.name)
+        for name in spec.fields:
+            tier, other = tiers.setdefault(name, (spec.tier, spec.name))
+            if tier is not spec.tier:
+                raise ValueError(
+                    f"{spec.name} reads {name} {spec.tier.value}, {other} reads it {tier.value}"
+                )
+
+
+def field_tiers(table: Iterable[MetricSpec] = METRICS) -> dict[str, Tier]:
+    """DeviceSnapshot field -> how often the collector reads it (from the rows showing it)."""
+    return {name: spec.tier for spec in table for name in spec.fields}
 
 
 check_table()

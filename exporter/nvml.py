@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import math
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +44,22 @@ FI_NVLINK_TOTALS = (
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
     pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
     pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+)
+# Cumulative counters: PCIe bytes (they replace nvmlDeviceGetPcieThroughput's 20 ms sample),
+# energy in mJ, and nanoseconds clocks were held down per reason (label -> field id).
+FI_PCIE_TX_BYTES = 197  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES
+FI_PCIE_RX_BYTES = 198  # NVML_FI_DEV_PCIE_COUNT_RX_BYTES
+FI_ENERGY = 83  # NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
+FI_CLOCK_EVENT_TIME: tuple[tuple[str, int], ...] = (
+    ("sw_power_cap", 74),  # NVML_FI_DEV_PERF_POLICY_POWER (= CLOCKS_EVENT_REASON_SW_POWER_CAP)
+    ("thermal", 75),  # NVML_FI_DEV_PERF_POLICY_THERMAL
+    ("sync_boost", 76),  # NVML_FI_DEV_PERF_POLICY_SYNC_BOOST
+    ("board_limit", 77),  # NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT
+    ("gpu_idle", 78),  # NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION
+    ("reliability", 79),  # NVML_FI_DEV_PERF_POLICY_RELIABILITY
+    ("sw_thermal_slowdown", 269),  # NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN
+    ("hw_thermal_slowdown", 270),  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
+    ("hw_power_brake_slowdown", 271),  # ..._HW_POWER_BRAKE_SLOWDOWN
 )
 _NO_INSTANCE = 0xFFFFFFFF  # eventData gpuInstanceId/computeInstanceId when not MIG
 
@@ -87,11 +105,14 @@ class NvmlApi:
 
     def __init__(self) -> None:
         self._functions: dict[str, Callable[..., Any]] = {}
+        self._stats: dict[str, list[float]] = {}  # function -> [calls, seconds]
+        self._stats_lock = threading.Lock()
 
     def _call(self, function: str, *args: Any) -> Any:
         fn = self._functions.get(function)
         if fn is None:
             fn = self._functions[function] = getattr(pynvml, function)
+        started = time.perf_counter()
         try:
             return fn(*args)
         except pynvml.NVMLError as exc:
@@ -99,6 +120,22 @@ class NvmlApi:
             if code in _UNSUPPORTED:
                 return None
             raise NvmlError(function, code, _message(exc)) from None
+        finally:
+            self._timed(function, time.perf_counter() - started)
+
+    def _timed(self, function: str, seconds: float) -> None:
+        with self._stats_lock:
+            stats = self._stats.get(function)
+            if stats is None:
+                self._stats[function] = [1.0, seconds]
+            else:
+                stats[0] += 1
+                stats[1] += seconds
+
+    def call_stats(self) -> dict[str, tuple[int, float]]:
+        """NVML function -> (calls, seconds spent in them) since this object was made."""
+        with self._stats_lock:
+            return {f: (int(s[0]), s[1]) for f, s in self._stats.items()}
 
     def _int(self, function: str, *args: Any) -> int | None:
         return _optional_int(self._call(function, *args))
@@ -196,6 +233,7 @@ class NvmlApi:
         return MemoryInfo(int(v1.total), int(v1.used), int(v1.free), None)
 
     def _call_memory_v2(self, handle: Handle) -> Any:
+        started = time.perf_counter()
         try:
             return pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2)
         except pynvml.NVMLError as exc:
@@ -203,6 +241,8 @@ class NvmlApi:
             if code in _UNSUPPORTED:
                 return None
             raise NvmlError("nvmlDeviceGetMemoryInfo_v2", code, _message(exc)) from None
+        finally:
+            self._timed("nvmlDeviceGetMemoryInfo_v2", time.perf_counter() - started)
 
     def temperature(self, handle: Handle) -> int | None:
         return self._int("nvmlDeviceGetTemperature", handle, pynvml.NVML_TEMPERATURE_GPU)

@@ -79,6 +79,7 @@ class _GpuState:
     units: dict[int | None, _GpmUnit] = field(default_factory=dict)  # GPU instance id or None
     seen_us: int = 0  # newest process-utilisation sample timestamp
     processes: dict[int, tuple[float, ProcessUtilization]] = field(default_factory=dict)
+    last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,24 +105,43 @@ class ProfilingReader:
         handle: Handle,
         mig_instance_ids: Sequence[int],
         reads: Reads,
+        *,
+        gpm: bool = True,
+        processes: bool = True,
     ) -> ProfilingValues:
+        """This GPU's profiling values. `gpm`/`processes`: whether those reads are due this
+        round (their metric rows' tier); when not, the last values are returned unread.
+
+        Called from the GPU's own reader thread only: the state of one GPU is never shared
+        between threads."""
         state = self._gpus.setdefault(index, _GpuState())
-        if state.gpm_supported is None:  # asked again next round when the call failed
+        if gpm and state.gpm_supported is None:  # asked again next round when the call failed
             state.gpm_supported = reads(self.api.gpm_supported, handle)
         gpu: dict[str, Any] = {}
         migs: list[dict[str, Any]] = [{} for _ in mig_instance_ids]
         if state.gpm_supported:
-            gpu["gpm"] = self._gpm(state, handle, None, reads)
+            gpu["gpm"] = self._gpm(state, handle, None, reads, gpm)
             for values, gi in zip(migs, mig_instance_ids, strict=True):
-                values["gpm"] = self._gpm(state, handle, gi, reads)
+                values["gpm"] = self._gpm(state, handle, gi, reads, gpm)
         if not mig_instance_ids:
-            gpu["process_utilization"] = self._process_utilization(state, handle, reads)
+            gpu["process_utilization"] = (
+                self._process_utilization(state, handle, reads)
+                if processes
+                else state.last_processes
+            )
         return ProfilingValues(gpu=gpu, migs=migs)
 
     def _gpm(
-        self, state: _GpuState, handle: Handle, gpu_instance_id: int | None, reads: Reads
+        self,
+        state: _GpuState,
+        handle: Handle,
+        gpu_instance_id: int | None,
+        reads: Reads,
+        due: bool,
     ) -> GpmMetrics | None:
         unit = state.units.setdefault(gpu_instance_id, _GpmUnit())
+        if not due:
+            return unit.last
         now = self._clock()
         if unit.previous is not None and now - unit.previous_at < MIN_GPM_GAP:
             return unit.last  # too close: the hardware would answer zeros
@@ -150,6 +170,7 @@ class ProfilingReader:
     ) -> tuple[ProcessUtilization, ...] | None:
         samples = reads(self.api.process_utilization, handle, state.seen_us)
         if samples is None:
+            state.last_processes = None
             return None
         now = self._clock()
         for pid, stamp, sm, memory, encoder, decoder in samples:
@@ -166,4 +187,7 @@ class ProfilingReader:
             )
         for pid in [p for p, (at, _u) in state.processes.items() if now - at > PROCESS_SAMPLE_TTL]:
             del state.processes[pid]
-        return tuple(u for _at, u in sorted(state.processes.values(), key=lambda e: e[1].pid))
+        state.last_processes = tuple(
+            u for _at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
+        )
+        return state.last_processes

@@ -147,9 +147,13 @@ class DeviceSnapshot:
     pcie_tx_bytes_per_second: float | None = None
     pcie_rx_bytes_per_second: float | None = None
     pcie_replay_total: int | None = None
+    pcie_tx_bytes: int | None = None  # cumulative counters (NVML_FI_DEV_PCIE_COUNT_*_BYTES)
+    pcie_rx_bytes: int | None = None
     fan_speed_ratio: float | None = None
     performance_state: int | None = None  # P0..P15
     clock_event_reasons: int | None = None  # NVML bitmask (nvmlClocksEventReason*)
+    # (reason, nanoseconds clocks were held down for it), NVML's clock event reason counters
+    clock_event_time_ns: tuple[tuple[str, float], ...] = ()
     ecc_mode_enabled: bool | None = None
     ecc_corrected_volatile: int | None = None
     ecc_uncorrected_volatile: int | None = None
@@ -166,6 +170,8 @@ class DeviceSnapshot:
     recovery_action: int | None = None
     nvlinks: tuple[NvLinkCounters, ...] = ()
     processes: tuple[ProcessUsage, ...] = ()
+    # (tier, unix time its readings were last completed): metrics.Tier values fast/slow/once
+    read_at: tuple[tuple[str, float], ...] = ()
     # NVML function name -> error string for the calls that failed this collection
     # (NOT_SUPPORTED is not an error and never appears here).
     errors: tuple[tuple[str, str], ...] = ()
@@ -249,3 +255,5 @@ class NodeSnapshot:
     dra: DraStatus | None = None
     # device UUID -> usage per pod (and host) on it; empty unless per-pod usage is on
     pod_usage: dict[str, tuple[PodUsage, ...]] = field(default_factory=dict)
+    # NVML function -> (calls, seconds spent in them) since the exporter started
+    nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)

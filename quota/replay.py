@@ -40,7 +40,7 @@ from typing import IO, Any
 from tqdm import tqdm
 
 from quota import accounting as acc
-from quota.engine import KINDS, Accountant
+from quota.accounting.accountant import KINDS, Accountant
 from quota.options import (
     add_cluster_option,
     add_db_option,

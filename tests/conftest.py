@@ -25,6 +25,10 @@ from tests.pg_server import throwaway_server
 # The venv's own tools (kubectl, ruff, the project's entry points) come first, also when the
 # tests run as `.venv/bin/python -m pytest` without the venv activated.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+# The NVML stand-in costs what a real H100 costs (sim/nvml/costs.py); most tests want it
+# instant so the suite stays fast. A test that needs the costs says so in its node spec
+# (nvml_costs: {mode: modelled}), which wins over this. Set before any library is loaded.
+os.environ.setdefault("GPUQUOTA_SIM_NVML_COSTS", "instant")
 
 
 @pytest.fixture(scope="session")

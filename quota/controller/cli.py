@@ -22,11 +22,11 @@ from prometheus_client import start_http_server
 
 from gpuquota.durations import duration_flag, whole_seconds_flag
 from quota.accounting import AccountingConfig
+from quota.accounting.accountant import Accountant
 from quota.controller import kube as kubeapi
 from quota.controller.leader import LeaseSettings, check, elect
 from quota.controller.loop import Controller, Settings, StartupError
 from quota.controller.metrics import ControllerMetrics
-from quota.engine import Accountant
 from quota.options import (
     add_cluster_option,
     add_db_option,

@@ -18,10 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quota import accounting as acc
+from quota.accounting.accountant import Accountant
+from quota.controller.backoff import Backoff
 from quota.controller.kube import Kube
+from quota.controller.messages import Event, Listed, Message, Resync, Synced, put
 from quota.controller.metrics import ControllerMetrics
-from quota.controller.watch import Backoff, Message, WatchLoop, put
-from quota.engine import Accountant
+from quota.controller.watch import WatchLoop
 from quota.store.db import StoreError
 
 log = logging.getLogger(__name__)
@@ -63,7 +65,8 @@ class Controller:
         self._next_flush = 0.0
         self._last_ok = clock()
         self._db_backoff = Backoff(base=0.5, cap=30.0)
-        self._quota_series: dict[tuple[str, str], set[tuple[str, str, str]]] = {}
+        self._quota_series: set[tuple[str, str, str]] = set()
+        self._quota_generation = -1
         self._alloc_series: set[tuple[str, str, str]] = set()
         self._best_effort_namespaces: set[str] = set()
         self._alloc_metrics_at = 0.0
@@ -100,7 +103,7 @@ class Controller:
                         f"cannot list {kind}s from the Kubernetes API server at {self.kube.host}: "
                         f"{loop.last_error or 'no answer'}"
                     )
-        put(self.queue, Message("synced", "", 0), self.stop_event)
+        put(self.queue, Synced(), self.stop_event)
 
     def _start(self) -> None:
         try:
@@ -129,7 +132,7 @@ class Controller:
             except queue.Empty:
                 msg = None
             while msg is not None:
-                if msg.op == "synced":
+                if isinstance(msg, Synced):
                     elapsed = time.monotonic() - t0
                     self.synced.set()
                     self.metrics.synced.set(1)
@@ -152,36 +155,24 @@ class Controller:
             raise self._startup_error
         self._flush()
 
-    def _handle(self, msg: Message) -> None:
+    def _handle(self, msg: Listed | Resync | Event) -> None:
         try:
-            if msg.op == "event":
-                assert msg.obj is not None
-                self.acct.apply(msg.event_type, msg.obj, msg.observed_at)
-                self.metrics.events.labels(msg.kind, msg.event_type).inc()
-                self._since_flush += 1
-                if msg.kind == "ResourceQuota":
-                    self._quota_metrics(msg.obj, msg.event_type == "DELETED")
-            elif msg.op == "resync":
-                items = msg.items or []
-                if msg.kind == "ResourceQuota":
-                    self._reset_quota_metrics(items)
-                self.acct.resync(msg.kind, items, msg.observed_at)
-                if msg.version:
-                    self.acct.apply(
-                        "BOOKMARK",
-                        {"kind": msg.kind, "metadata": {"resourceVersion": msg.version}},
-                        msg.observed_at,
-                    )
-                self._since_flush += len(items)
-            else:  # "list": facts only, nothing closes
-                for obj in msg.items or []:
-                    self.acct.apply("MODIFIED", obj, msg.observed_at)
-                    if msg.kind == "ResourceQuota":
-                        self._quota_metrics(obj, False)
-                self._since_flush += len(msg.items or [])
+            match msg:
+                case Event(kind, observed_at, event_type, obj):
+                    self.acct.apply(event_type, obj, observed_at)
+                    self.metrics.events.labels(kind, event_type).inc()
+                    self._since_flush += 1
+                case Resync(kind, observed_at, items, version):
+                    self.acct.resync(kind, items, observed_at, version)
+                    self._since_flush += len(items)
+                case Listed(kind, observed_at, items):  # facts only, nothing closes
+                    for obj in items:
+                        self.acct.apply("MODIFIED", obj, observed_at)
+                    self._since_flush += len(items)
         except acc.AccountingError as exc:
             self.metrics.accounting_errors.labels(msg.kind).inc()
             log.warning("%s skipped: %s", msg.kind, exc)
+        self._quota_metrics()
 
     # -- flushing
 
@@ -253,31 +244,23 @@ class Controller:
             self.metrics.best_effort.labels(namespace).set(count)
         self._best_effort_namespaces = set(best_effort)
 
-    def _quota_metrics(self, obj: dict[str, object], deleted: bool) -> None:
-        try:
-            facts = acc.quota_facts(obj)
-        except acc.AccountingError:
+    def _quota_metrics(self) -> None:
+        """The live quotas' figures as the Accountant read them, re-rendered when they change."""
+        if self.acct.quota_generation == self._quota_generation:
             return
-        key = (facts.namespace, facts.name)
-        for labels in self._quota_series.pop(key, set()):
-            self.metrics.quota_hard.remove(*labels)
-            self.metrics.quota_used.remove(*labels)
-        if deleted:
-            return
+        self._quota_generation = self.acct.quota_generation
         series = set()
-        for fig in facts.figures:
-            labels = (facts.namespace, fig.resource_name, facts.name)
-            self.metrics.quota_hard.labels(*labels).set(
-                fig.hard if fig.hard is not None else float("nan")
-            )
-            self.metrics.quota_used.labels(*labels).set(fig.used if fig.used is not None else 0.0)
-            series.add(labels)
-        self._quota_series[key] = series
-
-    def _reset_quota_metrics(self, items: list[dict[str, object]]) -> None:
-        for key in list(self._quota_series):
-            for labels in self._quota_series.pop(key):
-                self.metrics.quota_hard.remove(*labels)
-                self.metrics.quota_used.remove(*labels)
-        for obj in items:
-            self._quota_metrics(obj, False)
+        for facts in self.acct.quota_figures():
+            for fig in facts.figures:
+                labels = (facts.namespace, fig.resource_name, facts.name)
+                self.metrics.quota_hard.labels(*labels).set(
+                    fig.hard if fig.hard is not None else float("nan")
+                )
+                self.metrics.quota_used.labels(*labels).set(
+                    fig.used if fig.used is not None else 0.0
+                )
+                series.add(labels)
+        for gone in self._quota_series - series:
+            self.metrics.quota_hard.remove(*gone)
+            self.metrics.quota_used.remove(*gone)
+        self._quota_series = series

@@ -11,60 +11,22 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
+from quota.controller.backoff import Backoff
 from quota.controller.kube import ApiStatusError, Kube, Obj
+from quota.controller.messages import Event, Listed, Message, Resync, put
+
+__all__ = ["GoneError", "Message", "WatchLoop"]  # Message: exporter/dra/slices.py imports it here
 from quota.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
-
-
-class Backoff:
-    """Exponential back-off with full jitter: 0.5 s, 1 s, 2 s ... up to ``cap``."""
-
-    def __init__(self, base: float = 0.5, cap: float = 30.0, rng: random.Random | None = None):
-        self.base, self.cap, self.attempt = base, cap, 0
-        self.rng = rng or random.Random()
-
-    def next(self) -> float:
-        delay = min(self.cap, self.base * 2**self.attempt)
-        self.attempt += 1
-        return float(delay / 2 + self.rng.uniform(0, delay / 2))
-
-    def reset(self) -> None:
-        self.attempt = 0
-
-
-@dataclass(frozen=True)
-class Message:
-    """What a watch loop hands the controller."""
-
-    op: str  # "event" | "resync" (full list: vanished objects close) | "list" (no closing)
-    kind: str
-    observed_at: int
-    event_type: str = ""
-    obj: Obj | None = None
-    items: list[Obj] | None = None
-    version: str = ""
-
-
-def put(out: queue.Queue[Message], msg: Message, stop: threading.Event) -> bool:
-    """Put ``msg``, waiting while the queue is full; False if stopped meanwhile."""
-    while not stop.is_set():
-        try:
-            out.put(msg, timeout=0.2)
-            return True
-        except queue.Full:
-            continue
-    return False
 
 
 class GoneError(Exception):
@@ -111,7 +73,7 @@ class WatchLoop(threading.Thread):
                 # facts of nodes/namespaces/quotas are needed now; vanished ones are closed
                 # by the replayed DELETED events, not estimated
                 items, _ = self.kube.list(self.kind, self._listed if self.keep else None)
-                put(self.out, Message("list", self.kind, self._now(), items=items), self.stop_event)
+                put(self.out, Listed(self.kind, self._now(), items), self.stop_event)
             self.version, self.resume_from = self.resume_from, None
             log.info("%s: resuming the watch from stored version %s", self.kind, self.version)
         else:
@@ -121,7 +83,7 @@ class WatchLoop(threading.Thread):
             items, version = self.kube.list(self.kind, self._listed if self.keep else None)
             put(
                 self.out,
-                Message("resync", self.kind, self._now(), items=items, version=version),
+                Resync(self.kind, self._now(), items, version),
                 self.stop_event,
             )
             self.version = version
@@ -197,7 +159,7 @@ class WatchLoop(threading.Thread):
                 continue
             put(
                 self.out,
-                Message("event", self.kind, self._now(), event_type=str(etype), obj=obj),
+                Event(self.kind, self._now(), str(etype), obj),
                 self.stop_event,
             )
 

@@ -29,8 +29,7 @@ def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Frac
     override = card.mig_fraction(row.resource_name, profile) if card is not None else None
     if override is not None:
         return override * units
-    # physical_gpus is stored as a float; the true value is a small rational (3/7, 1/4, 2)
-    return Fraction(row.physical_gpus).limit_denominator(10_000)
+    return row.share * units  # stored exactly (migration 0005)
 
 
 @dataclass
@@ -122,7 +121,7 @@ def aggregate(
     buckets = list(bucket_edges) if bucket_edges else [edges[0], edges[-1]]
     bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
     n_buckets = len(buckets) - 1
-    fractions: dict[tuple[str, int, float, str | None], Fraction] = {}
+    fractions: dict[tuple[str, int, Fraction, str | None], Fraction] = {}
     rates: dict[tuple[str | None, int], tuple[Fraction, bool]] = {}
     # per group: raw seconds, {denominator: numerator}, {(denominator, rate): numerator},
     # {(denominator, bucket): numerator}, estimated raw seconds, estimated intervals
@@ -132,7 +131,7 @@ def aggregate(
         a = acc.get(row.keys)
         if a is None:
             a = acc[row.keys] = [0, defaultdict(int), defaultdict(int), defaultdict(int), 0, 0]
-        fkey = (row.resource_name, row.raw_units, row.physical_gpus, row.mig_profile)
+        fkey = (row.resource_name, row.raw_units, row.share, row.mig_profile)
         per_row = fractions.get(fkey)
         if per_row is None:
             per_row = fractions[fkey] = physical_per_row(row, card)

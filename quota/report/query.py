@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 from sqlalchemy import (
@@ -228,6 +229,7 @@ class UsageRow:
     intervals: int
     estimated_intervals: int
     mig_profile: str | None = None  # single-strategy MIG: the profile behind nvidia.com/gpu
+    share: Fraction = Fraction(1)  # the exact physical share of one unit, as stored
 
     @property
     def price_class(self) -> tuple[Any, ...]:
@@ -237,6 +239,7 @@ class UsageRow:
             self.raw_units,
             self.physical_gpus,
             self.mig_profile,
+            self.share,
         )
 
 
@@ -314,6 +317,8 @@ def _usage_query(
         "gpu_model",
         "raw_units",
         "physical_gpus",
+        "share_numerator",
+        "share_denominator",
         "started_at",
         "ended_at",
         "estimated",
@@ -346,6 +351,8 @@ def _usage_query(
         u.c.raw_units,
         u.c.physical_gpus,
         u.c.mig_profile,
+        u.c.share_numerator,
+        u.c.share_denominator,
     ]
     stmt = select(
         *group,
@@ -380,7 +387,8 @@ def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRo
         float(r[i + 3]),
         r[i + 4],
     )
-    i += 5
+    share = Fraction(int(r[i + 5]), int(r[i + 6]))
+    i += 7
     seconds = tuple(int(s or 0) for s in r[i : i + n_windows])
     est_s, count, est_n = r[i + n_windows : i + n_windows + 3]
     return UsageRow(
@@ -394,6 +402,7 @@ def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRo
         int(count),
         int(est_n or 0),
         profile,
+        share,
     )
 
 
@@ -431,6 +440,7 @@ class CapacityRow:
     allocatable_units: int
     physical_gpus: float
     seconds: tuple[int, ...]  # per sub-window
+    share: Fraction = Fraction(1)  # the exact physical share of one unit, as stored
 
 
 def capacity(
@@ -455,6 +465,8 @@ def capacity(
         c.resource_name,
         c.allocatable_units,
         c.physical_gpus,
+        c.share_numerator,
+        c.share_denominator,
     ]
     stmt = select(*group, *windows).where(
         c.started_at < hi, or_(c.ended_at > lo, c.ended_at.is_(None))
@@ -464,7 +476,13 @@ def capacity(
     n = len(edges) - 1
     return [
         CapacityRow(
-            r[0], r[1], r[2], int(r[3]), float(r[4]), tuple(int(s or 0) for s in r[5 : 5 + n])
+            r[0],
+            r[1],
+            r[2],
+            int(r[3]),
+            float(r[4]),
+            tuple(int(s or 0) for s in r[7 : 7 + n]),
+            Fraction(int(r[5]), int(r[6])),
         )
         for r in conn.execute(stmt.group_by(*group))
     ]

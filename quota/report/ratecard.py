@@ -30,10 +30,11 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
+from quota.accounting.rules.shares import mig_override
+
 _TOP_KEYS = {"currency", "default_rate", "timezone", "models", "mig_fractions"}
 _ENTRY_KEYS = {"rate", "from"}
 _MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
-MIG_PREFIX = "nvidia.com/mig-"
 
 
 class RateCardError(ValueError):
@@ -76,9 +77,8 @@ class RateCard:
         """The rate card's physical share of one MIG instance, if it sets one: the profile is
         in the resource name (mixed strategy: nvidia.com/mig-1g.10gb) or, on single-strategy
         nodes where every nvidia.com/gpu is one instance, recorded beside it."""
-        if resource_name.startswith(MIG_PREFIX):
-            mig_profile = resource_name[len(MIG_PREFIX) :]
-        return None if mig_profile is None else self.mig_fractions.get(mig_profile)
+        found = mig_override(resource_name, mig_profile, self.mig_fractions)
+        return None if found is None else Fraction(found)
 
 
 def load(path: str | Path) -> RateCard:

@@ -106,6 +106,10 @@ class Allocation(Base):
     raw_units: Mapped[int] = mapped_column(Integer)  # effective request of the pod
     # physical-GPU equivalent of all raw_units (time-slicing: units/replicas; MIG: units*N/7)
     physical_gpus: Mapped[float] = mapped_column(Float)
+    # the physical share of one raw unit, exactly (1/7, 3/7, 1/4): physical_gpus is
+    # raw_units * numerator / denominator, kept as a float for SQL sums (migration 0005)
+    share_numerator: Mapped[int] = mapped_column(BigInteger, server_default=text("1"))
+    share_denominator: Mapped[int] = mapped_column(BigInteger, server_default=text("1"))
     replicas: Mapped[int | None] = mapped_column(Integer, nullable=True)  # time-slicing/MPS
     sharing_strategy: Mapped[str | None] = mapped_column(String(63), nullable=True)
     # the MIG profile one unit is (1g.10gb), from the resource name or a single-strategy node's
@@ -141,6 +145,9 @@ class NodeCapacity(Base):
     resource_name: Mapped[str] = mapped_column(String(253))
     allocatable_units: Mapped[int] = mapped_column(Integer)
     physical_gpus: Mapped[float] = mapped_column(Float)
+    # the exact physical share of one allocatable unit (migration 0005)
+    share_numerator: Mapped[int] = mapped_column(BigInteger, server_default=text("1"))
+    share_denominator: Mapped[int] = mapped_column(BigInteger, server_default=text("1"))
     mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)  # migration 0004
     labels: Mapped[dict[str, Any]] = mapped_column(JSON)  # nvidia.com/gpu.* labels at start
     started_at: Mapped[int] = mapped_column(BigInteger)

@@ -10,6 +10,8 @@ python -m sim.nvml STATE process-util GPU PID --sm R --memory R [--encoder R --d
 python -m sim.nvml STATE gpm GPU [--mig N] metric=value [metric=value ...]
 python -m sim.nvml STATE nvlink GPU LINK [--replay N --recovery N --crc-flit N --crc-data N]
 python -m sim.nvml STATE fail GPU|system FUNCTION CODE|clear
+python -m sim.nvml STATE costs modelled|instant [--queueing gpu|library]
+python -m sim.nvml STATE cost GPU|all FUNCTION MS [--overlap]   # e.g. a hung call
 python -m sim.nvml STATE env        # shell exports to run an NVML client against STATE
 """
 
@@ -92,6 +94,14 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("gpu", help="GPU index, or 'system'")
     f.add_argument("function", help="e.g. nvmlDeviceGetPowerUsage")
     f.add_argument("code", help="NVML return code (e.g. 999), or 'clear'")
+    k = sub.add_parser("costs", help="NVML calls cost an H100's time (modelled) or nothing")
+    k.add_argument("mode", choices=("modelled", "instant"))
+    k.add_argument("--queueing", choices=("gpu", "library"), default=None)
+    one = sub.add_parser("cost", help="set one NVML function's wall time in milliseconds")
+    one.add_argument("gpu", help="GPU index, or 'all'")
+    one.add_argument("function", help="e.g. nvmlDeviceGetPowerUsage")
+    one.add_argument("ms", type=float)
+    one.add_argument("--overlap", action="store_true", help="concurrent callers do not queue")
     for action in sub.choices.values():  # every action's --help shows the examples too
         action.epilog = EXAMPLES
         action.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -170,6 +180,11 @@ def _act(node: SimNode, args: argparse.Namespace) -> int:
         gpu = None if args.gpu == "system" else int(args.gpu)
         code = None if args.code == "clear" else int(args.code, 0)
         node.fail_call(gpu, args.function, code)
+    elif cmd == "costs":
+        node.set_costs(args.mode, args.queueing)
+    elif cmd == "cost":
+        gpu = None if args.gpu == "all" else int(args.gpu)
+        node.set_call_cost(gpu, args.function, args.ms, overlap=args.overlap)
     return 0
 
 

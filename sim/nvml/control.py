@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.nvml import build
+from sim.nvml.costs import MAX_FIELD_ID, MODES, QUEUEING, CallCost
 from sim.nvml.spec import NodeSpec, load
 
 NVML_SUCCESS = 0
@@ -96,6 +97,14 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "gqsim_get_gpm": (cd, [vp, ci, ci, ci]),
         "gqsim_set_process_utilization": (ci, [vp, ci, cu, cu, cu, cu, cu]),
         "gqsim_clear_process_utilization": (ci, [vp, ci]),
+        "gqsim_costs_reset": (ci, [vp, cu, cu, cd]),
+        "gqsim_costs_mode": (ci, [vp, cu, cu]),
+        "gqsim_set_cost": (ci, [vp, ci, cp, cd, cu]),
+        "gqsim_set_field_cost": (ci, [vp, ci, cd]),
+        "gqsim_counter": (cd, [vp, ci, cp]),
+        "gqsim_set_counter": (ci, [vp, ci, cp, cd]),
+        "gqsim_reason_counter_name": (cp, [ci]),
+        "gqsim_call_count": (ull, [vp, cp]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -393,6 +402,83 @@ class SimNode:
         if rc != 0:
             raise SimError(f"cannot force {function}: failure table full or name too long")
 
+    # -- costs and wall-time counters (sim/nvml/costs.py) ----------------------------------
+
+    def set_costs(self, mode: str | None = None, queueing: str | None = None) -> None:
+        """Switches the cost model: mode modelled/instant/default, queueing gpu/library
+        (None keeps what the node has)."""
+        if mode is not None and mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+        if queueing is not None and queueing not in QUEUEING:
+            raise ValueError(f"queueing must be gpu or library, not {queueing!r}")
+        self._lib.gqsim_costs_mode(
+            self._ptr(),
+            _NONE if mode is None else MODES[mode],
+            _NONE if queueing is None else QUEUEING[queueing],
+        )
+
+    def set_call_cost(
+        self, i: int | None, function: str, ms: float, *, overlap: bool = False
+    ) -> None:
+        """NVML `function` takes `ms` milliseconds on GPU `i` (None: every GPU) from now on;
+        e.g. 30000 to simulate a call that hangs."""
+        if i is not None:
+            self._check_gpu(i)
+        if not function.startswith("nvml") or ms < 0:
+            raise ValueError(f"need an NVML function name and ms >= 0, not {function!r}, {ms!r}")
+        self._set_cost(-1 if i is None else i, function, CallCost(float(ms), overlap))
+
+    def call_count(self, function: str) -> int:
+        """How often `function` (a name in the cost table) was called with costs modelled,
+        by every process on this node: benchmarks count another program's rounds with it."""
+        return int(self._lib.gqsim_call_count(self._ptr(), function.encode()))
+
+    def counter(self, i: int, name: str) -> float:
+        """A wall-time counter of GPU `i`: pcie_tx_bytes, pcie_rx_bytes, or nanoseconds
+        throttled for a reason in counter_names() (sw_power_cap, ...)."""
+        self._check_gpu(i)
+        value = float(self._lib.gqsim_counter(self._ptr(), i, name.encode()))
+        if value < 0:
+            raise ValueError(f"unknown counter {name!r}; known: {', '.join(self.counter_names())}")
+        return value
+
+    def set_counter(self, i: int, name: str, value: float) -> None:
+        """Restarts a counter at `value`; it then runs on with its rate (PCIe bytes/s, or
+        wall time while clock_event_reasons has the reason's bit)."""
+        self._check_gpu(i)
+        if value < 0 or self._lib.gqsim_set_counter(self._ptr(), i, name.encode(), value) != 0:
+            raise ValueError(f"cannot set counter {name!r} to {value!r}")
+
+    def counter_names(self) -> list[str]:
+        names = ["pcie_tx_bytes", "pcie_rx_bytes"]
+        n = 0
+        while (raw := self._lib.gqsim_reason_counter_name(n)) is not None:
+            names.append(raw.decode())
+            n += 1
+        return names
+
+    def _set_cost(self, gpu: int, function: str, cost: CallCost) -> None:
+        rc = self._lib.gqsim_set_cost(
+            self._ptr(), gpu, function.encode(), cost.ms * 1000.0, int(cost.overlap)
+        )
+        if rc != 0:
+            raise SimError(f"cannot set the cost of {function}: cost table full")
+
+    def _apply_costs(self, spec: NodeSpec) -> None:
+        costs = spec.costs
+        ptr = self._ptr()
+        self._lib.gqsim_costs_reset(
+            ptr, MODES[costs.mode], QUEUEING[costs.queueing], costs.default_ms * 1000.0
+        )
+        for fid in range(MAX_FIELD_ID):
+            ms = costs.fields.get(fid, costs.field_default_ms)
+            self._lib.gqsim_set_field_cost(ptr, fid, ms * 1000.0)
+        for function, cost in costs.calls.items():
+            self._set_cost(-1, function, cost)
+        for g in spec.gpus:
+            for function, cost in g.call_costs.items():
+                self._set_cost(g.index, function, cost)
+
     # -- internals ----------------------------------------------------------------------
 
     def _ptr(self) -> int:
@@ -434,6 +520,7 @@ class SimNode:
         )
         n = len(spec.gpus)
         lib.gqsim_set_gpu_count(ptr, n)
+        self._apply_costs(spec)
         for g in spec.gpus:
             m = g.model
             i = g.index

@@ -99,6 +99,9 @@ GQ_EXPORT int gqsim_set_num(void *vst, int gpu, int field, double value) {
         g->num[GQ_F_energy_base_mj] = mj;
         g->num[GQ_F_energy_base_ns] = (double)now;
     }
+    if (field == GQ_F_pcie_tx_bytes_per_second || field == GQ_F_pcie_rx_bytes_per_second ||
+        field == GQ_F_clock_event_reasons)
+        gq_counters_fold(st, gpu); /* counters stay continuous across a rate change */
     g->num[field] = value;
     gq_unlock(st);
     return 0;

@@ -53,6 +53,24 @@ nvmlReturn_t gq_enter(nvmlDevice_t dev, const char *function, int identity, int 
                       gq_gpu **gpu);
 nvmlReturn_t gq_enter_system(const char *function);
 
+/* THE COST HOOK. Every NVML entry point runs it once it knows the call will be answered:
+ * it waits the wall time the cost table (sim/nvml/costs.py) gives `function` on `gpu` (-1:
+ * system calls), plus `extra_us`, queueing or overlapping as the table says. gq_enter and
+ * gq_enter_system run it, so every function using GQ_ENTER is costed; an entry point that
+ * does not (e.g. one taking a GPM sample rather than a device) calls GQ_COST(__func__, gpu)
+ * itself and gets a row in costs.py. */
+void gq_nvml_cost(const char *function, int gpu, double extra_us);
+#define GQ_COST(function, gpu) gq_nvml_cost((function), (gpu), 0.0)
+/* nvmlDeviceGetFieldValues' own share per field id (its latencyUsec); 0 when instant. */
+double gq_field_cost_us(int field_id);
+/* gq_enter with `extra_us` added to the call's cost (field values). */
+nvmlReturn_t gq_enter_costed(nvmlDevice_t dev, const char *function, int identity, int allow_mig,
+                             gq_gpu **gpu, double extra_us);
+/* Wall-time counters (nvml_counters.c): field values 83/191, 197/198, 74-79, 269-271
+ * (NOT_SUPPORTED for any other id), and folding them before a rate changes. */
+nvmlReturn_t gq_counter_field(const gq_gpu *g, nvmlFieldValue_t *v);
+void gq_counters_fold(gq_state *st, int gpu);
+
 #define GQ_ENTER(dev, identity, allow_mig)                                           \
     gq_gpu *g;                                                                       \
     do {                                                                             \

@@ -129,6 +129,7 @@ int gq_fail_code(const gq_fail *fails, const char *function) {
 nvmlReturn_t gq_enter_system(const char *function) {
     if (gq_nvml_state == NULL || gq_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
     int code = gq_fail_code(gq_nvml_state->system_fails, function);
+    if (code == 0) GQ_COST(function, -1);
     return (nvmlReturn_t)code;
 }
 
@@ -145,6 +146,11 @@ static int gq_is_handle(nvmlDevice_t dev) {
 
 nvmlReturn_t gq_enter(nvmlDevice_t dev, const char *function, int identity, int allow_mig,
                       gq_gpu **gpu) {
+    return gq_enter_costed(dev, function, identity, allow_mig, gpu, 0.0);
+}
+
+nvmlReturn_t gq_enter_costed(nvmlDevice_t dev, const char *function, int identity, int allow_mig,
+                             gq_gpu **gpu, double extra_us) {
     gq_state *st = gq_nvml_state;
     if (st == NULL || gq_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
     if (dev == NULL || !gq_is_handle(dev) || (uint32_t)dev->gpu >= st->gpu_count)
@@ -156,6 +162,7 @@ nvmlReturn_t gq_enter(nvmlDevice_t dev, const char *function, int identity, int 
     if (code != 0) return (nvmlReturn_t)code;
     if (!identity && GQ_HAS(g, reset_required)) return NVML_ERROR_RESET_REQUIRED;
     if (dev->mig >= 0 && !allow_mig) return NVML_ERROR_NOT_SUPPORTED;
+    gq_nvml_cost(function, dev->gpu, extra_us);
     *gpu = g;
     return NVML_SUCCESS;
 }

@@ -10,9 +10,10 @@
 #include <stdint.h>
 
 #include "gqsim_prof.h"
+#include "gqsim_costs.h"
 
 #define GQ_MAGIC 0x4751534d4e564d4cULL /* "GQSMNVML" */
-#define GQ_VERSION 1
+#define GQ_VERSION 2
 #define GQ_MAX_GPUS 16
 #define GQ_MAX_MIG 7
 #define GQ_MAX_PROCS 64
@@ -130,6 +131,7 @@ typedef struct {
     gq_fail system_fails[GQ_MAX_FAILS];
     gq_gpu gpus[GQ_MAX_GPUS];
     gq_prof prof[GQ_MAX_GPUS]; /* GPM and per-process utilisation (gqsim_prof.h) */
+    gq_costs costs; /* NVML call costs and wall-time counters (gqsim_costs.h) */
 } gq_state;
 
 #endif

@@ -59,6 +59,8 @@ class GpuModel:
     row_remapping: bool = True  # Ampere and later with HBM
     page_retirement: bool = False  # Volta and older; replaced by row remapping
     mig_profiles: tuple[MigProfile, ...] = ()
+    # NVML call costs (ms) where this model differs from the H100 table in sim/nvml/costs.py
+    nvml_costs: tuple[tuple[str, float], ...] = ()
 
     def profile(self, name: str) -> MigProfile:
         for p in self.mig_profiles:

@@ -205,7 +205,7 @@ static nvmlReturn_t gq_field(const gq_gpu *g, nvmlFieldValue_t *v) {
                                                                                               : 3);
         break;
     case NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: return gq_recovery_action_field(g, v);
-    default: return NVML_ERROR_NOT_SUPPORTED;
+    default: return gq_counter_field(g, v);
     }
     if (r == NVML_SUCCESS) v->value.ullVal = ull;
     return r;
@@ -213,7 +213,12 @@ static nvmlReturn_t gq_field(const gq_gpu *g, nvmlFieldValue_t *v) {
 
 GQ_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount,
                                                 nvmlFieldValue_t *values) {
-    GQ_ENTER(device, 0, 0);
+    double extra_us = 0.0; /* each field has its own latency on a real GPU */
+    for (int i = 0; values != NULL && i < valuesCount; i++)
+        extra_us += gq_field_cost_us((int)values[i].fieldId);
+    gq_gpu *g;
+    nvmlReturn_t entered = gq_enter_costed(device, __func__, 0, 0, &g, extra_us);
+    if (entered != NVML_SUCCESS) return entered;
     if (values == NULL || valuesCount < 0) return NVML_ERROR_INVALID_ARGUMENT;
     struct timeval tv;
     gettimeofday(&tv, NULL);
@@ -222,7 +227,7 @@ GQ_EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesC
         nvmlFieldValue_t *v = &values[i];
         memset(&v->value, 0, sizeof(v->value));
         v->timestamp = now_us;
-        v->latencyUsec = 0;
+        v->latencyUsec = (long long)gq_field_cost_us((int)v->fieldId);
         v->nvmlReturn = gq_field(g, v);
     }
     return NVML_SUCCESS;

@@ -10,7 +10,8 @@ A spec names the GPUs of one simulated node::
 
 Each GPU entry may also carry "mig" (profile names, one GPU instance each) and "values"
 (initial SimNode.set() keywords). Optional top-level keys: "driver_version",
-"cuda_driver_version" (e.g. 12040). Everything is validated here; a bad spec raises
+"cuda_driver_version" (e.g. 12040), "nvml_costs" (what each NVML call costs; see
+sim/nvml/costs.py, and a GPU entry may carry its own "nvml_costs" overrides). Everything is validated here; a bad spec raises
 ValueError naming the problem.
 """
 
@@ -24,6 +25,8 @@ from typing import Any
 
 import yaml
 
+from sim.nvml.costs import CallCost, NodeCosts, parse_call_costs
+from sim.nvml.costs import parse as parse_costs
 from sim.nvml.models import GpuModel, MigProfile, model
 
 MAX_GPUS = 16  # GQ_MAX_GPUS in gqsim_state.h
@@ -44,9 +47,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 _UUID_NAMESPACE = uuid.UUID("6b1d2f0e-3c1a-4f5e-9d7b-0a8c4e2f1b3d")
-_TOP_KEYS = {"name", "gpus", "nvlink", "driver_version", "cuda_driver_version"}
+_TOP_KEYS = {"name", "gpus", "nvlink", "driver_version", "cuda_driver_version", "nvml_costs"}
 _SHORT_KEYS = {"model", "count", "mig", "values"}
-_GPU_KEYS = {"model", "count", "mig", "values"}
+_GPU_KEYS = {"model", "count", "mig", "values", "nvml_costs"}
 # slices -> (allowed placement starts, memory slices occupied)
 _PLACEMENTS: dict[int, tuple[tuple[int, ...], int]] = {
     1: ((0, 1, 2, 3, 4, 5, 6), 1),
@@ -75,6 +78,7 @@ class GpuSpec:
     nvlink_group: int  # -1: no NVLink peers
     mig: tuple[MigSpec, ...] = ()
     values: Mapping[str, Any] = field(default_factory=dict)
+    call_costs: Mapping[str, CallCost] = field(default_factory=dict)  # this GPU's overrides
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +87,7 @@ class NodeSpec:
     gpus: tuple[GpuSpec, ...]
     driver_version: str = "550.54.15"
     cuda_driver_version: int = 12040
+    costs: NodeCosts = field(default_factory=NodeCosts)
 
     @property
     def nvml_version(self) -> str:
@@ -137,8 +142,13 @@ def parse(raw: Mapping[str, Any], default_name: str = "sim-node") -> NodeSpec:
     if not isinstance(entries, Sequence) or isinstance(entries, str):
         raise ValueError("spec needs 'gpus': a list of {model, count} entries")
     expanded: list[tuple[GpuModel, list[str], Mapping[str, Any]]] = []
+    gpu_costs: list[dict[str, CallCost]] = []
     for n, entry in enumerate(entries):
-        expanded.extend(_expand_entry(n, entry))
+        more = _expand_entry(n, entry)
+        expanded.extend(more)
+        own = parse_call_costs(entry.get("nvml_costs", {}), f"gpus[{n}].nvml_costs")
+        for m, _, _ in more:
+            gpu_costs.append({**{f: CallCost(ms) for f, ms in m.nvml_costs}, **own})
     if len(expanded) > MAX_GPUS:
         raise ValueError(
             f"spec has {len(expanded)} GPUs; the stand-in simulates at most {MAX_GPUS}"
@@ -157,13 +167,20 @@ def parse(raw: Mapping[str, Any], default_name: str = "sim-node") -> NodeSpec:
                 nvlink_group=groups.get(index, -1),
                 mig=_mig_instances(m, mig_names, gpu_uuid),
                 values=values,
+                call_costs=gpu_costs[index],
             )
         )
     driver = str(raw.get("driver_version", "550.54.15"))
     cuda = raw.get("cuda_driver_version", 12040)
     if not isinstance(cuda, int) or cuda <= 0:
         raise ValueError(f"cuda_driver_version must be a positive integer like 12040, not {cuda!r}")
-    return NodeSpec(name=name, gpus=tuple(gpus), driver_version=driver, cuda_driver_version=cuda)
+    return NodeSpec(
+        name=name,
+        gpus=tuple(gpus),
+        driver_version=driver,
+        cuda_driver_version=cuda,
+        costs=parse_costs(raw.get("nvml_costs")),
+    )
 
 
 def _expand_entry(n: int, entry: Any) -> list[tuple[GpuModel, list[str], Mapping[str, Any]]]:

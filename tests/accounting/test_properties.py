@@ -15,7 +15,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
 from quota import accounting as acc
-from quota.engine import Accountant
+from quota.accounting.accountant import Accountant
 from quota.store.db import Store
 from quota.store.models import Base
 from tests.accounting.objects import container, node, pod

@@ -15,7 +15,48 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gpuquota", "exporter", "quota", "sim", "dashboards", "bench")
 # Test folders whose test modules must not import each other (issue 8's loose ends).
-TEST_FOLDERS = ("exporter", "health", "deviceplugin", "kubelet", "sim_nvml", "sim_cluster")
+TEST_FOLDERS = (
+    "exporter",
+    "health",
+    "deviceplugin",
+    "kubelet",
+    "sim_nvml",
+    "sim_cluster",
+    "accounting",
+    "controller",
+    "store",
+    "report",
+    "common",
+)
+# What the accounting package (quota/accounting/: pure rules and in-memory state) must never
+# import: SQL, the Kubernetes client, networking, files, processes, threads.
+NOT_IN_ACCOUNTING = frozenset(
+    {
+        "sqlalchemy",
+        "alembic",
+        "psycopg",
+        "sqlite3",
+        "kubernetes",
+        "urllib3",
+        "urllib",
+        "http",
+        "socket",
+        "ssl",
+        "requests",
+        "grpc",
+        "prometheus_client",
+        "subprocess",
+        "os",
+        "io",
+        "pathlib",
+        "shutil",
+        "tempfile",
+        "threading",
+        "queue",
+        "asyncio",
+        "time",
+    }
+)
 
 Graph = dict[str, set[str]]
 
@@ -148,3 +189,51 @@ def test_test_modules_do_not_import_each_other() -> None:
     graph = import_graph(modules)
     shared = {m: sorted(graph[m] & tests) for m in sorted(tests) if graph[m] & tests}
     assert shared == {}, "move the shared helpers to conftest.py or a helpers module"
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Every absolute module name a file imports, any depth, relative ones left out."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_quota_side_has_no_cycle_between_modules_or_folders() -> None:
+    modules = _modules(["quota"])
+    graph = import_graph(modules)
+    assert "quota.accounting.accountant" in graph and "quota.controller.loop" in graph
+    assert cycles(graph) == []
+    folders = folder_graph(graph, modules)
+    assert cycles(folders) == []
+    # one way: watch -> account -> store -> report; nothing downstream imports upstream
+    assert "quota.controller" not in folders["quota.accounting"]
+    assert "quota.store" not in folders["quota.accounting"]
+    assert "quota.controller" not in folders["quota.store"]
+    assert "quota.report" not in folders["quota.store"]
+
+
+def test_accounting_imports_no_sql_kubernetes_or_io() -> None:
+    modules = {m: p for m, p in _modules(["quota"]).items() if m.startswith("quota.accounting")}
+    assert "quota.accounting.trackers.pods" in modules and "quota.accounting.rules.ends" in modules
+    found = {}
+    for module, path in sorted(modules.items()):
+        names = _top_level_imports(path)
+        bad = sorted(n for n in names if n.split(".")[0] in NOT_IN_ACCOUNTING)
+        # within the project, accounting reads only itself
+        bad += sorted(
+            n for n in names if n.split(".")[0] in PACKAGES and not n.startswith("quota.accounting")
+        )
+        if module.startswith("quota.accounting.rules"):
+            bad += sorted(n for n in names if n == "logging")  # pure rules do not even log
+        if bad:
+            found[module] = bad
+    assert found == {}
+
+
+def test_the_accounting_check_can_fail() -> None:
+    # the checker sees an SQL import where there is one
+    assert "sqlalchemy" in _top_level_imports(ROOT / "quota" / "store" / "db.py")

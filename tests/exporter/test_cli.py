@@ -75,6 +75,13 @@ def test_bad_flags_exit_2_with_one_line(
     assert message in err
 
 
+def test_slow_interval_below_interval_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--interval", "2s", "--slow-interval", "1s"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "--slow-interval 1s is shorter than --interval 2s" in err
+
+
 def test_bad_web_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "web.yml"
     config.write_text("basic_auth_users:\n  prom: hunter2\n")

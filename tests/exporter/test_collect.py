@@ -13,6 +13,9 @@ from typing import Any
 import pytest
 
 from exporter.collect import Collector
+from exporter.health.config import parse_config
+from exporter.health.engine import HealthTracker
+from exporter.health.verdict import State
 from exporter.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
 from exporter.render import Renderer, RenderOptions
 from exporter.snapshot import DeviceState, NodeSnapshot, PodRef
@@ -54,6 +57,10 @@ ALWAYS = {
     "gpu_memory_clock_hertz",
     "gpu_pcie_tx_bytes_per_second",
     "gpu_pcie_rx_bytes_per_second",
+    "gpu_pcie_tx_bytes_total",
+    "gpu_pcie_rx_bytes_total",
+    "gpu_clock_event_seconds_total",
+    "gpuquota_exporter_read_age_seconds",
     "gpu_pcie_replays_total",
     "gpu_performance_state",
     "gpu_clock_event_reason",
@@ -478,7 +485,8 @@ def test_a_round_without_nvml_is_flagged_and_recovers(nvml_on: NvmlOn) -> None:
     node.fail_call(None, "nvmlDeviceGetCount", NVML_ERROR_UNKNOWN)
     bad = collector.collect_once()
     assert not bad.ok
-    assert [d.state for d in bad.devices] == [DeviceState.ERROR, DeviceState.ERROR]
+    # issue 13: a node-wide call failing keeps the last known devices, read as usual
+    assert [d.state for d in bad.devices] == [DeviceState.OK, DeviceState.OK]
     assert [d.uuid for d in bad.devices] == [node.uuid(0), node.uuid(1)]
     assert bad.last_success_at == good.collected_at
     samples = parse(Renderer().render(bad))
@@ -488,3 +496,116 @@ def test_a_round_without_nvml_is_flagged_and_recovers(nvml_on: NvmlOn) -> None:
     again = collector.collect_once()
     assert again.ok and again.devices[0].state is DeviceState.OK
     assert again.last_success_at == again.collected_at
+
+
+def test_partial_failure_stays_partial(nvml_on: NvmlOn) -> None:
+    """nvmlDeviceGetCount failing for several rounds: every GPU still readable keeps its
+    readings and stays healthy; only the GPU that really cannot be read is marked."""
+    node, api = nvml_on("h100x8")
+    collector = Collector(api)
+    tracker = HealthTracker(parse_config(None, quiet_period_s=0.5))
+    tracker.observe_snapshot(collector.collect_once(), now=1)
+    node.fail_call(None, "nvmlDeviceGetCount", NVML_ERROR_UNKNOWN)
+    node.set_lost(5)
+    node.set(2, power_watts=321.0, gpu_utilization_ratio=0.5)
+    for now in (2, 3, 4):  # seconds of failure
+        bad = collector.collect_once()
+        health = tracker.observe_snapshot(bad, now=now)
+    assert not bad.ok
+    assert [d.uuid for d in bad.devices] == [node.uuid(i) for i in range(8)]
+    assert [d.state for d in bad.devices] == [DeviceState.OK] * 5 + [DeviceState.LOST] + [
+        DeviceState.OK
+    ] * 2
+    assert (bad.devices[2].power_watts, bad.devices[2].gpu_utilization_ratio) == (321.0, 0.5)
+    states = {d.uuid: d.state for d in health.devices}
+    assert states.pop(node.uuid(5)) is not State.HEALTHY
+    assert set(states.values()) == {State.HEALTHY}
+    samples = parse(Renderer().render(bad))
+    assert value(samples, "gpu_power_watts", uuid=node.uuid(2), gpu="2") == 321.0
+    assert value(samples, "gpu_device_state", uuid=node.uuid(5), gpu="5", state="lost") == 1
+    assert value(samples, "gpu_device_state", uuid=node.uuid(7), gpu="7", state="ok") == 1
+
+
+# --- tiers, concurrency and NVML latency (issue 9) ---------------------------------------------
+
+
+def test_each_value_is_read_at_its_metrics_tier(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on({"model": "H100-SXM5-80GB", "count": 2})
+    collector = Collector(api, interval=0.1, slow_interval=60.0)
+    collector.start()
+    try:
+        ecc_reads = api.call_stats()["nvmlDeviceGetTotalEccErrors"][0]
+        node.set(0, power_watts=55.0, ecc_corrected_volatile=7)
+        wait_for(lambda: (s := collector.latest()) is not None and s.devices[0].power_watts == 55.0)
+        rounds = collector.latest().collections_total  # type: ignore[union-attr]
+        wait_for(lambda: collector.latest().collections_total >= rounds + 3)  # type: ignore[union-attr]
+        fast_only = collector.latest()
+        assert fast_only is not None
+        assert fast_only.devices[0].ecc_corrected_volatile == 0  # slow tier: not yet re-read
+        assert api.call_stats()["nvmlDeviceGetTotalEccErrors"][0] == ecc_reads
+    finally:
+        collector.stop()
+    full = collector.collect_once()  # every tier
+    assert full.devices[0].ecc_corrected_volatile == 7
+    samples = parse(Renderer().render(full))
+    labels = {"uuid": node.uuid(0), "gpu": "0"}
+    assert value(samples, "gpuquota_exporter_read_age_seconds", tier="fast", **labels) < 5
+    assert value(samples, "gpuquota_exporter_read_age_seconds", tier="once", **labels) >= 0
+    calls = value(samples, "gpuquota_exporter_nvml_calls_total", function="nvmlDeviceGetPowerUsage")
+    assert calls == full.nvml_calls["nvmlDeviceGetPowerUsage"][0] >= rounds * 2
+    assert (
+        value(
+            samples, "gpuquota_exporter_nvml_call_seconds_total", function="nvmlDeviceGetPowerUsage"
+        )
+        > 0
+    )
+
+
+def test_counters_replace_samples(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set(3, pcie_tx_bytes_per_second=2e9, pcie_rx_bytes_per_second=0.0,
+             clock_event_reasons=0x4)  # fmt: skip
+    collector = Collector(api)
+    first = collector.collect_once().devices[3]
+    time.sleep(0.2)
+    second = collector.collect_once().devices[3]
+    assert first.pcie_tx_bytes is not None and second.pcie_tx_bytes is not None
+    assert second.pcie_tx_bytes - first.pcie_tx_bytes >= 0.2 * 2e9
+    assert second.pcie_tx_bytes_per_second == pytest.approx(2e9, rel=0.2)
+    assert second.pcie_rx_bytes_per_second == 0.0
+    assert first.pcie_tx_bytes_per_second is not None  # a first reading has a rate already
+    throttled = dict(second.clock_event_time_ns)
+    assert throttled["sw_power_cap"] >= 0.2e9 and throttled["hw_thermal_slowdown"] == 0
+    samples = parse(Renderer().render(collector.collect_once()))
+    labels = {"uuid": node.uuid(3), "gpu": "3"}
+    assert value(samples, "gpu_pcie_tx_bytes_total", **labels) >= 0.2 * 2e9
+    assert value(samples, "gpu_clock_event_seconds_total", reason="sw_power_cap", **labels) >= 0.2
+    assert "nvmlDeviceGetPcieThroughput" not in api.call_stats()  # no 20 ms samples
+
+
+def test_a_hung_call_on_one_gpu_holds_up_no_other(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on({"model": "H100-SXM5-80GB", "count": 4, "nvml_costs": {"mode": "modelled"}})
+    collector = Collector(api, interval=0.1, read_timeout=0.3)
+    collector.collect_once()
+    node.set_call_cost(2, "nvmlDeviceGetPowerUsage", 2500)  # GPU 2's power call hangs 2.5 s
+    node.set(1, power_watts=400.0)
+    node.set(2, power_watts=500.0)
+    started = time.monotonic()
+    stalled = collector.collect_once()
+    again = collector.collect_once()  # GPU 2 still busy: not even waited for
+    took = time.monotonic() - started
+    node.set_call_cost(2, "nvmlDeviceGetPowerUsage", 0)
+    assert took < 2.0  # two rounds, each bounded by read_timeout, not by the 2.5 s call
+    assert stalled.devices[1].power_watts == again.devices[1].power_watts == 400.0
+    assert again.devices[2].state is DeviceState.OK
+    assert again.devices[2].power_watts != 500.0  # its last complete reading
+    ages = {i: dict(again.devices[i].read_at)["fast"] for i in (1, 2)}
+    assert ages[2] < ages[1]  # GPU 2's fast tier is older
+    time.sleep(1.0)  # more than 3 read timeouts: GPU 2 is now marked, and only GPU 2
+    late = collector.collect_once()
+    assert [d.state for d in late.devices] == [DeviceState.OK] * 2 + [DeviceState.ERROR] + [
+        DeviceState.OK
+    ]
+    assert late.devices[2].uuid == node.uuid(2)
+    assert late.devices[2].errors[0][1].startswith("NVML has not answered for")
+    wait_for(lambda: collector.collect_once().devices[2].power_watts == 500.0, timeout=10)

@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -19,6 +20,14 @@ from tests.conftest import PgSchemas
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 A100 = "NVIDIA-A100-SXM4-40GB"
+
+
+def exact_physical(units: int, physical: Fraction | float | None) -> Fraction:
+    """The physical GPUs a test row stands for, exactly: ``units`` whole GPUs by default; a
+    float is read as the small rational it was written as (2 / 7)."""
+    if physical is None:
+        return Fraction(units)
+    return Fraction(physical).limit_denominator(1000)
 
 
 def ts(text_: str) -> int:
@@ -45,7 +54,7 @@ class Store:
         end: int | None,
         *,
         units: int = 1,
-        physical: float | None = None,
+        physical: Fraction | float | None = None,
         model: str | None = H100,
         resource: str = "nvidia.com/gpu",
         node: str = "node-1",
@@ -73,7 +82,9 @@ class Store:
                     gpu_model=model,
                     resource_name=resource,
                     raw_units=units,
-                    physical_gpus=float(units) if physical is None else physical,
+                    physical_gpus=float(exact_physical(units, physical)),
+                    share_numerator=(exact_physical(units, physical) / units).numerator,
+                    share_denominator=(exact_physical(units, physical) / units).denominator,
                     replicas=replicas,
                     sharing_strategy="time-slicing" if replicas else None,
                     started_at=start,
@@ -112,7 +123,7 @@ class Store:
         end: int | None,
         *,
         units: int = 8,
-        physical: float | None = None,
+        physical: Fraction | float | None = None,
         model: str | None = H100,
         pool: str | None = "pool-a",
         resource: str = "nvidia.com/gpu",
@@ -127,7 +138,9 @@ class Store:
                     gpu_model=model,
                     resource_name=resource,
                     allocatable_units=units,
-                    physical_gpus=float(units) if physical is None else physical,
+                    physical_gpus=float(exact_physical(units, physical)),
+                    share_numerator=(exact_physical(units, physical) / units).numerator,
+                    share_denominator=(exact_physical(units, physical) / units).denominator,
                     labels={},
                     started_at=start,
                     ended_at=end,

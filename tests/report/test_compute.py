@@ -20,7 +20,7 @@ from quota.report.compute import (
 )
 from quota.report.query import CapacityRow, UsageRow
 from quota.report.ratecard import parse
-from tests.report.conftest import A100, H100
+from tests.report.conftest import A100, H100, exact_physical
 
 CARD = parse(
     {
@@ -51,6 +51,7 @@ def row(
         est,
         1,
         1 if est else 0,
+        share=exact_physical(units, physical) / units,
     )
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,24 +10,7 @@ from typing import Any
 import pytest
 
 from tests.report.conftest import Store
-
-
-def closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def assert_refused(result: Any, *needles: str, status: int = 2) -> None:
-    """One line on stderr, nothing on stdout, exit ``status`` (2: bad input, 1: the
-    environment did not answer)."""
-    assert result.rc == status
-    assert result.out == ""
-    lines = result.err.strip().splitlines()
-    assert len(lines) == 1, result.err
-    assert lines[0].startswith("gpuquota report: error: ")
-    for needle in needles:
-        assert needle in lines[0]
+from tests.report.helpers import assert_refused, closed_port
 
 
 @pytest.mark.parametrize(

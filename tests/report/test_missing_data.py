@@ -18,8 +18,7 @@ from quota import cli as gpuquota
 from quota.store.models import Cluster, Heartbeat
 from sim.workload import generate, rfc3339
 from tests.report.conftest import Store, ts
-from tests.report.test_errors import assert_refused
-from tests.report.test_prometheus import Canned, vector
+from tests.report.helpers import Canned, assert_refused, vector
 
 OCT = ts("2026-10-01T00:00:00")
 NOW = "2026-11-22T00:00:00Z"

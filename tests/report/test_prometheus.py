@@ -9,12 +9,10 @@ import json
 import shutil
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import pytest
 
 from quota.report.prometheus import busy_query, step_for
 from tests.report.conftest import Store, ts
-from tests.report.test_errors import assert_refused, closed_port
+from tests.report.helpers import Canned, assert_refused, closed_port, vector
 
 OCT = ts("2026-10-01T00:00:00")
 H = 3600
@@ -50,55 +48,11 @@ def test_query_joins_utilisation_with_pod_attribution() -> None:
     assert step_for(600) == 1
 
 
-class Canned:
-    """A local HTTP server answering /api/v1/query with a fixed status and body."""
-
-    def __init__(self) -> None:
-        self.status = 200
-        self.body: bytes = b""
-        self.bodies: dict[str, bytes] = {}  # by PromQL query; else body
-        self.requests: list[dict[str, list[str]]] = []
-        canned = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                canned.requests.append(
-                    urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-                )
-                query = canned.requests[-1].get("query", [""])[0]
-                self.send_response(canned.status)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(canned.bodies.get(query, canned.body))
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self.thread.join()
-
-
 @pytest.fixture
 def canned() -> Iterator[Canned]:
     server = Canned()
     yield server
     server.close()
-
-
-def vector(values: dict[str, float]) -> bytes:
-    result = [
-        {"metric": {"namespace": ns}, "value": [OCT + 86400, str(v)]} for ns, v in values.items()
-    ]
-    return json.dumps(
-        {"status": "success", "data": {"resultType": "vector", "result": result}}
-    ).encode()
 
 
 def test_utilisation_columns_from_canned_answer(

@@ -9,8 +9,9 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from quota.accounting import AccountingError
-from quota.engine import Accountant
-from quota.store.db import QuotaSampleRow, Store, StoreError, open_store
+from quota.accounting.accountant import Accountant
+from quota.accounting.rows import QuotaSampleRow
+from quota.store.db import Store, StoreError, open_store
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -332,7 +333,7 @@ def test_a_failing_batch_writes_nothing(store: Store, cluster: str) -> None:
     accountant.apply("ADDED", node(created=10), 100)
     accountant.apply("ADDED", namespace(created=10), 100)
     accountant.apply("ADDED", pod("a", start=1000), 1000)
-    batch = accountant._batch()
+    batch = accountant.batch()
     assert batch.allocations and batch.node_capacity and batch.namespace_labels
     # the last row of the batch breaks a NOT NULL constraint: the rows before it roll back
     broken = QuotaSampleRow(None, "q", "requests.nvidia.com/gpu", 1.0, 0.0, [], 5)  # type: ignore[arg-type]
@@ -371,13 +372,13 @@ def test_gone_pods_are_forgotten_after_retention_and_late_events_ignored(
     accountant.apply("DELETED", pod("a", start=1000, deletion=1050, grace=0), 1050)
     accountant.apply("ADDED", pod("b", name="b", start=1000), 1000)
     accountant.flush()
-    assert accountant.tracked()["pods"] == 2  # within retention: kept for late events
+    assert accountant.pods.count() == 2  # within retention: kept for late events
     accountant.apply("MODIFIED", pod("b", name="b", start=1000), 1200)
     accountant.flush()
-    assert accountant.tracked()["pods"] == 1
+    assert accountant.pods.count() == 1
     # a late stale copy of the forgotten pod neither returns to memory nor changes its row
     accountant.apply("MODIFIED", pod("a", start=1000), 1010)
-    assert accountant.tracked()["pods"] == 1
+    assert accountant.pods.count() == 1
     assert accountant.pending() == 0
     assert accountant.quota_usage() == {("team-a", "nvidia.com/gpu"): 1}
     a = rows.allocations(store, cluster)[("a", "nvidia.com/gpu")]
@@ -457,7 +458,7 @@ def test_unreadable_object_changes_nothing(store: Store, cluster: str) -> None:
     with pytest.raises(AccountingError, match="unknown event type"):
         accountant.apply("UPSERT", pod(), 1000)
     assert accountant.pending() == 0
-    assert accountant.tracked()["pods"] == 0
+    assert accountant.pods.count() == 0
 
 
 def test_postgresql_restart_drops_connections_and_the_next_flush_reconnects(

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from quota.store import db
 from quota.store.models import Base
@@ -148,3 +148,45 @@ def test_wheel_ships_migrations_as_quota_migrations(tmp_path: Path) -> None:
     where, revision = done.stdout.split()
     assert where == str(target / "quota" / "migrations")
     assert revision == db.head_revision()
+
+
+def test_exact_share_migration_fills_old_rows_and_goes_back(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0004")
+    engine = create_engine(empty_db_url)
+    alloc = (
+        "INSERT INTO allocations (cluster, pod_uid, namespace, pod_name, resource_name,"
+        " raw_units, physical_gpus, started_at, estimated, updated_at)"
+        " VALUES ('c', :uid, 'ns', 'p', 'nvidia.com/mig-3g.40gb', :units, :physical, 0, false, 0)"
+    )
+    cap = (
+        "INSERT INTO node_capacity (cluster, node, resource_name, allocatable_units,"
+        " physical_gpus, labels, started_at)"
+        " VALUES ('c', 'n', 'nvidia.com/gpu', 4, 1.0, '{}', 0)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(alloc), {"uid": "mig", "units": 2, "physical": 2 * 3 / 7})
+            conn.execute(text(alloc), {"uid": "whole", "units": 3, "physical": 3.0})
+            conn.execute(text(cap))  # four time-sliced replicas of one GPU
+        db.upgrade(empty_db_url)
+        with engine.connect() as conn:
+            shares: dict[str, str] = dict(
+                conn.execute(
+                    text(
+                        "SELECT pod_uid, share_numerator || '/' || share_denominator"
+                        " FROM allocations"
+                    )
+                ).all()
+            )
+            capacity = conn.execute(
+                text("SELECT share_numerator, share_denominator, physical_gpus FROM node_capacity")
+            ).one()
+        assert shares == {"mig": "3/7", "whole": "1/1"}
+        assert tuple(capacity) == (1, 4, 1.0)
+        db.downgrade(empty_db_url, "0004")
+        columns = {c["name"] for c in inspect(engine).get_columns("allocations")}
+        assert "share_numerator" not in columns and "physical_gpus" in columns
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM allocations")).scalar() == 2
+    finally:
+        engine.dispose()

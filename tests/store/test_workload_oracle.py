@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from quota.engine import Accountant
+from quota.accounting.accountant import Accountant
 from quota.store.db import Store
 from sim.workload import generate
 from tests.store import rows

@@ -1,0 +1,214 @@
+"""The Accountant: applies Kubernetes watch events through the trackers and flushes their rows.
+
+The live controller and ``gpuquota replay`` both feed it events. It dispatches each object to
+the tracker of its kind, keeps the resourceVersions and the heartbeat, and writes what the
+trackers produced in batches with :meth:`Accountant.flush`. It is not thread-safe: one thread
+drives it.
+
+Restart safety: every row has a natural key (pod UID + resource for allocations, the start
+time for the other intervals), ends only ever move earlier, and on start the Accountant loads
+the open intervals from the store. Replaying events it already stored therefore rewrites the
+same rows, and events older than what the store holds are recognised as already counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from quota.accounting.pending import PendingWrites
+from quota.accounting.rows import AllocationRow, Batch, HeartbeatRow, RowStore
+from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from quota.accounting.rules.parse import AccountingError
+from quota.accounting.rules.quotas import QuotaFacts
+from quota.accounting.trackers.base import Tracker, TrackerContext
+from quota.accounting.trackers.namespaces import NamespaceTracker
+from quota.accounting.trackers.nodes import NodeTracker
+from quota.accounting.trackers.pods import PodTracker
+from quota.accounting.trackers.quotas import QuotaTracker
+
+EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+DEFAULT_RETENTION_SECONDS = 3600
+# the kinds accounted: one tracker each
+KINDS = frozenset(t.kind for t in (NodeTracker, PodTracker, NamespaceTracker, QuotaTracker))
+
+
+class Accountant:
+    """Turns watch events into allocation, capacity, label and quota rows of one cluster."""
+
+    def __init__(
+        self,
+        store: RowStore,
+        cluster: str,
+        config: AccountingConfig = DEFAULT_CONFIG,
+        *,
+        holder: str = "gpuquota",
+        retention_seconds: int = DEFAULT_RETENTION_SECONDS,
+    ) -> None:
+        self.store = store
+        self.cluster = cluster
+        self.config = config
+        self.holder = holder
+        self.retention_seconds = retention_seconds
+        self.pending_writes = PendingWrites()
+        context = TrackerContext(config, self.pending_writes)
+        self.nodes = NodeTracker(context)
+        self.pods = PodTracker(context, self.nodes, retention_seconds)
+        self.namespaces = NamespaceTracker(context)
+        self.quotas = QuotaTracker(context)
+        # one tracker per kind; a new kind (DRA ResourceClaims) is one more entry
+        self.trackers: dict[str, Tracker] = {
+            t.kind: t for t in (self.nodes, self.pods, self.namespaces, self.quotas)
+        }
+        self._resource_versions: dict[str, str] = {}
+        self._heartbeat_at: int | None = None
+        self._now = 0  # latest observation time seen
+        self.stats: dict[str, int] = {"events": 0, "flushes": 0, "rows_written": 0, "estimated": 0}
+        self._load()
+
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The kinds a full list can be resynced for."""
+        return frozenset(self.trackers)
+
+    def _load(self) -> None:
+        state = self.store.load(self.cluster)
+        if state.heartbeat is not None:
+            self._heartbeat_at = state.heartbeat.at
+            self._resource_versions = {
+                str(k): str(v) for k, v in state.heartbeat.resource_versions.items()
+            }
+            self._now = state.heartbeat.at
+        for tracker in self.trackers.values():
+            tracker.load(state)
+
+    # -- events
+
+    def apply(self, event_type: str, obj: Mapping[str, Any], observed_at: int) -> None:
+        """Apply one watch event seen at ``observed_at`` (unix seconds).
+
+        Raises AccountingError for an object the rules cannot read; the state is then
+        unchanged.
+        """
+        if event_type not in EVENT_TYPES:
+            raise AccountingError(f"unknown event type {event_type!r}")
+        if not isinstance(obj, Mapping):
+            raise AccountingError("event object: expected an object")
+        kind = obj.get("kind")
+        if not isinstance(kind, str) or not kind:
+            raise AccountingError("event object has no kind")
+        self.stats["events"] += 1
+        self._now = max(self._now, observed_at)
+        meta = obj.get("metadata")
+        version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+        if isinstance(version, str) and version:
+            self.seen_version(kind, version)
+        if event_type == "BOOKMARK":
+            return
+        tracker = self.trackers.get(kind)
+        if tracker is not None:  # other kinds are not accounted
+            tracker.apply(obj, event_type == "DELETED", observed_at)
+
+    def seen_version(self, kind: str, version: str) -> None:
+        """Record the latest resourceVersion of ``kind`` (stored with the next heartbeat)."""
+        self._resource_versions[kind] = version
+
+    def resync(
+        self,
+        kind: str,
+        objects: Iterable[Mapping[str, Any]],
+        observed_at: int,
+        version: str = "",
+    ) -> None:
+        """Apply a full list of ``kind`` taken at ``observed_at``; whatever is known but missing
+        from it vanished while unwatched, and is closed at the last time it was known to exist
+        (the heartbeat, or its last event if later), marked estimated. ``version`` is the
+        list's resourceVersion, which a restart resumes the watch from."""
+        tracker = self.trackers.get(kind)
+        if tracker is None:
+            raise AccountingError(f"cannot resync kind {kind!r}")
+        self._now = max(self._now, observed_at)
+        objects = list(objects)
+        for obj in objects:
+            if obj.get("kind") is None:
+                obj = {**obj, "kind": kind}
+            self.apply("MODIFIED", obj, observed_at)
+        tracker.vanish({tracker.identity(obj) for obj in objects}, self._heartbeat_at or 0)
+        if version:
+            self.seen_version(kind, version)
+
+    def heartbeat(self, now: int) -> None:
+        """Record that the cluster's state was known at ``now``; written at the next flush.
+        Call it only while every watch is healthy: it bounds what a restart estimates."""
+        self._heartbeat_at = max(self._heartbeat_at or 0, now)
+        self._now = max(self._now, now)
+        self.pending_writes.heartbeat = HeartbeatRow(
+            holder=self.holder,
+            at=self._heartbeat_at,
+            resource_versions=dict(self._resource_versions),
+        )
+
+    # -- reads
+
+    @property
+    def resource_versions(self) -> dict[str, str]:
+        """The latest resourceVersion seen per kind (stored with the heartbeat)."""
+        return dict(self._resource_versions)
+
+    @property
+    def heartbeat_at(self) -> int | None:
+        return self._heartbeat_at
+
+    def quota_usage(self, now: int | None = None) -> dict[tuple[str, str], int]:
+        """GPU units each namespace's pods count against ResourceQuota now (quota view):
+        {(namespace, resource): units}, Pending and unscheduled pods included."""
+        return self.pods.quota_usage(self._now if now is None else now)
+
+    def best_effort_gpu_pods(self) -> list[tuple[str, str]]:
+        """(namespace, name) of GPU pods that quota would count (not gone, not terminal) but
+        that are BestEffort, so NotBestEffort-scoped quotas miss them."""
+        return self.pods.best_effort_gpu_pods()
+
+    def open_allocations(self) -> list[AllocationRow]:
+        """Rows of pods still holding GPUs, as the next flush would write them."""
+        return self.pods.open_allocations()
+
+    def quota_figures(self) -> list[QuotaFacts]:
+        """The live ResourceQuotas' GPU lines, as read with this Accountant's config."""
+        return self.quotas.live()
+
+    @property
+    def quota_generation(self) -> int:
+        """Changes whenever quota_figures() does."""
+        return self.quotas.generation
+
+    def pending(self) -> int:
+        """How many rows the next flush would write."""
+        return len(self.batch())
+
+    # -- writes
+
+    def batch(self) -> Batch:
+        """What the next flush writes."""
+        batch = Batch(heartbeat=self.pending_writes.heartbeat, observed_at=self._now)
+        for tracker in self.trackers.values():
+            tracker.collect(batch)
+        return batch
+
+    def flush(self) -> int:
+        """Write everything pending in one transaction; returns the number of rows written.
+
+        On a database failure raises the store's error and keeps everything pending, so
+        calling flush again later writes it (the writes are idempotent).
+        """
+        batch = self.batch()
+        if len(batch):
+            self.store.write(self.cluster, batch)
+        for tracker in self.trackers.values():
+            tracker.written(batch)
+        self.pending_writes.clear()
+        self.stats["estimated"] = self.pods.estimated_written
+        self.stats["flushes"] += 1
+        self.stats["rows_written"] += len(batch)
+        self.pods.prune(self._now)
+        return len(batch)

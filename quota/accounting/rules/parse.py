@@ -1,0 +1,197 @@
+"""Reading Kubernetes JSON: timestamps, quantities, and typed field access that names the field.
+
+Every reader raises :class:`AccountingError` with the path of the bad field, so a malformed
+object is rejected with one line before anything is stored.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+
+class AccountingError(ValueError):
+    """A Kubernetes object that the rules cannot read; the message names the field."""
+
+
+def parse_time(value: Any, where: str) -> int | None:
+    """RFC 3339 timestamp (as Kubernetes serves it) -> unix seconds, floored; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise AccountingError(f"{where}: expected an RFC 3339 timestamp, got {value!r}")
+    if isinstance(value, int | float):
+        return math.floor(value)
+    seconds = _parse_rfc3339(value)
+    if seconds is None:
+        raise AccountingError(f"{where}: not an RFC 3339 timestamp: {value!r}")
+    return seconds
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parse_rfc3339(value: str) -> int | None:
+    # objects repeat the same few timestamps many times: parse each once
+    text = value.strip()
+    if text.endswith(("Z", "z")):
+        text = text[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return math.floor(parsed.timestamp())
+
+
+def format_time(seconds: int) -> str:
+    """Unix seconds -> RFC 3339 in UTC, the way Kubernetes writes it."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+_SUFFIXES: dict[str, Decimal | int] = {
+    "": 1,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "P": 10**15,
+    "E": 10**18,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+    "Pi": 2**50,
+    "Ei": 2**60,
+}
+_QUANTITY = re.compile(
+    r"^([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]?)$"
+)
+
+
+def parse_quantity(value: Any, where: str) -> Decimal:
+    """A Kubernetes resource quantity ("2", "500m", "1Gi", 3) as an exact Decimal."""
+    if isinstance(value, bool):
+        raise AccountingError(f"{where}: expected a quantity, got {value!r}")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, float):
+        return Decimal(str(value))
+    if not isinstance(value, str):
+        raise AccountingError(f"{where}: expected a quantity, got {value!r}")
+    match = _QUANTITY.match(value.strip())
+    if match is None:
+        raise AccountingError(f"{where}: not a Kubernetes quantity: {value!r}")
+    try:
+        number = Decimal(match.group(1))
+    except InvalidOperation:  # pragma: no cover - the regex admits only valid numbers
+        raise AccountingError(f"{where}: not a Kubernetes quantity: {value!r}") from None
+    return number * _SUFFIXES[match.group(2)]
+
+
+def units_of(value: Any, where: str) -> int:
+    """Extended resources are whole numbers; round a fractional one up like the scheduler would
+    refuse to split it."""
+    quantity = parse_quantity(value, where)
+    if quantity < 0:
+        raise AccountingError(f"{where}: negative quantity {value!r}")
+    return math.ceil(quantity)
+
+
+def mapping(value: Any, where: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise AccountingError(f"{where}: expected an object, got {type(value).__name__}")
+    return value
+
+
+def sequence(value: Any, where: str) -> Sequence[Any]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise AccountingError(f"{where}: expected a list, got {type(value).__name__}")
+    return value
+
+
+def string(value: Any, where: str, *, required: bool = False) -> str | None:
+    if value is None:
+        if required:
+            raise AccountingError(f"{where}: missing")
+        return None
+    if not isinstance(value, str):
+        raise AccountingError(f"{where}: expected a string, got {value!r}")
+    return value
+
+
+def int_label(labels: Mapping[str, str], key: str) -> int | None:
+    value = labels.get(key)
+    if value is None:
+        return None
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        return None  # a label someone typed by hand must not stop accounting
+    return number if number > 0 else None
+
+
+def _walk_times(value: Any, keys: frozenset[str], out: list[int]) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key in keys and isinstance(item, str):
+                try:
+                    parsed = parse_time(item, key)
+                except AccountingError:
+                    continue
+                if parsed is not None:
+                    out.append(parsed)
+            elif key != "managedFields":
+                _walk_times(item, keys, out)
+    elif isinstance(value, list):
+        for item in value:
+            _walk_times(item, keys, out)
+
+
+_TIME_KEYS = frozenset(
+    {
+        "creationTimestamp",
+        "deletionTimestamp",
+        "startTime",
+        "startedAt",
+        "finishedAt",
+        "lastTransitionTime",
+        "lastProbeTime",
+    }
+)
+
+
+def last_written(obj: Mapping[str, Any]) -> int | None:
+    """When the object was last written (its spec by a client or its status by a controller):
+    the latest ``metadata.managedFields[].time`` the API server stamped, None without one."""
+    meta = obj.get("metadata")
+    fields = meta.get("managedFields") if isinstance(meta, Mapping) else None
+    times: list[int] = []
+    for entry in fields if isinstance(fields, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("time"), str):
+            try:
+                parsed = parse_time(entry["time"], "managedFields[].time")
+            except AccountingError:
+                continue
+            if parsed is not None:
+                times.append(parsed)
+    return max(times) if times else None
+
+
+def latest_timestamp(obj: Mapping[str, Any]) -> int | None:
+    """The latest timestamp an object carries: a lower bound of when it was observed, used by
+    replay for lines without an explicit observation time."""
+    found: list[int] = []
+    _walk_times(obj, _TIME_KEYS, found)
+    return max(found) if found else None

@@ -1,0 +1,1 @@
+"""One tracker per Kubernetes kind; the Tracker seam is in base.py."""

@@ -1,0 +1,77 @@
+"""Helpers the report tests share: the refusal check, a closed port, and a canned Prometheus
+HTTP API."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from tests.report.conftest import ts
+
+OCT = ts("2026-10-01T00:00:00")
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def assert_refused(result: Any, *needles: str, status: int = 2) -> None:
+    """One line on stderr, nothing on stdout, exit ``status`` (2: bad input, 1: the
+    environment did not answer)."""
+    assert result.rc == status
+    assert result.out == ""
+    lines = result.err.strip().splitlines()
+    assert len(lines) == 1, result.err
+    assert lines[0].startswith("gpuquota report: error: ")
+    for needle in needles:
+        assert needle in lines[0]
+
+
+class Canned:
+    """A local HTTP server answering /api/v1/query with a fixed status and body."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.body: bytes = b""
+        self.bodies: dict[str, bytes] = {}  # by PromQL query; else body
+        self.requests: list[dict[str, list[str]]] = []
+        canned = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                canned.requests.append(
+                    urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+                )
+                query = canned.requests[-1].get("query", [""])[0]
+                self.send_response(canned.status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(canned.bodies.get(query, canned.body))
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join()
+
+
+def vector(values: dict[str, float]) -> bytes:
+    result = [
+        {"metric": {"namespace": ns}, "value": [OCT + 86400, str(v)]} for ns, v in values.items()
+    ]
+    return json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": result}}
+    ).encode()
