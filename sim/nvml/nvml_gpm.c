@@ -94,6 +94,7 @@ static nvmlReturn_t gq_gpm_take(nvmlDevice_t device, const gq_gpu *g, int unit,
     return NVML_SUCCESS;
 }
 
+/* nvmlGpmSampleGet and nvmlGpmMigSampleGet take the GPU's handle: GQ_ENTER costs them on it. */
 GQ_EXPORT nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample) {
     GQ_ENTER(device, 0, 0);
     return gq_gpm_take(device, g, 0, gpmSample);
@@ -113,7 +114,7 @@ GQ_EXPORT nvmlReturn_t nvmlGpmMigSampleGet(nvmlDevice_t device, unsigned int gpu
 }
 
 GQ_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
-    nvmlReturn_t r = gq_enter_system(__func__);
+    nvmlReturn_t r = gq_check_system(__func__); /* costed below, on the samples' GPU */
     if (r != NVML_SUCCESS) return r;
     if (metricsGet == NULL) return NVML_ERROR_INVALID_ARGUMENT;
     if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION)
@@ -123,6 +124,9 @@ GQ_EXPORT nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet) {
         a->magic != GQ_GPM_SAMPLE_MAGIC || b->magic != GQ_GPM_SAMPLE_MAGIC || !a->filled ||
         !b->filled || a->gpu != b->gpu || a->unit != b->unit)
         return NVML_ERROR_INVALID_ARGUMENT;
+    /* The driver computes the metrics of the samples' GPU: the call queues with that GPU's
+     * other calls (per-GPU queueing), not on the library-wide line of system calls. */
+    GQ_COST(__func__, a->gpu);
     int64_t dt_ns = llabs(b->t_ns - a->t_ns);
     double seconds = (double)dt_ns / 1e9;
     for (unsigned i = 0; i < metricsGet->numMetrics; i++) {
