@@ -3,6 +3,7 @@ stand-in through the real pynvml, rendered natively and under dcgm-exporter's na
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from exporter.collect import Collector
+from exporter.metrics import METRICS, Tier, field_tiers
 from exporter.nvml import NvmlApi
 from exporter.profiling import MIN_GPM_GAP, ProfilingReader
 from exporter.render import Renderer, RenderOptions
@@ -197,3 +199,43 @@ def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:
     snapshot = _two_rounds(collector)
     assert snapshot.devices[0].gpm is not None
     assert snapshot.devices[0].gpm.sm_active == pytest.approx(0.5)
+
+
+class _ThreadRecordingReader(ProfilingReader):
+    """The real reader, noting which thread reads which GPU."""
+
+    def __init__(self, api: NvmlApi) -> None:
+        super().__init__(api)
+        self.threads: dict[int, set[str]] = {}
+
+    def read(self, index: int, *args: Any, **kwargs: Any) -> Any:
+        self.threads.setdefault(index, set()).add(threading.current_thread().name)
+        return super().read(index, *args, **kwargs)
+
+
+def test_profiling_is_read_by_each_gpus_reader_at_its_rows_tier(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    for i in range(8):
+        node.set_gpm(i, sm_activity=0.1 * (i + 1))
+    node.set_process_utilization(3, 411, sm=0.5, memory=0.25)
+    collector = Collector(api, hostname="sim")
+    reader = _ThreadRecordingReader(api)
+    collector.profiling = reader
+    snapshot = _two_rounds(collector)
+    # one reader thread per GPU owns that GPU's profiling state
+    assert reader.threads == {i: {f"nvml-gpu-{i}"} for i in range(8)}
+    assert [d.gpm.sm_active if d.gpm else None for d in snapshot.devices] == pytest.approx(
+        [0.1 * (i + 1) for i in range(8)]
+    )
+    # the metric table says how often: every collection, as the collector reads them
+    tiers = field_tiers()
+    assert tiers["gpm"] is Tier.FAST and tiers["process_utilization"] is Tier.FAST
+    assert {s.tier for s in METRICS if s.accessor.startswith("DeviceSnapshot.gpm")} == {Tier.FAST}
+    # not due: the last values come back and NVML is not asked
+    handle = api.handle(3)
+    calls = api.call_stats()
+    got = reader.read(3, handle, [], lambda fn, *a: fn(*a), gpm=False, processes=False)
+    assert api.call_stats() == calls
+    assert got.gpu["gpm"] is snapshot.devices[3].gpm
+    assert got.gpu["process_utilization"] == snapshot.devices[3].process_utilization
+    assert [p.pid for p in got.gpu["process_utilization"]] == [411]
