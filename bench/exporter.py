@@ -39,6 +39,7 @@ from pathlib import Path
 from bench.results import write_section
 from exporter.collect import Collector
 from exporter.nvml import NvmlApi
+from exporter.profiling import MIN_GPM_GAP
 from sim.harness import stop_process
 from sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from sim.nvml.control import SimNode
@@ -141,9 +142,22 @@ def wrk_latencies(port: int, concurrency: int, seconds: float) -> tuple[float, f
     return latency["50"], latency["99"], int(done.group(1)), errors
 
 
+def busy(node: SimNode) -> None:
+    """Every GPU busy as under training: GPM activity (Hopper and later read it) and one
+    process with utilisation samples on each whole GPU, so the profiling reads do their
+    full work (a GPM metrics pair, a process sample) in every round."""
+    for i in range(node.gpu_count):
+        node.set_gpm(i, sm_activity=0.9, tensor_activity=0.8, dram_activity=0.3)
+        if not node.mig_uuids(i):
+            node.add_process(i, 4000 + i, 8 * 2**30)
+            node.set_process_utilization(i, 4000 + i, sm=0.9, memory=0.3)
+
+
 def full_round_ms(node: SimNode, rounds: int = 5) -> tuple[float, float]:
     """(first round, median of later full rounds) in ms: every tier of every GPU, in this
-    process through the real pynvml on `node`."""
+    process through the real pynvml on `node`. The rounds are MIN_GPM_GAP apart (not timed),
+    so each timed round takes a GPM sample and computes its metrics, as the exporter does at
+    any --interval of at least that gap."""
     node.preload()
     api = NvmlApi()
     api.init()
@@ -154,9 +168,14 @@ def full_round_ms(node: SimNode, rounds: int = 5) -> tuple[float, float]:
         first = time.perf_counter() - started
         times = []
         for _ in range(rounds):
+            time.sleep(MIN_GPM_GAP)
             started = time.perf_counter()
-            collector.collect_once()
+            snapshot = collector.collect_once()
             times.append(time.perf_counter() - started)
+        for device in snapshot.devices:
+            hopper = int((device.compute_capability or "0").split(".")[0]) >= 9
+            if device.mig is None and hopper and device.gpm is None:
+                raise RuntimeError(f"GPU {device.index}: a full round without GPM")
     finally:
         api.shutdown()
     return first * 1000, statistics.median(times) * 1000
@@ -274,6 +293,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
     )
     kubelet = PodResourcesServer(socket_path, held)
     kubelet.start()
+    busy(node)
     first_ms, round_ms = full_round_ms(node)
     results = []
     try:
@@ -414,8 +434,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "it falls behind the interval when NVML costs what it costs); on an instant "
             "stand-in (*) they are window / interval.",
             "- Full round: one `Collector.collect_once()` reading every tier (fast and slow) "
-            "of every GPU, wall time, median of 5 after the first (identity) round, timed in "
-            "the benchmark process on the same stand-in.",
+            "of every GPU, GPM and per-process utilisation included (every GPU busy: GPM "
+            "activity and one process with utilisation samples each; rounds 0.12 s apart so "
+            "each computes a GPM sample pair), wall time, median of 5 after the first "
+            "(identity) round, timed in the benchmark process on the same stand-in.",
             f"- Scrapes: `wrk -c{args.concurrency} -d{args.scrape_seconds:g}s --latency` "
             "(C, keep-alive) on /metrics while collection runs; CPU / scrape is the "
             "exporter's CPU during them per request.",

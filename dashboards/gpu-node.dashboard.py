@@ -155,6 +155,66 @@ grid.add(
     w=24,
 )
 
+grid.row("Profiling (GPM: Hopper and later)")
+grid.add(
+    timeseries(
+        "SM activity and occupancy",
+        (f"gpu_sm_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} {{mig_profile}} SM active"),
+        (f"gpu_sm_occupancy_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} {{mig_profile}} occupancy"),
+        unit="percentunit",
+        minimum=0,
+        maximum=1,
+        description="SM active: share of SM cycles with a warp resident (what "
+        "DCGM_FI_PROF_SM_ACTIVE shows); occupancy: resident warps of the maximum. Unlike GPU "
+        "utilisation, a kernel on one SM of 132 shows as 1/132. MIG instances have their own "
+        "series. GPUs before Hopper have none.",
+    )
+)
+grid.add(
+    timeseries(
+        "Tensor and DRAM activity",
+        (
+            f'gpu_pipe_active_ratio{{{SEL}, pipe="tensor"}}',
+            "{{instance}} GPU {{gpu}} {{mig_profile}} tensor",
+        ),
+        (f"gpu_dram_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} {{mig_profile}} DRAM"),
+        unit="percentunit",
+        minimum=0,
+        maximum=1,
+        description="Tensor: share of cycles any tensor pipe was busy; DRAM: memory bandwidth "
+        "used of the peak (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE, DCGM_FI_PROF_DRAM_ACTIVE).",
+    )
+)
+grid.add(
+    timeseries(
+        "Pipes by precision",
+        (
+            f'gpu_pipe_active_ratio{{{SEL}, pipe!="tensor"}}',
+            "{{instance}} GPU {{gpu}} {{mig_profile}} {{pipe}}",
+        ),
+        unit="percentunit",
+        minimum=0,
+        maximum=1,
+        description="FP64, FP32, FP16 and integer pipes, and tensor pipes by precision "
+        "(HMMA: FP16/BF16/TF32, IMMA: integer, DFMA/DMMA: FP64).",
+    )
+)
+grid.add(
+    timeseries(
+        "PCIe and NVLink bandwidth",
+        (
+            f"gpu_pcie_bandwidth_bytes_per_second{{{SEL}}}",
+            "{{instance}} GPU {{gpu}} PCIe {{direction}}",
+        ),
+        (
+            f"gpu_nvlink_bandwidth_bytes_per_second{{{SEL}}}",
+            "{{instance}} GPU {{gpu}} NVLink {{direction}}",
+        ),
+        unit="Bps",
+        minimum=0,
+    )
+)
+
 grid.row("Pods on these GPUs")
 grid.add(
     timeseries(
@@ -166,9 +226,53 @@ grid.add(
         unit="percentunit",
         description=(
             "Utilisation of the GPU each pod holds. Time-sliced GPUs show every pod sharing "
-            "them with the whole GPU's utilisation: NVML cannot split it."
+            "them with the whole GPU's utilisation; 'SM use by pod' splits it where the "
+            "exporter runs --pod-usage."
         ),
     )
+)
+grid.add(
+    timeseries(
+        "SM use by pod",
+        (
+            f'gpu_pod_sm_utilization_ratio{{{SEL}, owner="pod"}}',
+            "{{namespace}}/{{pod}} GPU {{gpu}}",
+        ),
+        (
+            f'sum by (instance, gpu) (gpu_pod_sm_utilization_ratio{{{SEL}, owner!="pod"}})',
+            "{{instance}} GPU {{gpu}} host and unknown processes",
+        ),
+        unit="percentunit",
+        minimum=0,
+        description="Each pod's own share of its GPU's SM time, from its processes "
+        "(nvmlDeviceGetProcessUtilization, mapped through their cgroups): who uses a "
+        "time-sliced or MPS GPU. Needs the exporter's --pod-usage (deploy/overlays/pod-usage).",
+    )
+)
+grid.add(
+    timeseries(
+        "Framebuffer memory by pod",
+        (
+            f'gpu_pod_memory_used_bytes{{{SEL}, owner="pod"}}',
+            "{{namespace}}/{{pod}} GPU {{gpu}}",
+        ),
+        (
+            f'sum by (instance, gpu) (gpu_pod_memory_used_bytes{{{SEL}, owner!="pod"}})',
+            "{{instance}} GPU {{gpu}} host and unknown processes",
+        ),
+        unit="bytes",
+        minimum=0,
+        description="Framebuffer used by each pod's processes (MIG instances too).",
+    )
+)
+grid.add(
+    table(
+        "GPU use by pod",
+        (f"gpu_pod_memory_used_bytes{{{SEL}}}", ""),
+        description="Every pod (owner=pod), host process group (owner=host) and process of "
+        "a pod this node does not list (owner=unknown) using a GPU now, with its framebuffer.",
+    ),
+    w=24,
 )
 grid.add(
     timeseries(

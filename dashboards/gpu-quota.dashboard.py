@@ -151,6 +151,22 @@ grid.add(
     ),
     w=24,
 )
+grid.add(
+    timeseries(
+        "GPUs in use by namespace (measured)",
+        (
+            f'sum by (namespace) (gpu_pod_sm_utilization_ratio{{{NS}, owner="pod"}})',
+            "{{namespace}}",
+        ),
+        (f"sum by (namespace) ({PHYSICAL})", "{{namespace}} allocated"),
+        unit="none",
+        minimum=0,
+        description="Whole-GPU equivalents of SM time the namespace's processes use now "
+        "(gpu-exporter --pod-usage: time-sliced and MPS GPUs split by use), beside what it "
+        "holds; `gpuquota report --prometheus` charges by the same series.",
+    ),
+    w=24,
+)
 
 grid.row("Controller")
 grid.add(

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter import metrics
+from exporter import metrics, podusage
 from exporter.collect import Collector
 from exporter.deviceplugin.nvmltopology import CachedTopology
 from exporter.dra import service as dra_service
@@ -28,7 +28,7 @@ from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlErr
 from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.webconfig import ReloadingWebConfig, WebConfigError
-from exporter.wiring import HealthWiring, KubeConfigUnavailableError
+from exporter.wiring import HealthWiring, KubeConfigUnavailableError, core_api
 from exporter.wiring import add_arguments as add_health_arguments
 from exporter.xid import XidWatcher
 from gpuquota.commandline import OneLineParser, add_version
@@ -55,6 +55,7 @@ examples:
   gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
   gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
   gpu-exporter --dra on --dra-device-taints --node-name "$NODE_NAME"   # a DRA node
+  gpu-exporter --pod-usage --node-name "$NODE_NAME"   # per-pod GPU use (needs hostPID)
   eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
                                                  # against the NVML stand-in (docs/sim.md)
 
@@ -161,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_health_arguments(parser)
     dra_service.add_arguments(parser)
+    podusage.add_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=str(DEFAULT_SOCKET),
@@ -259,6 +261,17 @@ def run(args: argparse.Namespace) -> int:
             dra=dra.attribution if dra is not None else None,
         )
         collector.add_enricher(pods.enrich)
+    try:  # after pod attribution: per-pod usage reads the same round's processes
+        pod_usage = podusage.from_args(args, core_api)
+    except ValueError as exc:
+        api.shutdown()
+        raise UsageError(str(exc)) from None
+    except KubeConfigUnavailableError as exc:
+        api.shutdown()
+        reason = str(exc).partition(": ")[2]
+        raise SetupError(f"--pod-usage needs the Kubernetes API: {reason}") from None
+    if pod_usage is not None:
+        collector.add_enricher(pod_usage)
     host, port = args.listen
     try:
         server = ExporterServer(
@@ -297,6 +310,8 @@ def run(args: argparse.Namespace) -> int:
         dra.start()
     if pods is not None:
         pods.start()  # before the first collection, so it is attributed
+    if pod_usage is not None:
+        pod_usage.start()
     collector.start()
     server.start()
     bound_host, bound_port = server.address
@@ -318,6 +333,8 @@ def run(args: argparse.Namespace) -> int:
         collector.stop()
         if pods is not None:
             pods.stop()
+        if pod_usage is not None:
+            pod_usage.stop()
         xid.stop()
         api.shutdown()
     return 0

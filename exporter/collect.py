@@ -35,7 +35,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pynvml
@@ -56,6 +56,7 @@ from exporter.nvml import (
     NvmlApi,
     NvmlError,
 )
+from exporter.profiling import ProfilingReader
 from exporter.snapshot import (
     DeviceSnapshot,
     DeviceState,
@@ -272,6 +273,7 @@ class Collector:
         self._collections = 0
         self._last_success: float | None = None
         self._driver: tuple[str | None, str | None, int | None] | None = None
+        self.profiling = ProfilingReader(api)  # GPM and per-process utilisation
 
     # --- wiring ------------------------------------------------------------------------------
     def add_enricher(self, fn: Enricher) -> None:
@@ -452,6 +454,16 @@ class Collector:
                 tiers = tiers | {Tier.SLOW}  # a new identity: nothing known yet
             values = self._read_values(handle, cache, reads, tiers)
             migs = self._read_migs(index, handle, cache, reads, tiers)
+            gis = [m.mig.gpu_instance_id for m in migs if m.mig is not None]
+            # this GPU's profiling state: only this worker thread touches it
+            profiling = self.profiling.read(
+                index,
+                handle,
+                gis,
+                reads,
+                gpm=_tier("gpm") in tiers,
+                processes=_tier("process_utilization") in tiers,
+            )
         except _DeviceDownError as down:
             for function, _message in reads.errors:
                 self._count_error(function)
@@ -477,7 +489,9 @@ class Collector:
             ),
             **identity,
             **cache.values,
+            **profiling.gpu,
         )
+        migs = [replace(m, **extra) for m, extra in zip(migs, profiling.migs, strict=True)]
         cache.devices = [gpu, *migs]
 
     @staticmethod

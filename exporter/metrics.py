@@ -294,6 +294,90 @@ def _read_last_xid(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sampl
         yield (), float(node.xid_last.get(device.uuid, 0))
 
 
+def _gpm(attr: str) -> DeviceReader:
+    def read(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+        value = None if device.gpm is None else getattr(device.gpm, attr)
+        if value is not None:
+            yield (), float(value)
+
+    return read
+
+
+def gpm_row(
+    name: str, unit: str, help_: str, attr: str, *, type_: str = "gauge", compat: str | None = None
+) -> MetricSpec:
+    """A row read from DeviceSnapshot.gpm (GPM: Hopper and later, GPUs and MIG instances)."""
+    return MetricSpec(
+        name=name,
+        type=type_,
+        unit=unit,
+        help=help_,
+        labels=(),
+        source="nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet",
+        accessor=f"DeviceSnapshot.gpm.{attr}",
+        read_device=_gpm(attr),
+        compat=compat,
+        tier=Tier.FAST,
+        fields=("gpm",),
+    )
+
+
+# gpu_pipe_active_ratio's pipe label -> GpmMetrics field
+GPM_PIPES: tuple[tuple[str, str], ...] = (
+    ("tensor", "tensor_active"),
+    ("tensor_hmma", "tensor_hmma_active"),
+    ("tensor_imma", "tensor_imma_active"),
+    ("tensor_dfma", "tensor_dfma_active"),
+    ("tensor_dmma", "tensor_dmma_active"),
+    ("fp64", "fp64_active"),
+    ("fp32", "fp32_active"),
+    ("fp16", "fp16_active"),
+    ("integer", "integer_active"),
+)
+
+
+def _read_pipes(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+    if device.gpm is None:
+        return
+    for pipe, attr in GPM_PIPES:
+        value = getattr(device.gpm, attr)
+        if value is not None:
+            yield (pipe,), float(value)
+
+
+def _gpm_pair(tx: str, rx: str) -> DeviceReader:
+    def read(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+        if device.gpm is None:
+            return
+        for direction, attr in (("tx", tx), ("rx", rx)):
+            value = getattr(device.gpm, attr)
+            if value is not None:
+                yield (direction,), float(value)
+
+    return read
+
+
+def _read_process_util(attr: str) -> DeviceReader:
+    def read(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
+        for proc in device.process_utilization or ():
+            yield (str(proc.pid),), float(getattr(proc, attr))
+
+    return read
+
+
+def _read_pod_usage(attr: str) -> DeviceReader:
+    def read(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+        for use in node.pod_usage.get(device.uuid, ()):
+            value = getattr(use, attr)
+            if value is not None:
+                yield (use.namespace, use.pod, use.container, use.owner), float(value)
+
+    return read
+
+
+POD_USAGE_LABELS = (*POD_LABELS, "owner")
+
+
 def _node_value(get: Callable[[NodeSnapshot], float | None]) -> NodeReader:
     def read(node: NodeSnapshot) -> Iterator[Sample]:
         value = get(node)
@@ -822,6 +906,141 @@ METRICS: list[MetricSpec] = [
         tier=Tier.SLOW,
         fields=("processes",),
     ),
+    # --- profiling: GPM (Hopper and later; left out on older GPUs) --------------------------
+    gpm_row(
+        f"{P}graphics_engine_active_ratio",
+        "ratio",
+        "Fraction of time the graphics/compute engine was busy, averaged since the previous "
+        "collection (GPM, Hopper and later).",
+        "graphics_active",
+    ),
+    gpm_row(
+        f"{P}sm_active_ratio",
+        "ratio",
+        "Fraction of SM cycles with at least one warp resident, averaged over all SMs since "
+        "the previous collection (GPM).",
+        "sm_active",
+    ),
+    gpm_row(
+        f"{P}sm_occupancy_ratio",
+        "ratio",
+        "Resident warps as a fraction of the SMs' maximum, since the previous collection (GPM).",
+        "sm_occupancy",
+    ),
+    gpm_row(
+        f"{P}dram_active_ratio",
+        "ratio",
+        "DRAM bandwidth used as a fraction of the peak, since the previous collection (GPM).",
+        "dram_active",
+    ),
+    MetricSpec(
+        name=f"{P}pipe_active_ratio",
+        type="gauge",
+        unit="ratio",
+        help="Fraction of SM cycles a pipe was busy since the previous collection (GPM): "
+        "tensor (any precision), tensor_hmma/imma/dfma/dmma, fp64, fp32, fp16, integer.",
+        labels=("pipe",),
+        source="nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet",
+        accessor="DeviceSnapshot.gpm.*_active",
+        read_device=_read_pipes,
+        tier=Tier.FAST,
+        fields=("gpm",),
+    ),
+    MetricSpec(
+        name=f"{P}pcie_bandwidth_bytes_per_second",
+        type="gauge",
+        unit="bytes/second",
+        help="PCIe traffic (direction tx or rx) averaged since the previous collection (GPM).",
+        labels=("direction",),
+        source="nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC)",
+        accessor="DeviceSnapshot.gpm.pcie_*_bytes_per_second",
+        read_device=_gpm_pair("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"),
+        tier=Tier.FAST,
+        fields=("gpm",),
+    ),
+    MetricSpec(
+        name=f"{P}nvlink_bandwidth_bytes_per_second",
+        type="gauge",
+        unit="bytes/second",
+        help="NVLink traffic over all links (direction tx or rx) averaged since the previous "
+        "collection (GPM).",
+        labels=("direction",),
+        source="nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC)",
+        accessor="DeviceSnapshot.gpm.nvlink_*_bytes_per_second",
+        read_device=_gpm_pair("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"),
+        tier=Tier.FAST,
+        fields=("gpm",),
+    ),
+    # --- per-process and per-pod utilisation ----------------------------------------------
+    MetricSpec(
+        name=f"{P}process_sm_utilization_ratio",
+        type="gauge",
+        unit="ratio",
+        help="Fraction of the GPU's SM time used by each process in its latest driver sample "
+        "(whole GPUs; NVML has none on MIG).",
+        labels=("pid",),
+        source="nvmlDeviceGetProcessUtilization",
+        accessor="DeviceSnapshot.process_utilization[].sm_ratio",
+        read_device=_read_process_util("sm_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
+    ),
+    MetricSpec(
+        name=f"{P}process_memory_utilization_ratio",
+        type="gauge",
+        unit="ratio",
+        help="Fraction of the GPU's memory bandwidth used by each process in its latest driver "
+        "sample.",
+        labels=("pid",),
+        source="nvmlDeviceGetProcessUtilization",
+        accessor="DeviceSnapshot.process_utilization[].memory_ratio",
+        read_device=_read_process_util("memory_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
+    ),
+    MetricSpec(
+        name=f"{P}pod_sm_utilization_ratio",
+        type="gauge",
+        unit="ratio",
+        help="SM utilisation of the device by each pod's processes (owner=pod), by processes "
+        "of no pod (owner=host) and of pods not listed on this node (owner=unknown); needs "
+        "--pod-usage (host PID namespace).",
+        labels=POD_USAGE_LABELS,
+        source="nvmlDeviceGetProcessUtilization + /proc/<pid>/cgroup + pods of this node",
+        accessor="NodeSnapshot.pod_usage[uuid].sm_ratio",
+        scope=Scope.IDENTITY,
+        read_device=_read_pod_usage("sm_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
+    ),
+    MetricSpec(
+        name=f"{P}pod_memory_utilization_ratio",
+        type="gauge",
+        unit="ratio",
+        help="Memory bandwidth utilisation of the device by each pod's processes (labels as "
+        "gpu_pod_sm_utilization_ratio).",
+        labels=POD_USAGE_LABELS,
+        source="nvmlDeviceGetProcessUtilization + /proc/<pid>/cgroup + pods of this node",
+        accessor="NodeSnapshot.pod_usage[uuid].memory_ratio",
+        scope=Scope.IDENTITY,
+        read_device=_read_pod_usage("memory_ratio"),
+        tier=Tier.FAST,
+        fields=("process_utilization",),
+    ),
+    MetricSpec(
+        name=f"{P}pod_memory_used_bytes",
+        type="gauge",
+        unit="bytes",
+        help="Framebuffer memory used on the device by each pod's processes (labels as "
+        "gpu_pod_sm_utilization_ratio; MIG instances too).",
+        labels=POD_USAGE_LABELS,
+        source="nvmlDeviceGetComputeRunningProcesses_v3 + /proc/<pid>/cgroup + pods of this node",
+        accessor="NodeSnapshot.pod_usage[uuid].memory_used_bytes",
+        scope=Scope.IDENTITY,
+        read_device=_read_pod_usage("memory_used_bytes"),
+        tier=Tier.SLOW,
+        fields=("processes",),
+    ),
     # --- the node and the exporter itself -------------------------------------------------
     MetricSpec(
         name=f"{P}driver_info",
@@ -1250,6 +1469,124 @@ METRICS: list[MetricSpec] = [
         compat="dcgm",
         tier=Tier.SLOW,
     ),
+    # dcgm-exporter's profiling (DCP) fields, from GPM: ratios 0-1 and bytes per second as
+    # DCGM reports them; PCIe/NVLink typed counter as in dcgm-exporter's counters files.
+    gpm_row(
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "ratio",
+        "Ratio of time the graphics engine is active.",
+        "graphics_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_SM_ACTIVE",
+        "ratio",
+        "The ratio of cycles an SM has at least 1 warp assigned.",
+        "sm_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_SM_OCCUPANCY",
+        "ratio",
+        "The ratio of number of warps resident on an SM.",
+        "sm_occupancy",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "ratio",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+        "tensor_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+        "ratio",
+        "Ratio of cycles the HMMA tensor pipe is active.",
+        "tensor_hmma_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+        "ratio",
+        "Ratio of cycles the IMMA tensor pipe is active.",
+        "tensor_imma_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+        "ratio",
+        "Ratio of cycles the DFMA tensor pipe is active.",
+        "tensor_dfma_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "ratio",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+        "dram_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+        "ratio",
+        "Ratio of cycles the fp64 pipes are active.",
+        "fp64_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "ratio",
+        "Ratio of cycles the fp32 pipes are active.",
+        "fp32_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        "ratio",
+        "Ratio of cycles the fp16 pipes are active.",
+        "fp16_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+        "ratio",
+        "Ratio of cycles the integer pipe is active.",
+        "integer_active",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PCIE_TX_BYTES",
+        "bytes/second",
+        "The number of bytes of active pcie tx data including both header and payload.",
+        "pcie_tx_bytes_per_second",
+        type_="counter",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "bytes/second",
+        "The number of bytes of active pcie rx data including both header and payload.",
+        "pcie_rx_bytes_per_second",
+        type_="counter",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "bytes/second",
+        "The number of bytes of active NvLink tx (transmit) data including both header and payload.",
+        "nvlink_tx_bytes_per_second",
+        type_="counter",
+        compat="dcgm",
+    ),
+    gpm_row(
+        "DCGM_FI_PROF_NVLINK_RX_BYTES",
+        "bytes/second",
+        "The number of bytes of active NvLink rx (read) data including both header and payload.",
+        "nvlink_rx_bytes_per_second",
+        type_="counter",
+        compat="dcgm",
+    ),
 ]
 
 COMPAT_MODES = frozenset(spec.compat for spec in METRICS if spec.compat is not None)
@@ -1261,7 +1598,11 @@ DCGM_NOT_EMITTED: tuple[tuple[str, str], ...] = (
         "NVLink throughput counters are DCGM-only; per-link errors are in gpu_nvlink_errors_total",
     ),
     ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "vGPU guests only"),
-    ("DCGM_FI_PROF_*", "DCGM profiling (DCP) fields need the DCGM host engine, not NVML"),
+    (
+        "DCGM_FI_PROF_* before Hopper",
+        "profiling fields come from NVML's GPM, which needs Hopper or later; DCGM's own "
+        "profiling module is not used",
+    ),
 )
 
 

@@ -20,6 +20,7 @@ import pynvml
 
 Handle = Any  # pynvml's c_nvmlDevice_t (an opaque pointer)
 EventSet = Any
+GpmSample = Any  # pynvml's c_nvmlGpmSample_t
 
 SUCCESS = pynvml.NVML_SUCCESS
 NOT_SUPPORTED = pynvml.NVML_ERROR_NOT_SUPPORTED
@@ -427,6 +428,67 @@ class NvmlApi:
 
     def event_set_free(self, event_set: EventSet) -> None:
         self._call("nvmlEventSetFree", event_set)
+
+    # --- profiling: GPM and per-process utilisation (read by exporter/profiling.py) ----------
+    def gpm_supported(self, handle: Handle) -> bool:
+        """Whether the GPU does GPM (Hopper and later); False also where the driver lacks the
+        call."""
+        support = self._call("nvmlGpmQueryDeviceSupport", handle)
+        return support is not None and bool(support.isSupportedDevice)
+
+    def gpm_sample_alloc(self) -> GpmSample:
+        return self._call("nvmlGpmSampleAlloc")
+
+    def gpm_sample_free(self, sample: GpmSample) -> None:
+        self._call("nvmlGpmSampleFree", sample)
+
+    def gpm_sample(self, handle: Handle, sample: GpmSample, gpu_instance_id: int | None) -> bool:
+        """Fills `sample` for the GPU, or for its MIG instance `gpu_instance_id`; False when
+        not supported."""
+        if gpu_instance_id is None:
+            done = self._call("nvmlGpmSampleGet", handle, sample)
+        else:
+            done = self._call("nvmlGpmMigSampleGet", handle, gpu_instance_id, sample)
+        return done is not None
+
+    def gpm_metrics(
+        self, first: GpmSample, second: GpmSample, metric_ids: tuple[int, ...]
+    ) -> dict[int, float | None] | None:
+        """NVML_GPM_METRIC_* id -> value between two samples (None where that metric failed)."""
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(metric_ids)
+        request.sample1 = first
+        request.sample2 = second
+        for slot, metric in enumerate(metric_ids):
+            request.metrics[slot].metricId = metric
+        if self._call("nvmlGpmMetricsGet", request) is None:
+            return None
+        out: dict[int, float | None] = {}
+        for slot, metric in enumerate(metric_ids):
+            m = request.metrics[slot]
+            ok = int(m.nvmlReturn) == SUCCESS and math.isfinite(m.value)
+            out[metric] = float(m.value) if ok else None
+        return out
+
+    def process_utilization(
+        self, handle: Handle, since_us: int
+    ) -> list[tuple[int, int, int, int, int, int]] | None:
+        """(pid, timestamp us, SM %, memory %, encoder %, decoder %) of every process with
+        utilisation samples newer than `since_us`; [] when there are none."""
+        try:
+            samples = self._call("nvmlDeviceGetProcessUtilization", handle, since_us)
+        except NvmlError as exc:
+            if exc.code == NOT_FOUND:  # no process had any utilisation since then
+                return []
+            raise
+        if samples is None:
+            return None
+        return [
+            (int(s.pid), int(s.timeStamp), int(s.smUtil), int(s.memUtil), int(s.encUtil),
+             int(s.decUtil))
+            for s in samples
+        ]  # fmt: skip
 
 
 def _optional_int(value: Any) -> int | None:

@@ -65,6 +65,55 @@ class MigInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class GpmMetrics:
+    """GPM (Hopper and later) averages between two samples: ratios 0-1, bytes per second.
+    A field is None where NVML did not answer that metric."""
+
+    graphics_active: float | None = None  # GR engine busy (any graphics/compute work)
+    sm_active: float | None = None  # SMs with at least one warp resident
+    sm_occupancy: float | None = None  # resident warps / maximum
+    dram_active: float | None = None  # DRAM bandwidth used / peak
+    tensor_active: float | None = None  # any tensor pipe
+    tensor_hmma_active: float | None = None
+    tensor_imma_active: float | None = None
+    tensor_dfma_active: float | None = None
+    tensor_dmma_active: float | None = None
+    fp64_active: float | None = None
+    fp32_active: float | None = None
+    fp16_active: float | None = None
+    integer_active: float | None = None
+    pcie_tx_bytes_per_second: float | None = None
+    pcie_rx_bytes_per_second: float | None = None
+    nvlink_tx_bytes_per_second: float | None = None
+    nvlink_rx_bytes_per_second: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessUtilization:
+    """nvmlDeviceGetProcessUtilization's latest sample for one process, as ratios 0-1."""
+
+    pid: int
+    sm_ratio: float
+    memory_ratio: float  # memory controller (bandwidth), not capacity
+    encoder_ratio: float
+    decoder_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class PodUsage:
+    """What one pod's (or the host's) processes use of one device (exporter/podusage.py)."""
+
+    owner: str  # "pod", "host" (a process in no pod) or "unknown" (a pod not on this node's list)
+    namespace: str
+    pod: str
+    container: str
+    processes: int
+    memory_used_bytes: int | None  # framebuffer, summed over its processes
+    sm_ratio: float | None  # None where NVML has no per-process utilisation (MIG)
+    memory_ratio: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSnapshot:
     """One physical GPU or one MIG instance, as read in one collection."""
 
@@ -126,6 +175,11 @@ class DeviceSnapshot:
     # NVML function name -> error string for the calls that failed this collection
     # (NOT_SUPPORTED is not an error and never appears here).
     errors: tuple[tuple[str, str], ...] = ()
+    # Profiling (exporter/profiling.py): None where the device has no GPM (before Hopper)
+    # or the first sample pair is not complete yet.
+    gpm: GpmMetrics | None = None
+    # Per-process utilisation; None where NVML has none (MIG instances, MIG-enabled GPUs).
+    process_utilization: tuple[ProcessUtilization, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +253,8 @@ class NodeSnapshot:
     claims: dict[str, tuple[ClaimRef, ...]] = field(default_factory=dict)
     # DRA attribution's own state (None: DRA attribution off)
     dra: DraStatus | None = None
+    # device UUID -> usage per pod (and host) on it; empty unless per-pod usage is on
+    pod_usage: dict[str, tuple[PodUsage, ...]] = field(default_factory=dict)
     # NVML function -> (calls, seconds spent in them) since the exporter started
     nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)
     # resource -> registered with the running kubelet (None: no --device-plugin)

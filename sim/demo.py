@@ -128,6 +128,7 @@ def node_act(stack: ExitStack, work: Path) -> tuple[SimNode, KubeletStandIn, str
     node = SimNode.create(work / "node.state", "h100x8")
     for i in range(node.gpu_count):
         node.set(i, gpu_utilization_ratio=0.1 * i, power_watts=120.0 + 60 * i)
+        node.set_gpm(i, sm_activity=0.09 * i, tensor_activity=0.08 * i, dram_activity=0.03 * i)
     uuids = [node.uuid(i) for i in range(node.gpu_count)]
     pods = [
         Assignment("ml-training", "llama-ft-0", "trainer", GPU, tuple(uuids[0:4])),
@@ -160,11 +161,13 @@ def node_act(stack: ExitStack, work: Path) -> tuple[SimNode, KubeletStandIn, str
     wait_until(
         "pod attribution", lambda: "gpu_pod_info{" in http_get(f"{base}/metrics"), timeout=15
     )
+    wait_until("GPM profiling", lambda: "gpu_sm_active_ratio{" in http_get(f"{base}/metrics"))
     print(f"\n{base}/metrics (a selection):")
     show_metrics(
         http_get(f"{base}/metrics"),
-        ("gpu_info", "gpu_utilization_ratio", "gpu_power_watts", "gpu_pod_info"),
-    )
+        ("gpu_info", "gpu_utilization_ratio", "gpu_sm_active_ratio", "gpu_power_watts",
+         "gpu_pod_info"),
+    )  # fmt: skip
     return node, kubelet, base
 
 

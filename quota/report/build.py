@@ -12,6 +12,7 @@ to the last time the store knew their cluster (Report.coverage says where that i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -103,13 +104,27 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
     if request.prometheus:
         from quota.report import prometheus
 
+        per_pod = list(keys) != ["namespace"]
+        pods = None
+        if per_pod:  # the pods' physical seconds per group, to split their measured figures
+            pod_keys = [*keys, "pod"] if "pod" not in keys else [*keys]
+            try:
+                pod_rows = query.usage(conn, pod_keys, edges, now, scope=scope)
+            except SQLAlchemyError as exc:
+                raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
+            pods = compute.aggregate(pod_keys, pod_rows, edges, card, None)
+            if "pod" in keys:  # already per pod: the pod is the group's own key
+                pods.groups = [
+                    dataclasses.replace(g, keys=(*g.keys, g.keys[keys.index("pod")]))
+                    for g in pods.groups
+                ]
         try:
             measured = prometheus.measure(
-                request.prometheus, window.start, min(window.end, now, known_end)
+                request.prometheus, window.start, min(window.end, now, known_end), per_pod=per_pod
             )
         except prometheus.PrometheusError as exc:
             raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc
-        prometheus.attach(report, measured)
+        prometheus.attach(report, measured, pods)
         report.prometheus = request.prometheus
     if request.spread_idle is not None:
         compute.spread_idle(report, request.spread_idle)

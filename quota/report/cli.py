@@ -33,10 +33,10 @@ period (half-open [start, end); default: this month so far; --tz zone, default U
 
 group keys (--by, comma-separated or repeated; default namespace):
   namespace, model, node, pool (node pool), cluster, owner (Kind/name), resource
-  (resource name; a DRA claim's device class), path (device-plugin: extended resources
-  such as nvidia.com/gpu; dra: ResourceClaims), label:<key> (the namespace's label as it
-  was at the time). Every view counts both allocation paths; a claim shared by several
-  pods counts once.
+  (resource name; a DRA claim's device class), pod (namespace/pod), path (device-plugin:
+  extended resources such as nvidia.com/gpu; dra: ResourceClaims), label:<key> (the
+  namespace's label as it was at the time). Every view counts both allocation paths; a
+  claim shared by several pods counts once (its time goes to the pod carrying it).
 
 columns:
   GPU-h raw         GPU-hours in the units pods requested (a MIG slice or a shared
@@ -47,7 +47,9 @@ columns:
   share %           share of the physical GPU-hours of all groups
   est. GPU-h        raw GPU-hours of intervals closed by estimate (controller downtime)
   idle GPU-h        with --spread-idle: the fleet's idle GPU-hours shared among groups
-  util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation
+  util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation, per
+                    pod where the exporter runs --pod-usage (a shared GPU's busy time split
+                    by each pod's SM use), else split evenly among the pods holding a GPU
   quota section     per group, quota and resource (each in its own units: whole GPUs, MIG
                     slices and shared replicas are never added up): time-weighted average
                     used and hard, peak used and hard, unused unit-hours (hard - used) and
@@ -141,7 +143,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--prometheus",
         metavar="URL",
-        help="Prometheus base URL for measured utilisation (needs --by namespace)",
+        help="Prometheus base URL for measured utilisation (any --by keys)",
     )
     out = parser.add_argument_group("output")
     fmt = out.add_mutually_exclusive_group()
@@ -216,10 +218,6 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
     if args.chart is not None and args.chart.suffix.lower() not in (".png", ".svg"):
         raise ReportError(f"--chart: {args.chart} must end in .png or .svg")
     if args.prometheus:
-        if keys != ["namespace"]:
-            raise ReportError(
-                "--prometheus: utilisation is reported per namespace; use --by namespace"
-            )
         from quota.report import prometheus
 
         try:

@@ -60,6 +60,7 @@ GROUP_COLUMNS: dict[str, tuple[Any, ...]] = {
     "cluster": (Allocation.cluster,),
     "owner": (Allocation.owner_kind, Allocation.owner_name),
     "resource": (Allocation.resource_name,),
+    "pod": (Allocation.namespace, Allocation.pod_name),
     # which way the GPUs were allocated: device-plugin (extended resources) or dra (claims)
     "path": (column("allocation_path", String),),
 }
@@ -277,6 +278,9 @@ def _key_values(keys: Sequence[str], row: Sequence[Any]) -> tuple[tuple[str | No
         if key == "owner":
             kind, name = row[i], row[i + 1]
             values.append(f"{kind}/{name}" if name else None)
+            i += 2
+        elif key == "pod":
+            values.append(f"{row[i]}/{row[i + 1]}")
             i += 2
         else:
             values.append(row[i])

@@ -6,6 +6,8 @@ python -m sim.nvml STATE set GPU field=value [field=value ...]
 python -m sim.nvml STATE xid GPU XID [--gi N --ci N]
 python -m sim.nvml STATE lose GPU | restore GPU | reset-required GPU [--clear]
 python -m sim.nvml STATE process GPU PID BYTES [--kind graphics] | clear-processes GPU
+python -m sim.nvml STATE process-util GPU PID --sm R --memory R [--encoder R --decoder R]
+python -m sim.nvml STATE gpm GPU [--mig N] metric=value [metric=value ...]
 python -m sim.nvml STATE nvlink GPU LINK [--replay N --recovery N --crc-flit N --crc-data N]
 python -m sim.nvml STATE fail GPU|system FUNCTION CODE|clear
 python -m sim.nvml STATE costs modelled|instant [--queueing gpu|library]
@@ -31,6 +33,9 @@ examples:
   eval "$(python -m sim.nvml /tmp/node.state env)"; nvidia-smi-like-tool
   python -m sim.nvml /tmp/node.state set 0 power_watts=300 gpu_utilization_ratio=0.5
   python -m sim.nvml /tmp/node.state xid 3 79
+  python -m sim.nvml /tmp/node.state gpm 0 sm_activity=0.96 tensor_activity=0.93
+  python -m sim.nvml /tmp/node.state process 0 411 8000000000
+  python -m sim.nvml /tmp/node.state process-util 0 411 --sm 0.92 --memory 0.28
 
 exit status: 0 on success; 2 on bad input (flag, spec, field), one line on stderr.
 """
@@ -71,6 +76,15 @@ def _parser() -> argparse.ArgumentParser:
     pr.add_argument("--gi", type=int, default=None)
     pr.add_argument("--ci", type=int, default=None)
     sub.add_parser("clear-processes").add_argument("gpu", type=int)
+    pu = sub.add_parser("process-util", help="per-process utilisation (ratios 0-1)")
+    pu.add_argument("gpu", type=int)
+    pu.add_argument("pid", type=int)
+    for engine in ("sm", "memory", "encoder", "decoder"):
+        pu.add_argument(f"--{engine}", type=float, default=0.0)
+    gp = sub.add_parser("gpm", help="GPM rates: sm_activity=0.9 dram_activity=0.3 ...")
+    gp.add_argument("gpu", type=int)
+    gp.add_argument("--mig", type=int, default=None, help="MIG instance position on the GPU")
+    gp.add_argument("values", nargs="+", metavar="METRIC=VALUE")
     nv = sub.add_parser("nvlink", help="set one link's error counters")
     nv.add_argument("gpu", type=int)
     nv.add_argument("link", type=int)
@@ -146,6 +160,18 @@ def _act(node: SimNode, args: argparse.Namespace) -> int:
         node.add_process(args.gpu, args.pid, args.bytes, args.kind, args.gi, args.ci)
     elif cmd == "clear-processes":
         node.clear_processes(args.gpu)
+    elif cmd == "process-util":
+        node.set_process_utilization(
+            args.gpu, args.pid, args.sm, args.memory, args.encoder, args.decoder
+        )
+    elif cmd == "gpm":
+        rates: dict[str, float] = {}
+        for item in args.values:
+            key, sep, raw = item.partition("=")
+            if not sep:
+                raise ValueError(f"expected METRIC=VALUE, got {item!r}")
+            rates[key] = _number(raw)
+        node.set_gpm(args.gpu, args.mig, **rates)
     elif cmd == "nvlink":
         node.set_nvlink_errors(
             args.gpu, args.link, args.replay, args.recovery, args.crc_flit, args.crc_data

@@ -91,6 +91,12 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "gqsim_set_nvlink": (ci, [vp, ci, ci, ci, ull, ull, ull, ull]),
         "gqsim_fail_call": (ci, [vp, ci, cp, ci]),
         "gqsim_inject_xid": (ctypes.c_longlong, [vp, ci, ull, cu, cu]),
+        "gqsim_gpm_metric": (ci, [cp]),
+        "gqsim_gpm_metric_name": (cp, [ci]),
+        "gqsim_set_gpm": (ci, [vp, ci, ci, ci, cd]),
+        "gqsim_get_gpm": (cd, [vp, ci, ci, ci]),
+        "gqsim_set_process_utilization": (ci, [vp, ci, cu, cu, cu, cu, cu]),
+        "gqsim_clear_process_utilization": (ci, [vp, ci]),
         "gqsim_costs_reset": (ci, [vp, cu, cu, cd]),
         "gqsim_costs_mode": (ci, [vp, cu, cu]),
         "gqsim_set_cost": (ci, [vp, ci, cp, cd, cu]),
@@ -275,8 +281,75 @@ class SimNode:
             raise SimError(f"GPU {i}: process table full")
 
     def clear_processes(self, i: int) -> None:
+        """Removes every process of GPU `i` (and their utilisation samples)."""
         self._check_gpu(i)
         self._lib.gqsim_clear_processes(self._ptr(), i)
+        self._lib.gqsim_clear_process_utilization(self._ptr(), i)
+
+    # -- profiling (GPM) and per-process utilisation -----------------------------------
+
+    def gpm_metrics(self) -> list[str]:
+        """Every GPM keyword set_gpm() accepts (ratios 0-1 and *_bytes_per_second)."""
+        out: list[str] = []
+        while (raw := self._lib.gqsim_gpm_metric_name(len(out))) is not None:
+            out.append(raw.decode())
+        return out
+
+    def set_gpm(self, i: int, mig: int | None = None, **values: float) -> None:
+        """Sets GPM rates of GPU `i`, or of its MIG instance at position `mig`.
+
+        GPM samples hold running totals of these rates, so nvmlGpmMetricsGet returns their
+        average between two samples (in percent and MiB/s, as NVML does). Only Hopper and
+        later GPUs (compute capability 9+) answer GPM calls; on older ones the values are
+        kept but never read.
+        """
+        self._check_gpu(i)
+        unit = 0
+        if mig is not None:
+            count = len(self.mig_uuids(i))
+            if not isinstance(mig, int) or not 0 <= mig < count:
+                raise ValueError(f"GPU {i} has no MIG instance {mig!r} ({count} instances)")
+            unit = 1 + mig
+        for name, value in values.items():
+            metric = int(self._lib.gqsim_gpm_metric(name.encode()))
+            if metric < 0:
+                raise ValueError(
+                    f"unknown GPM metric {name!r}; known: {', '.join(self.gpm_metrics())}"
+                )
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0, not {value!r}")
+            if not name.endswith("_bytes_per_second") and value > 1.0:
+                raise ValueError(f"{name} is a ratio between 0 and 1, not {value!r}")
+            self._lib.gqsim_set_gpm(self._ptr(), i, unit, metric, float(value))
+
+    def get_gpm(self, i: int, name: str, mig: int | None = None) -> float:
+        self._check_gpu(i)
+        metric = int(self._lib.gqsim_gpm_metric(name.encode()))
+        if metric < 0:
+            raise ValueError(f"unknown GPM metric {name!r}")
+        return float(self._lib.gqsim_get_gpm(self._ptr(), i, 0 if mig is None else 1 + mig, metric))
+
+    def set_process_utilization(
+        self, i: int, pid: int, sm: float, memory: float, encoder: float = 0.0,
+        decoder: float = 0.0,
+    ) -> None:  # fmt: skip
+        """What nvmlDeviceGetProcessUtilization reports for `pid` on GPU `i` (ratios 0-1,
+        NVML reports whole percent). All zero: the process is idle and gets no sample."""
+        self._check_gpu(i)
+        percents = []
+        for name, value in (
+            ("sm", sm),
+            ("memory", memory),
+            ("encoder", encoder),
+            ("decoder", decoder),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+                raise ValueError(f"{name} utilisation is a ratio between 0 and 1, not {value!r}")
+            percents.append(round(value * 100))
+        if pid <= 0:
+            raise ValueError(f"pid must be > 0, not {pid}")
+        if self._lib.gqsim_set_process_utilization(self._ptr(), i, pid, *percents) != 0:
+            raise SimError(f"GPU {i}: process utilisation table full")
 
     def inject_xid(
         self,

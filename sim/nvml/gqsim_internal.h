@@ -52,6 +52,10 @@ int gq_fail_code(const gq_fail *fails, const char *function);
 nvmlReturn_t gq_enter(nvmlDevice_t dev, const char *function, int identity, int allow_mig,
                       gq_gpu **gpu);
 nvmlReturn_t gq_enter_system(const char *function);
+/* gq_enter_system's checks without its cost: for a call without a device handle that
+ * nonetheless runs on one GPU (nvmlGpmMetricsGet), which then calls GQ_COST(__func__, gpu)
+ * with that GPU once it knows which. */
+nvmlReturn_t gq_check_system(const char *function);
 
 /* THE COST HOOK. Every NVML entry point runs it once it knows the call will be answered:
  * it waits the wall time the cost table (sim/nvml/costs.py) gives `function` on `gpu` (-1:

@@ -126,11 +126,15 @@ int gq_fail_code(const gq_fail *fails, const char *function) {
     return 0;
 }
 
-nvmlReturn_t gq_enter_system(const char *function) {
+nvmlReturn_t gq_check_system(const char *function) {
     if (gq_nvml_state == NULL || gq_init_count <= 0) return NVML_ERROR_UNINITIALIZED;
-    int code = gq_fail_code(gq_nvml_state->system_fails, function);
-    if (code == 0) GQ_COST(function, -1);
-    return (nvmlReturn_t)code;
+    return (nvmlReturn_t)gq_fail_code(gq_nvml_state->system_fails, function);
+}
+
+nvmlReturn_t gq_enter_system(const char *function) {
+    nvmlReturn_t code = gq_check_system(function);
+    if (code == NVML_SUCCESS) GQ_COST(function, -1);
+    return code;
 }
 
 static int gq_is_handle(nvmlDevice_t dev) {

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "gqsim_prof.h"
 #include "gqsim_costs.h"
 
 #define GQ_MAGIC 0x4751534d4e564d4cULL /* "GQSMNVML" */
@@ -129,6 +130,7 @@ typedef struct {
     gq_xid xids[GQ_XID_RING];
     gq_fail system_fails[GQ_MAX_FAILS];
     gq_gpu gpus[GQ_MAX_GPUS];
+    gq_prof prof[GQ_MAX_GPUS]; /* GPM and per-process utilisation (gqsim_prof.h) */
     gq_costs costs; /* NVML call costs and wall-time counters (gqsim_costs.h) */
 } gq_state;
 

@@ -155,6 +155,15 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         kubelet = PodResourcesServer(work / "pod-resources.sock", pods).start()
         stack.callback(kubelet.stop)
         node.set(4, clock_event_reasons=0x4)  # SW power cap: a throttled GPU
+        for i in range(node.gpu_count):  # profiling, as an H100 under a matmul reads
+            node.set_gpm(i, sm_activity=0.95, sm_occupancy=0.14, tensor_activity=0.93,
+                         hmma_tensor_activity=0.93, dram_activity=0.24, fp32_activity=0.05,
+                         pcie_tx_bytes_per_second=6e6, nvlink_tx_bytes_per_second=2e9)  # fmt: skip
+
+        api = ApiServer().start()
+        stack.callback(api.stop)
+        api.apply("ADDED", objects.node("gpu-1"))
+        proc = _pod_processes(node, api, work / "proc")
 
         exporter_port = free_port()
         exporter = subprocess.Popen(
@@ -164,6 +173,10 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 "--interval=1s",
                 f"--pod-resources-socket={work / 'pod-resources.sock'}",
                 "--health-quiet-period=1h",
+                "--pod-usage",
+                "--node-name=gpu-1",
+                f"--proc-root={proc}",
+                f"--kubeconfig={api.write_kubeconfig(work / 'exporter-kubeconfig')}",
             ],
             env={**_env(), **node.env()},
             stdout=(work / "exporter.log").open("wb"),
@@ -172,13 +185,10 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         stack.callback(stop_process, exporter)
         metrics = f"http://127.0.0.1:{exporter_port}/metrics"
         wait_for(lambda: "gpu_pod_info{" in (_get(metrics) or ""), 20, "pod attribution")
+        wait_for(lambda: "gpu_sm_active_ratio{" in (_get(metrics) or ""), 20, "GPM pairs")
         node.inject_xid(1, 79)  # fell off the bus: unhealthy
         node.inject_xid(2, 13)  # graphics engine exception: degraded
         node.set_reset_required(3)
-
-        api = ApiServer().start()
-        stack.callback(api.stop)
-        api.apply("ADDED", objects.node("gpu-1"))
         started = int(time.time()) - 60
         for team, gpus, hard in (("team-a", 4, 4), ("team-b", 1, 8)):
             api.apply("ADDED", objects.namespace(team))
@@ -237,6 +247,38 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         # a few scrapes, so rates and increases have two samples in their window
         prom.wait_for("count_over_time(up[1m]) >= 4", lambda r: len(r) == 2)
         yield prom
+
+
+def _pod_processes(node: SimNode, api: ApiServer, root: Path) -> Path:
+    """GPU processes of the two pods the kubelet stand-in lists (their cgroups in a proc tree
+    under ``root``, the pods with their UIDs on the API server) and one host process."""
+    for pid, (namespace, pod, uid, gpu, sm) in enumerate(
+        [("team-a", "train-0", _UIDS[0], 0, 0.6), ("team-b", "serve-0", _UIDS[1], 4, 0.3)], 101
+    ):
+        cid = f"{pid:064x}"
+        api.apply("ADDED", {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": pod, "namespace": namespace, "uid": uid},
+            "spec": {"nodeName": "gpu-1", "containers": [{"name": "main", "image": "x"}]},
+            "status": {"phase": "Running", "containerStatuses": [
+                {"name": "main", "containerID": f"containerd://{cid}", "ready": True,
+                 "restartCount": 0, "image": "x", "imageID": "x"}]},
+        })  # fmt: skip
+        slice_ = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
+        (root / str(pid)).mkdir(parents=True)
+        (root / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-burstable.slice/{slice_}/cri-containerd-{cid}.scope\n"
+        )
+        node.add_process(gpu, pid, 12 * 2**30)
+        node.set_process_utilization(gpu, pid, sm=sm, memory=0.2)
+    (root / "300").mkdir()
+    (root / "300" / "cgroup").write_text("0::/system.slice/benchmark.service\n")
+    node.add_process(0, 300, 2**30)
+    node.set_process_utilization(0, 300, sm=0.1, memory=0.05)
+    return root
+
+
+_UIDS = ("3f6c9a2e-1b4d-4c8e-9f0a-2b3c4d5e6f70", "8a7b6c5d-4e3f-4a1b-9c8d-7e6f5a4b3c2d")
 
 
 def _env() -> dict[str, str]:

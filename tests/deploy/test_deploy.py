@@ -33,6 +33,7 @@ OVERLAYS = [
     "overlays/dra",
     "overlays/restricted",
     "overlays/tls-auth",
+    "overlays/pod-usage",
 ]
 GENERATED = {"web-config.yml"}  # overlays/tls-auth/generate.py writes it; never committed
 
@@ -174,6 +175,20 @@ def test_overlays_build_and_change_what_they_say() -> None:
          "verbs": ["list", "create", "update", "delete"]},
     ]  # fmt: skip
     binding = find(dra, "ClusterRoleBinding", "gpu-exporter-dra")
+    assert binding["subjects"][0]["name"] == "gpu-exporter"
+
+    usage = kustomize(DEPLOY / "overlays" / "pod-usage")
+    pod = find(usage, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True and "--pod-usage" in pod["containers"][0]["args"]
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not find(base, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"].get("hostPID")
+    build_parser().parse_args(pod["containers"][0]["args"])
+    # the one call exporter/podusage.py makes (tests/exporter/test_podusage.py runs it)
+    assert find(usage, "ClusterRole", "gpu-exporter-pod-usage")["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    ]
+    binding = find(usage, "ClusterRoleBinding", "gpu-exporter-pod-usage")
     assert binding["subjects"][0]["name"] == "gpu-exporter"
 
     operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")

@@ -313,3 +313,33 @@ def test_every_resource_the_exporter_may_change_is_under_a_policy(
         d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
     }
     assert {p["metadata"]["name"] for p in policies} <= bound
+
+
+@needs_kubectl
+def test_pod_usage_role_grants_exactly_what_the_exporter_calls(folder: Path) -> None:
+    """overlays/pod-usage: the pod list that joins a process's pod UID to its name, nothing more."""
+    docs = kustomize(DEPLOY / "overlays" / "pod-usage")
+    granted = grants(docs, EXPORTER_SA)
+    socket_path = folder / "kubelet.sock"
+    with (
+        SimNode.create(folder / "nvml.state", "h100x8") as node,
+        ApiServer(bookmark_interval=0.2) as api,
+        PodResourcesServer(socket_path),
+    ):
+        exporter = Exporter(
+            node,
+            socket_path,
+            *exporter_args(docs),
+            f"--node-name={NODE}",
+            f"--kubeconfig={api.write_kubeconfig(folder / 'kubeconfig')}",
+        )
+        try:
+            wait_for(lambda: ("", "pods", "list") in set(api.calls), timeout=15,
+                     what="the exporter's pod list")  # fmt: skip
+            called = set(api.calls)
+        finally:
+            exporter.stop()
+    assert called <= granted, f"calls no role allows: {sorted(called - granted)}"
+    assert granted <= called, (
+        f"pod-usage grants what the code never calls: {sorted(granted - called)}"
+    )

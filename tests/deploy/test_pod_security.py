@@ -21,6 +21,7 @@ OVERLAYS = [
     "overlays/dra",
     "overlays/restricted",
     "overlays/tls-auth",
+    "overlays/pod-usage",
 ]
 README = DEPLOY / "README.md"
 

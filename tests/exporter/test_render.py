@@ -12,7 +12,7 @@ from exporter import metrics
 from exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
 from exporter.metrics import METRICS, MetricSpec, Scope
 from exporter.render import Renderer, RenderOptions, SnapshotCollector, escape_label_value
-from exporter.snapshot import DeviceSnapshot, DeviceState, PodRef
+from exporter.snapshot import DeviceSnapshot, DeviceState, GpmMetrics, PodRef
 from tests.exporter.factories import GIB, gpu, mig, node
 from tests.exporter.scrape import parse, value
 
@@ -41,6 +41,27 @@ DCGM_DEFAULT_COUNTERS = {
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
     "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    # DCP (profiling) fields in dcgm-exporter's default counters
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+}
+# The other DCP fields dcgm-exporter serves when its counters file lists them
+# (etc/dcp-metrics-included.csv and DCGM's field list).
+DCGM_DCP_COUNTERS = {
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
 }
 
 
@@ -79,14 +100,18 @@ def test_every_scalar_row_reads_an_existing_snapshot_field() -> None:
     for spec in METRICS:
         if spec.accessor.startswith("DeviceSnapshot.") and " " not in spec.accessor:
             attr = spec.accessor.removeprefix("DeviceSnapshot.")
-            assert attr.split("/")[0] in device_fields, spec.name
+            first, _dot, nested = attr.split("/")[0].partition(".")
+            first = first.removesuffix("[]")
+            assert first in device_fields, spec.name
+            if first == "gpm" and "*" not in nested:  # GPM rows read one GpmMetrics field
+                assert nested in {f.name for f in fields(GpmMetrics)}, spec.name
 
 
 def test_dcgm_rows_cover_dcgm_exporter_default_counters() -> None:
     emitted = {s.name for s in METRICS if s.compat == "dcgm"}
     documented_gaps = {name for name, _why in metrics.DCGM_NOT_EMITTED}
     assert emitted | documented_gaps >= DCGM_DEFAULT_COUNTERS
-    assert emitted <= DCGM_DEFAULT_COUNTERS
+    assert emitted <= DCGM_DEFAULT_COUNTERS | DCGM_DCP_COUNTERS
 
 
 def test_table_rejects_bad_rows() -> None:

@@ -65,6 +65,7 @@ class Store:
         replicas: int | None = None,
         mig_profile: str | None = None,
         qos_class: str | None = "Guaranteed",
+        pod: str | None = None,
     ) -> None:
         self._seq += 1
         with self.engine.begin() as conn:
@@ -73,7 +74,7 @@ class Store:
                     cluster=cluster,
                     pod_uid=f"uid-{self._seq}",
                     namespace=namespace,
-                    pod_name=f"pod-{self._seq}",
+                    pod_name=pod or f"pod-{self._seq}",
                     owner_kind=owner[0] if owner else None,
                     owner_name=owner[1] if owner else None,
                     node=node,

@@ -30,7 +30,8 @@ from tests.report.helpers import assert_refused, closed_port
         (["--prometheus", "not-a-url"], ["--prometheus", "not an http(s) URL"]),
         (["--month", "9999-12"], ["--month", "outside the years"]),
         (["--cluster", ""], ["--cluster", "empty"]),
-        (["--by", "model", "--prometheus", "http://127.0.0.1:1"], ["--by namespace"]),
+        # any --by works with --prometheus (per-pod utilisation); a bad URL still refuses
+        (["--by", "model", "--prometheus", "prometheus:9090"], ["not an http(s) URL"]),
     ],
 )
 def test_bad_flags(report: Any, sqlite_store: Store, argv: list[str], needles: list[str]) -> None:

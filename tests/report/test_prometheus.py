@@ -4,6 +4,7 @@ exporter series (promtool tsdb create-blocks-from openmetrics)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -26,12 +27,22 @@ H = 3600
 
 
 def test_query_joins_utilisation_with_pod_attribution() -> None:
-    q = busy_query(86400, 9)
     pods = "max by (uuid, namespace, pod) (gpu_pod_info)"
-    assert q == (
-        "sum by (namespace) (sum_over_time(((max by (uuid) (gpu_utilization_ratio)"
-        f" * on (uuid) group_right {pods}) / on (uuid) group_left count by (uuid) ({pods}))"
+    even = (
+        "(max by (uuid) (gpu_utilization_ratio)"
+        f" * on (uuid) group_right {pods}) / on (uuid) group_left count by (uuid) ({pods})"
+    )
+    own = 'sum by (uuid, namespace, pod) (gpu_pod_sm_utilization_ratio{owner="pod"})'
+    # each pod's own SM use where the exporter measures it, else an even split of the GPU
+    assert busy_query(86400, 9) == (
+        f"sum by (namespace) (sum_over_time(({own} or ({even} unless on (uuid) {own}))"
         "[86400s:9s])) * 9"
+    )
+    measured = even.replace(
+        "max by (uuid) (gpu_utilization_ratio)", "(max by (uuid) (gpu_utilization_ratio) * 0 + 1)"
+    )
+    assert busy_query(600, 1, measured=True, by=("namespace", "pod")) == (
+        f"sum by (namespace, pod) (sum_over_time(({measured})[600s:1s])) * 1"
     )
     assert step_for(31 * 86400) == 268
     assert step_for(600) == 1
@@ -123,17 +134,15 @@ def _openmetrics(start: int, end: int) -> str:
     return "\n".join([*lines, "# EOF", ""])
 
 
-@pytest.mark.prometheus
-@pytest.mark.slow
-def test_against_real_prometheus(sqlite_store: Store, report: Any) -> None:
+@contextlib.contextmanager
+def real_prometheus(openmetrics: str) -> Iterator[str]:
+    """A real Prometheus serving `openmetrics` backfilled with promtool; yields its URL."""
     prometheus, promtool = shutil.which("prometheus"), shutil.which("promtool")
     if not prometheus or not promtool:
         pytest.skip("prometheus/promtool not installed (apt-get install -y prometheus)")
-    w0 = (int(time.time()) // H - 3) * H
-    w1 = w0 + H
     work = Path(tempfile.mkdtemp(dir="/tmp", prefix="rprom"))
     try:
-        (work / "data.om").write_text(_openmetrics(w0 - 600, w1 + 600))
+        (work / "data.om").write_text(openmetrics)
         subprocess.run(
             [
                 promtool,
@@ -171,25 +180,108 @@ def test_against_real_prometheus(sqlite_store: Store, report: Any) -> None:
                     pass
                 assert time.monotonic() < deadline, "prometheus did not become ready"
                 time.sleep(0.1)
-            sqlite_store.clear()
-            sqlite_store.alloc("ml", w0 - 600, None)  # GPU-a, whole GPU
-            sqlite_store.alloc("ml", w0 - 600, None, physical=0.5, replicas=2)  # half of GPU-b
-            sqlite_store.alloc("web", w0 - 600, None, physical=0.5, replicas=2)  # the other half
-            result = report(
-                "--from", _iso(w0), "--to", _iso(w1), "--prometheus", url, "--json", db=sqlite_store
-            )
-            assert result.rc == 0, result.err
-            rows = {r["group"]["namespace"]: r for r in json.loads(result.out)["rows"]}
-            # ml: GPU-a busy half the hour + its half of GPU-b fully busy = 1.0 busy of 1.5 held
-            assert rows["ml"]["used_gpu_hours"] == 1.0
-            assert rows["ml"]["utilisation_pct"] == 66.7
-            assert rows["web"]["used_gpu_hours"] == 0.5
-            assert rows["web"]["utilisation_pct"] == 100.0
+            yield url
         finally:
             proc.terminate()
             proc.wait(timeout=10)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_against_real_prometheus(sqlite_store: Store, report: Any) -> None:
+    w0 = (int(time.time()) // H - 3) * H
+    w1 = w0 + H
+    with real_prometheus(_openmetrics(w0 - 600, w1 + 600)) as url:
+        sqlite_store.clear()
+        sqlite_store.alloc("ml", w0 - 600, None)  # GPU-a, whole GPU
+        sqlite_store.alloc("ml", w0 - 600, None, physical=0.5, replicas=2)  # half of GPU-b
+        sqlite_store.alloc("web", w0 - 600, None, physical=0.5, replicas=2)  # the other half
+        result = report(
+            "--from", _iso(w0), "--to", _iso(w1), "--prometheus", url, "--json", db=sqlite_store
+        )
+        assert result.rc == 0, result.err
+        rows = {r["group"]["namespace"]: r for r in json.loads(result.out)["rows"]}
+        # ml: GPU-a busy half the hour + its half of GPU-b fully busy = 1.0 busy of 1.5 held
+        assert rows["ml"]["used_gpu_hours"] == 1.0
+        assert rows["ml"]["utilisation_pct"] == 66.7
+        assert rows["web"]["used_gpu_hours"] == 0.5
+        assert rows["web"]["utilisation_pct"] == 100.0
+
+
+def _openmetrics_per_pod(start: int, end: int) -> str:
+    """GPU-a (util 0.5) held by ml/a alone, no per-pod series; GPU-b (util 0.6) time-sliced
+    between ml/b and web/c, whose exporter runs --pod-usage: ml/b uses 0.4, web/c 0.2."""
+    times = range(start, end, 15)
+    lines = ["# TYPE gpu_utilization_ratio gauge"]
+    for uuid, util in (("GPU-a", 0.5), ("GPU-b", 0.6)):
+        lines += [f'gpu_utilization_ratio{{gpu="0",uuid="{uuid}"}} {util} {t}' for t in times]
+    lines.append("# TYPE gpu_pod_info gauge")
+    for uuid, ns, pod in (("GPU-a", "ml", "a"), ("GPU-b", "ml", "b"), ("GPU-b", "web", "c")):
+        lines += [
+            f'gpu_pod_info{{uuid="{uuid}",namespace="{ns}",pod="{pod}",container="main"}} 1 {t}'
+            for t in times
+        ]
+    lines.append("# TYPE gpu_pod_sm_utilization_ratio gauge")
+    for ns, pod, container, owner, sm in (
+        ("ml", "b", "main", "pod", 0.3),
+        ("ml", "b", "sidecar", "pod", 0.1),  # a pod's containers add up
+        ("web", "c", "main", "pod", 0.2),
+        ("", "", "", "host", 0.3),
+    ):
+        labels = (
+            f'uuid="GPU-b",namespace="{ns}",pod="{pod}",container="{container}",owner="{owner}"'
+        )
+        lines += [f"gpu_pod_sm_utilization_ratio{{{labels}}} {sm} {t}" for t in times]
+    return "\n".join([*lines, "# EOF", ""])
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_utilisation_weighted_by_every_key(sqlite_store: Store, report: Any) -> None:
+    w0 = (int(time.time()) // H - 3) * H
+    w1 = w0 + H
+    with real_prometheus(_openmetrics_per_pod(w0 - 600, w1 + 600)) as url:
+        sqlite_store.clear()
+        sqlite_store.alloc("ml", w0 - 600, None, pod="a", owner=("Job", "solo"), node="n1")
+        for ns, pod in (("ml", "b"), ("web", "c")):
+            sqlite_store.alloc(ns, w0 - 600, None, physical=0.5, replicas=2, pod=pod,
+                               owner=("Job", "shared"), node="n2")  # fmt: skip
+        sqlite_store.labels("ml", {"team": "research"}, w0 - 3600, None)
+        sqlite_store.labels("web", {"team": "product"}, w0 - 3600, None)
+
+        def rows(*by: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+            result = report("--from", _iso(w0), "--to", _iso(w1), "--prometheus", url,
+                            "--json", *by, db=sqlite_store)  # fmt: skip
+            assert result.rc == 0, result.err
+            doc = json.loads(result.out)
+            return {tuple(r["group"].values()): r for r in doc["rows"]}
+
+        def check(got: dict[str, Any], used: float, pct: float) -> None:
+            assert (got["used_gpu_hours"], got["utilisation_pct"]) == (used, pct), got
+
+        # each pod charged its own SM use (0.4 and 0.2), not an even 0.3 each; the host
+        # process's 0.3 is no pod's; GPU-a without per-pod series splits evenly (one pod)
+        by_ns = rows()
+        check(by_ns[("ml",)], 0.9, 60.0)
+        check(by_ns[("web",)], 0.2, 40.0)
+        by_pod = rows("--by", "pod")
+        check(by_pod[("ml/a",)], 0.5, 50.0)
+        check(by_pod[("ml/b",)], 0.4, 80.0)
+        check(by_pod[("web/c",)], 0.2, 40.0)
+        by_owner = rows("--by", "owner")
+        check(by_owner[("Job/solo",)], 0.5, 50.0)
+        check(by_owner[("Job/shared",)], 0.6, 60.0)
+        by_node = rows("--by", "node,namespace")
+        check(by_node[("n2", "ml")], 0.4, 80.0)
+        check(by_node[("n1", "ml")], 0.5, 50.0)
+        by_team = rows("--by", "label:team")
+        check(by_team[("research",)], 0.9, 60.0)
+        check(by_team[("product",)], 0.2, 40.0)
+        by_model = rows("--by", "model")
+        (only,) = by_model.values()
+        check(only, 1.1, 55.0)
 
 
 def _iso(t: int) -> str:
@@ -201,9 +293,14 @@ def _iso(t: int) -> str:
 def test_query_uses_the_exporters_metric_names() -> None:
     """The PromQL joins what the exporter's metric table (the one source of names) exposes."""
     from exporter import metrics
-    from quota.report.prometheus import DEVICE_LABEL, JOIN_METRIC, UTIL_METRIC
+    from quota.report.prometheus import DEVICE_LABEL, JOIN_METRIC, POD_UTIL_METRIC, UTIL_METRIC
 
     rows = {m.name: m for m in metrics.METRICS if m.compat is None}
     assert rows[UTIL_METRIC].unit == "ratio"
+    assert rows[POD_UTIL_METRIC].unit == "ratio"
+    assert {"uuid", "namespace", "pod", "owner"} <= {
+        *metrics.DEVICE_LABELS,
+        *rows[POD_UTIL_METRIC].labels,
+    }
     assert DEVICE_LABEL in metrics.DEVICE_LABELS
     assert {"namespace", "pod"} <= set(rows[JOIN_METRIC].labels)

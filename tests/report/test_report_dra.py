@@ -84,6 +84,13 @@ def test_dra_usage_beside_device_plugin_usage_in_every_view(store: Store, report
     # by owner: a shared claim's time goes to the pod that carries it (one Deployment here)
     by_owner = groups(run(report, store, "--by", "owner,path"))
     assert ("Deployment/infer", "dra") in by_owner
+    # by pod: the pod carrying the shared claim's time at each instant
+    by_pod = groups(run(report, store, "--by", "pod,path"))
+    assert (f"{DRA_NAMESPACE}/infer-7c9d8f-a1b2c", "dra") in by_pod
+    assert (
+        sum(r["gpu_seconds_raw"] for (_p, path), r in by_pod.items() if path == "dra")
+        == (dra_raw[DRA_NAMESPACE])
+    )
 
 
 def test_device_class_quota_is_reported_like_gpu_quota(store: Store, report: Any) -> None:

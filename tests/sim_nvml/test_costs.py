@@ -163,3 +163,51 @@ def test_cli_switches_costs_and_sets_one_call(nvml: Callable[[Any], SimNode]) ->
     pynvml.nvmlDeviceGetPowerUsage(handles[1])
     assert time.perf_counter() - started < 0.3
     assert cli.main([state, "cost", "0", "GetPowerUsage", "1"]) == 2  # bad input: exit 2
+
+
+def _gpm_get(s1: Any, s2: Any) -> None:
+    get = pynvml.c_nvmlGpmMetricsGet_t()
+    get.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+    get.numMetrics = 1
+    get.sample1, get.sample2 = s1, s2
+    get.metrics[0].metricId = pynvml.NVML_GPM_METRIC_SM_UTIL
+    pynvml.nvmlGpmMetricsGet(get)
+
+
+def test_gpm_calls_cost_on_the_samples_gpu(nvml: Callable[[Any], SimNode]) -> None:
+    # nvmlGpmMetricsGet takes no device handle, but it computes one GPU's metrics: it is
+    # costed on that GPU (its per-GPU line), not on the library-wide line of system calls
+    spec = {"model": "H100-SXM5-80GB", "count": 4, "nvml_costs": {**MODELLED,
+            "calls": {"nvmlGpmMetricsGet": 500}}}  # fmt: skip
+    node = nvml(spec)
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(4)]
+    pairs = []
+    for h in handles:
+        s1, s2 = pynvml.nvmlGpmSampleAlloc(), pynvml.nvmlGpmSampleAlloc()
+        pynvml.nvmlGpmSampleGet(h, s1)
+        pynvml.nvmlGpmSampleGet(h, s2)
+        pairs.append((s1, s2))
+    before = node.call_count("nvmlGpmMetricsGet")
+    took = _timed(4, lambda k: _gpm_get(*pairs[k]))
+    assert node.call_count("nvmlGpmMetricsGet") == before + 4
+    assert took < 1.6  # four GPUs side by side (the system line would take 2 s)
+    same_gpu = _timed(2, lambda _k: _gpm_get(*pairs[0]))
+    assert same_gpu >= 1.0  # one GPU's calls queue
+    # a per-GPU cost applies to the samples' GPU only
+    node.set_call_cost(None, "nvmlGpmMetricsGet", 0)
+    node.set_call_cost(2, "nvmlGpmMetricsGet", 300)
+    started = time.perf_counter()
+    _gpm_get(*pairs[0])
+    fast = time.perf_counter() - started
+    started = time.perf_counter()
+    _gpm_get(*pairs[2])
+    assert time.perf_counter() - started >= 0.3
+    assert fast < 0.3
+    # the samples take the GPU's handle: costed on the GPU like any device call
+    node.set_call_cost(1, "nvmlGpmSampleGet", 300)
+    started = time.perf_counter()
+    pynvml.nvmlGpmSampleGet(handles[1], pairs[1][0])
+    assert time.perf_counter() - started >= 0.3
+    for pair in pairs:
+        for sample in pair:
+            pynvml.nvmlGpmSampleFree(sample)

@@ -1,0 +1,193 @@
+"""Profiling reads: GPM metrics per GPU and per MIG instance, and per-process utilisation.
+
+The collector calls ``ProfilingReader.read`` once per GPU per round (exporter/collect.py);
+every NVML call goes through ``NvmlApi`` and its errors propagate to the collector's usual
+handling (counted, the device marked lost...).
+
+GPM (Hopper and later) measures between two samples, so the reader keeps the previous
+sample of every GPU and MIG instance and reports the averages since then. An H100 answers
+samples taken less than 100 ms apart with NVML_SUCCESS and every metric 0.00: such a pair
+is never computed. When the collection interval is shorter than ``MIN_GPM_GAP`` the earlier
+sample is kept until the gap is long enough, and the last good averages are reported
+meanwhile. A GPU without GPM reports ``gpm=None`` (its series are left out, never 0).
+
+Per-process utilisation: the driver keeps one sample per second for each process that used
+the GPU; the reader asks for the samples newer than the newest it has seen, keeps the latest
+per process, and forgets a process with no sample for ``PROCESS_SAMPLE_TTL`` seconds (the
+driver only samples busy processes: no sample means idle).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pynvml
+
+from exporter.nvml import GpmSample, Handle, NvmlApi
+from exporter.snapshot import GpmMetrics, ProcessUtilization
+
+# Seconds between the two samples of a pair: 100 ms is the hardware's floor, plus margin for
+# the time the calls themselves take.
+MIN_GPM_GAP = 0.12
+PROCESS_SAMPLE_TTL = 5.0  # seconds
+
+_PERCENT = 0.01
+_MIB = 1024.0 * 1024.0
+# GpmMetrics field -> (NVML_GPM_METRIC_* id, factor from NVML's unit to ours)
+GPM_FIELDS: dict[str, tuple[int, float]] = {
+    "graphics_active": (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, _PERCENT),
+    "sm_active": (pynvml.NVML_GPM_METRIC_SM_UTIL, _PERCENT),
+    "sm_occupancy": (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, _PERCENT),
+    "dram_active": (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, _PERCENT),
+    "tensor_active": (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, _PERCENT),
+    "tensor_hmma_active": (pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL, _PERCENT),
+    "tensor_imma_active": (pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL, _PERCENT),
+    "tensor_dfma_active": (pynvml.NVML_GPM_METRIC_DFMA_TENSOR_UTIL, _PERCENT),
+    "tensor_dmma_active": (pynvml.NVML_GPM_METRIC_DMMA_TENSOR_UTIL, _PERCENT),
+    "fp64_active": (pynvml.NVML_GPM_METRIC_FP64_UTIL, _PERCENT),
+    "fp32_active": (pynvml.NVML_GPM_METRIC_FP32_UTIL, _PERCENT),
+    "fp16_active": (pynvml.NVML_GPM_METRIC_FP16_UTIL, _PERCENT),
+    "integer_active": (pynvml.NVML_GPM_METRIC_INTEGER_UTIL, _PERCENT),
+    "pcie_tx_bytes_per_second": (pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, _MIB),
+    "pcie_rx_bytes_per_second": (pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, _MIB),
+    "nvlink_tx_bytes_per_second": (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, _MIB),
+    "nvlink_rx_bytes_per_second": (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, _MIB),
+}
+_METRIC_IDS = tuple(metric for metric, _factor in GPM_FIELDS.values())
+
+# How the collector runs a read: ``reads(fn, *args)`` returns fn's result, or None after
+# recording an NVML error (exporter/collect.py _Reads).
+Reads = Callable[..., Any]
+
+
+@dataclass(slots=True)
+class _GpmUnit:
+    """The sample pair of one GPU or MIG instance."""
+
+    previous: GpmSample | None = None
+    previous_at: float = 0.0
+    spare: GpmSample | None = None
+    last: GpmMetrics | None = None
+
+
+@dataclass(slots=True)
+class _GpuState:
+    gpm_supported: bool | None = None  # None: not asked yet
+    units: dict[int | None, _GpmUnit] = field(default_factory=dict)  # GPU instance id or None
+    seen_us: int = 0  # newest process-utilisation sample timestamp
+    processes: dict[int, tuple[float, ProcessUtilization]] = field(default_factory=dict)
+    last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
+
+
+@dataclass(frozen=True, slots=True)
+class ProfilingValues:
+    """DeviceSnapshot fields for the GPU and, in order, for each of its MIG instances."""
+
+    gpu: dict[str, Any]
+    migs: list[dict[str, Any]]
+
+
+class ProfilingReader:
+    """Reads GPM and per-process utilisation for the collector, keeping the state they need
+    between rounds."""
+
+    def __init__(self, api: NvmlApi, clock: Callable[[], float] = time.monotonic) -> None:
+        self.api = api
+        self._clock = clock
+        self._gpus: dict[int, _GpuState] = {}
+
+    def read(
+        self,
+        index: int,
+        handle: Handle,
+        mig_instance_ids: Sequence[int],
+        reads: Reads,
+        *,
+        gpm: bool = True,
+        processes: bool = True,
+    ) -> ProfilingValues:
+        """This GPU's profiling values. `gpm`/`processes`: whether those reads are due this
+        round (their metric rows' tier); when not, the last values are returned unread.
+
+        Called from the GPU's own reader thread only: the state of one GPU is never shared
+        between threads."""
+        state = self._gpus.setdefault(index, _GpuState())
+        if gpm and state.gpm_supported is None:  # asked again next round when the call failed
+            state.gpm_supported = reads(self.api.gpm_supported, handle)
+        gpu: dict[str, Any] = {}
+        migs: list[dict[str, Any]] = [{} for _ in mig_instance_ids]
+        if state.gpm_supported:
+            gpu["gpm"] = self._gpm(state, handle, None, reads, gpm)
+            for values, gi in zip(migs, mig_instance_ids, strict=True):
+                values["gpm"] = self._gpm(state, handle, gi, reads, gpm)
+        if not mig_instance_ids:
+            gpu["process_utilization"] = (
+                self._process_utilization(state, handle, reads)
+                if processes
+                else state.last_processes
+            )
+        return ProfilingValues(gpu=gpu, migs=migs)
+
+    def _gpm(
+        self,
+        state: _GpuState,
+        handle: Handle,
+        gpu_instance_id: int | None,
+        reads: Reads,
+        due: bool,
+    ) -> GpmMetrics | None:
+        unit = state.units.setdefault(gpu_instance_id, _GpmUnit())
+        if not due:
+            return unit.last
+        now = self._clock()
+        if unit.previous is not None and now - unit.previous_at < MIN_GPM_GAP:
+            return unit.last  # too close: the hardware would answer zeros
+        if unit.spare is None:
+            unit.spare = reads(self.api.gpm_sample_alloc)
+            if unit.spare is None:
+                return None
+        if not reads(self.api.gpm_sample, handle, unit.spare, gpu_instance_id):
+            return unit.last
+        taken_at = now
+        if unit.previous is not None:
+            raw = reads(self.api.gpm_metrics, unit.previous, unit.spare, _METRIC_IDS)
+            if raw is not None:
+                unit.last = GpmMetrics(
+                    **{
+                        name: None if raw.get(metric) is None else raw[metric] * factor
+                        for name, (metric, factor) in GPM_FIELDS.items()
+                    }
+                )
+        unit.previous, unit.spare = unit.spare, unit.previous
+        unit.previous_at = taken_at
+        return unit.last
+
+    def _process_utilization(
+        self, state: _GpuState, handle: Handle, reads: Reads
+    ) -> tuple[ProcessUtilization, ...] | None:
+        samples = reads(self.api.process_utilization, handle, state.seen_us)
+        if samples is None:
+            state.last_processes = None
+            return None
+        now = self._clock()
+        for pid, stamp, sm, memory, encoder, decoder in samples:
+            state.seen_us = max(state.seen_us, stamp)
+            state.processes[pid] = (
+                now,
+                ProcessUtilization(
+                    pid=pid,
+                    sm_ratio=sm / 100.0,
+                    memory_ratio=memory / 100.0,
+                    encoder_ratio=encoder / 100.0,
+                    decoder_ratio=decoder / 100.0,
+                ),
+            )
+        for pid in [p for p, (at, _u) in state.processes.items() if now - at > PROCESS_SAMPLE_TTL]:
+            del state.processes[pid]
+        state.last_processes = tuple(
+            u for _at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
+        )
+        return state.last_processes

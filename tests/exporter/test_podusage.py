@@ -1,0 +1,221 @@
+"""Per-pod usage: cgroup parsing, and the collector + enricher against the NVML stand-in, a
+proc tree built in tmp (test data: what /proc/<pid>/cgroup holds on real nodes) and the API
+server stand-in listing this node's pods."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter import podusage
+from exporter.cli import main as exporter_main
+from exporter.collect import Collector
+from exporter.nvml import NvmlApi
+from exporter.podusage import CgroupPod, PodDirectory, PodUsageEnricher, ProcReader, parse_cgroup
+from exporter.render import Renderer
+from exporter.wiring import core_api
+from sim.apiserver import ApiServer
+from sim.harness import wait_for
+from sim.nvml.control import SimNode
+from tests.exporter.scrape import parse, value
+
+NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
+UID_A = "6f1b3a8e-2c4d-4e5f-9a0b-1c2d3e4f5a6b"
+UID_B = "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+UID_GONE = "ffffffff-0000-4000-8000-000000000001"
+CID = "4b6f0c2d9a8e7f1b3c5d7e9f0a2b4c6d8e0f1a3b5c7d9e1f2a4b6c8d0e2f4a6b"
+CID2 = "a" * 64
+NODE = "gpu-node-1"
+
+
+def _systemd(uid: str, qos: str = "burstable") -> str:
+    return f"kubepods-{qos}-pod{uid.replace('-', '_')}.slice"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # cgroup v2, systemd driver, containerd
+        (f"0::/kubepods.slice/kubepods-burstable.slice/{_systemd(UID_A)}/cri-containerd-{CID}.scope\n",
+         CgroupPod(UID_A, CID)),
+        # cgroup v2, cgroupfs driver, guaranteed QoS (no QoS folder)
+        (f"0::/kubepods/pod{UID_A}/{CID}\n", CgroupPod(UID_A, CID)),
+        # cgroup v1, cgroupfs driver: one line per hierarchy
+        (f"12:pids:/kubepods/besteffort/pod{UID_B}/{CID}\n11:memory:/kubepods/besteffort/pod{UID_B}/{CID}\n"
+         "1:name=systemd:/kubepods/besteffort\n", CgroupPod(UID_B, CID)),
+        # cgroup v1, systemd driver, CRI-O
+        (f"9:cpu,cpuacct:/kubepods.slice/kubepods-besteffort.slice/{_systemd(UID_B, 'besteffort')}/crio-{CID}.scope\n",
+         CgroupPod(UID_B, CID)),
+        # docker via cri-dockerd, systemd driver
+        (f"0::/kubepods.slice/{_systemd(UID_A, 'guaranteed')}/docker-{CID}.scope\n", CgroupPod(UID_A, CID)),
+        # kind / nested kubelet: a prefix before kubepods
+        (f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/kubelet-{_systemd(UID_A, 'besteffort')}/cri-containerd-{CID}.scope\n",
+         CgroupPod(UID_A, CID)),
+        # the pod's own cgroup (no container segment)
+        (f"0::/kubepods.slice/kubepods-burstable.slice/{_systemd(UID_A)}\n", CgroupPod(UID_A, None)),
+        # host processes
+        ("0::/system.slice/ollama.service\n", None),
+        ("0::/user.slice/user-1000.slice/session-3.scope\n", None),
+        ("12:memory:/\n", None),
+    ],
+)  # fmt: skip
+def test_parse_cgroup(text: str, expected: CgroupPod | None) -> None:
+    assert parse_cgroup(text) == expected
+
+
+def _proc(root: Path, pid: int, cgroup: str) -> None:
+    (root / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / str(pid) / "cgroup").write_text(cgroup)
+
+
+def _pod(name: str, namespace: str, uid: str, containers: dict[str, str | None]) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "spec": {"nodeName": NODE, "containers": [{"name": c, "image": "x"} for c in containers]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [
+                {"name": c, "containerID": f"containerd://{cid}", "ready": True, "restartCount": 0,
+                 "image": "x", "imageID": "x"}
+                for c, cid in containers.items() if cid
+            ],
+        },
+    }  # fmt: skip
+
+
+def test_time_sliced_gpu_shows_each_pod_and_the_host(nvml_on: NvmlOn, tmp_path: Path) -> None:
+    node, api = nvml_on("h100x8")
+    proc = tmp_path / "proc"
+    # GPU 0 time-sliced between two pods; pod A runs two processes; one host process; one
+    # process of a pod this node's list does not have (yet); one pid already gone.
+    _proc(
+        proc,
+        101,
+        f"0::/kubepods.slice/kubepods-burstable.slice/{_systemd(UID_A)}/cri-containerd-{CID}.scope\n",
+    )
+    _proc(
+        proc,
+        102,
+        f"0::/kubepods.slice/kubepods-burstable.slice/{_systemd(UID_A)}/cri-containerd-{CID}.scope\n",
+    )
+    _proc(proc, 201, f"11:memory:/kubepods/besteffort/pod{UID_B}/{CID2}\n")
+    _proc(proc, 301, "0::/system.slice/train.service\n")
+    _proc(proc, 401, f"0::/kubepods/pod{UID_GONE}/{CID2}\n")
+    for pid, gib, sm, mem in (
+        (101, 10, 0.40, 0.10),
+        (102, 6, 0.20, 0.05),
+        (201, 20, 0.30, 0.20),
+        (301, 1, 0.05, 0.01),
+        (401, 2, 0.0, 0.0),
+        (999, 3, 0.0, 0.0),
+    ):
+        node.add_process(0, pid, gib * 2**30)
+        node.set_process_utilization(0, pid, sm=sm, memory=mem)  # fmt: skip
+    with ApiServer() as server:
+        server.apply("ADDED", _pod("trainer", "team-a", UID_A, {"main": CID, "sidecar": None}))
+        server.apply("ADDED", _pod("notebook", "team-b", UID_B, {"jupyter": CID2}))
+        kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
+        lister = podusage.lister_for_node(core_api(kubeconfig), NODE)
+        enricher = PodUsageEnricher(ProcReader(proc), PodDirectory(lister))
+        enricher.start()
+        try:
+            collector = Collector(api, hostname="sim")
+            collector.add_enricher(enricher)
+            snapshot = collector.collect_once()
+        finally:
+            enricher.stop()
+    native = parse(Renderer().render(snapshot))
+    at = {"gpu": "0", "uuid": node.uuid(0)}
+    a = {"namespace": "team-a", "pod": "trainer", "container": "main", "owner": "pod", **at}
+    b = {"namespace": "team-b", "pod": "notebook", "container": "jupyter", "owner": "pod", **at}
+    host = {"namespace": "", "pod": "", "container": "", "owner": "host", **at}
+    unknown = {"namespace": "", "pod": "", "container": "", "owner": "unknown", **at}
+    assert value(native, "gpu_pod_sm_utilization_ratio", **a) == pytest.approx(0.60)
+    assert value(native, "gpu_pod_memory_utilization_ratio", **a) == pytest.approx(0.15)
+    assert value(native, "gpu_pod_memory_used_bytes", **a) == 16 * 2**30
+    assert value(native, "gpu_pod_sm_utilization_ratio", **b) == pytest.approx(0.30)
+    assert value(native, "gpu_pod_memory_used_bytes", **b) == 20 * 2**30
+    assert value(native, "gpu_pod_sm_utilization_ratio", **host) == pytest.approx(0.05)
+    assert value(native, "gpu_pod_memory_used_bytes", **host) == 2**30
+    # pid 401 (pod not on the list) and 999 (not in /proc) are both unknown; idle: 0 SM
+    assert value(native, "gpu_pod_memory_used_bytes", **unknown) == 5 * 2**30
+    assert value(native, "gpu_pod_sm_utilization_ratio", **unknown) == 0.0
+    owners = {lbl["uuid"] for lbl, _v in native["gpu_pod_memory_used_bytes"]}
+    assert owners == {node.uuid(0)}  # idle GPUs have no per-pod series
+
+
+def test_a_new_pod_is_picked_up_without_waiting_for_the_refresh(tmp_path: Path) -> None:
+    listed: list[list[Any]] = [[]]
+    calls = []
+
+    def lister() -> list[Any]:
+        calls.append(time.monotonic())
+        return listed[0]
+
+    from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec
+
+    directory = PodDirectory(lister, interval=3600, min_refresh=0.05)
+    directory.start()
+    try:
+        assert directory.lookup(UID_A) is None
+        listed[0] = [V1Pod(metadata=V1ObjectMeta(name="p", namespace="n", uid=UID_A.upper()),
+                           spec=V1PodSpec(containers=[V1Container(name="c")]))]  # fmt: skip
+        directory.lookup(UID_A)
+        wait_for(lambda: directory.lookup(UID_A) is not None)
+        found = directory.lookup(UID_A)
+        assert found is not None and (found.namespace, found.pod, found.only_container) == (
+            "n",
+            "p",
+            "c",
+        )
+    finally:
+        directory.stop()
+    assert len(calls) >= 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--pod-usage"], "--pod-usage needs --node-name"),
+        (["--pod-usage", "--node-name", "n1", "--proc-root", "/nonexistent/proc"],
+         "--proc-root /nonexistent/proc: no such folder"),
+    ],
+)  # fmt: skip
+def test_bad_pod_usage_flags_exit_2(nvml_on: NvmlOn, capsys, monkeypatch, argv, message) -> None:
+    nvml_on("h100x8")
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert exporter_main([*argv, "--listen", "127.0.0.1:0", "--pod-resources-socket", ""]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_mig_processes_count_on_their_instance_only(nvml_on: NvmlOn, tmp_path: Path) -> None:
+    spec = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
+    node, api = nvml_on(spec)
+    proc = tmp_path / "proc"
+    _proc(proc, 77, "0::/system.slice/infer.service\n")
+    collector = Collector(api, hostname="sim")
+    mig = collector.collect_once().devices[2].mig
+    assert mig is not None
+    node.add_process(0, 77, 3 * 2**30, gpu_instance_id=mig.gpu_instance_id, compute_instance_id=0)
+    collector.add_enricher(PodUsageEnricher(ProcReader(proc), PodDirectory(lambda: [])))
+    snapshot = collector.collect_once()
+    parent, _first, second = snapshot.devices
+    assert parent.uuid not in snapshot.pod_usage  # the parent lists it too: counted once
+    (use,) = snapshot.pod_usage[second.uuid]
+    assert (use.owner, use.memory_used_bytes, use.sm_ratio) == ("host", 3 * 2**30, None)
+
+
+def test_pod_usage_without_the_kubernetes_api_exits_1(nvml_on: NvmlOn, capsys, tmp_path) -> None:
+    nvml_on("h100x8")
+    argv = ["--pod-usage", "--node-name", "n1", "--kubeconfig", str(tmp_path / "missing")]
+    assert exporter_main([*argv, "--listen", "127.0.0.1:0", "--pod-resources-socket", ""]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gpu-exporter: error: --pod-usage needs the Kubernetes API: kubeconfig")
+    assert len(err.splitlines()) == 1

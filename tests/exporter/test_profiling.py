@@ -1,0 +1,241 @@
+"""GPM profiling metrics and per-process utilisation: the collector against the NVML
+stand-in through the real pynvml, rendered natively and under dcgm-exporter's names."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from exporter.collect import Collector
+from exporter.metrics import METRICS, Tier, field_tiers
+from exporter.nvml import NvmlApi
+from exporter.profiling import MIN_GPM_GAP, ProfilingReader
+from exporter.render import Renderer, RenderOptions
+from sim.nvml.control import SimNode
+from sim.nvml.spec import load
+from tests.exporter.scrape import parse, value
+
+NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
+MIB = 1024 * 1024
+H100_MIG = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
+# The measured H100 under a bf16 matmul (../shared/nvml-h100.md), as the stand-in's rates.
+UNDER_LOAD = {
+    "graphics_activity": 0.9926,
+    "sm_activity": 0.9588,
+    "sm_occupancy": 0.1417,
+    "tensor_activity": 0.9307,
+    "hmma_tensor_activity": 0.9307,
+    "dram_activity": 0.2378,
+    "fp32_activity": 0.0,
+    "pcie_tx_bytes_per_second": 6.18 * MIB,
+    "pcie_rx_bytes_per_second": 15.84 * MIB,
+    "nvlink_rx_bytes_per_second": 0.0,
+}
+DCGM_PROF = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_SM_ACTIVE",
+    "DCGM_FI_PROF_SM_OCCUPANCY",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    "DCGM_FI_PROF_PIPE_INT_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "DCGM_FI_PROF_NVLINK_RX_BYTES",
+}
+NATIVE_PROF = {
+    "gpu_graphics_engine_active_ratio",
+    "gpu_sm_active_ratio",
+    "gpu_sm_occupancy_ratio",
+    "gpu_dram_active_ratio",
+    "gpu_pipe_active_ratio",
+    "gpu_pcie_bandwidth_bytes_per_second",
+    "gpu_nvlink_bandwidth_bytes_per_second",
+}
+
+
+def _two_rounds(collector: Collector):
+    collector.collect_once()
+    time.sleep(MIN_GPM_GAP + 0.03)
+    return collector.collect_once()
+
+
+def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(3, **UNDER_LOAD)
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    uuid = node.uuid(3)
+    native = parse(Renderer().render(snapshot))
+    at = {"gpu": "3", "uuid": uuid}
+    assert value(native, "gpu_sm_active_ratio", **at) == pytest.approx(0.9588, abs=1e-6)
+    assert value(native, "gpu_graphics_engine_active_ratio", **at) == pytest.approx(0.9926)
+    assert value(native, "gpu_sm_occupancy_ratio", **at) == pytest.approx(0.1417)
+    assert value(native, "gpu_dram_active_ratio", **at) == pytest.approx(0.2378)
+    assert value(native, "gpu_pipe_active_ratio", pipe="tensor", **at) == pytest.approx(0.9307)
+    assert value(native, "gpu_pipe_active_ratio", pipe="tensor_hmma", **at) == pytest.approx(0.9307)
+    assert value(native, "gpu_pipe_active_ratio", pipe="fp32", **at) == 0.0
+    rx = value(native, "gpu_pcie_bandwidth_bytes_per_second", direction="rx", **at)
+    assert rx == pytest.approx(15.84 * MIB, rel=1e-6)
+    pipes = {lbl["pipe"] for lbl, _v in native["gpu_pipe_active_ratio"] if lbl["uuid"] == uuid}
+    assert pipes == {"tensor", "tensor_hmma", "tensor_imma", "tensor_dfma", "tensor_dmma",
+                     "fp64", "fp32", "fp16", "integer"}  # fmt: skip
+    for i in range(8):  # every H100 has the series, idle ones at a true 0
+        assert value(native, "gpu_sm_active_ratio", gpu=str(i), uuid=node.uuid(i)) is not None
+
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    assert set(dcgm) >= DCGM_PROF
+    by = {"gpu": "3", "UUID": uuid}
+    assert value(dcgm, "DCGM_FI_PROF_SM_ACTIVE", **by) == pytest.approx(0.9588)
+    assert value(dcgm, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **by) == pytest.approx(0.9307)
+    assert value(dcgm, "DCGM_FI_PROF_PCIE_TX_BYTES", **by) == pytest.approx(6.18 * MIB, rel=1e-6)
+    (labels, _v) = next(s for s in dcgm["DCGM_FI_PROF_DRAM_ACTIVE"] if s[0]["UUID"] == uuid)
+    assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"} <= set(labels)
+
+
+def test_gpus_before_hopper_omit_profiling_never_zero(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("mixed")
+    for i in range(node.gpu_count):
+        node.set_gpm(i, sm_activity=0.5)  # stored, but only Hopper answers GPM
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    native = parse(Renderer().render(snapshot))
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    spec = load("mixed")
+    for gpu in spec.gpus:
+        hopper = gpu.model.compute_capability[0] >= 9
+        uuids = {gpu.uuid, *(m.uuid for m in gpu.mig)}
+        for name in NATIVE_PROF:
+            has = any(lbl["uuid"] in uuids for lbl, _v in native.get(name, []))
+            assert has == hopper, (gpu.model.key, name)
+        for name in DCGM_PROF:
+            has = any(lbl["UUID"] == gpu.uuid for lbl, _v in dcgm.get(name, []))
+            assert has == hopper, (gpu.model.key, name)
+    assert snapshot.nvml_errors_total == {}
+
+
+def test_samples_closer_than_100ms_are_never_published(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(0, sm_activity=0.96)
+    now = [1000.0]
+    collector = Collector(api, hostname="sim")
+    collector.profiling = ProfilingReader(api, clock=lambda: now[0])
+    collector.collect_once()
+    now[0] += 0.05  # the GPU would answer zeros for this pair: it is not even asked
+    quick = collector.collect_once()
+    assert quick.devices[0].gpm is None
+    time.sleep(MIN_GPM_GAP)  # the stand-in measures real time between its samples
+    now[0] += MIN_GPM_GAP
+    good = collector.collect_once()
+    assert good.devices[0].gpm is not None
+    assert good.devices[0].gpm.sm_active == pytest.approx(0.96)
+    now[0] += 0.05  # too soon again: the last good averages, not zeros
+    again = collector.collect_once()
+    assert again.devices[0].gpm is good.devices[0].gpm
+
+
+def test_gpm_per_mig_instance(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on(H100_MIG)
+    node.set_gpm(0, mig=0, sm_activity=0.25, dram_activity=0.5)
+    node.set_gpm(0, mig=1, sm_activity=0.75)
+    node.set_gpm(0, sm_activity=0.5)
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    gpu, mig0, mig1 = snapshot.devices
+    assert gpu.gpm is not None and gpu.gpm.sm_active == pytest.approx(0.5)
+    assert mig0.gpm is not None and mig0.gpm.sm_active == pytest.approx(0.25)
+    assert mig0.gpm.dram_active == pytest.approx(0.5)
+    assert mig1.gpm is not None and mig1.gpm.sm_active == pytest.approx(0.75)
+    native = parse(Renderer().render(snapshot))
+    got = value(native, "gpu_sm_active_ratio", uuid=mig1.uuid, mig_profile="3g.40gb")
+    assert got == pytest.approx(0.75)
+    dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
+    assert mig1.mig is not None
+    gi = str(mig1.mig.gpu_instance_id)
+    got = value(dcgm, "DCGM_FI_PROF_SM_ACTIVE", UUID=gpu.uuid, GPU_I_ID=gi, GPU_I_PROFILE="3g.40gb")
+    assert got == pytest.approx(0.75)
+    # NVML has no per-process utilisation with MIG on: left out, not zero
+    assert gpu.process_utilization is None
+
+
+def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.add_process(0, 411, 8 * 2**30)
+    node.add_process(0, 412, 2 * 2**30)
+    node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
+    collector = Collector(api, hostname="sim")
+    first = collector.collect_once()
+    assert [
+        (p.pid, p.sm_ratio, p.memory_ratio) for p in first.devices[0].process_utilization or ()
+    ] == [(411, 0.92, 0.28)]
+    # the next round in the same second gets no new sample: the process keeps its value
+    second = collector.collect_once()
+    assert second.devices[0].process_utilization == first.devices[0].process_utilization
+    native = parse(Renderer().render(second))
+    at = {"gpu": "0", "uuid": node.uuid(0)}
+    assert value(native, "gpu_process_sm_utilization_ratio", pid="411", **at) == 0.92
+    assert value(native, "gpu_process_memory_utilization_ratio", pid="411", **at) == 0.28
+    pids = {lbl["pid"] for lbl, _v in native["gpu_process_sm_utilization_ratio"]}
+    assert pids == {"411"}  # 412 had no busy sample: idle, as the driver reports it
+    assert second.devices[1].process_utilization == ()
+
+
+def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(0, sm_activity=0.5)
+    node.fail_call(0, "nvmlGpmQueryDeviceSupport", 999)
+    collector = Collector(api, hostname="sim")
+    failed = collector.collect_once()
+    assert failed.devices[0].gpm is None
+    assert failed.nvml_errors_total == {"nvmlGpmQueryDeviceSupport": 1}
+    node.fail_call(0, "nvmlGpmQueryDeviceSupport", None)
+    snapshot = _two_rounds(collector)
+    assert snapshot.devices[0].gpm is not None
+    assert snapshot.devices[0].gpm.sm_active == pytest.approx(0.5)
+
+
+class _ThreadRecordingReader(ProfilingReader):
+    """The real reader, noting which thread reads which GPU."""
+
+    def __init__(self, api: NvmlApi) -> None:
+        super().__init__(api)
+        self.threads: dict[int, set[str]] = {}
+
+    def read(self, index: int, *args: Any, **kwargs: Any) -> Any:
+        self.threads.setdefault(index, set()).add(threading.current_thread().name)
+        return super().read(index, *args, **kwargs)
+
+
+def test_profiling_is_read_by_each_gpus_reader_at_its_rows_tier(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    for i in range(8):
+        node.set_gpm(i, sm_activity=0.1 * (i + 1))
+    node.set_process_utilization(3, 411, sm=0.5, memory=0.25)
+    collector = Collector(api, hostname="sim")
+    reader = _ThreadRecordingReader(api)
+    collector.profiling = reader
+    snapshot = _two_rounds(collector)
+    # one reader thread per GPU owns that GPU's profiling state
+    assert reader.threads == {i: {f"nvml-gpu-{i}"} for i in range(8)}
+    assert [d.gpm.sm_active if d.gpm else None for d in snapshot.devices] == pytest.approx(
+        [0.1 * (i + 1) for i in range(8)]
+    )
+    # the metric table says how often: every collection, as the collector reads them
+    tiers = field_tiers()
+    assert tiers["gpm"] is Tier.FAST and tiers["process_utilization"] is Tier.FAST
+    assert {s.tier for s in METRICS if s.accessor.startswith("DeviceSnapshot.gpm")} == {Tier.FAST}
+    # not due: the last values come back and NVML is not asked
+    handle = api.handle(3)
+    calls = api.call_stats()
+    got = reader.read(3, handle, [], lambda fn, *a: fn(*a), gpm=False, processes=False)
+    assert api.call_stats() == calls
+    assert got.gpu["gpm"] is snapshot.devices[3].gpm
+    assert got.gpu["process_utilization"] == snapshot.devices[3].process_utilization
+    assert [p.pid for p in got.gpu["process_utilization"]] == [411]
