@@ -1,5 +1,7 @@
 """Per-namespace GPU quota and chargeback dashboard: ResourceQuota hard limits against GPUs
-in use and allocated (raw requests and physical GPUs), and GPU-hours over the time range.
+in use and allocated (raw requests and physical GPUs), and GPU-hours over the time range,
+for device-plugin requests (nvidia.com/gpu, MIG resources) and DRA ResourceClaims (per device
+class, with ResourceQuota's device-class limits) side by side.
 
 Generated into gpu-quota.json by ``python -m dashboards.generate``; metric names are the
 quota controller's (quota/controller/metrics.py; a test checks).
@@ -12,15 +14,39 @@ from dashboards.panels import Grid, datasource_variable, query_variable, stat, t
 NS = 'namespace=~"$namespace"'
 RAW = f'gpuquota_namespace_gpus_allocated{{{NS}, kind="raw"}}'
 PHYSICAL = f'gpuquota_namespace_gpus_allocated{{{NS}, kind="physical"}}'
+DRA_RAW = f'gpuquota_namespace_dra_gpus_allocated{{{NS}, kind="raw"}}'
+DRA_PHYSICAL = f'gpuquota_namespace_dra_gpus_allocated{{{NS}, kind="physical"}}'
+DEVICE_CLASS = 'resource=~".+[.]deviceclass[.]resource[.]k8s[.]io/devices"'
 # GPU-hours over the dashboard's range from the allocation gauge: mean GPUs x hours.
 GPU_HOURS = "sum by (namespace) (avg_over_time({sel}[$__range])) * $__range_s / 3600"
 
 grid = Grid()
 grid.row("Cluster")
-grid.add(stat("GPUs allocated (physical)", f"sum({PHYSICAL})"), w=6, h=4)
-grid.add(stat("GPUs allocated (requests)", f"sum({RAW})"), w=6, h=4)
 grid.add(
-    stat("GPU-hours in range (physical)", f"sum({GPU_HOURS.format(sel=PHYSICAL)})"),
+    stat(
+        "GPUs allocated (physical)",
+        f"sum({PHYSICAL}) + (sum({DRA_PHYSICAL}) or vector(0))",
+        description="Both allocation paths: device-plugin requests and DRA ResourceClaims.",
+    ),
+    w=6,
+    h=4,
+)
+grid.add(
+    stat(
+        "GPUs held through DRA claims (physical)",
+        f"sum({DRA_PHYSICAL}) or vector(0)",
+        description="Devices of GPU drivers (gpu.nvidia.com) that ResourceClaims hold for "
+        "running pods; a claim shared by several pods counts once, adminAccess never.",
+    ),
+    w=6,
+    h=4,
+)
+grid.add(
+    stat(
+        "GPU-hours in range (physical)",
+        f"sum({GPU_HOURS.format(sel=PHYSICAL)}) "
+        f"+ (sum({GPU_HOURS.format(sel=DRA_PHYSICAL)}) or vector(0))",
+    ),
     w=6,
     h=4,
 )
@@ -64,10 +90,28 @@ grid.add(
 )
 grid.add(
     timeseries(
+        "Device-class quota (DRA)",
+        (
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_used{{{NS}, {DEVICE_CLASS}}})",
+            "{{namespace}} {{resource}} used",
+        ),
+        (
+            f"sum by (namespace, resource) (gpuquota_namespace_gpu_quota_hard{{{NS}, {DEVICE_CLASS}}})",
+            "{{namespace}} {{resource}} hard",
+        ),
+        description="ResourceQuota <device-class>.deviceclass.resource.k8s.io/devices of the "
+        "GPU device classes (gpu.nvidia.com, mig.nvidia.com): devices the namespace's claims "
+        "request against the limit.",
+    )
+)
+grid.add(
+    timeseries(
         "GPUs allocated (physical)",
-        (f"sum by (namespace) ({PHYSICAL})", "{{namespace}}"),
+        (f"sum by (namespace) ({PHYSICAL})", "{{namespace}} device-plugin"),
+        (f"sum by (namespace) ({DRA_PHYSICAL})", "{{namespace}} dra"),
         stacked=True,
-        description="Whole physical GPUs: a time-sliced replica counts as its share.",
+        description="Whole physical GPUs, per allocation path: a time-sliced replica or a MIG "
+        "device counts as its share.",
     )
 )
 grid.add(
@@ -78,6 +122,18 @@ grid.add(
         description="nvidia.com/gpu and MIG resources as the pods requested them.",
     )
 )
+grid.add(
+    timeseries(
+        "DRA devices held (claims)",
+        (
+            f"sum by (namespace, device_class) ({DRA_RAW})",
+            "{{namespace}} {{device_class}}",
+        ),
+        stacked=True,
+        description="GPU and MIG devices the namespaces' ResourceClaims hold for running "
+        "pods, per device class, as allocated.",
+    )
+)
 
 grid.row("Chargeback")
 grid.add(
@@ -85,9 +141,12 @@ grid.add(
         "GPU-hours in range",
         (GPU_HOURS.format(sel=PHYSICAL), "physical"),
         (GPU_HOURS.format(sel=RAW), "requests"),
+        (GPU_HOURS.format(sel=DRA_PHYSICAL), "DRA physical"),
+        (GPU_HOURS.format(sel=DRA_RAW), "DRA devices"),
         description=(
-            "Estimated from the allocation gauge. The billable figures come from "
-            "`gpuquota report`, which integrates exact pod lifetimes."
+            "Estimated from the allocation gauges, device-plugin and DRA apart. The billable "
+            "figures come from `gpuquota report`, which integrates exact pod lifetimes and "
+            "charges a shared claim once (`--by namespace,path`)."
         ),
     ),
     w=24,
@@ -160,7 +219,8 @@ dashboard = Dashboard(
             query_variable(
                 "namespace",
                 "Namespace",
-                "label_values(gpuquota_namespace_gpus_allocated, namespace)",
+                'label_values({__name__=~"gpuquota_namespace_gpus_allocated|'
+                'gpuquota_namespace_dra_gpus_allocated"}, namespace)',
             ),
         ]
     ),

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Sequence
 
 from quota.accounting import DEFAULT_NODE_POOL_LABELS
+from quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
 from quota.store.db import DEFAULT_URL, ENV_URL
 
 ENV_CLUSTER = "GPUQUOTA_CLUSTER"
 DEFAULT_CLUSTER = "default"
 ENV_NODE_POOL_LABELS = "GPUQUOTA_NODE_POOL_LABELS"
+ENV_DRA_DRIVERS = "GPUQUOTA_DRA_DRIVERS"
 
 
 def add_db_option(parser: argparse.ArgumentParser) -> None:
@@ -71,6 +74,34 @@ def node_pool_labels(values: Sequence[str] | None) -> tuple[str, ...]:
             if label not in labels:
                 labels.append(label)
     return (*labels, *(k for k in DEFAULT_NODE_POOL_LABELS if k not in labels))
+
+
+def add_dra_drivers_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dra-drivers",
+        metavar="NAMES",
+        default=None,
+        help="comma-separated DRA drivers whose ResourceClaim devices are GPUs and charged "
+        f"(env {ENV_DRA_DRIVERS}; default {','.join(DEFAULT_GPU_DRIVERS)})",
+    )
+
+
+def dra_drivers(value: str | None) -> tuple[str, ...]:
+    """The GPU DRA drivers: the flag's (else the environment's, else the default). ValueError
+    for an empty list or a name that is not a DNS subdomain."""
+    text = value if value is not None else os.environ.get(ENV_DRA_DRIVERS)
+    if text is None:
+        return DEFAULT_GPU_DRIVERS
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names:
+        raise ValueError("--dra-drivers: no driver named")
+    for name in names:
+        if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+            raise ValueError(f"--dra-drivers: {name!r} is not a driver name (a DNS subdomain)")
+    return tuple(dict.fromkeys(names))
+
+
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 def port_number(text: str) -> int:

@@ -41,10 +41,13 @@ from tqdm import tqdm
 
 from quota import accounting as acc
 from quota.accounting.accountant import KINDS, Accountant
+from quota.accounting.rules.claims import check_dra
 from quota.options import (
     add_cluster_option,
     add_db_option,
+    add_dra_drivers_option,
     add_node_pool_option,
+    dra_drivers,
     node_pool_labels,
 )
 from quota.store.db import open_store, safe_url
@@ -221,8 +224,10 @@ def check(event: Event, name: str, config: acc.AccountingConfig) -> str | None:
             acc.node_gpus(event.obj, config)
         elif kind == "Namespace":
             acc.namespace_labels(event.obj)
-        else:
+        elif kind == "ResourceQuota":
             acc.quota_facts(event.obj, config)
+        else:
+            check_dra(kind, event.obj)
     except acc.AccountingError as exc:
         raise ReplayError(f"{where}: {kind}: {exc}") from None
     return kind
@@ -328,6 +333,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--migrate", action="store_true", help="bring the store's schema up to date first"
     )
     add_node_pool_option(parser)
+    add_dra_drivers_option(parser)
     parser.add_argument(
         "--flush-every",
         type=int,
@@ -344,6 +350,7 @@ def run(args: argparse.Namespace) -> int:
     terminal = sys.stderr.isatty()
     try:
         config = acc.AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
+        drivers = dra_drivers(args.dra_drivers)
         source = Source(args.file)
         # before touching the database: a bad line costs nothing
         summary = validate(source, config, show_progress=terminal)
@@ -351,7 +358,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpuquota replay: error: {exc}", file=sys.stderr)
         return 2
     with open_store(args.db, migrate=args.migrate) as store:
-        accountant = Accountant(store, args.cluster, config, holder="replay")
+        accountant = Accountant(store, args.cluster, config, holder="replay", dra_drivers=drivers)
         summary.rows = apply(
             source, accountant, flush_every=args.flush_every, show_progress=terminal
         )

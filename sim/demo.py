@@ -6,11 +6,13 @@ Four acts, each through the real interfaces and the real programs:
    stand-in: `gpu-exporter` serves /metrics with pod-attributed GPU series;
 2. an injected XID 79 turns one GPU Unhealthy in the health endpoint, the metrics and the
    kubelet device plugin stream, and it turns Healthy again after the quiet period;
-3. a kube-apiserver stand-in fed by the workload generator, watched by `gpuquota controller`
-   writing to SQLite;
+3. a kube-apiserver stand-in fed by the workload generator (device-plugin pods, and a DRA
+   team whose pods get GPUs and MIG devices through ResourceClaims), watched by
+   `gpuquota controller` writing to SQLite;
 4. `gpuquota report` prints the chargeback report of that cluster - GPU-hours, cost, idle
-   GPUs and quota use against each namespace's ResourceQuota - checked against the
-   generator's own truth, and the exact report commands to rerun on the store.
+   GPUs and quota use against each namespace's ResourceQuota (device-class quota too), DRA
+   usage beside device-plugin usage - checked against the generator's own truth, and the
+   exact report commands to rerun on the store.
 
 The store, the logs and the simulated node's state stay in build/demo/ (or --work DIR),
 replaced by the next run.
@@ -35,6 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from quota.controller.kube import Kube
 from sim.apiserver import ApiServer, Driver
 from sim.harness import poll, stop_process
 from sim.kubelet.podresources import Assignment, PodResourcesServer
@@ -229,7 +232,7 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]
     # The events are played in seconds, so the controller observes them "now": leave out the
     # cases whose end exists only as the time a change was seen (gpuquota replay keeps those
     # exact, from each line's observedAt).
-    workload = generate(seed=7, hours=8, pods_per_hour=40, observation_independent=True)
+    workload = generate(seed=7, hours=8, pods_per_hour=40, observation_independent=True, dra=True)
     api = ApiServer()
     api.start()
     stack.callback(api.stop)
@@ -269,15 +272,29 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]
         metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     print("\nthe store (SQLite):")
     with sqlite3.connect(work / "gpuquota.db") as conn:
-        for table in ("allocations", "node_capacity", "quota_samples", "namespace_labels"):
+        for table in (
+            "allocations",
+            "claim_allocations",
+            "node_capacity",
+            "quota_samples",
+            "namespace_labels",
+        ):
             (count,) = conn.execute(f"SELECT count(*) FROM {table}").fetchone()
             print(f"    {table:<18} {count} rows")
     print("\ncontroller metrics (a selection):")
     show_metrics(
-        metrics, ("gpuquota_namespace_gpu_quota_hard", "gpuquota_namespace_gpus_allocated")
+        metrics,
+        (
+            "gpuquota_namespace_gpu_quota_hard",
+            "gpuquota_namespace_gpus_allocated",
+            "gpuquota_namespace_dra_gpus_allocated",
+        ),
     )
     truth: dict[str, int] = {}
     for (namespace, _resource), seconds in workload.truth.gpu_seconds().items():
+        truth[namespace] = truth.get(namespace, 0) + seconds
+    # DRA claims: each claim's time once, however many pods shared it
+    for (namespace, _class), seconds in workload.truth.dra_gpu_seconds().items():
         truth[namespace] = truth.get(namespace, 0) + seconds
     return workload.start, workload.end, truth
 
@@ -296,9 +313,10 @@ def _heartbeat(work: Path) -> dict[str, str] | None:
 
 
 def _synced_version(work: Path) -> int:
-    """The oldest resourceVersion the controller has stored, over the four kinds it watches."""
+    """The oldest resourceVersion the controller has stored, over every kind it watches."""
     versions = _heartbeat(work) or {}
-    return min(int(v) for v in versions.values()) if len(versions) == 4 else 0
+    watched = len(Kube.KINDS) + len(Kube.DRA_KINDS)  # the stand-in serves resource.k8s.io/v1
+    return min(int(v) for v in versions.values()) if len(versions) == watched else 0
 
 
 def shown(path: Path) -> str:
@@ -319,6 +337,7 @@ def report_act(db_path: Path, start: int, end: int, truth: dict[str, int]) -> No
     store = f"--db=sqlite:///{shown(db_path)}"
     commands = [
         [store, *period, f"--rate-card={shown(RATE_CARD)}", "--idle"],
+        [store, *period, "--by=namespace,path"],
         [store, *period, "--by=label:team,model"],
         [store, *period, "--by=namespace,resource", "--format=csv"],
     ]
@@ -345,6 +364,9 @@ def report_act(db_path: Path, start: int, end: int, truth: dict[str, int]) -> No
         raise SystemExit("demo: the report does not match the generator's truth")
     if not doc.get("quota", {}).get("rows"):
         raise SystemExit("demo: the report has no quota figures")
+    print("\nDRA claims beside device-plugin requests (path: which way the GPUs came):")
+    print(f"$ {typed(commands[1])}")
+    subprocess.run([str(gpuquota), "report", *commands[1]], check=True)
     print(f"\nthe store stays in {shown(db_path)}; rerun the report, or try other views:")
     for args in commands:
         print(f"  {typed(args)}")

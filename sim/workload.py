@@ -15,6 +15,15 @@ a node deleted under running pods) and returns a :class:`Workload`:
   the node it bound the pod to, and the seconds ``[start, end)`` it held the GPUs. This is the
   oracle for the accounting, the controller and the report tests.
 
+``dra=True`` (``--dra``) adds Dynamic Resource Allocation: a node whose GPUs NVIDIA's DRA driver
+hands out (its ResourceSlice, DeviceClasses), and a team whose pods get GPUs and MIG devices
+through ResourceClaims: claims from templates, a claim shared by three pods (overlapping, then
+after a gap), MIG devices, a consumable-capacity share, an adminAccess monitor, an
+extended-resource request served from DRA, a claim of a driver that is not a GPU driver. The
+generator's truth for them is ``truth.dra_intervals``: one :class:`DraTruthInterval` per stretch
+of time a claim held its GPUs for at least one pod, from the generator's own record of which
+pods it bound and when they let go (the union of their intervals, a shared claim once).
+
 Replay lines (``python -m sim.workload --seed N --hours H > events.jsonl``) are
 ``{"type": ..., "object": ..., "observedAt": "<RFC 3339>"}``: what ``kubectl get --watch
 --output-watch-events -o json`` prints, plus the observation time.
@@ -142,6 +151,37 @@ NODES: tuple[NodeSpec, ...] = (
 
 DOOMED_NODE = "gpu-l4-0"
 
+# --- Dynamic Resource Allocation (generate(..., dra=True)) ---------------------------------
+#: a node whose GPUs NVIDIA's DRA driver hands out: no device-plugin resources at all
+DRA_NODE = NodeSpec(
+    "gpu-h100-dra-0",
+    "h100-dra",
+    {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.count": "6"},
+    {},
+)
+DRA_DRIVER = "gpu.nvidia.com"
+DRA_PRODUCT = "NVIDIA H100 80GB HBM3"  # the slice's productName attribute
+DRA_MODEL = "NVIDIA-H100-80GB-HBM3"  # the model the report must show for it
+DRA_NAMESPACE = "team-dra"
+DRA_LABELS = {"team": "gamma", "cost-center": "cc-400"}
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+EXT_CLASS = "gpu-extended.nvidia.com"  # serves nvidia.com/gpu requests from DRA devices
+#: the slice's devices: name -> (type, MIG profile or None, physical GPUs, memory bytes)
+DRA_DEVICES: dict[str, tuple[str, str | None, Fraction, int]] = {
+    **{f"gpu-{i}": ("gpu", None, Fraction(1), 80 * 2**30) for i in range(5)},
+    **{
+        f"gpu-5-mig-1g10gb-19-{i}": ("mig", "1g.10gb", Fraction(1, 7), 10 * 2**30) for i in range(3)
+    },
+    "gpu-5-mig-3g40gb-9-4": ("mig", "3g.40gb", Fraction(3, 7), 40 * 2**30),
+}
+DRA_SHAREABLE = "gpu-4"  # allowMultipleAllocations: claims consume part of its memory
+DRA_QUOTA = {
+    f"{GPU_CLASS}.deviceclass.resource.k8s.io/devices": "6",
+    f"{MIG_CLASS}.deviceclass.resource.k8s.io/devices": "4",
+    f"requests.{GPU}": "2",
+}
+
 NAMESPACES: dict[str, dict[str, str]] = {
     "team-a": {"team": "alpha", "cost-center": "cc-100"},
     "team-b": {"team": "beta", "cost-center": "cc-200"},
@@ -196,6 +236,28 @@ class TruthInterval:
         return max(0, end - self.start)
 
 
+@dataclass(frozen=True)
+class DraTruthInterval:
+    """A stretch of time a DRA claim held GPUs of one device class for at least one pod: the
+    generator's own record of when the first pod using the claim was bound and started and
+    when the last one let go (so a claim shared by several pods is counted once)."""
+
+    claim_uid: str
+    namespace: str
+    claim_name: str
+    device_class: str
+    node: str
+    units: int  # GPU devices the generator allocated to the claim
+    physical: Fraction  # their physical-GPU equivalent (MIG N/7, consumed capacity share)
+    model: str
+    start: int
+    end: int | None
+
+    def seconds(self, until: int) -> int:
+        end = until if self.end is None else min(self.end, until)
+        return max(0, end - self.start)
+
+
 @dataclass
 class Truth:
     """The oracle: GPU-seconds per namespace and resource, raw and physical, and per label."""
@@ -204,6 +266,23 @@ class Truth:
     intervals: list[TruthInterval]
     #: (namespace, labels, valid_from, valid_to or None)
     namespace_labels: list[tuple[str, dict[str, str], int, int | None]]
+    #: DRA claims (workloads generated with dra=True)
+    dra_intervals: list[DraTruthInterval] = field(default_factory=list)
+
+    def dra_gpu_seconds(self, until: int | None = None) -> dict[tuple[str, str], int]:
+        """Raw device-seconds of DRA claims per (namespace, device class)."""
+        out: dict[tuple[str, str], int] = defaultdict(int)
+        for iv in self.dra_intervals:
+            out[(iv.namespace, iv.device_class)] += iv.units * iv.seconds(until or self.until)
+        return dict(out)
+
+    def dra_physical_seconds_exact(
+        self, until: int | None = None
+    ) -> dict[tuple[str, str], Fraction]:
+        out: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        for iv in self.dra_intervals:
+            out[(iv.namespace, iv.device_class)] += iv.physical * iv.seconds(until or self.until)
+        return dict(out)
 
     def gpu_seconds(self, until: int | None = None) -> dict[tuple[str, str], int]:
         """Raw unit-seconds per (namespace, resource name)."""
@@ -270,6 +349,21 @@ class Truth:
                 }
                 for iv in self.intervals
             ],
+            "dra_intervals": [
+                {
+                    "claim_uid": iv.claim_uid,
+                    "namespace": iv.namespace,
+                    "claim_name": iv.claim_name,
+                    "device_class": iv.device_class,
+                    "node": iv.node,
+                    "units": iv.units,
+                    "physical": float(iv.physical),
+                    "model": iv.model,
+                    "start": iv.start,
+                    "end": iv.end,
+                }
+                for iv in self.dra_intervals
+            ],
         }
 
 
@@ -317,6 +411,38 @@ def _written(obj: Obj, manager: str, subresource: str | None, at: int) -> None:
 
 
 @dataclass
+class _Claim:
+    """A DRA claim as the generator allocated it, and who holds it now."""
+
+    obj: Obj
+    #: device class -> (devices, physical GPUs) that the accounting must charge; empty for a
+    #: claim that is not charged (adminAccess, another driver, made for an extended resource)
+    charged: dict[str, tuple[int, Fraction]]
+    node: str
+    template: bool
+    holders: set[str] = field(default_factory=set)  # pod UIDs inside their billing interval
+    open_since: int = 0
+
+    def truth(self, start: int, end: int | None) -> list[DraTruthInterval]:
+        meta = self.obj["metadata"]
+        return [
+            DraTruthInterval(
+                meta["uid"],
+                meta["namespace"],
+                meta["name"],
+                device_class,
+                self.node,
+                units,
+                physical,
+                DRA_MODEL,
+                start,
+                end,
+            )
+            for device_class, (units, physical) in sorted(self.charged.items())
+        ]
+
+
+@dataclass
 class _Pod:
     obj: Obj
     units: dict[str, int]  # effective request per GPU resource (what the spec was built from)
@@ -327,6 +453,7 @@ class _Pod:
     deleted: bool = False
     fate: str = ""
     after_delete: Callable[[], None] | None = None
+    claims: list[_Claim] = field(default_factory=list)  # DRA claims the pod uses
 
     @property
     def uid(self) -> str:
@@ -341,8 +468,20 @@ class _Action:
 
 
 class _Sim:
-    def __init__(self, seed: int, start: int, end: int, pods_per_hour: float, independent: bool):
+    def __init__(
+        self,
+        seed: int,
+        start: int,
+        end: int,
+        pods_per_hour: float,
+        independent: bool,
+        dra: bool = False,
+    ):
         self.rng = random.Random(seed)
+        self.dra = dra
+        self.specs: dict[str, NodeSpec] = {n.name: n for n in (*NODES, DRA_NODE)}
+        self.claims: dict[tuple[str, str], _Claim] = {}
+        self.dra_intervals: list[DraTruthInterval] = []
         self.start, self.end = start, end
         self.pods_per_hour = pods_per_hour
         self.independent = independent
@@ -360,8 +499,15 @@ class _Sim:
         self.quotas: dict[str, Obj] = {}
         self.pods: dict[str, _Pod] = {}  # by uid
         self.names: dict[tuple[str, str], int] = defaultdict(int)
+        self.unreserve: list[tuple[_Claim, str]] = []
 
     # -- plumbing
+
+    def factor(self, node: str, resource: str) -> Fraction:
+        """Physical GPUs one unit of ``resource`` is on ``node`` (a DRA node's extended
+        resource is a whole GPU the scheduler took from its slice)."""
+        gpus = self.specs[node].gpus
+        return gpus[resource][1] if resource in gpus else Fraction(1)
 
     def uid(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
@@ -457,6 +603,422 @@ class _Sim:
                 self.ns_labels[i] = (ns, old, lo, self.now)
         self.ns_labels.append((name, dict(labels), self.now, None))
         self.emit("MODIFIED", obj)
+
+    # -- Dynamic Resource Allocation
+
+    def add_dra_objects(self) -> None:
+        """The DRA node, its ResourceSlice, the DeviceClasses, and the DRA team's namespace,
+        quota and the claims that exist before their pods."""
+        self.add_node(DRA_NODE)
+        devices = []
+        for name, (kind, profile, _physical, memory) in DRA_DEVICES.items():
+            attrs: Obj = {
+                "type": {"string": kind},
+                "uuid": {"string": f"{'MIG' if kind == 'mig' else 'GPU'}-{self.uid()}"},
+                "productName": {"string": DRA_PRODUCT},
+            }
+            if profile:
+                attrs["profile"] = {"string": profile}
+            device: Obj = {
+                "name": name,
+                "attributes": attrs,
+                "capacity": {"memory": {"value": str(memory)}},
+            }
+            if name == DRA_SHAREABLE:
+                device["allowMultipleAllocations"] = True
+            devices.append(device)
+        self.emit(
+            "ADDED",
+            {
+                "kind": "ResourceSlice",
+                "apiVersion": "resource.k8s.io/v1",
+                "metadata": self.meta(f"{DRA_NODE.name}-{DRA_DRIVER}-x7k2p"),
+                "spec": {
+                    "driver": DRA_DRIVER,
+                    "nodeName": DRA_NODE.name,
+                    "pool": {"name": DRA_NODE.name, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            },
+        )
+        selectors = {
+            GPU_CLASS: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+            MIG_CLASS: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+            EXT_CLASS: "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+        }
+        for name, expression in selectors.items():
+            spec: Obj = {"selectors": [{"cel": {"expression": expression}}]}
+            if name == EXT_CLASS:
+                spec["extendedResourceName"] = GPU
+            self.emit(
+                "ADDED",
+                {
+                    "kind": "DeviceClass",
+                    "apiVersion": "resource.k8s.io/v1",
+                    "metadata": self.meta(name),
+                    "spec": spec,
+                },
+            )
+        self.add_namespace(DRA_NAMESPACE, DRA_LABELS)
+        self.add_quota(DRA_NAMESPACE, dict(DRA_QUOTA), [])
+
+    def new_claim(
+        self,
+        name: str,
+        requests: dict[str, tuple[str, int]],
+        devices: list[tuple[str, str, str, Obj]],
+        *,
+        template: bool = False,
+        extended: bool = False,
+    ) -> _Claim:
+        """A ResourceClaim (not yet allocated). ``requests``: request name -> (device class,
+        count); ``devices``: what the scheduler will allocate, (request, driver, device,
+        extra result fields). A claim made for a pod (from a template, or for its extended
+        resources) is created by dra_pod once the pod exists."""
+        meta = self.meta(name, DRA_NAMESPACE, created=self.now)
+        if extended:
+            meta.setdefault("annotations", {})["resource.kubernetes.io/extended-resource-claim"] = (
+                "true"
+            )
+        obj: Obj = {
+            "kind": "ResourceClaim",
+            "apiVersion": "resource.k8s.io/v1",
+            "metadata": meta,
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": req,
+                            "exactly": {
+                                "deviceClassName": device_class,
+                                "allocationMode": "ExactCount",
+                                "count": count,
+                            },
+                        }
+                        for req, (device_class, count) in requests.items()
+                    ]
+                }
+            },
+            "status": {},
+        }
+        charged: dict[str, tuple[int, Fraction]] = {}
+        results = []
+        for req, driver, device, extra in devices:
+            results.append(
+                {"request": req, "driver": driver, "pool": DRA_NODE.name, "device": device, **extra}
+            )
+            if driver != DRA_DRIVER or extra.get("adminAccess") or extended:
+                continue
+            _kind, _profile, physical, memory = DRA_DEVICES[device]
+            if "consumedCapacity" in extra:
+                physical = physical * Fraction(int(extra["consumedCapacity"]["memory"]), memory)
+            device_class = requests[req][0]
+            units, total = charged.get(device_class, (0, Fraction(0)))
+            charged[device_class] = (units + 1, total + physical)
+        claim = _Claim(obj, charged, DRA_NODE.name, template)
+        claim.obj["_results"] = results  # taken out when allocated
+        if not (template or extended):
+            self.claims[(DRA_NAMESPACE, name)] = claim
+            self.emit("ADDED", self.claim_view(claim))
+            self.refresh_dra_quota()
+        return claim
+
+    def claim_view(self, claim: _Claim) -> Obj:
+        return {k: v for k, v in claim.obj.items() if not k.startswith("_")}
+
+    def allocate(self, claim: _Claim, pod: _Pod) -> None:
+        """The scheduler allocates the claim (once) and reserves it for the pod."""
+        status = claim.obj["status"]
+        if "allocation" not in status:
+            status["allocation"] = {
+                "devices": {"results": claim.obj["_results"]},
+                "nodeSelector": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchFields": [
+                                {"key": "metadata.name", "operator": "In", "values": [claim.node]}
+                            ]
+                        }
+                    ]
+                },
+            }
+        reserved = status.setdefault("reservedFor", [])
+        reserved.append({"resource": "pods", "name": pod.obj["metadata"]["name"], "uid": pod.uid})
+        self.emit("MODIFIED", self.claim_view(claim))
+
+    def dra_hold(self, pod: _Pod) -> None:
+        """The pod's billing interval starts: its claims hold their devices for it."""
+        for claim in pod.claims:
+            if not claim.holders:
+                claim.open_since = self.now
+            claim.holders.add(pod.uid)
+
+    def dra_release(self, pod: _Pod) -> None:
+        """The pod's billing interval ends; a claim no pod holds any more stops being charged."""
+        for claim in pod.claims:
+            if pod.uid not in claim.holders:
+                continue
+            claim.holders.discard(pod.uid)
+            if not claim.holders:
+                self.dra_intervals.extend(claim.truth(claim.open_since, self.now))
+            self.unreserve.append((claim, pod.uid))
+
+    def flush_dra(self) -> None:
+        """The resourceclaim controller drops finished pods from reservedFor."""
+        for claim, uid in self.unreserve:
+            status = claim.obj["status"]
+            status["reservedFor"] = [r for r in status.get("reservedFor", []) if r["uid"] != uid]
+            if not claim.obj["metadata"].get("deletionTimestamp"):
+                self.emit("MODIFIED", self.claim_view(claim))
+        self.unreserve.clear()
+
+    def delete_claim(self, claim: _Claim) -> None:
+        claim.obj["metadata"]["deletionTimestamp"] = rfc3339(self.now)
+        claim.obj["metadata"]["deletionGracePeriodSeconds"] = 0
+        claim.obj["status"] = {}
+        self.emit("DELETED", self.claim_view(claim))
+        del self.claims[(DRA_NAMESPACE, claim.obj["metadata"]["name"])]
+        self.refresh_dra_quota()
+
+    def refresh_dra_quota(self) -> None:
+        """The quota controller: devices requested by the namespace's claims, per class."""
+        quota = self.quotas.get(DRA_NAMESPACE)
+        if quota is None:
+            return
+        used: dict[str, int] = defaultdict(int)
+        for claim in self.claims.values():
+            for request in claim.obj["spec"]["devices"]["requests"]:
+                exactly = request["exactly"]
+                used[f"{exactly['deviceClassName']}.deviceclass.resource.k8s.io/devices"] += int(
+                    exactly["count"]
+                )
+        new = {
+            k: str(used.get(k, 0)) if k.endswith("/devices") else v
+            for k, v in quota["status"]["used"].items()
+        }
+        if new != quota["status"]["used"]:
+            quota["status"]["used"] = new
+            _written(quota, "kube-controller-manager", "status", self.now)
+            self.emit("MODIFIED", quota)
+
+    def dra_pod(
+        self,
+        name: str,
+        claims: list[tuple[str, _Claim]],
+        *,
+        run_for: int | None,
+        ok: bool = True,
+        units: dict[str, int] | None = None,
+        owner: str = "Job",
+        delete_grace: int | None = None,
+    ) -> None:
+        """A pod using DRA claims: (its claim entry name, the claim). Template claims are
+        named in status.resourceClaimStatuses and go with the pod."""
+        entries = [
+            {"name": entry, "resourceClaimTemplateName": "gpus"}
+            if claim.template
+            else {"name": entry, "resourceClaimName": claim.obj["metadata"]["name"]}
+            for entry, claim in claims
+            if not claim.obj["metadata"]
+            .get("annotations", {})
+            .get("resource.kubernetes.io/extended-resource-claim")
+        ]
+        fate = "running" if run_for is None else ("succeeded" if ok else "failed")
+        pod = self.new_pod(
+            DRA_NAMESPACE,
+            name,
+            units or {},
+            fate,
+            shape="plain",
+            owner=owner,
+            resource_claims=entries,
+        )
+        if owner == "ReplicaSet":
+            template_hash = name.rsplit("-", 1)[0].rsplit("-", 1)[1]
+            pod.obj["metadata"]["labels"]["pod-template-hash"] = template_hash
+        pod.claims = [claim for _entry, claim in claims]
+        for claim in pod.claims:
+            meta = claim.obj["metadata"]
+            if (DRA_NAMESPACE, meta["name"]) in self.claims:
+                continue
+            # made for this pod (from a template, or for its extended resources): owned by it
+            meta["ownerReferences"] = [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": name,
+                    "uid": pod.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+            self.claims[(DRA_NAMESPACE, meta["name"])] = claim
+            self.emit("ADDED", self.claim_view(claim))
+            self.refresh_dra_quota()
+        status = pod.obj["status"]
+        template_claims = [(e, c) for e, c in claims if c.template]
+        if template_claims:
+            status["resourceClaimStatuses"] = [
+                {"name": e, "resourceClaimName": c.obj["metadata"]["name"]}
+                for e, c in template_claims
+            ]
+        extended = [
+            c
+            for _e, c in claims
+            if c.obj["metadata"]
+            .get("annotations", {})
+            .get("resource.kubernetes.io/extended-resource-claim")
+        ]
+        if extended:
+            status["extendedResourceClaimStatus"] = {
+                "resourceClaimName": extended[0].obj["metadata"]["name"],
+                "requestMappings": [
+                    {
+                        "containerName": "train",
+                        "resourceName": GPU,
+                        "requestName": "container-0-request-0",
+                    }
+                ],
+            }
+        if template_claims or extended:
+            self.emit("MODIFIED", pod.obj)
+
+        def schedule() -> None:
+            for claim in pod.claims:
+                self.allocate(claim, pod)
+            self.bind(pod, DRA_NODE.name)
+
+        def delete() -> None:
+            self.request_delete(pod, delete_grace or 0, delete_grace or 0)
+
+        def gone() -> None:
+            for claim in pod.claims:
+                owned = claim.obj["metadata"].get("ownerReferences")
+                if owned and (DRA_NAMESPACE, claim.obj["metadata"]["name"]) in self.claims:
+                    self.delete_claim(claim)
+
+        pod.after_delete = gone
+        t = self.now
+        self.at(t + 1, schedule)
+        self.at(t + 2, lambda: self.accept(pod))
+        self.at(t + 4, lambda: self.running(pod))
+        if run_for is not None:
+            if delete_grace is not None:
+                self.at(t + 4 + run_for, delete)
+            else:
+                self.at(t + 4 + run_for, lambda: self.finish(pod, ok))
+                self.at(t + 4 + run_for + 30, lambda: self.request_delete(pod, 0, 0))
+
+    def dra_script(self) -> None:
+        """The DRA cases, whatever the seed: a template claim, a claim shared by three pods
+        (overlapping, then after a gap), MIG devices, a consumable-capacity share, an
+        adminAccess monitor, an extended-resource request served by DRA, and a claim of a
+        driver that is not a GPU driver."""
+        s, u = self.start, (self.end - self.start) // 12
+        gpu = (GPU_CLASS, 1)
+        mig = (MIG_CLASS, 1)
+        drv = DRA_DRIVER
+
+        def template(pod_name: str, req: tuple[str, int], devices: list[str]) -> _Claim:
+            return self.new_claim(
+                f"{pod_name}-gpu-{self.rng.randrange(16**5):05x}",
+                {"gpu": (req[0], len(devices))},
+                [("gpu", drv, d, {}) for d in devices],
+                template=True,
+            )
+
+        def train() -> None:
+            claim = template("dra-train-0", gpu, ["gpu-0", "gpu-1"])
+            self.dra_pod("dra-train-0", [("gpu", claim)], run_for=3 * u)
+
+        self.at(s + 20, train)
+        shared: dict[str, _Claim] = {}
+
+        def make_shared() -> None:
+            shared["c"] = self.new_claim("shared-gpu", {"gpu": gpu}, [("gpu", drv, "gpu-2", {})])
+            # a monitor reads every GPU of the node with adminAccess: never charged
+            monitor = self.new_claim(
+                "monitor-gpus",
+                {"all": (GPU_CLASS, 1)},
+                [("all", drv, "gpu-2", {"adminAccess": True})],
+            )
+            self.dra_pod("dcgm-monitor-0", [("gpus", monitor)], run_for=None, owner="DaemonSet")
+            # a claim of another driver: counted as a problem, not charged
+            fpga = self.new_claim(
+                "fpga-0",
+                {"fpga": ("fpga.example.com", 1)},
+                [("fpga", "fpga.example.com", "fpga-0", {})],
+            )
+            self.dra_pod("fpga-job-0", [("fpga", fpga)], run_for=u)
+
+        self.at(s + 10, make_shared)
+        self.at(
+            s + 30,
+            lambda: self.dra_pod(
+                "infer-7c9d8f-a1b2c", [("gpu", shared["c"])], run_for=3 * u, owner="ReplicaSet"
+            ),
+        )
+        self.at(
+            s + 30 + 2 * u,
+            lambda: self.dra_pod(
+                "infer-7c9d8f-d3e4f", [("gpu", shared["c"])], run_for=3 * u, owner="ReplicaSet"
+            ),
+        )
+        self.at(
+            s + 60 + 6 * u,
+            lambda: self.dra_pod("shared-late-0", [("gpu", shared["c"])], run_for=None),
+        )
+
+        def mig_small() -> None:
+            claim = template("mig-small-0", mig, ["gpu-5-mig-1g10gb-19-0"])
+            self.dra_pod("mig-small-0", [("gpu", claim)], run_for=2 * u, ok=False)
+
+        self.at(s + 40, mig_small)
+
+        def mig_big() -> None:
+            claim = self.new_claim(
+                "mig-big", {"gpu": mig}, [("gpu", drv, "gpu-5-mig-3g40gb-9-4", {})]
+            )
+            self.dra_pod("mig-big-0", [("gpu", claim)], run_for=None, owner="StatefulSet")
+
+        self.at(s + 50, mig_big)
+
+        def share() -> None:
+            claim = self.new_claim(
+                "gpu-share",
+                {"gpu": gpu},
+                [
+                    (
+                        "gpu",
+                        drv,
+                        DRA_SHAREABLE,
+                        {
+                            "shareID": str(uuid.UUID(int=self.rng.getrandbits(128), version=4)),
+                            "consumedCapacity": {"memory": str(20 * 2**30)},
+                        },
+                    )
+                ],
+            )
+            self.dra_pod("share-0", [("gpu", claim)], run_for=4 * u)
+
+        self.at(s + 60, share)
+
+        def extended() -> None:
+            claim = self.new_claim(
+                f"ext-0-extended-resources-{self.rng.randrange(16**5):05x}",
+                {"container-0-request-0": (EXT_CLASS, 1)},
+                [("container-0-request-0", drv, "gpu-3", {})],
+                extended=True,
+            )
+            self.dra_pod("ext-0", [("ext", claim)], run_for=2 * u, units={GPU: 1})
+
+        self.at(s + 70, extended)
+
+        def deleted() -> None:
+            claim = template("dra-del-0", gpu, ["gpu-0"])
+            self.dra_pod("dra-del-0", [("gpu", claim)], run_for=u, delete_grace=30)
+
+        self.at(s + 5 * u, deleted)
 
     def add_quota(self, ns: str, hard: dict[str, str], scopes: list[str]) -> None:
         spec: Obj = {"hard": dict(hard)}
@@ -572,6 +1134,7 @@ class _Sim:
         *,
         shape: str | None = None,
         owner: str = "Job",
+        resource_claims: list[Obj] | None = None,
     ) -> _Pod:
         shape = shape or self.rng.choice(
             ["plain", "plain", "limits-only", "two-containers", "init-peak", "sidecar", "overhead"]
@@ -597,6 +1160,10 @@ class _Sim:
             "spec": self.pod_spec(units, shape, cpu),
             "status": {"phase": "Pending", "qosClass": "Guaranteed" if cpu else "BestEffort"},
         }
+        if resource_claims:
+            obj["spec"]["resourceClaims"] = resource_claims
+            for c in obj["spec"]["containers"]:
+                c["resources"]["claims"] = [{"name": rc["name"]} for rc in resource_claims]
         pod = _Pod(obj, {r: n for r, n in units.items() if n}, fate=fate)
         self.pods[pod.uid] = pod
         self.emit("ADDED", obj)
@@ -624,7 +1191,7 @@ class _Sim:
         names = [pinned] if pinned else [n.name for n in NODES if n.name != DOOMED_NODE]
         self.rng.shuffle(names)
         for name in names:
-            spec = next(n for n in NODES if n.name == name)
+            spec = self.specs[name]
             if not self.node_alive.get(name):
                 continue
             if all(
@@ -650,6 +1217,7 @@ class _Sim:
         if pod.deleted:
             return
         pod.start = self.now
+        self.dra_hold(pod)
         inits, mains = self.container_names(pod)
         st = pod.obj["status"]
         st["startTime"] = rfc3339(self.now)
@@ -746,7 +1314,7 @@ class _Sim:
                 self.bound[(pod.node, r)] -= n
         if pod.start is None or pod.node is None:
             return
-        spec = next(n for n in NODES if n.name == pod.node)
+        self.dra_release(pod)
         for r, n in sorted(pod.units.items()):
             self.intervals.append(
                 TruthInterval(
@@ -756,7 +1324,7 @@ class _Sim:
                     pod.node,
                     r,
                     n,
-                    spec.gpus[r][1],
+                    self.factor(pod.node, r),
                     pod.start,
                     self.now,
                     reason,
@@ -959,6 +1527,9 @@ class _Sim:
             self.add_namespace(ns, labels)
         for ns, (hard, scopes) in QUOTAS.items():
             self.add_quota(ns, hard, scopes)
+        if self.dra:
+            self.add_dra_objects()
+            self.dra_script()
         span = self.end - self.start
         # scripted pods: every case appears whatever the seed
         s = self.start
@@ -1062,11 +1633,11 @@ class _Sim:
             action = heapq.heappop(self.queue)
             self.now = action.at
             action.run()
+            self.flush_dra()
         self.now = self.end
         # what is still bound at the end of the span stays open in the truth
         for pod in self.pods.values():
             if not pod.released and pod.start is not None and pod.node is not None:
-                spec = next(n for n in NODES if n.name == pod.node)
                 for r, n in sorted(pod.units.items()):
                     self.intervals.append(
                         TruthInterval(
@@ -1076,12 +1647,15 @@ class _Sim:
                             pod.node,
                             r,
                             n,
-                            spec.gpus[r][1],
+                            self.factor(pod.node, r),
                             pod.start,
                             None,
                             "open",
                         )
                     )
+        for claim in self.claims.values():
+            if claim.holders:
+                self.dra_intervals.extend(claim.truth(claim.open_since, None))
 
 
 def generate(
@@ -1091,14 +1665,24 @@ def generate(
     start: int = DEFAULT_START,
     pods_per_hour: float = 30.0,
     observation_independent: bool = False,
+    dra: bool = False,
 ) -> Workload:
-    """Generate a workload; the same arguments always give the same events and truth."""
+    """Generate a workload; the same arguments always give the same events and truth.
+
+    ``dra`` adds a node whose GPUs NVIDIA's DRA driver hands out and the DRA team's pods and
+    ResourceClaims (see _Sim.dra_script); their charged time is ``truth.dra_intervals``."""
     end = start + int(hours * 3600)
     if end - start < 600:
         raise ValueError("the simulated span must be at least 10 minutes")
-    sim = _Sim(seed, start, end, pods_per_hour, observation_independent)
+    sim = _Sim(seed, start, end, pods_per_hour, observation_independent, dra)
     sim.run()
-    return Workload(seed, start, end, sim.events, Truth(end, sim.intervals, sim.ns_labels))
+    return Workload(
+        seed,
+        start,
+        end,
+        sim.events,
+        Truth(end, sim.intervals, sim.ns_labels, sim.dra_intervals),
+    )
 
 
 EXAMPLES = """\
@@ -1135,6 +1719,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--pods-per-hour", type=float, default=30.0)
     p.add_argument("--observation-independent", action="store_true")
+    p.add_argument(
+        "--dra",
+        action="store_true",
+        help="add a DRA node and the DRA team's pods and ResourceClaims",
+    )
     p.add_argument("--truth", metavar="FILE", help="also write the truth as JSON to FILE")
     return p
 
@@ -1148,6 +1737,7 @@ def main(argv: list[str] | None = None) -> int:
             start=args.start,
             pods_per_hour=args.pods_per_hour,
             observation_independent=args.observation_independent,
+            dra=args.dra,
         )
     except ValueError as exc:
         print(f"python -m sim.workload: error: {exc}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,12 @@ def check_demo(tmp_path: Path) -> None:
     assert out.count("   exact") >= 3
     # quota, the namesake: per namespace and resource, in the workload's own clock
     assert "Quota use" in out and "nvidia.com/mig-1g.10gb" in out
+    # DRA: a namespace whose GPUs came through ResourceClaims, beside device-plugin usage, its
+    # device-class quota, and the DRA node's devices as idle capacity
+    assert "claim_allocations" in out and "gpuquota_namespace_dra_gpus_allocated" in out
+    assert re.search(r"team-dra +dra +\d", out) and re.search(r"team-a +device-plugin +\d", out)
+    assert "gpu.nvidia.com.deviceclass.resource.k8s.io/devices" in out
+    assert re.search(r"NVIDIA-H100-80GB-HBM3 +h100-dra +[1-9]", out)
     # exact commands to rerun on the kept store
     assert "gpuquota report --db=sqlite:///" in out and "--from=2026-01-01T00:00:00Z" in out
     assert (tmp_path / "demo" / "gpuquota.db").is_file()

@@ -7,15 +7,16 @@ Layout (watch -> **account** -> store -> report):
   evidence, billing end and the one end-reason precedence the store's SQL merge follows).
 - ``rows``: the plain row types a flush writes, the Batch, and the RowStore interface; no SQL.
 - ``pending``: PendingWrites, the buffer of finished rows kept until a write succeeds.
-- ``trackers/``: one tracker per Kubernetes kind (nodes, pods, namespaces, resourcequotas),
-  each owning that kind's state and rows.
+- ``trackers/``: one tracker per Kubernetes kind (nodes, pods, namespaces, resourcequotas;
+  DRA resourceclaims, resourceslices and deviceclasses over one claim state in
+  ``trackers/claims.py``), each owning that kind's state and rows.
 - ``accountant``: the Accountant, which dispatches events by kind, keeps resourceVersions and
   the heartbeat, and flushes.
 
 Nothing in this package imports SQL, Kubernetes client or I/O modules
 (tests/common/test_import_graph.py checks it).
 
-Adding a kind (the seam for DRA ResourceClaims): write a class in ``trackers/`` that
+Adding a kind (the seam DRA ResourceClaims plugged into): write a class in ``trackers/`` that
 satisfies :class:`quota.accounting.trackers.base.Tracker`:
 
 - ``kind``: the Kubernetes kind it accounts ("ResourceClaim");

@@ -18,9 +18,11 @@ from typing import Any
 
 from quota.accounting.pending import PendingWrites
 from quota.accounting.rows import AllocationRow, Batch, HeartbeatRow, RowStore
+from quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
 from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
 from quota.accounting.rules.parse import AccountingError
 from quota.accounting.rules.quotas import QuotaFacts
+from quota.accounting.trackers import claims as dra_trackers
 from quota.accounting.trackers.base import Tracker, TrackerContext
 from quota.accounting.trackers.namespaces import NamespaceTracker
 from quota.accounting.trackers.nodes import NodeTracker
@@ -30,7 +32,12 @@ from quota.accounting.trackers.quotas import QuotaTracker
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 DEFAULT_RETENTION_SECONDS = 3600
 # the kinds accounted: one tracker each
-KINDS = frozenset(t.kind for t in (NodeTracker, PodTracker, NamespaceTracker, QuotaTracker))
+KINDS = frozenset(
+    [
+        *(t.kind for t in (NodeTracker, PodTracker, NamespaceTracker, QuotaTracker)),
+        *(t.kind for t in dra_trackers.TRACKER_TYPES),
+    ]
+)
 
 
 class Accountant:
@@ -44,6 +51,7 @@ class Accountant:
         *,
         holder: str = "gpuquota",
         retention_seconds: int = DEFAULT_RETENTION_SECONDS,
+        dra_drivers: tuple[str, ...] = DEFAULT_GPU_DRIVERS,
     ) -> None:
         self.store = store
         self.cluster = cluster
@@ -56,10 +64,17 @@ class Accountant:
         self.pods = PodTracker(context, self.nodes, retention_seconds)
         self.namespaces = NamespaceTracker(context)
         self.quotas = QuotaTracker(context)
-        # one tracker per kind; a new kind (DRA ResourceClaims) is one more entry
-        self.trackers: dict[str, Tracker] = {
-            t.kind: t for t in (self.nodes, self.pods, self.namespaces, self.quotas)
-        }
+        # DRA: one state behind the ResourceClaim, ResourceSlice and DeviceClass trackers; the
+        # pod tracker tells it the claim-using pods' intervals, the node tracker node facts
+        self.claims = dra_trackers.ClaimTracker(
+            config, dra_drivers, self.nodes.gpus, self.pending_writes, retention_seconds
+        )
+        self.pods.claims = self.claims
+        self.nodes.listeners.append(self.claims)
+        # one tracker per kind (the claims' after the pods': they need the pods' intervals)
+        ordered: list[Tracker] = [self.nodes, self.pods, self.namespaces, self.quotas]
+        ordered += dra_trackers.trackers(self.claims)
+        self.trackers: dict[str, Tracker] = {t.kind: t for t in ordered}
         self._resource_versions: dict[str, str] = {}
         self._heartbeat_at: int | None = None
         self._now = 0  # latest observation time seen

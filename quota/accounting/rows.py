@@ -42,6 +42,43 @@ class AllocationRow:
 
 
 @dataclass(frozen=True)
+class ClaimAllocationRow:
+    """A DRA claim's GPUs of one device class, charged through one pod: the piece of the
+    claim's charged time (the union of its pods' intervals) this pod carries."""
+
+    claim_uid: str
+    pod_uid: str
+    resource_name: str  # the device class
+    namespace: str
+    claim_name: str
+    pod_name: str
+    owner_kind: str | None
+    owner_name: str | None
+    node: str | None
+    node_pool: str | None
+    gpu_model: str | None
+    raw_units: int
+    physical_gpus: float
+    sharing_strategy: str | None
+    mig_profile: str | None
+    share_estimated: bool
+    pod_started_at: int
+    pod_ended_at: int | None
+    started_at: int
+    ended_at: int | None
+    end_reason: str | None
+    estimated: bool
+    updated_at: int
+    # the exact physical share of one device: physical_gpus = raw_units * share
+    share_numerator: int
+    share_denominator: int
+
+    @property
+    def share(self) -> Fraction:
+        return Fraction(self.share_numerator, self.share_denominator)
+
+
+@dataclass(frozen=True)
 class NodeCapacityRow:
     node: str
     resource_name: str
@@ -98,10 +135,12 @@ class Batch:
     quota_samples: list[QuotaSampleRow] = field(default_factory=list)
     heartbeat: HeartbeatRow | None = None
     observed_at: int = 0  # the latest observation in the batch (first sight of the cluster)
+    claim_allocations: list[ClaimAllocationRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
             len(self.allocations)
+            + len(self.claim_allocations)
             + len(self.node_capacity)
             + len(self.namespace_labels)
             + len(self.quota_samples)
@@ -118,6 +157,8 @@ class StoredState:
     namespace_labels: list[NamespaceLabelsRow]
     quota_samples: list[QuotaSampleRow]
     heartbeat: HeartbeatRow | None
+    # every row of each claim that still has a pod inside its billing interval
+    claim_allocations: list[ClaimAllocationRow] = field(default_factory=list)
 
 
 class RowStore(Protocol):

@@ -30,7 +30,9 @@ from quota.controller.metrics import ControllerMetrics
 from quota.options import (
     add_cluster_option,
     add_db_option,
+    add_dra_drivers_option,
     add_node_pool_option,
+    dra_drivers,
     node_pool_labels,
     port_number,
 )
@@ -150,6 +152,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
     add_node_pool_option(parser)
+    add_dra_drivers_option(parser)
 
 
 def _fail(message: str, status: int = EXIT_ERROR) -> int:
@@ -184,6 +187,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         config = AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
+        drivers = dra_drivers(args.dra_drivers)
     except ValueError as exc:
         return _fail(str(exc))
     lease = LeaseSettings(
@@ -222,7 +226,9 @@ def run(args: argparse.Namespace) -> int:
     def lead() -> None:
         try:
             metrics.leader.set(1)
-            accountant = Accountant(store, args.cluster, config, holder=args.identity)
+            accountant = Accountant(
+                store, args.cluster, config, holder=args.identity, dra_drivers=drivers
+            )
             controller = Controller(kube, accountant, metrics, settings)
             current.append(controller)
             if stopping.is_set():

@@ -47,8 +47,14 @@ PATHS = {
     # the exporter follows its node's slices (exporter/dra/slices.py); v1beta2 (Kubernetes
     # 1.33) has the same shape
     "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
+    "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",
+    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
     "ResourceSlice.v1beta2": "/apis/resource.k8s.io/v1beta2/resourceslices",
 }
+
+
+# resource.k8s.io versions the controller reads claims from, newest first
+DRA_VERSIONS = ("v1", "v1beta2")
 
 
 @dataclass(frozen=True)
@@ -113,9 +119,12 @@ def slim(obj: Obj, kind: str) -> Obj:
 
 
 class Kube:
-    """Raw list and watch of the four kinds the controller follows."""
+    """Raw list and watch of the kinds the controller follows."""
 
     KINDS = ("Node", "Namespace", "ResourceQuota", "Pod")
+    # Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+): watched where the
+    # cluster serves them and RBAC allows, before the pods (slices before the claims)
+    DRA_KINDS = ("DeviceClass", "ResourceSlice", "ResourceClaim")
 
     def __init__(
         self,
@@ -129,6 +138,7 @@ class Kube:
         self.page_size = page_size
         # kind -> fieldSelector for its lists and watches (e.g. slices of one node)
         self.field_selectors = dict(field_selectors or {})
+        self.paths = dict(PATHS)  # the DRA kinds' version is chosen by dra_unavailable()
 
     @property
     def host(self) -> str:
@@ -142,8 +152,31 @@ class Kube:
         finally:
             resp.release_conn()
 
+    def dra_unavailable(self) -> str | None:
+        """Why the DRA kinds cannot be watched (not served, forbidden), None when they can:
+        one small list of each, at resource.k8s.io/v1 or else v1beta2 (Kubernetes 1.33 with
+        DRA on: the same object shape), whose paths are then used."""
+        for version in DRA_VERSIONS:
+            paths = {kind: PATHS[kind].replace("/v1/", f"/{version}/") for kind in self.DRA_KINDS}
+            try:
+                for kind in self.DRA_KINDS:
+                    self.call("GET", paths[kind], [("limit", "1")])
+            except ApiStatusError as exc:
+                if exc.status == 404:
+                    continue
+                if exc.status in (401, 403):
+                    return (
+                        f"listing {paths[kind]} is forbidden ({exc}): grant list, watch on "
+                        "resourceclaims, resourceslices and deviceclasses"
+                    )
+                raise
+            self.paths.update(paths)
+            return None
+        versions = ", ".join(DRA_VERSIONS)
+        return f"the cluster serves no resource.k8s.io ResourceClaims ({versions})"
+
     def _get(self, kind: str, query: list[tuple[str, str]], path: str = "") -> BaseHTTPResponse:
-        return self.request("GET", path or PATHS[kind], query)
+        return self.request("GET", path or self.paths[kind], query)
 
     def request(
         self,

@@ -17,10 +17,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from urllib3.exceptions import HTTPError
+
 from quota import accounting as acc
 from quota.accounting.accountant import Accountant
+from quota.accounting.rules.claims import names_claims
 from quota.controller.backoff import Backoff
-from quota.controller.kube import Kube
+from quota.controller.kube import ApiStatusError, Kube
 from quota.controller.messages import Event, Listed, Message, Resync, Synced, put
 from quota.controller.metrics import ControllerMetrics
 from quota.controller.watch import WatchLoop
@@ -70,6 +73,9 @@ class Controller:
         self._alloc_series: set[tuple[str, str, str]] = set()
         self._best_effort_namespaces: set[str] = set()
         self._alloc_metrics_at = 0.0
+        self._dra_series: set[tuple[str, str, str]] = set()
+        self._dra_problems_seen: dict[str, int] = {}
+        self.watched: tuple[str, ...] = Kube.KINDS
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -82,7 +88,8 @@ class Controller:
         Raises StartupError when a kind cannot be listed within the startup timeout."""
         stored = self.acct.resource_versions
         started = time.monotonic()
-        for kind in Kube.KINDS:
+        self.watched = self._kinds()
+        for kind in self.watched:
             loop = WatchLoop(
                 kind,
                 self.kube,
@@ -105,6 +112,20 @@ class Controller:
                     )
         put(self.queue, Synced(), self.stop_event)
 
+    def _kinds(self) -> tuple[str, ...]:
+        """The kinds to watch, in order: DRA's (before the pods) where the cluster has them."""
+        try:
+            why = self.kube.dra_unavailable()
+        except (ApiStatusError, HTTPError, OSError, ValueError) as exc:
+            why = f"cannot tell whether resource.k8s.io/v1 is served ({exc})"
+        if why is not None:
+            log.warning("DRA ResourceClaims are not accounted: %s", why)
+            self.metrics.dra_watched.set(0)
+            return Kube.KINDS
+        self.metrics.dra_watched.set(1)
+        pods = Kube.KINDS.index("Pod")
+        return (*Kube.KINDS[:pods], *Kube.DRA_KINDS, *Kube.KINDS[pods:])
+
     def _start(self) -> None:
         try:
             self.start_watches()
@@ -114,7 +135,7 @@ class Controller:
     def _has_gpus(self, pod: dict[str, object]) -> bool:
         """Whether the accounting cares about this pod (GPU requests cannot change later)."""
         try:
-            return bool(acc.effective_units(pod, self.acct.config))
+            return bool(acc.effective_units(pod, self.acct.config)) or names_claims(pod)
         except acc.AccountingError:
             return True  # let the Accountant report it
 
@@ -235,6 +256,7 @@ class Controller:
         for gone in self._alloc_series - series:
             self.metrics.allocated.remove(*gone)
         self._alloc_series = series
+        self._dra_metrics()
         best_effort: dict[str, int] = {}
         for namespace, _pod in self.acct.best_effort_gpu_pods():
             best_effort[namespace] = best_effort.get(namespace, 0) + 1
@@ -243,6 +265,23 @@ class Controller:
         for namespace, count in best_effort.items():
             self.metrics.best_effort.labels(namespace).set(count)
         self._best_effort_namespaces = set(best_effort)
+
+    def _dra_metrics(self) -> None:
+        held: dict[tuple[str, str, str], float] = {}
+        for row in self.acct.claims.open_rows():
+            for kind, value in (("raw", float(row.raw_units)), ("physical", row.physical_gpus)):
+                key = (row.namespace, row.resource_name, kind)
+                held[key] = held.get(key, 0.0) + value
+        for gone in self._dra_series - held.keys():
+            self.metrics.dra_allocated.remove(*gone)
+        for key, value in held.items():
+            self.metrics.dra_allocated.labels(*key).set(value)
+        self._dra_series = set(held)
+        for reason, count in self.acct.claims.problems.items():
+            new = count - self._dra_problems_seen.get(reason, 0)
+            if new > 0:
+                self.metrics.dra_problems.labels(reason).inc(new)
+            self._dra_problems_seen[reason] = count
 
     def _quota_metrics(self) -> None:
         """The live quotas' figures as the Accountant read them, re-rendered when they change."""

@@ -151,6 +151,35 @@ METRICS: tuple[ControllerMetric, ...] = (
         "Each object a watch loop drops before queueing it",
     ),
     ControllerMetric(
+        "dra_allocated",
+        "gpuquota_namespace_dra_gpus_allocated",
+        "gauge",
+        "GPUs the namespace's DRA ResourceClaims hold for running pods now, per device class: "
+        "raw devices, or physical-GPU equivalents (a claim shared by several pods once)",
+        ("namespace", "device_class", "kind"),
+        "The claim tracker's open claim rows, with gpuquota_namespace_gpus_allocated",
+    ),
+    ControllerMetric(
+        "dra_watched",
+        "gpuquota_controller_dra_watched",
+        "gauge",
+        "1 while ResourceClaims, ResourceSlices and DeviceClasses are watched; 0 where the "
+        "cluster serves no resource.k8s.io claims or RBAC forbids them",
+        (),
+        "Once, at start (and on taking the lease)",
+    ),
+    ControllerMetric(
+        "dra_problems",
+        "gpuquota_controller_dra_problems",
+        "counter",
+        "DRA results accounted with less than they should say: of a driver that is not a GPU "
+        "driver (driver), naming a device no slice lists (device), a slice gone under held "
+        "claims (slice_gone)",
+        ("reason",),
+        "The claim tracker's counts (once per claim and reason), "
+        + _AFTER_FLUSH.replace("after", "read after"),
+    ),
+    ControllerMetric(
         "accounting_errors",
         "gpuquota_controller_accounting_errors",
         "counter",
@@ -179,6 +208,9 @@ class ControllerMetrics:
     synced: Gauge
     sync_seconds: Gauge
     ignored: Counter
+    dra_allocated: Gauge
+    dra_watched: Gauge
+    dra_problems: Counter
     accounting_errors: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

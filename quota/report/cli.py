@@ -33,8 +33,10 @@ period (half-open [start, end); default: this month so far; --tz zone, default U
 
 group keys (--by, comma-separated or repeated; default namespace):
   namespace, model, node, pool (node pool), cluster, owner (Kind/name), resource
-  (resource name), pod (namespace/pod), label:<key> (the namespace's label as it was at
-  the time)
+  (resource name; a DRA claim's device class), pod (namespace/pod), path (device-plugin:
+  extended resources such as nvidia.com/gpu; dra: ResourceClaims), label:<key> (the
+  namespace's label as it was at the time). Every view counts both allocation paths; a
+  claim shared by several pods counts once (its time goes to the pod carrying it).
 
 columns:
   GPU-h raw         GPU-hours in the units pods requested (a MIG slice or a shared

@@ -25,6 +25,7 @@ from sqlalchemy import (
     and_,
     case,
     cast,
+    column,
     func,
     literal,
     literal_column,
@@ -37,10 +38,12 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import GenericFunction
 
+from quota.accounting.rules.claims import ALLOCATION_PATH_DEVICE_PLUGIN, ALLOCATION_PATH_DRA
 from quota.store.models import (
     SPAN_CLASS_BOUNDS,
     SPAN_CLASS_SQL,
     Allocation,
+    ClaimAllocation,
     Cluster,
     Heartbeat,
     NamespaceLabels,
@@ -58,7 +61,10 @@ GROUP_COLUMNS: dict[str, tuple[Any, ...]] = {
     "owner": (Allocation.owner_kind, Allocation.owner_name),
     "resource": (Allocation.resource_name,),
     "pod": (Allocation.namespace, Allocation.pod_name),
+    # which way the GPUs were allocated: device-plugin (extended resources) or dra (claims)
+    "path": (column("allocation_path", String),),
 }
+PATH_COLUMN = "allocation_path"
 FAR_FUTURE = 2**62
 
 
@@ -116,7 +122,11 @@ class Scope:
     def of(cls, conn: Connection, cluster: str | None) -> Scope:
         a = Allocation
         longest = conn.execute(select(func.max(a.ended_at - a.started_at))).scalar()
-        clusters = (cluster,) if cluster is not None else tuple(distinct_clusters(conn))
+        clusters = (
+            (cluster,)
+            if cluster is not None
+            else tuple(sorted({*distinct_clusters(conn), *claim_clusters(conn)}))
+        )
         until = tuple(
             (c.cluster, c.known_until)
             for c in coverage(conn, clusters)
@@ -183,6 +193,23 @@ def distinct_clusters(conn: Connection) -> list[str]:
     return [r[0] for r in conn.execute(select(walk.c.name).where(walk.c.name.is_not(None)))]
 
 
+def claim_clusters(conn: Connection) -> set[str]:
+    """Cluster names in the DRA claim rows (a cluster may have only those)."""
+    c = ClaimAllocation
+    return {str(r[0]) for r in conn.execute(select(c.cluster).distinct())}
+
+
+def claim_part(scope: Scope, lo: int, hi: int) -> ColumnElement[bool]:
+    """DRA claim rows that overlap [lo, hi); empty pieces (a pod whose time another pod of the
+    shared claim already carries) are left out."""
+    c = ClaimAllocation
+    return and_(
+        c.cluster.in_(scope.clusters),
+        c.started_at < t(hi),
+        or_(c.ended_at.is_(None), and_(c.ended_at > t(lo), c.ended_at > c.started_at)),
+    )
+
+
 @dataclass(frozen=True)
 class ClusterCoverage:
     """Where one cluster's data ends: the last time the store knew its state, written by the
@@ -212,7 +239,7 @@ def coverage(conn: Connection, clusters: Sequence[str]) -> list[ClusterCoverage]
 def known_clusters(conn: Connection) -> list[str]:
     """Every cluster the store holds anything of (its clusters table, and allocations)."""
     named = {str(r[0]) for r in conn.execute(select(Cluster.name))}
-    return sorted(named | set(distinct_clusters(conn)))
+    return sorted(named | set(distinct_clusters(conn)) | claim_clusters(conn))
 
 
 @dataclass(frozen=True)
@@ -310,7 +337,7 @@ def _usage_query(
     """One grouped query over the UNION ALL of the scope's parts (each an index range; the
     database runs them side by side where it can, PostgreSQL with a Parallel Append)."""
     a = Allocation
-    needed = {c.key for k in plain for c in GROUP_COLUMNS[k]} | {
+    needed = {c.key for k in plain for c in GROUP_COLUMNS[k]} - {PATH_COLUMN} | {
         "cluster",
         "namespace",
         "resource_name",
@@ -325,7 +352,20 @@ def _usage_query(
         "mig_profile",
     }
     columns_in = [c for c in a.__table__.columns if c.key in needed]
-    u = union_all(*(select(*columns_in).where(part) for part in parts)).subquery("scoped")
+    # DRA claim rows have the same columns (their pieces add up like allocations), tagged with
+    # the allocation path
+    claim_columns = [ClaimAllocation.__table__.c[c.key] for c in columns_in]
+    u = union_all(
+        *(
+            select(
+                *columns_in, literal(ALLOCATION_PATH_DEVICE_PLUGIN, String).label(PATH_COLUMN)
+            ).where(part)
+            for part in parts
+        ),
+        select(*claim_columns, literal(ALLOCATION_PATH_DRA, String).label(PATH_COLUMN)).where(
+            claim_part(scope, edges[0], min(edges[-1], now))
+        ),
+    ).subquery("scoped")
     start: Any = u.c.started_at
     end: Any = func.coalesce(u.c.ended_at, scope.open_end(u.c.cluster, now))
     lo_bound: Any = None

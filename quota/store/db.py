@@ -39,6 +39,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlch
 from quota.accounting.rows import (
     AllocationRow,
     Batch,
+    ClaimAllocationRow,
     HeartbeatRow,
     NamespaceLabelsRow,
     NodeCapacityRow,
@@ -48,6 +49,7 @@ from quota.accounting.rows import (
 from quota.accounting.rules.ends import END_REASON_PRECEDENCE
 from quota.store.models import (
     Allocation,
+    ClaimAllocation,
     Cluster,
     Heartbeat,
     NamespaceLabels,
@@ -321,6 +323,8 @@ class Store:
         )
         if batch.allocations:
             conn.execute(self._allocation_upsert(), _rows(cluster, batch.allocations))
+        if batch.claim_allocations:
+            conn.execute(self._claim_upsert(), _rows(cluster, batch.claim_allocations))
         if batch.node_capacity:
             t = NodeCapacity.__table__
             stmt = self._insert(t)
@@ -434,6 +438,30 @@ class Store:
             index_elements=["cluster", "pod_uid", "resource_name"], set_=set_
         )
 
+    def _claim_upsert(self) -> Any:
+        """Claim rows are recomputed whole from the pods' intervals
+        (quota/accounting/rules/claims.py charged_pieces): the engine's row replaces the stored one, except that the pod's own
+        end, like an allocation's, only moves earlier and a measured end beats an estimate."""
+        t = ClaimAllocation.__table__
+        stmt = self._insert(t)
+        ex = stmt.excluded
+        keep_stored_end = and_(
+            t.c.pod_ended_at.is_not(None),
+            or_(
+                ex.pod_ended_at.is_(None),
+                and_(not_(t.c.estimated), ex.estimated),
+                and_(t.c.estimated == ex.estimated, t.c.pod_ended_at < ex.pod_ended_at),
+            ),
+        )
+        key = {"cluster", "claim_uid", "pod_uid", "resource_name", "id"}
+        set_: dict[str, Any] = {c.name: ex[c.name] for c in t.columns if c.name not in key}
+        # (and with it the piece it bounds: a stale copy never reopens a closed piece)
+        for name in ("pod_ended_at", "end_reason", "estimated", "started_at", "ended_at"):
+            set_[name] = case((keep_stored_end, t.c[name]), else_=ex[name])
+        return stmt.on_conflict_do_update(
+            index_elements=["cluster", "claim_uid", "pod_uid", "resource_name"], set_=set_
+        )
+
     def load(self, cluster: str) -> StoredState:
         """Open intervals, current label sets, the latest quota samples and the heartbeat."""
         try:
@@ -495,7 +523,19 @@ class Store:
             if beat is not None
             else None
         )
-        return StoredState(allocations, capacity, labels, samples, heartbeat)
+        c = ClaimAllocation.__table__
+        open_claims = (
+            select(c.c.claim_uid)
+            .where(c.c.cluster == cluster, c.c.pod_ended_at.is_(None))
+            .scalar_subquery()
+        )
+        claims = rows(
+            ClaimAllocationRow,
+            select(c)
+            .where(c.c.cluster == cluster, c.c.claim_uid.in_(open_claims))
+            .order_by(c.c.id),
+        )
+        return StoredState(allocations, capacity, labels, samples, heartbeat, claims)
 
 
 def _earliest_end(stored: Any, new: Any) -> Any:

@@ -181,6 +181,56 @@ class QuotaSample(Base):
     observed_at: Mapped[int] = mapped_column(BigInteger)
 
 
+class ClaimAllocation(Base):
+    """GPUs of one device class held by a DRA ResourceClaim, charged through one pod using it.
+
+    Keyed by (cluster, claim_uid, pod_uid, resource_name), resource_name being the device
+    class. ``[pod_started_at, pod_ended_at)`` is the pod's own billing interval;
+    ``[started_at, ended_at)`` the piece of the claim's charged time (the union of its pods'
+    intervals) this pod carries: pieces of one claim are disjoint and add up to the union
+    (quota/dra.py charged_pieces), so rows add up like allocations. Migration 0006.
+    """
+
+    __tablename__ = "claim_allocations"
+    __table_args__ = (
+        UniqueConstraint(
+            "cluster", "claim_uid", "pod_uid", "resource_name", name="uq_claim_allocation"
+        ),
+        Index("ix_claim_allocations_window", "cluster", "started_at", "ended_at"),
+        Index("ix_claim_allocations_open", "cluster", "pod_ended_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    claim_uid: Mapped[str] = mapped_column(String(64))
+    pod_uid: Mapped[str] = mapped_column(String(64))
+    resource_name: Mapped[str] = mapped_column(String(253))  # the device class
+    namespace: Mapped[str] = mapped_column(String(253))
+    claim_name: Mapped[str] = mapped_column(String(253))
+    pod_name: Mapped[str] = mapped_column(String(253))
+    owner_kind: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    owner_name: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    node_pool: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    raw_units: Mapped[int] = mapped_column(Integer)  # allocated GPU devices of the class
+    physical_gpus: Mapped[float] = mapped_column(Float)
+    # the exact physical share of one device: physical_gpus = raw_units * numerator / denominator
+    share_numerator: Mapped[int] = mapped_column(BigInteger)
+    share_denominator: Mapped[int] = mapped_column(BigInteger)
+    sharing_strategy: Mapped[str | None] = mapped_column(String(63), nullable=True)
+    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # a device shared through consumable capacity the driver declares no capacity for
+    share_estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    pod_started_at: Mapped[int] = mapped_column(BigInteger)
+    pod_ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    estimated: Mapped[bool] = mapped_column(Boolean, default=False)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
 class Heartbeat(Base):
     """The controller's durable heartbeat: the last time it knew the cluster's state."""
 

@@ -184,3 +184,99 @@ def quota(
         "spec": spec,
         "status": status,
     }
+
+
+# --- Dynamic Resource Allocation (resource.k8s.io/v1) ---------------------------------------
+
+DRA_DRIVER = "gpu.nvidia.com"
+
+
+def dra_slice(node: str = "gpu-1", devices: int = 2, created: int = 0) -> dict[str, Any]:
+    """The ResourceSlice NVIDIA's DRA driver publishes for ``node``: whole GPUs gpu-0.."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {
+            "name": f"{node}-gpu.nvidia.com",
+            "uid": f"slice-{node}",
+            "creationTimestamp": ts(created),
+        },
+        "spec": {
+            "driver": DRA_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{i}",
+                    "attributes": {
+                        "type": {"string": "gpu"},
+                        "productName": {"string": "NVIDIA H100 80GB HBM3"},
+                    },
+                    "capacity": {"memory": {"value": "80Gi"}},
+                }
+                for i in range(devices)
+            ],
+        },
+    }
+
+
+def dra_claim(
+    name: str = "gpus",
+    namespace: str = "team-a",
+    *,
+    node: str = "gpu-1",
+    devices: tuple[str, ...] = ("gpu-0",),
+    device_class: str = "gpu.nvidia.com",
+    reserved_for: tuple[str, ...] = (),
+    created: int = 0,
+) -> dict[str, Any]:
+    """A ResourceClaim allocated ``devices`` of ``node``, reserved for pod UIDs."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"claim-{namespace}-{name}",
+            "creationTimestamp": ts(created),
+        },
+        "spec": {
+            "devices": {
+                "requests": [
+                    {
+                        "name": "gpu",
+                        "exactly": {"deviceClassName": device_class, "count": len(devices)},
+                    }
+                ]
+            }
+        },
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {"request": "gpu", "driver": DRA_DRIVER, "pool": node, "device": d}
+                        for d in devices
+                    ]
+                }
+            },
+            "reservedFor": [{"resource": "pods", "name": u, "uid": u} for u in reserved_for],
+        },
+    }
+
+
+def dra_pod(
+    uid: str = "uid-dra",
+    name: str = "dra-train",
+    namespace: str = "team-a",
+    *,
+    claim: str = "gpus",
+    node: str = "gpu-1",
+    created: int = 0,
+    start: int | None = None,
+) -> dict[str, Any]:
+    """A running pod that gets its GPUs through the ResourceClaim ``claim`` only."""
+    obj = pod(uid, name, namespace, node=node, gpus=0, created=created, start=start)
+    obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    for c in obj["spec"]["containers"]:
+        c.setdefault("resources", {})["claims"] = [{"name": "gpu"}]
+    return obj

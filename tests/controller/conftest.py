@@ -19,14 +19,17 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import create_engine, text
 
+from quota.controller.kube import Kube
 from quota.store import db
 from sim.apiserver import ApiServer
+from sim.harness import wait_for
 from sim.workload import Workload
 from tests.conftest import PgSchemas
 
@@ -292,9 +295,49 @@ def controllers() -> Iterator[list[ControllerProcess]]:
         c.kill()
 
 
+# every kind the controller watches: the stand-in serves resource.k8s.io/v1, so DRA's too
+WATCHED = len(Kube.KINDS) + len(Kube.DRA_KINDS)
+
+
 def caught_up(store: Store, version: int) -> bool:
     hb = store.heartbeat()
-    return hb is not None and len(hb[2]) == 4 and all(int(v) >= version for v in hb[2].values())
+    return (
+        hb is not None and len(hb[2]) == WATCHED and all(int(v) >= version for v in hb[2].values())
+    )
+
+
+def claim_totals(store: Store, until: int) -> dict[tuple[str, str, str], tuple[int, Fraction]]:
+    """Per (namespace, claim, device class): raw device-seconds and physical GPU-seconds of
+    the claim rows (their pieces are disjoint: they add up to each claim's charged time)."""
+    with store.engine.connect() as c:
+        rows = c.execute(
+            text(
+                "SELECT namespace, claim_name, resource_name, raw_units, physical_gpus,"
+                " started_at, ended_at FROM claim_allocations WHERE cluster = :c"
+            ),
+            {"c": store.cluster},
+        ).mappings()
+        out: dict[tuple[str, str, str], tuple[int, Fraction]] = {}
+        for r in rows:
+            end = until if r["ended_at"] is None else min(r["ended_at"], until)
+            secs = max(0, end - r["started_at"])
+            if secs:
+                key = (r["namespace"], r["claim_name"], r["resource_name"])
+                raw, phys = out.get(key, (0, Fraction(0)))
+                physical = Fraction(r["physical_gpus"]).limit_denominator(1000)
+                out[key] = (raw + r["raw_units"] * secs, phys + physical * secs)
+        return out
+
+
+def assert_dra_exact(store: Store, wl: Workload) -> None:
+    want: dict[tuple[str, str, str], tuple[int, Fraction]] = {}
+    for iv in wl.truth.dra_intervals:
+        key = (iv.namespace, iv.claim_name, iv.device_class)
+        raw, phys = want.get(key, (0, Fraction(0)))
+        secs = iv.seconds(wl.end)
+        want[key] = (raw + iv.units * secs, phys + iv.physical * secs)
+    assert claim_totals(store, wl.end) == want
+    assert len(want) >= 5
 
 
 def assert_exact(store: Store, wl: Workload) -> None:
@@ -304,3 +347,28 @@ def assert_exact(store: Store, wl: Workload) -> None:
     assert raw.keys() == want.keys()
     for k, v in want.items():
         assert phys[k] == pytest.approx(v, rel=1e-9, abs=1e-6), k
+
+
+# -- helpers of the controller tests (test modules share them through here)
+
+
+def start(api, store, controllers, *extra, identity="ctl-a"):
+    c = ControllerProcess(api, store, *extra, identity=identity).start()
+    controllers.append(c)
+    return c
+
+
+def ready(store):
+    wait_for(store.heartbeat, 20, "the controller's first heartbeat")
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+            found = True
+    assert found, f"no {name} {labels}"
+    return total

@@ -20,35 +20,17 @@ from sim.harness import wait_for
 from sim.workload import generate
 from tests.controller.conftest import (
     ROOT,
+    WATCHED,
     ControllerProcess,
     assert_exact,
     caught_up,
     free_port,
+    metric,
+    ready,
+    start,
 )
 
 WL = generate(21, 1.0, pods_per_hour=40, observation_independent=True)
-
-
-def start(api, store, controllers, *extra, identity="ctl-a"):
-    c = ControllerProcess(api, store, *extra, identity=identity).start()
-    controllers.append(c)
-    return c
-
-
-def ready(store):
-    wait_for(store.heartbeat, 20, "the controller's first heartbeat")
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    total, found = 0.0, False
-    for line in text.splitlines():
-        if not line.startswith(name + "{") and not line.startswith(name + " "):
-            continue
-        if all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-            found = True
-    assert found, f"no {name} {labels}"
-    return total
 
 
 def test_live_totals_are_exact_and_metrics_match(apiserver, store, controllers):
@@ -136,7 +118,7 @@ def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, con
     apiserver.cut_watches()
     driver.run(until=marks[1])
     wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the cut")
-    wait_for(lambda: apiserver.active_watches == 4, 10, "the watches to reconnect")
+    wait_for(lambda: apiserver.active_watches == WATCHED, 10, "the watches to reconnect")
     apiserver.stall_watches()  # detected by the client read timeout only
     driver.run(until=marks[2])
     wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the stall")

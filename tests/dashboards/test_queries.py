@@ -195,6 +195,24 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             api.apply("ADDED", objects.quota(team, hard=hard, used=gpus))
             pod = objects.pod(f"uid-{team}", "p", team, gpus=gpus, created=started, start=started)
             api.apply("ADDED", pod)
+        # a team whose GPUs come through a DRA ResourceClaim, with device-class quota
+        api.apply("ADDED", objects.dra_slice("gpu-1", devices=2))
+        api.apply("ADDED", objects.namespace("team-dra"))
+        device_quota = objects.quota("team-dra", hard=None, used=None)
+        key = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices"
+        device_quota["spec"]["hard"] = device_quota["status"]["hard"] = {key: "4"}
+        device_quota["status"]["used"] = {key: "2"}
+        api.apply("ADDED", device_quota)
+        api.apply(
+            "ADDED",
+            objects.dra_claim(
+                "gpus", "team-dra", devices=("gpu-0", "gpu-1"), reserved_for=("uid-dra",)
+            ),
+        )
+        api.apply(
+            "ADDED",
+            objects.dra_pod("uid-dra", "dra-train", "team-dra", created=started, start=started),
+        )
         controller_port = free_port()
         controller = subprocess.Popen(
             [

@@ -109,6 +109,15 @@ def test_base_controller_is_two_replicas_with_the_rbac_it_needs() -> None:
     }
     for resource in ("pods", "nodes", "namespaces", "resourcequotas"):
         assert {(resource, "list"), (resource, "watch")} <= granted, resource
+    # DRA: the verbs of the calls the controller makes, nothing more
+    # (tests/controller/test_controller_dra.py checks the calls against the API server stand-in)
+    assert [r for r in cluster_role["rules"] if r["apiGroups"] == ["resource.k8s.io"]] == [
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims", "resourceslices", "deviceclasses"],
+            "verbs": ["list", "watch"],
+        }
+    ]
     lease_role = find(docs, "Role", "gpuquota-leader-election")
     lease_verbs = {v for r in lease_role["rules"] if "leases" in r["resources"] for v in r["verbs"]}
     assert {"get", "create", "update"} <= lease_verbs

@@ -44,7 +44,7 @@ def test_subcommand_errors_exit_2_through_the_frame(capsys: pytest.CaptureFixtur
     assert captured.out == ""
     assert captured.err.strip() == (
         "gpuquota report: error: --by: unknown group key 'colour' "
-        "(known: namespace, model, node, pool, cluster, owner, resource, pod, label:<key>)"
+        "(known: namespace, model, node, pool, cluster, owner, resource, pod, path, label:<key>)"
     )
 
 

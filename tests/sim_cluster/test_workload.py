@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from datetime import datetime
+from fractions import Fraction
 
 import pytest
 
@@ -148,3 +149,59 @@ def test_cli_writes_replay_lines(tmp_path):
         [sys.executable, "-m", "sim.workload", "--hours", "0.01"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "at least 10 minutes" in bad.stderr
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["replay", "independent"])
+def dra_wl(request):
+    return generate(7, 2.0, observation_independent=request.param, dra=True)
+
+
+def test_dra_workload_is_deterministic_and_a_valid_watch_stream(dra_wl):
+    assert generate(7, 2.0, dra=True).truth == generate(7, 2.0, dra=True).truth
+    test_events_are_a_valid_watch_stream(dra_wl)
+    # without dra the stream is what it always was
+    assert [e.line() for e in generate(3, 1.0).events] == [
+        e.line() for e in generate(3, 1.0, dra=False).events
+    ]
+
+
+def test_dra_workload_covers_every_claim_case(dra_wl):
+    kinds = {e.object["kind"] for e in dra_wl.events}
+    assert {"ResourceClaim", "ResourceSlice", "DeviceClass"} <= kinds
+    pods = {
+        e.object["metadata"]["uid"]: e.object for e in dra_wl.events if e.object["kind"] == "Pod"
+    }
+    claims = [e.object for e in dra_wl.events if e.object["kind"] == "ResourceClaim"]
+    # a template's generated claim, named in the pod's status
+    assert any(p["status"].get("resourceClaimStatuses") for p in pods.values())
+    # a claim shared by three pods, charged over the union of their intervals: two stretches
+    # (the first two overlap; the third starts after a gap)
+    shared = [iv for iv in dra_wl.truth.dra_intervals if iv.claim_name == "shared-gpu"]
+    assert len(shared) == 2 and shared[0].end is not None and shared[1].start > shared[0].end
+    users = {
+        p["metadata"]["uid"]
+        for p in pods.values()
+        for rc in p["spec"].get("resourceClaims", [])
+        if rc.get("resourceClaimName") == "shared-gpu"
+    }
+    assert len(users) == 3
+    # MIG and a consumable-capacity share, with their physical fractions
+    physical = {iv.claim_name: iv.physical for iv in dra_wl.truth.dra_intervals}
+    assert physical["mig-big"] == Fraction(3, 7) and physical["gpu-share"] == Fraction(1, 4)
+    # adminAccess, another driver, an extended-resource claim: objects, but no truth
+    results = [
+        r
+        for c in claims
+        for r in c["status"].get("allocation", {}).get("devices", {}).get("results", [])
+    ]
+    assert any(r.get("adminAccess") for r in results)
+    assert any(r["driver"] == "fpga.example.com" for r in results)
+    assert any(p["status"].get("extendedResourceClaimStatus") for p in pods.values())
+    charged = {iv.claim_name for iv in dra_wl.truth.dra_intervals}
+    assert not charged & {"monitor-gpus", "fpga-0"}
+    assert not any(name.startswith("ext-0") for name in charged)
+    # the extended-resource pod is device-plugin truth on the DRA node
+    (ext,) = [iv for iv in dra_wl.truth.intervals if iv.pod_name == "ext-0"]
+    assert (ext.resource, ext.node) == (workload.GPU, workload.DRA_NODE.name)
+    # no empty stretch: a claim's truth opens and closes only when its holders change
+    assert all(iv.end is None or iv.end > iv.start for iv in dra_wl.truth.dra_intervals)

@@ -7,7 +7,14 @@ from typing import Any
 from sqlalchemy import select
 
 from quota.store.db import Store
-from quota.store.models import Allocation, Heartbeat, NamespaceLabels, NodeCapacity, QuotaSample
+from quota.store.models import (
+    Allocation,
+    ClaimAllocation,
+    Heartbeat,
+    NamespaceLabels,
+    NodeCapacity,
+    QuotaSample,
+)
 
 
 def _select(store: Store, model: Any, cluster: str, order: list[str]) -> list[dict[str, Any]]:
@@ -25,6 +32,10 @@ def allocations(store: Store, cluster: str) -> dict[tuple[str, str], dict[str, A
         (r["pod_uid"], r["resource_name"]): r
         for r in _select(store, Allocation, cluster, ["pod_uid", "resource_name"])
     }
+
+
+def claim_allocations(store: Store, cluster: str) -> list[dict[str, Any]]:
+    return _select(store, ClaimAllocation, cluster, ["claim_uid", "pod_uid", "resource_name"])
 
 
 def capacity(store: Store, cluster: str) -> list[dict[str, Any]]:
@@ -54,4 +65,5 @@ def everything(store: Store, cluster: str, *, without_updated_at: bool = False) 
         "capacity": capacity(store, cluster),
         "labels": labels(store, cluster),
         "samples": samples(store, cluster),
+        "claims": claim_allocations(store, cluster),
     }

@@ -455,3 +455,66 @@ def test_replay_logs_progress_without_a_terminal(
     lines = [r.getMessage() for r in caplog.records if r.name == "quota.replay"]
     assert any(m.startswith("check: ") and "%" in m for m in lines), lines  # validation
     assert any(m.startswith("replay: ") and "%" in m for m in lines), lines
+
+
+def test_replay_accepts_dra_kinds_and_matches_the_generator_truth(
+    empty_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = generate(9, 1.0, dra=True)
+    stream = tmp_path / "dra.jsonl"
+    stream.write_text("".join(line + "\n" for line in workload.lines()))
+    code, out, err = cli(
+        capsys, "replay", str(stream), "--db", empty_db_url, "--migrate", "--cluster", "dra"
+    )
+    assert code == 0, err
+    assert "ResourceClaim" in out and "ResourceSlice" in out and "DeviceClass" in out
+    assert "skipped objects of kinds not accounted" not in out  # ResourceClaimTemplate: none
+    with db.open_store(empty_db_url) as store:
+        got: dict[tuple[str, str], int] = {}
+        for r in rows.claim_allocations(store, "dra"):
+            end = workload.end if r["ended_at"] is None else r["ended_at"]
+            key = (r["namespace"], r["resource_name"])
+            got[key] = got.get(key, 0) + r["raw_units"] * max(0, end - r["started_at"])
+    assert {k: v for k, v in got.items() if v} == workload.truth.dra_gpu_seconds()
+
+
+def test_malformed_claim_is_rejected_before_anything_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    claim = {
+        "kind": "ResourceClaim",
+        "apiVersion": "resource.k8s.io/v1",
+        "metadata": {"name": "c", "namespace": "a", "uid": "u"},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": 3}]}}},
+    }
+    stream = write_lines(
+        tmp_path / "bad.jsonl", [*events()[:3], {"type": "ADDED", "object": claim}]
+    )
+    target = tmp_path / "never.db"
+    code, out, err = cli(capsys, "replay", str(stream), "--db", f"sqlite:///{target}")
+    assert code == 2 and out == ""
+    assert err.strip().startswith(f"gpuquota replay: error: {stream}:4: ResourceClaim: ")
+    assert "results[0].driver" in err
+    assert not target.exists()
+
+
+def test_dra_drivers_flag_decides_what_is_a_gpu(
+    empty_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workload = generate(9, 1.0, dra=True)
+    stream = tmp_path / "dra.jsonl"
+    stream.write_text("".join(line + "\n" for line in workload.lines()))
+    args = ["replay", str(stream), "--db", empty_db_url, "--migrate", "--cluster", "fpga"]
+    code, _, err = cli(capsys, *args, "--dra-drivers", "gpu.nvidia.com, fpga.example.com")
+    assert code == 0, err
+    with db.open_store(empty_db_url) as store:
+        charged = {
+            r["claim_name"]
+            for r in rows.claim_allocations(store, "fpga")
+            if r["ended_at"] != r["started_at"]
+        }
+    assert "fpga-0" in charged and "shared-gpu" in charged
+    for bad in ("", " , ", "Not_A_Driver"):
+        code, out, err = cli(capsys, *args, "--dra-drivers", bad)
+        assert code == 2 and out == ""
+        assert err.startswith("gpuquota replay: error: --dra-drivers: ") and err.count("\n") == 1

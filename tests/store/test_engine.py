@@ -345,6 +345,7 @@ def test_a_failing_batch_writes_nothing(store: Store, cluster: str) -> None:
         "capacity": [],
         "labels": [],
         "samples": [],
+        "claims": [],
     }
     accountant.flush()  # the Accountant's own batch is intact
     assert len(rows.allocations(store, cluster)) == 1

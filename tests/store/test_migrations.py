@@ -20,6 +20,7 @@ from quota.store.models import Base
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
     "allocations",
+    "claim_allocations",
     "clusters",
     "heartbeats",
     "namespace_labels",
@@ -46,6 +47,16 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
     db.downgrade(empty_db_url, "base")
     assert db.current(empty_db_url) is None
     assert tables(empty_db_url) == set()
+
+
+def test_claim_allocations_migration_steps_up_and_down(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0005")
+    assert tables(empty_db_url) == TABLES - {"claim_allocations"}
+    db.upgrade(empty_db_url, "0006")
+    assert "claim_allocations" in tables(empty_db_url)
+    db.downgrade(empty_db_url, "0005")
+    assert db.current(empty_db_url) == "0005"
+    assert tables(empty_db_url) == TABLES - {"claim_allocations"}
 
 
 # SQLite cannot reflect expression indexes (ix_allocations_duration): they are compared on

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +43,27 @@ class QuotaFacts:
     figures: tuple[QuotaFigure, ...]
 
 
+# DRA: ResourceQuota limits a device class's devices with this key (docs/accounting.md)
+DEVICE_CLASS_QUOTA_SUFFIX = ".deviceclass.resource.k8s.io/devices"
+# the device classes whose ResourceQuota lines are stored with the GPU quota history
+DEFAULT_GPU_DEVICE_CLASSES: tuple[str, ...] = ("gpu.nvidia.com", "mig.nvidia.com")
+
+
+def device_class_quota(key: str, classes: Sequence[str] = DEFAULT_GPU_DEVICE_CLASSES) -> str | None:
+    """The device class a ResourceQuota key ``<class>.deviceclass.resource.k8s.io/devices``
+    (optionally ``requests.``-prefixed) counts, when it is a GPU class; else None."""
+    name = key[len("requests.") :] if key.startswith("requests.") else key
+    if not name.endswith(DEVICE_CLASS_QUOTA_SUFFIX):
+        return None
+    device_class = name[: -len(DEVICE_CLASS_QUOTA_SUFFIX)]
+    return device_class if device_class in classes else None
+
+
 def quota_gpu_resource(key: str, config: AccountingConfig = DEFAULT_CONFIG) -> bool:
-    """Whether a ResourceQuota key (requests.nvidia.com/gpu, limits.amd.com/gpu, ...) is a GPU."""
+    """Whether a ResourceQuota key (requests.nvidia.com/gpu, limits.amd.com/gpu, ...) is a GPU:
+    DRA device-class lines (gpu.nvidia.com.deviceclass.resource.k8s.io/devices) included."""
+    if device_class_quota(key) is not None:
+        return True
     for prefix in ("requests.", "limits."):
         if key.startswith(prefix):
             return config.is_gpu(key[len(prefix) :])

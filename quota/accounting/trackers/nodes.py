@@ -91,6 +91,8 @@ class NodeTracker:
 
     def load(self, state: StoredState) -> None:
         for cap in state.node_capacity:
+            if not self.config.is_gpu(cap.resource_name):
+                continue  # a DRA driver's devices (trackers/claims.py), not allocatable
             self._capacity.setdefault(cap.node, {})[cap.resource_name] = _Interval(
                 cap.started_at, CapacityValue.of(cap)
             )

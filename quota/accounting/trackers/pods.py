@@ -13,10 +13,10 @@ import logging
 from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
+from typing import Any, Protocol
 
 from quota.accounting.rows import AllocationRow, Batch, StoredState
-from quota.accounting.rules.ends import EndEvidence, billing_end, observed_evidence
+from quota.accounting.rules.ends import BillingEnd, EndEvidence, billing_end, observed_evidence
 from quota.accounting.rules.pods import PodFacts, in_quota_view, pod_facts
 from quota.accounting.rules.shares import physical_share
 from quota.accounting.trackers.base import TrackerContext
@@ -58,6 +58,30 @@ class TrackedPod:
     written: dict[str, AllocationRow] = field(default_factory=dict)
 
 
+class ClaimUsers(Protocol):
+    """What the DRA claim tracker needs from the pods (quota/accounting/trackers/claims.py)."""
+
+    def pod_claims(self, obj: Mapping[str, Any]) -> bool:
+        """Note the claims a pod object names; whether the pod must be tracked for them."""
+
+    def pod_interval(
+        self,
+        pod_uid: str,
+        pod_name: str,
+        owner: tuple[str | None, str | None],
+        started_at: int | None,
+        end: BillingEnd | None,
+        last_seen: int,
+    ) -> None:
+        """A claim-using pod's billing interval, as the pod rules compute it."""
+
+    def resync_pods(self, listed: set[str], tracked: set[str], heartbeat: int) -> None:
+        """A full pod list: close pods known only from stored claim rows and not listed."""
+
+    def uses_claims(self, pod_uid: str) -> bool:
+        """Whether the pod names (or is reserved by) a ResourceClaim."""
+
+
 class PodTracker:
     kind = "Pod"
 
@@ -72,6 +96,9 @@ class PodTracker:
         self._dirty: set[str] = set()
         self.estimated_written = 0
         nodes.listeners.append(self)
+        # DRA: pods that use ResourceClaims are tracked for their billing intervals, even
+        # without GPU requests (set by the Accountant)
+        self.claims: ClaimUsers | None = None
 
     # -- Tracker
 
@@ -109,8 +136,9 @@ class PodTracker:
 
     def apply(self, obj: Mapping[str, Any], deleted: bool, observed_at: int) -> None:
         facts = pod_facts(obj, self.config)
-        if not facts.request.units:
-            return  # not a GPU pod (requests are immutable)
+        uses_claims = self.claims is not None and self.claims.pod_claims(obj)
+        if not facts.request.units and not uses_claims:
+            return  # not a GPU pod (requests are immutable) and no DRA claims
         if facts.uid in self._forgotten:
             return  # a late event of a pod already closed, written and dropped from memory
         pod = self._pods.get(facts.uid)
@@ -158,6 +186,8 @@ class PodTracker:
         self._dirty.add(pod.uid)
 
     def vanish(self, listed: Set[Hashable], heartbeat: int) -> None:
+        if self.claims is not None:
+            self.claims.resync_pods({str(u) for u in listed}, set(self._pods), heartbeat)
         for uid, pod in self._pods.items():
             if not pod.gone and uid not in listed:
                 pod.gone = True
@@ -172,6 +202,7 @@ class PodTracker:
             pod = self._pods.get(uid)
             if pod is None:
                 continue
+            self._claim_interval(pod)
             for row in self.rows(pod):
                 if pod.written.get(row.resource_name) != row:
                     batch.allocations.append(row)
@@ -291,6 +322,15 @@ class PodTracker:
                 del self._forgotten[uid]
 
     # -- internals
+
+    def _claim_interval(self, pod: TrackedPod) -> None:
+        """Tell the claim tracker a claim-using pod's billing interval (before it collects)."""
+        if self.claims is None or not self.claims.uses_claims(pod.uid):
+            return
+        end = billing_end(pod.started_at, pod.evidence) if pod.started_at is not None else None
+        self.claims.pod_interval(
+            pod.uid, pod.name, (pod.owner_kind, pod.owner_name), pod.started_at, end, pod.last_seen
+        )
 
     def _merge(self, pod: TrackedPod, evidence: EndEvidence) -> None:
         pod.evidence = pod.evidence.merge(evidence)
