@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from dataclasses import replace
@@ -85,8 +86,9 @@ def test_wanted_rules_select_each_unhealthy_dra_device() -> None:
 
 
 def _rules(api: ApiServer) -> dict[str, dict]:
+    """Copies of the stored rules: a test changing what it reads must not change the server."""
     with api.state.lock:
-        return dict(((n, o) for (_, n), o in api.state.objects["devicetaintrules"].items()))
+        return {n: copy.deepcopy(o) for (_, n), o in api.state.objects["devicetaintrules"].items()}
 
 
 def _annotation(api: ApiServer, key: str) -> str | None:
@@ -206,6 +208,7 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(lambda: "gpuquota-node-a-gpu-0" in _rules(api))
             rule = _rules(api)["gpuquota-node-a-gpu-0"]
             added = rule["spec"]["taint"].pop("timeAdded")  # set by the API server
+            uid = rule["metadata"]["uid"]
             assert rule["spec"]["taint"] == {
                 "key": TAINT_KEY,
                 "value": "reboot_node",
@@ -217,8 +220,11 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(
                 lambda: _annotation(api, "gpuquota.io/reasons") == "recovery_reboot", timeout=15
             )
-            # updated in place: the taint keeps the time it was added
-            assert _rules(api)["gpuquota-node-a-gpu-0"]["spec"]["taint"]["timeAdded"] == added
+            # updated in place, never deleted and made again: the taint keeps the time it was
+            # added (NoExecute tolerations count from it) and the rule its uid
+            rule = _rules(api)["gpuquota-node-a-gpu-0"]
+            assert (rule["metadata"]["uid"], rule["spec"]["taint"]["timeAdded"]) == (uid, added)
+            assert "deleted" not in exporter.output()
             node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
             wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))
