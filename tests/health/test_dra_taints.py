@@ -264,7 +264,7 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             # added (NoExecute tolerations count from it) and the rule its uid
             rule = _rules(api)["gpuquota-node-a-gpu-0"]
             assert (rule["metadata"]["uid"], rule["spec"]["taint"]["timeAdded"]) == (uid, added)
-            assert "deleted" not in exporter.output()
+            assert "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" not in exporter.output()
             node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
             wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))
