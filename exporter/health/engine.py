@@ -10,6 +10,12 @@ from data by exporter/health/config.py), and what it concludes is a verdict
   reasons stay active until no new occurrence was seen for the quiet period.
 * A device's state is the worst state of its active reasons, its action the most drastic
   action; a MIG instance also carries its parent GPU's reasons (marked inherited).
+* A snapshot value that is None is unknown this round (not read, its read failed, the GPU's
+  reader has not answered in time, the device could not be read at all), never "nothing
+  wrong": the level reasons that value gave last stay as they were until a reading says
+  otherwise. Otherwise one missed reading would clear a verdict for a round and the next
+  reading would raise it again (a NoExecute taint removed and put back, pods evicted twice,
+  a broken GPU handed out in between).
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ RECOVERY_ACTIONS: Mapping[int, tuple[str, str]] = {
     6: ("recovery_reset", "BUS_RESET"),
     7: ("recovery_reboot", "SYSTEM_REBOOT"),
 }
+
+UNKNOWN_RECOVERY_ACTION = "recovery_reset"  # a value newer than this table: reset, until told
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not a MIG event" marker for GPU/compute instance IDs
 
@@ -91,6 +99,15 @@ class HealthTracker:
     def __init__(self, config: HealthConfig) -> None:
         self.config = config
         self._clock_bits = config.clock_event_bits()
+        # the level reasons each snapshot value can give (kept while the value is unknown)
+        self._reasons_from: dict[str, frozenset[str]] = {
+            "recovery_action": frozenset(code for code, _ in RECOVERY_ACTIONS.values())
+            | {UNKNOWN_RECOVERY_ACTION},
+            "remap_failure": frozenset({"row_remap_failure"}),
+            "remap_pending": frozenset({"row_remap_pending"}),
+            "retired_pages_pending": frozenset({"retired_pages_pending"}),
+            "clock_event_reasons": frozenset(self._clock_bits),
+        }
         self._known: dict[str, _Known] = {}
         self._level: dict[str, dict[str, _Active]] = {}
         self._edge: dict[str, dict[str, _Active]] = {}
@@ -124,7 +141,8 @@ class HealthTracker:
                 self._forget(uuid)
                 continue
             code = "nvml_unavailable" if not snapshot.ok else "device_missing"
-            self._level[uuid] = self._carry(uuid, {code: None}, now)
+            levels = self._carry(uuid, {code: None}, now)
+            self._level[uuid] = self._keep_unknown(uuid, levels, self._reasons_from)
         return self._recompute(now)
 
     def observe_xid(
@@ -210,14 +228,27 @@ class HealthTracker:
             wanted["retired_pages_pending"] = None
         if device.recovery_action:  # unknown future values: a reset, until told otherwise
             code, detail = RECOVERY_ACTIONS.get(
-                device.recovery_action, ("recovery_reset", f"value {device.recovery_action}")
+                device.recovery_action,
+                (UNKNOWN_RECOVERY_ACTION, f"value {device.recovery_action}"),
             )
             wanted[code] = detail
         reasons = device.clock_event_reasons or 0
         for code, bit in self._clock_bits.items():
             if reasons & bit:
                 wanted[code] = None
-        return self._carry(device.uuid, wanted, now)
+        unknown = [name for name in self._reasons_from if getattr(device, name) is None]
+        return self._keep_unknown(device.uuid, self._carry(device.uuid, wanted, now), unknown)
+
+    def _keep_unknown(
+        self, uuid: str, levels: dict[str, _Active], unknown: Iterable[str]
+    ) -> dict[str, _Active]:
+        """Adds the level reasons that the `unknown` snapshot values gave last, unchanged
+        (``last_seen`` stays the last reading that showed them)."""
+        previous = self._level.get(uuid, {})
+        for name in unknown:
+            for code in self._reasons_from[name] & previous.keys():
+                levels.setdefault(code, previous[code])
+        return levels
 
     def _counters(self, device: DeviceSnapshot, now: float) -> None:
         edge = self._edge.setdefault(device.uuid, {})

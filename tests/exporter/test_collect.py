@@ -526,6 +526,30 @@ def test_partial_failure_stays_partial(nvml_on: NvmlOn) -> None:
     assert value(samples, "gpu_device_state", uuid=node.uuid(7), gpu="7", state="ok") == 1
 
 
+def test_a_failed_recovery_action_read_leaves_the_verdict_as_it_was(nvml_on: NvmlOn) -> None:
+    """The driver asks for a reboot (field 230); then a round's batched field read fails: the
+    snapshot does not know the recovery action (None, the error counted), which the health
+    rules must not take for NONE: the verdict stays as it was until a reading says NONE."""
+    node, api = nvml_on("h100x8")
+    collector = Collector(api)
+    tracker = HealthTracker(parse_config(None, quiet_period_s=0.5))
+    node.set(0, recovery_action=2)
+    asking = tracker.observe_snapshot(collector.collect_once(), now=1)
+    node.fail_call(0, "nvmlDeviceGetFieldValues", NVML_ERROR_UNKNOWN)
+    failed = collector.collect_once()
+    assert failed.devices[0].state is DeviceState.OK
+    assert failed.devices[0].recovery_action is None
+    assert "nvmlDeviceGetFieldValues" in dict(failed.devices[0].errors)
+    health = tracker.observe_snapshot(failed, now=2)
+    assert health.generation == asking.generation  # nothing changed
+    gpu0 = health.by_uuid()[node.uuid(0)]
+    assert (gpu0.state, [r.code for r in gpu0.reasons]) == (State.UNHEALTHY, ["recovery_reboot"])
+    node.fail_call(0, "nvmlDeviceGetFieldValues", None)
+    node.set(0, recovery_action=0)
+    health = tracker.observe_snapshot(collector.collect_once(), now=3)
+    assert health.by_uuid()[node.uuid(0)].state is State.HEALTHY
+
+
 # --- tiers, concurrency and NVML latency (issue 9) ---------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import shutil
 import tempfile
 from dataclasses import replace
@@ -22,7 +23,7 @@ from exporter.health.config import parse_config
 from exporter.health.engine import HealthTracker
 from exporter.health.verdict import Action, State
 from exporter.nodestatus.status import TAINT_KEY
-from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot
+from exporter.snapshot import DeviceSnapshot, DeviceState, MigInfo, NodeSnapshot
 from quota.controller.kube import Kube, load
 from sim.apiserver import ApiServer
 from sim.harness import poll, wait_for
@@ -85,8 +86,9 @@ def test_wanted_rules_select_each_unhealthy_dra_device() -> None:
 
 
 def _rules(api: ApiServer) -> dict[str, dict]:
+    """Copies of the stored rules: a test changing what it reads must not change the server."""
     with api.state.lock:
-        return dict(((n, o) for (_, n), o in api.state.objects["devicetaintrules"].items()))
+        return {n: copy.deepcopy(o) for (_, n), o in api.state.objects["devicetaintrules"].items()}
 
 
 def _annotation(api: ApiServer, key: str) -> str | None:
@@ -156,8 +158,48 @@ def test_the_drivers_recovery_action_holds_the_verdict_until_it_reads_none() -> 
     drain = replace(base, devices=(replace(base.devices[0], recovery_action=3), *base.devices[1:]))
     gpu0 = t.observe_snapshot(drain, now=101).get(MIXED.gpus[0].uuid)
     assert gpu0 is not None and [r.code for r in gpu0.reasons] == ["recovery_drain"]
-    gpu0 = t.observe_snapshot(base, now=102).get(MIXED.gpus[0].uuid)
+    gpu0 = t.observe_snapshot(_gpu0(base, recovery_action=0), now=102).get(MIXED.gpus[0].uuid)
     assert gpu0 is not None and gpu0.state is State.HEALTHY
+
+
+def _gpu0(base: NodeSnapshot, **values: object) -> NodeSnapshot:
+    return replace(base, devices=(replace(base.devices[0], **values), *base.devices[1:]))
+
+
+def test_a_missing_or_late_recovery_action_reading_keeps_the_rule_as_it_is() -> None:
+    # the end-to-end test below, without its timing: XID 79, the driver asks for a reboot and
+    # the XID's quiet period ends. Then a round whose field read failed (recovery_action None)
+    # and one where GPU 0's reader did not answer in time (the collector's ERROR device, no
+    # values): neither is "recovery action NONE", so the rule must not go away and come back
+    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    base, devices, uuid = snapshot(), index().devices(), MIXED.gpus[0].uuid
+    t.observe_snapshot(_gpu0(base, recovery_action=0), now=0)
+    t.observe_xid(uuid, 79, at=1)
+    t.observe_snapshot(_gpu0(base, recovery_action=2), now=2)
+    asking = t.observe_snapshot(_gpu0(base, recovery_action=2), now=100)
+    rules = wanted_rules(asking, devices, "node-a", effect="NoExecute")
+    assert rules["gpuquota-node-a-gpu-0"]["metadata"]["annotations"]["gpuquota.io/reasons"] == (
+        "recovery_reboot"
+    )
+    failed_read = _gpu0(
+        base, recovery_action=None, errors=(("nvmlDeviceGetFieldValues", "Unknown Error"),)
+    )
+    after = t.observe_snapshot(failed_read, now=101)
+    assert after.generation == asking.generation  # nothing changed, nothing to publish
+    not_answering = replace(
+        DeviceSnapshot(index=0, uuid=uuid, minor_number=0),
+        state=DeviceState.ERROR,
+        errors=(("collector", "NVML has not answered for 4 s"),),
+    )
+    after = t.observe_snapshot(replace(base, devices=(not_answering, *base.devices[1:])), 102)
+    gpu0 = after.get(uuid)
+    assert gpu0 is not None and (gpu0.state, gpu0.action) == (State.UNHEALTHY, Action.REBOOT_NODE)
+    assert {r.code for r in gpu0.reasons} == {"recovery_reboot", "nvml_error"}
+    assert gpu0.since == asking.get(uuid).since  # type: ignore[union-attr]
+    assert wanted_rules(after, devices, "node-a", effect="NoExecute") == rules
+    # a reading of NONE (0) is what clears it
+    healed = t.observe_snapshot(_gpu0(base, recovery_action=0), now=103)
+    assert wanted_rules(healed, devices, "node-a", effect="NoExecute") == {}
 
 
 def _sick_gpu1():
@@ -206,6 +248,7 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(lambda: "gpuquota-node-a-gpu-0" in _rules(api))
             rule = _rules(api)["gpuquota-node-a-gpu-0"]
             added = rule["spec"]["taint"].pop("timeAdded")  # set by the API server
+            uid = rule["metadata"]["uid"]
             assert rule["spec"]["taint"] == {
                 "key": TAINT_KEY,
                 "value": "reboot_node",
@@ -217,8 +260,11 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(
                 lambda: _annotation(api, "gpuquota.io/reasons") == "recovery_reboot", timeout=15
             )
-            # updated in place: the taint keeps the time it was added
-            assert _rules(api)["gpuquota-node-a-gpu-0"]["spec"]["taint"]["timeAdded"] == added
+            # updated in place, never deleted and made again: the taint keeps the time it was
+            # added (NoExecute tolerations count from it) and the rule its uid
+            rule = _rules(api)["gpuquota-node-a-gpu-0"]
+            assert (rule["metadata"]["uid"], rule["spec"]["taint"]["timeAdded"]) == (uid, added)
+            assert "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" not in exporter.output()
             node.set(0, recovery_action=0)  # rebooted: the driver asks for nothing any more
             wait_for(lambda: _rules(api) == {}, timeout=15)
             wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from exporter.health.config import defaults, parse_config
 from exporter.health.engine import HealthTracker
 from exporter.health.verdict import Action, NodeHealth, State
-from exporter.snapshot import DeviceState, NodeSnapshot, NvLinkCounters
+from exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot, NvLinkCounters
 from tests.health.factory import gpu, gpus, mig, node
 
 H, D, U = State.HEALTHY, State.DEGRADED, State.UNHEALTHY
@@ -220,6 +220,50 @@ def test_missing_device_and_unreadable_nvml() -> None:
     assert {r.reasons[0].code for r in h.devices} == {"nvml_unavailable"}
     h = t.observe_snapshot(node(*gpus(2)), now=3)
     assert all(d.state is H for d in h.devices)
+
+
+SICK = {"recovery_action": 1, "remap_pending": True, "remap_failure": True}
+SICK_CODES = {
+    "recovery_reset",
+    "row_remap_pending",
+    "row_remap_failure",
+    "hw_thermal_slowdown",
+    "retired_pages_pending",  # read once, then left out of the next snapshot: still known
+}
+
+
+@pytest.mark.parametrize(
+    "unknown",
+    [
+        pytest.param(gpu(0), id="values-not-read"),
+        pytest.param(gpu(0, state=DeviceState.ERROR), id="reader-did-not-answer"),
+        pytest.param(gpu(0, state=DeviceState.LOST), id="gpu-lost"),
+    ],
+)
+def test_an_unknown_value_keeps_the_reasons_it_gave_last(unknown: DeviceSnapshot) -> None:
+    t = tracker()
+    t.observe_snapshot(
+        node(gpu(0, **SICK, retired_pages_pending=True, clock_event_reasons=0x40)), 0
+    )
+    before = t.observe_snapshot(node(gpu(0, **SICK, clock_event_reasons=0x40)), now=1)
+    h = t.observe_snapshot(node(unknown, gpu(1)), now=2)
+    assert {r.code for r in one(h).reasons} >= SICK_CODES
+    assert one(h).state is U and one(h).since == one(before).since == 0
+    kept = {r.code: r for r in one(h).reasons}["recovery_reset"]
+    assert (kept.since, kept.last_seen) == (0, 1)  # as last read, not seen again
+    # a reading that says "nothing wrong" is what clears them
+    well = {k: False for k in ("remap_pending", "remap_failure", "retired_pages_pending")}
+    h = t.observe_snapshot(node(gpu(0, recovery_action=0, clock_event_reasons=0, **well)), now=3)
+    assert one(h).state is H
+
+
+def test_a_missing_gpu_keeps_what_its_values_said_last() -> None:
+    t = tracker()
+    t.observe_snapshot(node(gpu(0, recovery_action=2), gpu(1)), now=0)
+    h = t.observe_snapshot(node(gpu(1)), now=1)
+    assert {r.code for r in one(h).reasons} == {"device_missing", "recovery_reboot"}
+    h = t.observe_snapshot(node(ok=False), now=2)
+    assert {r.code for r in one(h).reasons} == {"nvml_unavailable", "recovery_reboot"}
 
 
 def mig_node(**parent_values: object) -> NodeSnapshot:
