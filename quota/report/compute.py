@@ -186,6 +186,9 @@ def aggregate(
 
 def _over(numerators: dict[int, int]) -> Fraction:
     """The sum of numerator / denominator over ``{denominator: numerator}``."""
+    if len(numerators) == 1:  # nearly always: one denominator (1: nothing split)
+        ((q, n),) = numerators.items()
+        return Fraction(n, q)
     return sum((Fraction(n, q) for q, n in numerators.items()), Fraction(0))
 
 
