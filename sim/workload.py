@@ -23,6 +23,9 @@ extended-resource request served from DRA, a claim of a driver that is not a GPU
 generator's truth for them is ``truth.dra_intervals``: one :class:`DraTruthInterval` per stretch
 of time a claim held its GPUs for at least one pod, from the generator's own record of which
 pods it bound and when they let go (the union of their intervals, a shared claim once).
+``truth.dra_pod_shares`` splits that time among the pods (the billing view by pod-level keys,
+owner and pod): one :class:`DraPodShare` per stretch in which the same pods held a claim, for
+each of them, with how many shared it.
 
 Replay lines (``python -m sim.workload --seed N --hours H > events.jsonl``) are
 ``{"type": ..., "object": ..., "observedAt": "<RFC 3339>"}``: what ``kubectl get --watch
@@ -258,6 +261,37 @@ class DraTruthInterval:
         return max(0, end - self.start)
 
 
+@dataclass(frozen=True)
+class DraPodShare:
+    """One pod's equal share of a stretch of a DRA claim's charged time in which the same pods
+    held it (policy: grouped by pod-level keys, a shared claim's time is split equally among
+    the pods using it at each instant): the generator's own record of who held it when."""
+
+    claim_uid: str
+    namespace: str
+    claim_name: str
+    device_class: str
+    pod_uid: str
+    pod_name: str
+    owner: str  # Kind/name of what the generator made the pod for (a Deployment's pods: it)
+    units: int
+    physical: Fraction
+    start: int
+    end: int | None
+    sharers: int  # pods holding the claim over [start, end), this one included
+
+    def seconds(self, until: int) -> int:
+        end = until if self.end is None else min(self.end, until)
+        return max(0, end - self.start)
+
+    def raw(self, until: int) -> Fraction:
+        """This pod's raw device-seconds of the stretch."""
+        return Fraction(self.units * self.seconds(until), self.sharers)
+
+    def physical_seconds(self, until: int) -> Fraction:
+        return self.physical * self.seconds(until) / self.sharers
+
+
 @dataclass
 class Truth:
     """The oracle: GPU-seconds per namespace and resource, raw and physical, and per label."""
@@ -268,6 +302,19 @@ class Truth:
     namespace_labels: list[tuple[str, dict[str, str], int, int | None]]
     #: DRA claims (workloads generated with dra=True)
     dra_intervals: list[DraTruthInterval] = field(default_factory=list)
+    #: the same time split among the pods holding each claim
+    dra_pod_shares: list[DraPodShare] = field(default_factory=list)
+
+    def dra_split_seconds(
+        self, key: Callable[[DraPodShare], str], until: int | None = None
+    ) -> dict[str, tuple[Fraction, Fraction]]:
+        """(raw, physical) DRA GPU-seconds per ``key`` of the pod's share (its pod, owner)."""
+        out: dict[str, tuple[Fraction, Fraction]] = {}
+        for share in self.dra_pod_shares:
+            raw, phys = out.get(key(share), (Fraction(0), Fraction(0)))
+            stop = until or self.until
+            out[key(share)] = (raw + share.raw(stop), phys + share.physical_seconds(stop))
+        return out
 
     def dra_gpu_seconds(self, until: int | None = None) -> dict[tuple[str, str], int]:
         """Raw device-seconds of DRA claims per (namespace, device class)."""
@@ -364,6 +411,22 @@ class Truth:
                 }
                 for iv in self.dra_intervals
             ],
+            "dra_pod_shares": [
+                {
+                    "claim_uid": sh.claim_uid,
+                    "pod_uid": sh.pod_uid,
+                    "namespace": sh.namespace,
+                    "pod_name": sh.pod_name,
+                    "owner": sh.owner,
+                    "device_class": sh.device_class,
+                    "units": sh.units,
+                    "physical": float(sh.physical),
+                    "start": sh.start,
+                    "end": sh.end,
+                    "sharers": sh.sharers,
+                }
+                for sh in self.dra_pod_shares
+            ],
         }
 
 
@@ -410,6 +473,18 @@ def _written(obj: Obj, manager: str, subresource: str | None, at: int) -> None:
     obj["metadata"]["managedFields"] = [*kept, entry]
 
 
+def _owner(meta: Obj) -> str:
+    """Kind/name of what the generator made a pod for: new_pod names the owner after the pod,
+    and a ReplicaSet pod (``<deployment>-<hash>-<suffix>``) belongs to its Deployment."""
+    refs = meta.get("ownerReferences") or []
+    if not refs:
+        return ""
+    ref = refs[0]
+    if ref["kind"] == "ReplicaSet":
+        return f"Deployment/{meta['name'].rsplit('-', 2)[0]}"
+    return f"{ref['kind']}/{ref['name']}"
+
+
 @dataclass
 class _Claim:
     """A DRA claim as the generator allocated it, and who holds it now."""
@@ -422,6 +497,7 @@ class _Claim:
     template: bool
     holders: set[str] = field(default_factory=set)  # pod UIDs inside their billing interval
     open_since: int = 0
+    held_since: int = 0  # since when the current holders have held it together
 
     def truth(self, start: int, end: int | None) -> list[DraTruthInterval]:
         meta = self.obj["metadata"]
@@ -482,6 +558,7 @@ class _Sim:
         self.specs: dict[str, NodeSpec] = {n.name: n for n in (*NODES, DRA_NODE)}
         self.claims: dict[tuple[str, str], _Claim] = {}
         self.dra_intervals: list[DraTruthInterval] = []
+        self.dra_pod_shares: list[DraPodShare] = []
         self.start, self.end = start, end
         self.pods_per_hour = pods_per_hour
         self.independent = independent
@@ -751,13 +828,42 @@ class _Sim:
         for claim in pod.claims:
             if not claim.holders:
                 claim.open_since = self.now
+            self.dra_shares(claim, self.now)
             claim.holders.add(pod.uid)
+
+    def dra_shares(self, claim: _Claim, end: int | None) -> None:
+        """The current holders' equal shares of the claim since they began holding it together,
+        up to ``end`` (None: still held at the end of the span), as the holders change."""
+        if claim.holders and (end is None or end > claim.held_since):
+            meta = claim.obj["metadata"]
+            for uid in sorted(claim.holders):
+                holder = self.pods[uid].obj["metadata"]
+                for device_class, (units, physical) in sorted(claim.charged.items()):
+                    self.dra_pod_shares.append(
+                        DraPodShare(
+                            meta["uid"],
+                            meta["namespace"],
+                            meta["name"],
+                            device_class,
+                            uid,
+                            holder["name"],
+                            _owner(holder),
+                            units,
+                            physical,
+                            claim.held_since,
+                            end,
+                            len(claim.holders),
+                        )
+                    )
+        if end is not None:
+            claim.held_since = end
 
     def dra_release(self, pod: _Pod) -> None:
         """The pod's billing interval ends; a claim no pod holds any more stops being charged."""
         for claim in pod.claims:
             if pod.uid not in claim.holders:
                 continue
+            self.dra_shares(claim, self.now)
             claim.holders.discard(pod.uid)
             if not claim.holders:
                 self.dra_intervals.extend(claim.truth(claim.open_since, self.now))
@@ -958,8 +1064,10 @@ class _Sim:
                 "infer-7c9d8f-a1b2c", [("gpu", shared["c"])], run_for=3 * u, owner="ReplicaSet"
             ),
         )
+        # one second off the first pod's schedule, so that the two overlap an odd number of
+        # seconds (for a whole span of hours) and their equal shares are not whole seconds
         self.at(
-            s + 30 + 2 * u,
+            s + 31 + 2 * u,
             lambda: self.dra_pod(
                 "infer-7c9d8f-d3e4f", [("gpu", shared["c"])], run_for=3 * u, owner="ReplicaSet"
             ),
@@ -1656,6 +1764,7 @@ class _Sim:
         for claim in self.claims.values():
             if claim.holders:
                 self.dra_intervals.extend(claim.truth(claim.open_since, None))
+                self.dra_shares(claim, None)
 
 
 def generate(
@@ -1681,7 +1790,7 @@ def generate(
         start,
         end,
         sim.events,
-        Truth(end, sim.intervals, sim.ns_labels, sim.dra_intervals),
+        Truth(end, sim.intervals, sim.ns_labels, sim.dra_intervals, sim.dra_pod_shares),
     )
 
 

@@ -1,7 +1,7 @@
 """Pure report arithmetic: grouped SQL rows -> exact per-group figures.
 
-Everything stays exact until display: raw usage in integer unit-seconds, physical usage and
-money as Fractions. ``apportion`` rounds a column so that its rounded rows add up to the
+Everything stays exact until display: raw usage in unit-seconds (whole numbers, but for a shared
+DRA claim split among its pods: then Fractions), physical usage and money as Fractions. ``apportion`` rounds a column so that its rounded rows add up to the
 rounded total exactly (largest remainder), which is what the totals row shows.
 """
 
@@ -35,10 +35,11 @@ def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Frac
 @dataclass
 class Group:
     keys: tuple[str | None, ...]
-    raw_seconds: int = 0  # raw unit-seconds
+    # raw unit-seconds: whole, unless a shared DRA claim's time is split among its pods
+    raw_seconds: Fraction = Fraction(0)
     physical_seconds: Fraction = Fraction(0)
     cost: Fraction = Fraction(0)  # in rate-card currency
-    estimated_raw_seconds: int = 0
+    estimated_raw_seconds: Fraction = Fraction(0)
     estimated_intervals: int = 0
     series: list[Fraction] = field(default_factory=list)  # physical seconds per chart bucket
     idle_seconds: Fraction | None = None  # spread idle physical seconds
@@ -116,30 +117,39 @@ def aggregate(
     """Sum usage rows per group; price each sub-window at the rate in force at its start.
 
     The loop adds integers only: physical seconds are kept as numerators over the physical
-    fraction's denominator (and cost numerators per denominator and rate), and turned into
+    fraction's denominator (and cost numerators per denominator and rate), raw seconds as
+    numerators over the row's split (pods sharing a DRA claim's time), and turned into
     Fractions once per group at the end."""
     buckets = list(bucket_edges) if bucket_edges else [edges[0], edges[-1]]
     bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
     n_buckets = len(buckets) - 1
-    fractions: dict[tuple[str, int, Fraction, str | None], Fraction] = {}
+    fractions: dict[tuple[str, int, Fraction, str | None, int], Fraction] = {}
     rates: dict[tuple[str | None, int], tuple[Fraction, bool]] = {}
-    # per group: raw seconds, {denominator: numerator}, {(denominator, rate): numerator},
-    # {(denominator, bucket): numerator}, estimated raw seconds, estimated intervals
+    # per group: {split: raw seconds}, {denominator: numerator}, {(denominator, rate):
+    # numerator}, {(denominator, bucket): numerator}, {split: estimated raw seconds},
+    # estimated intervals
     acc: dict[tuple[str | None, ...], list[Any]] = {}
     unpriced: set[str] = set()
     for row in rows:
         a = acc.get(row.keys)
         if a is None:
-            a = acc[row.keys] = [0, defaultdict(int), defaultdict(int), defaultdict(int), 0, 0]
-        fkey = (row.resource_name, row.raw_units, row.share, row.mig_profile)
+            a = acc[row.keys] = [
+                defaultdict(int),
+                defaultdict(int),
+                defaultdict(int),
+                defaultdict(int),
+                defaultdict(int),
+                0,
+            ]
+        fkey = (row.resource_name, row.raw_units, row.share, row.mig_profile, row.split)
         per_row = fractions.get(fkey)
         if per_row is None:
-            per_row = fractions[fkey] = physical_per_row(row, card)
+            per_row = fractions[fkey] = physical_per_row(row, card) / row.split
         p, q = per_row.numerator, per_row.denominator
         for i, seconds in enumerate(row.seconds):
             if not seconds:
                 continue
-            a[0] += row.raw_units * seconds
+            a[0][row.split] += row.raw_units * seconds
             a[1][q] += p * seconds
             a[3][(q, bucket_of[i])] += p * seconds
             if card is not None:
@@ -150,17 +160,17 @@ def aggregate(
                 a[2][(q, found[0])] += p * seconds
                 if found[1]:
                     unpriced.add(row.gpu_model or "(unknown model)")
-        a[4] += row.raw_units * row.estimated_seconds
+        a[4][row.split] += row.raw_units * row.estimated_seconds
         a[5] += row.estimated_intervals
     groups = []
     for key, (raw, phys, cost, series, est_s, est_n) in acc.items():
         g = Group(key, series=[Fraction(0)] * n_buckets)
-        g.raw_seconds = raw
+        g.raw_seconds = _over(raw)
         g.physical_seconds = sum((Fraction(n, q) for q, n in phys.items()), Fraction(0))
         g.cost = sum((Fraction(n, q) * r for (q, r), n in cost.items()), Fraction(0)) / HOUR
         for (q, b), n in series.items():
             g.series[b] += Fraction(n, q)
-        g.estimated_raw_seconds, g.estimated_intervals = est_s, est_n
+        g.estimated_raw_seconds, g.estimated_intervals = _over(est_s), est_n
         groups.append(g)
     groups.sort(key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
     return Report(
@@ -172,6 +182,14 @@ def aggregate(
         estimated_intervals=sum(g.estimated_intervals for g in groups),
         bucket_edges=buckets,
     )
+
+
+def _over(numerators: dict[int, int]) -> Fraction:
+    """The sum of numerator / denominator over ``{denominator: numerator}``."""
+    if len(numerators) == 1:  # nearly always: one denominator (1: nothing split)
+        ((q, n),) = numerators.items()
+        return Fraction(n, q)
+    return sum((Fraction(n, q) for q, n in numerators.items()), Fraction(0))
 
 
 def _sort_key(keys: tuple[str | None, ...]) -> tuple[str, ...]:
@@ -216,7 +234,7 @@ def idle(
             acc[i] += per * s
     used: dict[tuple[str | None, str | None], list[Fraction]] = {}
     for u in allocated:
-        per = physical_per_row(u, card)
+        per = physical_per_row(u, card) / u.split
         acc = used.setdefault((u.keys[0], u.keys[1]), [Fraction(0)] * n)
         for i, s in enumerate(u.seconds):
             acc[i] += per * s

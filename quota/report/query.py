@@ -65,6 +65,13 @@ GROUP_COLUMNS: dict[str, tuple[Any, ...]] = {
     "path": (column("allocation_path", String),),
 }
 PATH_COLUMN = "allocation_path"
+# keys that tell the pods of a shared DRA claim apart: grouped by one of them, a shared claim's
+# time is split equally among the pods using it at each instant (accounting.md, policy);
+# every other key (namespace, namespace labels, model, pool, node, resource, path, cluster)
+# is the claim's own and keeps the claim's charged pieces whole
+POD_LEVEL_KEYS = frozenset({"owner", "pod"})
+SPLIT_COLUMN = "split"  # pods sharing the row's time: its seconds count 1/split each
+COUNTED_COLUMN = "counted"  # 1 where the row starts an interval the report counts
 FAR_FUTURE = 2**62
 
 
@@ -210,6 +217,92 @@ def claim_part(scope: Scope, lo: int, hi: int) -> ColumnElement[bool]:
     )
 
 
+def claim_split_segments(scope: Scope, lo: int, hi: int, now: int) -> Any:
+    """DRA claim time as each pod's equal share, for grouping by a pod-level key (policy).
+
+    A claim is charged over the union of its pods' billing intervals; at each instant that
+    time belongs equally to the pods inside their intervals then. Per (claim, device class),
+    the pods' starts and ends cut the time into segments in which the same pods hold it; one
+    row per (segment, pod holding it), with ``split`` = the pods holding it, so the grouped
+    sums stay whole seconds and the division is exact in Python. The segments of one instant
+    add up to the claim's charged time, so namespace totals are what the pieces give. Claims
+    charged through a pod's extended resource (every piece empty) are left out, as in the
+    pieces. ``counted`` marks each pod's first segment: one interval per (claim, pod)."""
+    c = ClaimAllocation.__table__.c
+    claim_key = (c.cluster, c.claim_uid, c.resource_name)
+    pod_end = func.coalesce(c.pod_ended_at, scope.open_end(c.cluster, now))
+    nonempty = case((or_(c.ended_at.is_(None), c.ended_at > c.started_at), 1), else_=0)
+    carried = [col for col in ClaimAllocation.__table__.columns if col.key not in _REPLACED]
+    pods = (
+        select(
+            *carried,
+            c.pod_started_at.label("pod_start"),
+            pod_end.label("pod_end"),
+            func.max(nonempty).over(partition_by=claim_key).label("charged"),
+        )
+        .where(
+            c.cluster.in_(scope.clusters),
+            c.pod_started_at < t(hi),
+            or_(c.pod_ended_at.is_(None), c.pod_ended_at > t(lo)),
+        )
+        .subquery("claim_pods")
+    )
+    p = pods.c
+    held = select(pods).where(p.charged == 1, p.pod_end > p.pod_start).cte("claim_pods_held")
+    h = held.c
+    key = (h.cluster, h.claim_uid, h.resource_name)
+    points = union_all(
+        select(*key, h.pod_start.label("at")), select(*key, h.pod_end.label("at"))
+    ).subquery("claim_points")
+    pt = points.c
+    edges = (
+        select(pt.cluster, pt.claim_uid, pt.resource_name, pt.at).distinct().subquery("claim_edges")
+    )
+    e = edges.c
+    seg = select(
+        e.cluster,
+        e.claim_uid,
+        e.resource_name,
+        e.at.label("seg_start"),
+        func.lead(e.at)
+        .over(partition_by=(e.cluster, e.claim_uid, e.resource_name), order_by=e.at)
+        .label("seg_end"),
+    ).subquery("claim_segments")
+    s = seg.c
+    same_claim = and_(
+        h.cluster == s.cluster, h.claim_uid == s.claim_uid, h.resource_name == s.resource_name
+    )
+    pod_key = (h.cluster, h.claim_uid, h.pod_uid, h.resource_name)
+    first = func.row_number().over(partition_by=pod_key, order_by=s.seg_start)
+    return (
+        select(
+            *(h[col.key] for col in carried),
+            s.seg_start.label("started_at"),
+            s.seg_end.label("ended_at"),
+            cast(
+                func.count().over(
+                    partition_by=(s.cluster, s.claim_uid, s.resource_name, s.seg_start)
+                ),
+                Integer,
+            ).label(SPLIT_COLUMN),
+            case((first == 1, 1), else_=0).label(COUNTED_COLUMN),
+        )
+        .select_from(seg.join(held, same_claim))
+        .where(
+            s.seg_end.is_not(None),
+            h.pod_start <= s.seg_start,
+            h.pod_end >= s.seg_end,
+            s.seg_start < t(hi),
+            s.seg_end > t(lo),
+        )
+        .subquery("claim_split")
+    )
+
+
+# columns of a claim row the split segments give their own values
+_REPLACED = frozenset({"started_at", "ended_at"})
+
+
 @dataclass(frozen=True)
 class ClusterCoverage:
     """Where one cluster's data ends: the last time the store knew its state, written by the
@@ -251,12 +344,16 @@ class UsageRow:
     gpu_model: str | None
     raw_units: int
     physical_gpus: float
-    seconds: tuple[int, ...]  # per sub-window, of the whole interval (multiply by raw_units)
+    # per sub-window, of the whole interval (multiply by raw_units, divide by split)
+    seconds: tuple[int, ...]
     estimated_seconds: int  # seconds (whole window) of intervals closed by estimate
     intervals: int
     estimated_intervals: int
     mig_profile: str | None = None  # single-strategy MIG: the profile behind nvidia.com/gpu
     share: Fraction = Fraction(1)  # the exact physical share of one unit, as stored
+    # the pods sharing these seconds equally (a shared DRA claim grouped by a pod-level key):
+    # the group is charged seconds / split of them; 1 everywhere else
+    split: int = 1
 
     @property
     def price_class(self) -> tuple[Any, ...]:
@@ -267,6 +364,7 @@ class UsageRow:
             self.physical_gpus,
             self.mig_profile,
             self.share,
+            self.split,
         )
 
 
@@ -306,9 +404,10 @@ def usage(
     scope = scope or Scope.of(conn, cluster)  # a report asks for it once, for every query
     n = len(edges) - 1
     parts = scope.parts(edges[0], min(edges[-1], now))
+    split = any(k in POD_LEVEL_KEYS for k in keys)
     base_rows = [
         _usage_row(plain, r, n)
-        for r in conn.execute(_usage_query(plain, [], edges, now, parts, scope))
+        for r in conn.execute(_usage_query(plain, [], edges, now, parts, scope, split))
     ]
     if not label_keys:
         return base_rows
@@ -316,7 +415,7 @@ def usage(
     labelled_keys = plain + [f"label:{k}" for k in label_keys]
     rows = [
         _usage_row(labelled_keys, r, n)
-        for r in conn.execute(_usage_query(plain, label_keys, edges, now, parts, scope))
+        for r in conn.execute(_usage_query(plain, label_keys, edges, now, parts, scope, split))
     ]
     rows += _unlabelled(base_rows, rows, len(plain), len(label_keys))
     order = [k for k in keys if not k.startswith("label:")] + [
@@ -333,9 +432,13 @@ def _usage_query(
     now: int,
     parts: Sequence[ColumnElement[bool]],
     scope: Scope,
+    split: bool = False,
 ) -> Select[Any]:
     """One grouped query over the UNION ALL of the scope's parts (each an index range; the
-    database runs them side by side where it can, PostgreSQL with a Parallel Append)."""
+    database runs them side by side where it can, PostgreSQL with a Parallel Append).
+
+    DRA claims come in as their charged pieces, or with ``split`` (a pod-level key) as
+    :func:`claim_split_segments`."""
     a = Allocation
     needed = {c.key for k in plain for c in GROUP_COLUMNS[k]} - {PATH_COLUMN} | {
         "cluster",
@@ -352,19 +455,37 @@ def _usage_query(
         "mig_profile",
     }
     columns_in = [c for c in a.__table__.columns if c.key in needed]
+    whole_rows = (
+        literal(1, Integer).label(SPLIT_COLUMN),
+        literal(1, Integer).label(COUNTED_COLUMN),
+    )
     # DRA claim rows have the same columns (their pieces add up like allocations), tagged with
     # the allocation path
-    claim_columns = [ClaimAllocation.__table__.c[c.key] for c in columns_in]
+    claims: Select[Any]
+    if split:
+        segments = claim_split_segments(scope, edges[0], min(edges[-1], now), now)
+        claims = select(
+            *(segments.c[c.key] for c in columns_in),
+            literal(ALLOCATION_PATH_DRA, String).label(PATH_COLUMN),
+            segments.c[SPLIT_COLUMN],
+            segments.c[COUNTED_COLUMN],
+        )
+    else:
+        claims = select(
+            *(ClaimAllocation.__table__.c[c.key] for c in columns_in),
+            literal(ALLOCATION_PATH_DRA, String).label(PATH_COLUMN),
+            *whole_rows,
+        ).where(claim_part(scope, edges[0], min(edges[-1], now)))
     u = union_all(
         *(
             select(
-                *columns_in, literal(ALLOCATION_PATH_DEVICE_PLUGIN, String).label(PATH_COLUMN)
+                *columns_in,
+                literal(ALLOCATION_PATH_DEVICE_PLUGIN, String).label(PATH_COLUMN),
+                *whole_rows,
             ).where(part)
             for part in parts
         ),
-        select(*claim_columns, literal(ALLOCATION_PATH_DRA, String).label(PATH_COLUMN)).where(
-            claim_part(scope, edges[0], min(edges[-1], now))
-        ),
+        claims,
     ).subquery("scoped")
     start: Any = u.c.started_at
     end: Any = func.coalesce(u.c.ended_at, scope.open_end(u.c.cluster, now))
@@ -393,14 +514,15 @@ def _usage_query(
         u.c.mig_profile,
         u.c.share_numerator,
         u.c.share_denominator,
+        u.c[SPLIT_COLUMN],
     ]
     stmt = select(
         *group,
         *price_class,
         *windows,
         func.sum(case((est, whole), else_=0)),
-        func.count(),
-        func.sum(case((est, 1), else_=0)),
+        func.sum(u.c[COUNTED_COLUMN]),
+        func.sum(case((est, u.c[COUNTED_COLUMN]), else_=0)),
     ).select_from(u)
     if label_keys:
         nl = NamespaceLabels
@@ -428,7 +550,8 @@ def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRo
         r[i + 4],
     )
     share = Fraction(int(r[i + 5]), int(r[i + 6]))
-    i += 7
+    split = int(r[i + 7])
+    i += 8
     seconds = tuple(int(s or 0) for s in r[i : i + n_windows])
     est_s, count, est_n = r[i + n_windows : i + n_windows + 3]
     return UsageRow(
@@ -443,6 +566,7 @@ def _usage_row(keys: Sequence[str], r: Sequence[Any], n_windows: int) -> UsageRo
         int(est_n or 0),
         profile,
         share,
+        split,
     )
 
 

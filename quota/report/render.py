@@ -167,6 +167,26 @@ def table_cells(
     return rows, totals
 
 
+# decimals of gpu_seconds_raw where a shared DRA claim's time is split among its pods
+RAW_SECONDS_SPLIT_DECIMALS = 3
+
+
+def raw_seconds_cells(groups: Sequence[Group]) -> tuple[list[Cell], Cell]:
+    """``gpu_seconds_raw`` per row and its total: whole unit-seconds, exact, unless a shared DRA
+    claim's time is split among its pods (a pod-level key); then rounded to milliseconds the
+    way every column is, so that the rows still add up to the total shown."""
+    values = [Fraction(g.raw_seconds) for g in groups]
+    whole = all(v.denominator == 1 for v in values)
+    decimals = 0 if whole else RAW_SECONDS_SPLIT_DECIMALS
+    scaled, total = apportion(values, decimals)
+    return [Cell(s, decimals) for s in scaled], Cell(total, decimals)
+
+
+def _raw_number(cell: Cell) -> int | float | None:
+    """A JSON number: an integer where the value is whole seconds."""
+    return cell.scaled if cell.decimals == 0 else cell.number()
+
+
 def _key_text(value: str | None) -> str:
     return "(none)" if value is None else value
 
@@ -453,15 +473,16 @@ def render_csv(report: Report) -> str:
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
-    for g, r in zip(report.groups, rows, strict=True):
+    raw_cells, raw_total = raw_seconds_cells(report.groups)
+    for g, r, raw in zip(report.groups, rows, raw_cells, strict=True):
         record: dict[str, Any] = {"row": "group"}
         record.update({k: _key_text(v) for k, v in zip(key_names, g.keys, strict=True)})
         record.update({c.name: cell.text() for c, cell in zip(cols, r, strict=True)})
-        record["gpu_seconds_raw"] = g.raw_seconds
+        record["gpu_seconds_raw"] = raw.text()
         writer.writerow(record)
     total_record: dict[str, Any] = {"row": "total"}
     total_record.update({c.name: cell.text() for c, cell in zip(cols, totals, strict=True)})
-    total_record["gpu_seconds_raw"] = sum(g.raw_seconds for g in report.groups)
+    total_record["gpu_seconds_raw"] = raw_total.text()
     writer.writerow(total_record)
     for line in idle_rows:
         writer.writerow({"row": "idle", **dict(zip(idle_names, line, strict=True))})
@@ -494,11 +515,12 @@ def render_json(report: Report, period: Period) -> str:
             "messages": notes(report),
         },
     }
-    doc["total"]["gpu_seconds_raw"] = sum(g.raw_seconds for g in report.groups)
-    for g, r in zip(report.groups, rows, strict=True):
+    raw_cells, raw_total = raw_seconds_cells(report.groups)
+    doc["total"]["gpu_seconds_raw"] = _raw_number(raw_total)
+    for g, r, raw in zip(report.groups, rows, raw_cells, strict=True):
         entry: dict[str, Any] = {"group": dict(zip(report.keys, g.keys, strict=True))}
         entry.update({c.name: cell.number() for c, cell in zip(cols, r, strict=True)})
-        entry["gpu_seconds_raw"] = g.raw_seconds
+        entry["gpu_seconds_raw"] = _raw_number(raw)
         doc["rows"].append(entry)
     if report.idle is not None:
         names, irows, itot = idle_cells(report)

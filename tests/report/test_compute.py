@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC
 from fractions import Fraction
 from pathlib import Path
@@ -53,6 +54,25 @@ def row(
         1 if est else 0,
         share=exact_physical(units, physical) / units,
     )
+
+
+def test_split_rows_charge_each_pod_its_share_exactly() -> None:
+    """A shared DRA claim's seconds split among 3 pods (split=3): each pod's group gets a
+    third of the raw and physical seconds, cost and estimate, exactly; rows add up."""
+    edges = [0, 3600, 7200]
+    rows = [
+        dataclasses.replace(row((pod,), (100, 1), units=1, physical=3 / 7, est=101), split=3)
+        for pod in ("a", "b", "c")
+    ]
+    report = aggregate(["pod"], rows, edges, CARD)
+    for g in report.groups:
+        assert g.raw_seconds == Fraction(101, 3)
+        assert g.physical_seconds == Fraction(3, 7) * Fraction(101, 3)
+        assert g.cost == (Fraction(3, 7) * 100 * 4 + Fraction(3, 7) * 2) / 3 / 3600
+        assert g.estimated_raw_seconds == Fraction(101, 3)
+    assert sum(g.raw_seconds for g in report.groups) == 101
+    shown, total = apportion([g.raw_seconds for g in report.groups], 3)
+    assert sum(shown) == total == 101_000
 
 
 def test_sub_windows_keep_only_inner_cuts() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from datetime import UTC
 from fractions import Fraction
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 from quota import accounting as acc
 from quota.accounting.accountant import Accountant
+from quota.report import build, compute, period
 from quota.store import db
 from sim.workload import DRA_MODEL, DRA_NAMESPACE, DRA_NODE, Workload, generate, rfc3339
 from tests.report.conftest import Store
@@ -81,16 +83,86 @@ def test_dra_usage_beside_device_plugin_usage_in_every_view(store: Store, report
     # by namespace label (team), split where labels changed
     by_team = groups(run(report, store, "--by", "label:team,path"))
     assert by_team[("gamma", "dra")]["gpu_seconds_raw"] == dra_raw[DRA_NAMESPACE]
-    # by owner: a shared claim's time goes to the pod that carries it (one Deployment here)
+    # by owner: a shared claim's time split among the pods using it (one Deployment here)
     by_owner = groups(run(report, store, "--by", "owner,path"))
     assert ("Deployment/infer", "dra") in by_owner
-    # by pod: the pod carrying the shared claim's time at each instant
+    # by pod: each pod's equal share of the shared claim's time at each instant
     by_pod = groups(run(report, store, "--by", "pod,path"))
     assert (f"{DRA_NAMESPACE}/infer-7c9d8f-a1b2c", "dra") in by_pod
-    assert (
-        sum(r["gpu_seconds_raw"] for (_p, path), r in by_pod.items() if path == "dra")
-        == (dra_raw[DRA_NAMESPACE])
+    assert sum(
+        r["gpu_seconds_raw"] for (_p, path), r in by_pod.items() if path == "dra"
+    ) == pytest.approx(dra_raw[DRA_NAMESPACE], abs=0.001)
+
+
+def exact(store: Store, *keys: str) -> dict[tuple[str | None, ...], compute.Group]:
+    """The computed report's groups, exact (Fractions), for the generated span."""
+    request = build.ReportRequest(period.Period(WL.start, WL.end, UTC), WL.end, keys)
+    with store.engine.connect() as conn:
+        return {g.keys: g for g in build.build_report(conn, request).groups}
+
+
+SHARED_PODS = ("infer-7c9d8f-a1b2c", "infer-7c9d8f-d3e4f", "shared-late-0")
+
+
+def test_shared_claim_split_equally_among_its_pods_by_pod_level_keys(store: Store) -> None:
+    """Grouped by pod or owner, a shared claim's time at each instant is split equally among
+    the pods using it then (accounting.md): exactly the generator's own split, raw and
+    physical; namespace, namespace-label and path totals are the claim's whole time."""
+    load(store, WL)
+    truth = WL.truth
+    # the generator's shared claim: two of its three pods overlap, so some time is split
+    shared = [s for s in truth.dra_pod_shares if s.claim_name == "shared-gpu"]
+    assert {s.pod_name for s in shared} == set(SHARED_PODS)
+    assert {s.sharers for s in shared} == {1, 2}
+
+    by_pod = exact(store, "pod", "path")
+    per_pod = truth.dra_split_seconds(lambda s: f"{s.namespace}/{s.pod_name}")
+    dra_pods = {k[0]: g for k, g in by_pod.items() if k[1] == "dra"}
+    assert set(dra_pods) == set(per_pod)
+    for pod, (raw, phys) in per_pod.items():
+        assert (dra_pods[pod].raw_seconds, dra_pods[pod].physical_seconds) == (raw, phys), pod
+    # the overlapping pods' halves are not whole seconds here: the split is really fractional
+    assert any(g.raw_seconds.denominator > 1 for g in dra_pods.values())
+
+    by_owner = exact(store, "owner", "path")
+    per_owner = truth.dra_split_seconds(lambda s: s.owner)
+    dra_owners = {k[0]: g for k, g in by_owner.items() if k[1] == "dra"}
+    assert set(dra_owners) == set(per_owner)
+    for owner, (raw, phys) in per_owner.items():
+        assert (dra_owners[owner].raw_seconds, dra_owners[owner].physical_seconds) == (
+            raw,
+            phys,
+        ), owner
+
+    # a pod-level key beside a claim-level one: the pod's share per namespace label
+    by_team_pod = exact(store, "label:team", "pod", "path")
+    for pod, (raw, _phys) in per_pod.items():
+        assert by_team_pod[("gamma", pod, "dra")].raw_seconds == raw
+
+    # claim-level keys keep the claim's whole time: the namespace total is the truth's union
+    dra_raw = sum(v for (ns, _c), v in truth.dra_gpu_seconds().items() if ns == DRA_NAMESPACE)
+    dra_phys = sum(
+        v for (ns, _c), v in truth.dra_physical_seconds_exact().items() if ns == DRA_NAMESPACE
     )
+    for keys in (("namespace", "path"), ("label:team", "path")):
+        dra = [g for k, g in exact(store, *keys).items() if k[-1] == "dra"]
+        assert sum(g.raw_seconds for g in dra) == dra_raw
+        assert sum(g.physical_seconds for g in dra) == dra_phys
+        assert all(g.raw_seconds.denominator == 1 for g in dra)
+    # and the split adds up to the same totals
+    assert sum(g.raw_seconds for g in dra_pods.values()) == dra_raw
+    assert sum(g.physical_seconds for g in dra_owners.values()) == dra_phys
+
+
+def test_split_raw_seconds_rows_add_up_to_the_total(store: Store, report: Any) -> None:
+    """gpu_seconds_raw with a split claim is rounded like every column: rows sum to the total."""
+    load(store, WL)
+    doc = run(report, store, "--by", "pod")
+    shown = [r["gpu_seconds_raw"] for r in doc["rows"]]
+    assert any(v != int(v) for v in shown)
+    assert round(sum(shown) * 1000) == round(doc["total"]["gpu_seconds_raw"] * 1000)
+    total_raw = sum(WL.truth.dra_gpu_seconds().values()) + sum(WL.truth.gpu_seconds().values())
+    assert doc["total"]["gpu_seconds_raw"] == total_raw
 
 
 def test_device_class_quota_is_reported_like_gpu_quota(store: Store, report: Any) -> None:
