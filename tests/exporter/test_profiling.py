@@ -59,7 +59,6 @@ NATIVE_PROF = {
     "gpu_sm_occupancy_ratio",
     "gpu_dram_active_ratio",
     "gpu_pipe_active_ratio",
-    "gpu_pcie_bandwidth_bytes_per_second",
     "gpu_nvlink_bandwidth_bytes_per_second",
 }
 
@@ -84,8 +83,6 @@ def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
     assert value(native, "gpu_pipe_active_ratio", pipe="tensor", **at) == pytest.approx(0.9307)
     assert value(native, "gpu_pipe_active_ratio", pipe="tensor_hmma", **at) == pytest.approx(0.9307)
     assert value(native, "gpu_pipe_active_ratio", pipe="fp32", **at) == 0.0
-    rx = value(native, "gpu_pcie_bandwidth_bytes_per_second", direction="rx", **at)
-    assert rx == pytest.approx(15.84 * MIB, rel=1e-6)
     pipes = {lbl["pipe"] for lbl, _v in native["gpu_pipe_active_ratio"] if lbl["uuid"] == uuid}
     assert pipes == {"tensor", "tensor_hmma", "tensor_imma", "tensor_dfma", "tensor_dmma",
                      "fp64", "fp32", "fp16", "integer"}  # fmt: skip
@@ -98,8 +95,29 @@ def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
     assert value(dcgm, "DCGM_FI_PROF_SM_ACTIVE", **by) == pytest.approx(0.9588)
     assert value(dcgm, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **by) == pytest.approx(0.9307)
     assert value(dcgm, "DCGM_FI_PROF_PCIE_TX_BYTES", **by) == pytest.approx(6.18 * MIB, rel=1e-6)
+    assert value(dcgm, "DCGM_FI_PROF_PCIE_RX_BYTES", **by) == pytest.approx(15.84 * MIB, rel=1e-6)
     (labels, _v) = next(s for s in dcgm["DCGM_FI_PROF_DRAM_ACTIVE"] if s[0]["UUID"] == uuid)
     assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"} <= set(labels)
+
+
+def test_pcie_traffic_has_one_native_metric_the_byte_counters_rate(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set(3, pcie_tx_bytes_per_second=2e9, pcie_rx_bytes_per_second=5e8)
+    node.set_gpm(3, pcie_tx_bytes_per_second=6.18 * MIB)  # what GPM would say: not native
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    native = parse(Renderer().render(snapshot))
+    pcie_traffic = {name for name in native if name.startswith("gpu_pcie_") and "bytes" in name}
+    assert pcie_traffic == {
+        "gpu_pcie_tx_bytes_per_second",
+        "gpu_pcie_rx_bytes_per_second",
+        "gpu_pcie_tx_bytes_total",
+        "gpu_pcie_rx_bytes_total",
+    }
+    at = {"gpu": "3", "uuid": node.uuid(3)}
+    assert value(native, "gpu_pcie_tx_bytes_per_second", **at) == pytest.approx(2e9, rel=0.2)
+    assert value(native, "gpu_pcie_rx_bytes_per_second", **at) == pytest.approx(5e8, rel=0.2)
+    assert not [s.name for s in METRICS if s.compat is None and "pcie" in s.name and "gpm" in
+                s.accessor]  # fmt: skip
 
 
 def test_gpus_before_hopper_omit_profiling_never_zero(nvml_on: NvmlOn) -> None:
