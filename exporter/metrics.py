@@ -969,7 +969,8 @@ METRICS: list[MetricSpec] = [
         type="gauge",
         unit="ratio",
         help="Fraction of the GPU's SM time used by each process in its latest driver sample "
-        "(whole GPUs; NVML has none on MIG).",
+        "(whole GPUs; NVML has none on MIG). The driver samples once a second: asked at most "
+        "once a second per GPU, the last values in between.",
         labels=("pid",),
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].sm_ratio",
@@ -982,7 +983,7 @@ METRICS: list[MetricSpec] = [
         type="gauge",
         unit="ratio",
         help="Fraction of the GPU's memory bandwidth used by each process in its latest driver "
-        "sample.",
+        "sample (asked at most once a second per GPU).",
         labels=("pid",),
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].memory_ratio",

@@ -13,7 +13,7 @@ import pytest
 from exporter.collect import Collector
 from exporter.metrics import METRICS, Tier, field_tiers
 from exporter.nvml import NvmlApi
-from exporter.profiling import MIN_GPM_GAP, ProfilingReader
+from exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
 from exporter.render import Renderer, RenderOptions
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load
@@ -21,6 +21,7 @@ from tests.exporter.scrape import parse, value
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
 MIB = 1024 * 1024
+ONE_H100 = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1}]}
 H100_MIG = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
 # The measured H100 under a bf16 matmul (../shared/nvml-h100.md), as the stand-in's rates.
 UNDER_LOAD = {
@@ -203,6 +204,32 @@ def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
     pids = {lbl["pid"] for lbl, _v in native["gpu_process_sm_utilization_ratio"]}
     assert pids == {"411"}  # 412 had no busy sample: idle, as the driver reports it
     assert second.devices[1].process_utilization == ()
+
+
+def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: NvmlOn) -> None:
+    # modelled costs: the stand-in counts the calls (and charges each its 2.2 ms)
+    node, api = nvml_on({**ONE_H100, "nvml_costs": {"mode": "modelled"}})
+    node.add_process(0, 411, 8 * 2**30)
+    node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
+    now = [1000.0]
+    collector = Collector(api, hostname="sim")
+    collector.profiling = ProfilingReader(api, clock=lambda: now[0])
+    calls = lambda: node.call_count("nvmlDeviceGetProcessUtilization")  # noqa: E731
+    before = calls()
+    first = collector.collect_once()
+    asked = calls()  # pynvml calls the C function twice: the sample count, then the samples
+    assert asked > before
+    for _ in range(3):  # --interval=250ms: the driver has no newer sample yet
+        now[0] += PROCESS_SAMPLE_PERIOD / 4
+        between = collector.collect_once()
+        assert between.devices[0].process_utilization == first.devices[0].process_utilization
+    assert calls() == asked
+    now[0] += PROCESS_SAMPLE_PERIOD / 4  # a second after the last question
+    node.set_process_utilization(0, 411, sm=0.5, memory=0.1)
+    time.sleep(1.05)  # the stand-in's driver takes its next sample
+    later = collector.collect_once()
+    assert calls() > asked
+    assert [(p.pid, p.sm_ratio) for p in later.devices[0].process_utilization or ()] == [(411, 0.5)]
 
 
 def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:
