@@ -18,6 +18,10 @@ driver only samples busy processes: no sample means idle). The driver has a new 
 second and the call costs about 2.2 ms per GPU, so it is asked at most once per
 ``PROCESS_SAMPLE_PERIOD`` per GPU, whatever the collection interval; the last values are
 reported in between.
+
+A GPU that is lost (or needs a reset) is forgotten (``forget``, called by the collector): when
+it comes back its first GPM sample starts a new pair, so no average spans the time it was gone,
+and nothing read before the loss is reported after it.
 """
 
 from __future__ import annotations
@@ -71,8 +75,8 @@ Reads = Callable[..., Any]
 class _GpmUnit:
     """The sample pair of one GPU or MIG instance."""
 
-    previous: GpmSample | None = None
-    previous_at: float = 0.0
+    previous: GpmSample | None = None  # a buffer, holding a sample while previous_at is set
+    previous_at: float | None = None  # None: no sample to pair with
     spare: GpmSample | None = None
     last: GpmMetrics | None = None
 
@@ -136,6 +140,20 @@ class ProfilingReader:
             )
         return ProfilingValues(gpu=gpu, migs=migs)
 
+    def forget(self, index: int) -> None:
+        """GPU `index` was lost or needs a reset: nothing read before counts after it. Its
+        sample buffers are kept for reuse; support is asked again (it may be another board)."""
+        state = self._gpus.get(index)
+        if state is None:
+            return
+        for unit in state.units.values():
+            unit.previous_at = None
+            unit.last = None
+        state.gpm_supported = None
+        state.processes.clear()
+        state.last_processes = None
+        state.processes_asked_at = None
+
     def _gpm(
         self,
         state: _GpuState,
@@ -148,7 +166,8 @@ class ProfilingReader:
         if not due:
             return unit.last
         now = self._clock()
-        if unit.previous is not None and now - unit.previous_at < MIN_GPM_GAP:
+        previous_at = unit.previous_at if unit.previous is not None else None
+        if previous_at is not None and now - previous_at < MIN_GPM_GAP:
             return unit.last  # too close: the hardware would answer zeros
         if unit.spare is None:
             unit.spare = reads(self.api.gpm_sample_alloc)
@@ -157,7 +176,7 @@ class ProfilingReader:
         if not reads(self.api.gpm_sample, handle, unit.spare, gpu_instance_id):
             return unit.last
         taken_at = now
-        if unit.previous is not None:
+        if previous_at is not None:
             raw = reads(self.api.gpm_metrics, unit.previous, unit.spare, _METRIC_IDS)
             if raw is not None:
                 unit.last = GpmMetrics(

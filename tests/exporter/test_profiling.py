@@ -15,6 +15,7 @@ from exporter.metrics import METRICS, Tier, field_tiers
 from exporter.nvml import NvmlApi
 from exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
 from exporter.render import Renderer, RenderOptions
+from exporter.snapshot import DeviceState
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load
 from tests.exporter.scrape import parse, value
@@ -230,6 +231,27 @@ def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: Nvm
     later = collector.collect_once()
     assert calls() > asked
     assert [(p.pid, p.sm_ratio) for p in later.devices[0].process_utilization or ()] == [(411, 0.5)]
+
+
+def test_no_gpm_pair_spans_a_lost_gpu(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(3, sm_activity=0.9)
+    collector = Collector(api, hostname="sim")
+    before = _two_rounds(collector).devices[3]
+    assert before.gpm is not None and before.gpm.sm_active == pytest.approx(0.9)
+    node.set_lost(3)
+    time.sleep(MIN_GPM_GAP + 0.03)
+    assert collector.collect_once().devices[3].state is DeviceState.LOST
+    time.sleep(0.3)  # gone for a while, busy at 90 % until it comes back idle
+    node.set_gpm(3, sm_activity=0.0)
+    node.set_lost(3, lost=False)
+    back = collector.collect_once().devices[3]
+    assert back.state is DeviceState.OK
+    # its first sample since the loss starts a new pair: no average over the gap
+    assert back.gpm is None
+    time.sleep(MIN_GPM_GAP + 0.03)
+    fresh = collector.collect_once().devices[3]
+    assert fresh.gpm is not None and fresh.gpm.sm_active == 0.0
 
 
 def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:
