@@ -39,7 +39,7 @@ from pathlib import Path
 from bench.results import write_section
 from exporter.collect import Collector
 from exporter.nvml import NvmlApi
-from exporter.profiling import MIN_GPM_GAP
+from exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
 from sim.harness import stop_process
 from sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from sim.nvml.control import SimNode
@@ -145,7 +145,7 @@ def wrk_latencies(port: int, concurrency: int, seconds: float) -> tuple[float, f
 def busy(node: SimNode) -> None:
     """Every GPU busy as under training: GPM activity (Hopper and later read it) and one
     process with utilisation samples on each whole GPU, so the profiling reads do their
-    full work (a GPM metrics pair, a process sample) in every round."""
+    full work (a GPM metrics pair; a process sample, asked at most once a second)."""
     for i in range(node.gpu_count):
         node.set_gpm(i, sm_activity=0.9, tensor_activity=0.8, dram_activity=0.3)
         if not node.mig_uuids(i):
@@ -155,9 +155,9 @@ def busy(node: SimNode) -> None:
 
 def full_round_ms(node: SimNode, rounds: int = 5) -> tuple[float, float]:
     """(first round, median of later full rounds) in ms: every tier of every GPU, in this
-    process through the real pynvml on `node`. The rounds are MIN_GPM_GAP apart (not timed),
-    so each timed round takes a GPM sample and computes its metrics, as the exporter does at
-    any --interval of at least that gap."""
+    process through the real pynvml on `node`. The rounds are PROCESS_SAMPLE_PERIOD apart
+    (not timed), so each timed round takes a GPM sample, computes its metrics and asks for
+    per-process utilisation (at most once a second): the costliest round the exporter does."""
     node.preload()
     api = NvmlApi()
     api.init()
@@ -168,7 +168,7 @@ def full_round_ms(node: SimNode, rounds: int = 5) -> tuple[float, float]:
         first = time.perf_counter() - started
         times = []
         for _ in range(rounds):
-            time.sleep(MIN_GPM_GAP)
+            time.sleep(max(MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD))
             started = time.perf_counter()
             snapshot = collector.collect_once()
             times.append(time.perf_counter() - started)
@@ -435,8 +435,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "stand-in (*) they are window / interval.",
             "- Full round: one `Collector.collect_once()` reading every tier (fast and slow) "
             "of every GPU, GPM and per-process utilisation included (every GPU busy: GPM "
-            "activity and one process with utilisation samples each; rounds 0.12 s apart so "
-            "each computes a GPM sample pair), wall time, median of 5 after the first "
+            "activity and one process with utilisation samples each; rounds 1 s apart so "
+            "each computes a GPM sample pair and asks for per-process utilisation, which the "
+            "exporter does at most once a second), wall time, median of 5 after the first "
             "(identity) round, timed in the benchmark process on the same stand-in.",
             f"- Scrapes: `wrk -c{args.concurrency} -d{args.scrape_seconds:g}s --latency` "
             "(C, keep-alive) on /metrics while collection runs; CPU / scrape is the "

@@ -202,10 +202,8 @@ grid.add(
 grid.add(
     timeseries(
         "PCIe and NVLink bandwidth",
-        (
-            f"gpu_pcie_bandwidth_bytes_per_second{{{SEL}}}",
-            "{{instance}} GPU {{gpu}} PCIe {{direction}}",
-        ),
+        (f"gpu_pcie_tx_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} PCIe tx"),
+        (f"gpu_pcie_rx_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} PCIe rx"),
         (
             f"gpu_nvlink_bandwidth_bytes_per_second{{{SEL}}}",
             "{{instance}} GPU {{gpu}} NVLink {{direction}}",

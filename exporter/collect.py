@@ -468,6 +468,7 @@ class Collector:
             for function, _message in reads.errors:
                 self._count_error(function)
             self._forget(cache, handle_too=True)
+            self.profiling.forget(index)  # no GPM pair spans the time it was gone
             cache.devices = [self._unreadable(index, down.state, tuple(reads.errors))]
             return
         for function, _message in reads.errors:

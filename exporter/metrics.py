@@ -946,18 +946,10 @@ METRICS: list[MetricSpec] = [
         tier=Tier.FAST,
         fields=("gpm",),
     ),
-    MetricSpec(
-        name=f"{P}pcie_bandwidth_bytes_per_second",
-        type="gauge",
-        unit="bytes/second",
-        help="PCIe traffic (direction tx or rx) averaged since the previous collection (GPM).",
-        labels=("direction",),
-        source="nvmlGpmMetricsGet(NVML_GPM_METRIC_PCIE_TX/RX_PER_SEC)",
-        accessor="DeviceSnapshot.gpm.pcie_*_bytes_per_second",
-        read_device=_gpm_pair("pcie_tx_bytes_per_second", "pcie_rx_bytes_per_second"),
-        tier=Tier.FAST,
-        fields=("gpm",),
-    ),
+    # PCIe traffic has one native source, the byte counters' rate (gpu_pcie_*_bytes_per_second
+    # above): every GPU with the counters has it, at any interval. GPM's PCIe averages serve
+    # only DCGM_FI_PROF_PCIE_*, as DCGM serves that field from its profiling counters. NVLink
+    # traffic has no counter read here, so GPM is its one source.
     MetricSpec(
         name=f"{P}nvlink_bandwidth_bytes_per_second",
         type="gauge",
@@ -977,7 +969,8 @@ METRICS: list[MetricSpec] = [
         type="gauge",
         unit="ratio",
         help="Fraction of the GPU's SM time used by each process in its latest driver sample "
-        "(whole GPUs; NVML has none on MIG).",
+        "(whole GPUs; NVML has none on MIG). The driver samples once a second: asked at most "
+        "once a second per GPU, the last values in between.",
         labels=("pid",),
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].sm_ratio",
@@ -990,7 +983,7 @@ METRICS: list[MetricSpec] = [
         type="gauge",
         unit="ratio",
         help="Fraction of the GPU's memory bandwidth used by each process in its latest driver "
-        "sample.",
+        "sample (asked at most once a second per GPU).",
         labels=("pid",),
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].memory_ratio",
@@ -1559,7 +1552,7 @@ METRICS: list[MetricSpec] = [
         "DCGM_FI_PROF_PCIE_TX_BYTES",
         "bytes/second",
         "The number of bytes of active pcie tx data including both header and payload.",
-        "pcie_tx_bytes_per_second",
+        "pcie_tx_bytes_per_second",  # GPM, like DCGM's profiling field (native: byte counters)
         type_="counter",
         compat="dcgm",
     ),

@@ -14,7 +14,14 @@ meanwhile. A GPU without GPM reports ``gpm=None`` (its series are left out, neve
 Per-process utilisation: the driver keeps one sample per second for each process that used
 the GPU; the reader asks for the samples newer than the newest it has seen, keeps the latest
 per process, and forgets a process with no sample for ``PROCESS_SAMPLE_TTL`` seconds (the
-driver only samples busy processes: no sample means idle).
+driver only samples busy processes: no sample means idle). The driver has a new sample once a
+second and the call costs about 2.2 ms per GPU, so it is asked at most once per
+``PROCESS_SAMPLE_PERIOD`` per GPU, whatever the collection interval; the last values are
+reported in between.
+
+A GPU that is lost (or needs a reset) is forgotten (``forget``, called by the collector): when
+it comes back its first GPM sample starts a new pair, so no average spans the time it was gone,
+and nothing read before the loss is reported after it.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from exporter.snapshot import GpmMetrics, ProcessUtilization
 # the time the calls themselves take.
 MIN_GPM_GAP = 0.12
 PROCESS_SAMPLE_TTL = 5.0  # seconds
+PROCESS_SAMPLE_PERIOD = 1.0  # seconds: the driver's per-process sampling period
 
 _PERCENT = 0.01
 _MIB = 1024.0 * 1024.0
@@ -67,8 +75,8 @@ Reads = Callable[..., Any]
 class _GpmUnit:
     """The sample pair of one GPU or MIG instance."""
 
-    previous: GpmSample | None = None
-    previous_at: float = 0.0
+    previous: GpmSample | None = None  # a buffer, holding a sample while previous_at is set
+    previous_at: float | None = None  # None: no sample to pair with
     spare: GpmSample | None = None
     last: GpmMetrics | None = None
 
@@ -78,6 +86,7 @@ class _GpuState:
     gpm_supported: bool | None = None  # None: not asked yet
     units: dict[int | None, _GpmUnit] = field(default_factory=dict)  # GPU instance id or None
     seen_us: int = 0  # newest process-utilisation sample timestamp
+    processes_asked_at: float | None = None  # when the driver was last asked (clock)
     processes: dict[int, tuple[float, ProcessUtilization]] = field(default_factory=dict)
     last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
 
@@ -131,6 +140,20 @@ class ProfilingReader:
             )
         return ProfilingValues(gpu=gpu, migs=migs)
 
+    def forget(self, index: int) -> None:
+        """GPU `index` was lost or needs a reset: nothing read before counts after it. Its
+        sample buffers are kept for reuse; support is asked again (it may be another board)."""
+        state = self._gpus.get(index)
+        if state is None:
+            return
+        for unit in state.units.values():
+            unit.previous_at = None
+            unit.last = None
+        state.gpm_supported = None
+        state.processes.clear()
+        state.last_processes = None
+        state.processes_asked_at = None
+
     def _gpm(
         self,
         state: _GpuState,
@@ -143,7 +166,8 @@ class ProfilingReader:
         if not due:
             return unit.last
         now = self._clock()
-        if unit.previous is not None and now - unit.previous_at < MIN_GPM_GAP:
+        previous_at = unit.previous_at if unit.previous is not None else None
+        if previous_at is not None and now - previous_at < MIN_GPM_GAP:
             return unit.last  # too close: the hardware would answer zeros
         if unit.spare is None:
             unit.spare = reads(self.api.gpm_sample_alloc)
@@ -152,7 +176,7 @@ class ProfilingReader:
         if not reads(self.api.gpm_sample, handle, unit.spare, gpu_instance_id):
             return unit.last
         taken_at = now
-        if unit.previous is not None:
+        if previous_at is not None:
             raw = reads(self.api.gpm_metrics, unit.previous, unit.spare, _METRIC_IDS)
             if raw is not None:
                 unit.last = GpmMetrics(
@@ -168,11 +192,15 @@ class ProfilingReader:
     def _process_utilization(
         self, state: _GpuState, handle: Handle, reads: Reads
     ) -> tuple[ProcessUtilization, ...] | None:
+        now = self._clock()
+        asked = state.processes_asked_at
+        if asked is not None and now - asked < PROCESS_SAMPLE_PERIOD:
+            return state.last_processes  # the driver has no newer sample yet
+        state.processes_asked_at = now
         samples = reads(self.api.process_utilization, handle, state.seen_us)
         if samples is None:
             state.last_processes = None
             return None
-        now = self._clock()
         for pid, stamp, sm, memory, encoder, decoder in samples:
             state.seen_us = max(state.seen_us, stamp)
             state.processes[pid] = (

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from quota.controller.messages import Event, Listed, Message, Resync, Synced
+
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
@@ -114,6 +116,20 @@ def slice_devices(obj: Obj, drivers: frozenset[str]) -> tuple[list[DraDevice], l
 def _generation(obj: Obj) -> int:
     gen = ((obj.get("spec") or {}).get("pool") or {}).get("generation", 0)
     return gen if isinstance(gen, int) else 0
+
+
+def apply_message(index: SliceIndex, msg: Message) -> None:
+    """One message of the controller's WatchLoop (quota/controller/messages.py) into the index."""
+    match msg:
+        case Resync(items=items):  # a full list: exactly these slices now
+            index.replace_all(items)
+        case Listed(items=items):  # facts only: the replayed events close what went away
+            for obj in items:
+                index.apply("MODIFIED", obj)
+        case Event(event_type=event_type, obj=obj):
+            index.apply(event_type, obj)
+        case Synced():
+            pass
 
 
 class SliceIndex:
@@ -298,7 +314,7 @@ class SliceWatcher:
 
     def _run(self) -> None:
         from quota.controller.metrics import ControllerMetrics
-        from quota.controller.watch import Message, WatchLoop
+        from quota.controller.watch import WatchLoop
 
         while not self._stop.is_set():
             try:
@@ -323,8 +339,5 @@ class SliceWatcher:
                 msg = out.get(timeout=0.5)
             except queue.Empty:
                 continue
-            if msg.op == "resync" and msg.items is not None:
-                self.index.replace_all(msg.items)
-            elif msg.op == "event" and msg.obj is not None:
-                self.index.apply(msg.event_type, msg.obj)
+            apply_message(self.index, msg)
         self._loop.join(timeout=1)  # a daemon thread: never hold the exporter's shutdown

@@ -13,61 +13,38 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING
 
-from quota.controller.kube import Obj
-
-# The one-class message these replace had ``op``, ``items``, ``obj`` and ``event_type`` on
-# every message; exporter/dra/slices.py still reads them (the exporter is another folder's
-# work). The ``op`` tags and the None/"" properties below keep that reader working; remove them
-# once it matches on the types like quota/controller/loop.py does.
-
-
-class _NoItems:
-    @property
-    def items(self) -> list[Obj] | None:
-        return None
-
-
-class _NoObject:
-    @property
-    def obj(self) -> Obj | None:
-        return None
-
-    @property
-    def event_type(self) -> str:
-        return ""
+if TYPE_CHECKING:  # annotations only: importers (exporter/dra/slices.py) skip the client
+    from quota.controller.kube import Obj
 
 
 @dataclass(frozen=True)
-class Listed(_NoObject):
+class Listed:
     kind: str
     observed_at: int
     items: list[Obj]
-    op: ClassVar[str] = "list"
 
 
 @dataclass(frozen=True)
-class Resync(_NoObject):
+class Resync:
     kind: str
     observed_at: int
     items: list[Obj]
     version: str  # the list's resourceVersion ("" if the server gave none)
-    op: ClassVar[str] = "resync"
 
 
 @dataclass(frozen=True)
-class Event(_NoItems):
+class Event:
     kind: str
     observed_at: int
     event_type: str
     obj: Obj
-    op: ClassVar[str] = "event"
 
 
 @dataclass(frozen=True)
-class Synced(_NoItems, _NoObject):
-    op: ClassVar[str] = "synced"
+class Synced:
+    """Every kind has been listed once."""
 
 
 Message = Listed | Resync | Event | Synced

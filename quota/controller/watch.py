@@ -22,8 +22,6 @@ from urllib3.exceptions import HTTPError, ReadTimeoutError
 from quota.controller.backoff import Backoff
 from quota.controller.kube import ApiStatusError, Kube, Obj
 from quota.controller.messages import Event, Listed, Message, Resync, put
-
-__all__ = ["GoneError", "Message", "WatchLoop"]  # Message: exporter/dra/slices.py imports it here
 from quota.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)

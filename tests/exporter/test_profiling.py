@@ -13,14 +13,16 @@ import pytest
 from exporter.collect import Collector
 from exporter.metrics import METRICS, Tier, field_tiers
 from exporter.nvml import NvmlApi
-from exporter.profiling import MIN_GPM_GAP, ProfilingReader
+from exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
 from exporter.render import Renderer, RenderOptions
+from exporter.snapshot import DeviceState
 from sim.nvml.control import SimNode
 from sim.nvml.spec import load
 from tests.exporter.scrape import parse, value
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
 MIB = 1024 * 1024
+ONE_H100 = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1}]}
 H100_MIG = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
 # The measured H100 under a bf16 matmul (../shared/nvml-h100.md), as the stand-in's rates.
 UNDER_LOAD = {
@@ -59,7 +61,6 @@ NATIVE_PROF = {
     "gpu_sm_occupancy_ratio",
     "gpu_dram_active_ratio",
     "gpu_pipe_active_ratio",
-    "gpu_pcie_bandwidth_bytes_per_second",
     "gpu_nvlink_bandwidth_bytes_per_second",
 }
 
@@ -84,8 +85,6 @@ def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
     assert value(native, "gpu_pipe_active_ratio", pipe="tensor", **at) == pytest.approx(0.9307)
     assert value(native, "gpu_pipe_active_ratio", pipe="tensor_hmma", **at) == pytest.approx(0.9307)
     assert value(native, "gpu_pipe_active_ratio", pipe="fp32", **at) == 0.0
-    rx = value(native, "gpu_pcie_bandwidth_bytes_per_second", direction="rx", **at)
-    assert rx == pytest.approx(15.84 * MIB, rel=1e-6)
     pipes = {lbl["pipe"] for lbl, _v in native["gpu_pipe_active_ratio"] if lbl["uuid"] == uuid}
     assert pipes == {"tensor", "tensor_hmma", "tensor_imma", "tensor_dfma", "tensor_dmma",
                      "fp64", "fp32", "fp16", "integer"}  # fmt: skip
@@ -98,8 +97,29 @@ def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
     assert value(dcgm, "DCGM_FI_PROF_SM_ACTIVE", **by) == pytest.approx(0.9588)
     assert value(dcgm, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", **by) == pytest.approx(0.9307)
     assert value(dcgm, "DCGM_FI_PROF_PCIE_TX_BYTES", **by) == pytest.approx(6.18 * MIB, rel=1e-6)
+    assert value(dcgm, "DCGM_FI_PROF_PCIE_RX_BYTES", **by) == pytest.approx(15.84 * MIB, rel=1e-6)
     (labels, _v) = next(s for s in dcgm["DCGM_FI_PROF_DRAM_ACTIVE"] if s[0]["UUID"] == uuid)
     assert {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname"} <= set(labels)
+
+
+def test_pcie_traffic_has_one_native_metric_the_byte_counters_rate(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set(3, pcie_tx_bytes_per_second=2e9, pcie_rx_bytes_per_second=5e8)
+    node.set_gpm(3, pcie_tx_bytes_per_second=6.18 * MIB)  # what GPM would say: not native
+    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    native = parse(Renderer().render(snapshot))
+    pcie_traffic = {name for name in native if name.startswith("gpu_pcie_") and "bytes" in name}
+    assert pcie_traffic == {
+        "gpu_pcie_tx_bytes_per_second",
+        "gpu_pcie_rx_bytes_per_second",
+        "gpu_pcie_tx_bytes_total",
+        "gpu_pcie_rx_bytes_total",
+    }
+    at = {"gpu": "3", "uuid": node.uuid(3)}
+    assert value(native, "gpu_pcie_tx_bytes_per_second", **at) == pytest.approx(2e9, rel=0.2)
+    assert value(native, "gpu_pcie_rx_bytes_per_second", **at) == pytest.approx(5e8, rel=0.2)
+    assert not [s.name for s in METRICS if s.compat is None and "pcie" in s.name and "gpm" in
+                s.accessor]  # fmt: skip
 
 
 def test_gpus_before_hopper_omit_profiling_never_zero(nvml_on: NvmlOn) -> None:
@@ -185,6 +205,53 @@ def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
     pids = {lbl["pid"] for lbl, _v in native["gpu_process_sm_utilization_ratio"]}
     assert pids == {"411"}  # 412 had no busy sample: idle, as the driver reports it
     assert second.devices[1].process_utilization == ()
+
+
+def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: NvmlOn) -> None:
+    # modelled costs: the stand-in counts the calls (and charges each its 2.2 ms)
+    node, api = nvml_on({**ONE_H100, "nvml_costs": {"mode": "modelled"}})
+    node.add_process(0, 411, 8 * 2**30)
+    node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
+    now = [1000.0]
+    collector = Collector(api, hostname="sim")
+    collector.profiling = ProfilingReader(api, clock=lambda: now[0])
+    calls = lambda: node.call_count("nvmlDeviceGetProcessUtilization")  # noqa: E731
+    before = calls()
+    first = collector.collect_once()
+    asked = calls()  # pynvml calls the C function twice: the sample count, then the samples
+    assert asked > before
+    for _ in range(3):  # --interval=250ms: the driver has no newer sample yet
+        now[0] += PROCESS_SAMPLE_PERIOD / 4
+        between = collector.collect_once()
+        assert between.devices[0].process_utilization == first.devices[0].process_utilization
+    assert calls() == asked
+    now[0] += PROCESS_SAMPLE_PERIOD / 4  # a second after the last question
+    node.set_process_utilization(0, 411, sm=0.5, memory=0.1)
+    time.sleep(1.05)  # the stand-in's driver takes its next sample
+    later = collector.collect_once()
+    assert calls() > asked
+    assert [(p.pid, p.sm_ratio) for p in later.devices[0].process_utilization or ()] == [(411, 0.5)]
+
+
+def test_no_gpm_pair_spans_a_lost_gpu(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.set_gpm(3, sm_activity=0.9)
+    collector = Collector(api, hostname="sim")
+    before = _two_rounds(collector).devices[3]
+    assert before.gpm is not None and before.gpm.sm_active == pytest.approx(0.9)
+    node.set_lost(3)
+    time.sleep(MIN_GPM_GAP + 0.03)
+    assert collector.collect_once().devices[3].state is DeviceState.LOST
+    time.sleep(0.3)  # gone for a while, busy at 90 % until it comes back idle
+    node.set_gpm(3, sm_activity=0.0)
+    node.set_lost(3, lost=False)
+    back = collector.collect_once().devices[3]
+    assert back.state is DeviceState.OK
+    # its first sample since the loss starts a new pair: no average over the gap
+    assert back.gpm is None
+    time.sleep(MIN_GPM_GAP + 0.03)
+    fresh = collector.collect_once().devices[3]
+    assert fresh.gpm is not None and fresh.gpm.sm_active == 0.0
 
 
 def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:

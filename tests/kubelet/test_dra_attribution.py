@@ -11,11 +11,12 @@ import pytest
 
 from exporter.dra.attribution import DraAttribution
 from exporter.dra.claims import AdminAccessClaims
-from exporter.dra.slices import KINDS, SliceIndex, SliceWatcher
+from exporter.dra.slices import KINDS, SliceIndex, SliceWatcher, apply_message
 from exporter.podresources import PodResourcesWatcher
 from exporter.render import Renderer, RenderOptions
 from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
 from quota.controller.kube import Kube, load
+from quota.controller.messages import Event, Listed, Resync, Synced
 from sim.apiserver import ApiServer
 from sim.harness import poll, wait_for
 from sim.kubelet.podresources import Assignment, ClaimAssignment, PodResourcesServer
@@ -172,6 +173,23 @@ def test_bad_slices_and_pool_generations() -> None:
     assert index.lookup(DRIVER, "node-a", "gpu-0") is not None  # generation 1 counts again
     mig = index.lookup(DRIVER, "node-a", MIG_NAME)
     assert mig is not None and mig.type == "mig" and mig.profile and mig.parent_uuid
+
+
+def test_the_watch_loops_typed_messages_drive_the_index() -> None:
+    index = SliceIndex()
+    first, second = resource_slices(MIXED, "node-a"), resource_slices(MIXED, "node-b")
+    apply_message(index, Resync(KINDS[0], 1, first, "10"))
+    assert index.lookup(DRIVER, "node-a", "gpu-0") is not None
+    apply_message(index, Listed(KINDS[0], 2, second))  # facts only: node-a's slices stay
+    assert index.lookup(DRIVER, "node-a", "gpu-0") is not None
+    assert index.lookup(DRIVER, "node-b", "gpu-0") is not None
+    apply_message(index, Synced())
+    for obj in second:
+        apply_message(index, Event(KINDS[0], 3, "DELETED", obj))
+    assert index.lookup(DRIVER, "node-b", "gpu-0") is None
+    apply_message(index, Resync(KINDS[0], 4, second, "11"))  # a relist: exactly these now
+    assert index.lookup(DRIVER, "node-a", "gpu-0") is None
+    assert index.lookup(DRIVER, "node-b", "gpu-0") is not None
 
 
 def _kube(api: ApiServer, tmp_path: Path, node: str) -> Kube:
