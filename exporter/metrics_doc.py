@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from exporter import metrics
 from exporter.metrics import MetricSpec, Scope, Tier
+from gpuquota.generated import add_target_options, emit
 
 HEADER = """\
 # Metrics reference
@@ -127,29 +127,9 @@ def render(table: Sequence[MetricSpec] = metrics.METRICS) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m exporter.metrics_doc", description=__doc__)
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", type=Path, metavar="PATH", help="write the reference here")
-    group.add_argument(
-        "--check", type=Path, metavar="PATH", help="exit 1 if PATH differs from the table"
-    )
+    add_target_options(parser)
     args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        args.write.parent.mkdir(parents=True, exist_ok=True)
-        args.write.write_text(text)
-        return 0
-    if args.check:
-        current = args.check.read_text() if args.check.exists() else ""
-        if current != text:
-            print(
-                f"{args.check} is out of date with exporter/metrics.py; run "
-                f"`python -m exporter.metrics_doc --write {args.check}`",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    sys.stdout.write(text)
-    return 0
+    return emit(args, render(), module="exporter.metrics_doc", source="exporter/metrics.py")
 
 
 if __name__ == "__main__":

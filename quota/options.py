@@ -1,5 +1,5 @@
 """Command-line options shared by the `gpuquota` subcommands (database URL, cluster name,
-node pool labels, TCP ports)."""
+node pool labels, GPU DRA drivers, TCP ports)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import re
 from collections.abc import Sequence
 
-from quota.accounting import DEFAULT_NODE_POOL_LABELS
+from quota.accounting import DEFAULT_NODE_POOL_LABELS, AccountingConfig
 from quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
 from quota.store.db import DEFAULT_URL, ENV_URL
 
@@ -99,6 +99,19 @@ def dra_drivers(value: str | None) -> tuple[str, ...]:
         if len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
             raise ValueError(f"--dra-drivers: {name!r} is not a driver name (a DNS subdomain)")
     return tuple(dict.fromkeys(names))
+
+
+def add_accounting_options(parser: argparse.ArgumentParser) -> None:
+    """--node-pool-label and --dra-drivers: what every command that accounts events is told."""
+    add_node_pool_option(parser)
+    add_dra_drivers_option(parser)
+
+
+def accounting_options(args: argparse.Namespace) -> tuple[AccountingConfig, tuple[str, ...]]:
+    """The accounting configuration and the GPU DRA drivers add_accounting_options' flags (else
+    the environment) name. ValueError, naming the flag, for a malformed value."""
+    config = AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
+    return config, dra_drivers(args.dra_drivers)
 
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")

@@ -43,12 +43,10 @@ from quota import accounting as acc
 from quota.accounting.accountant import KINDS, Accountant
 from quota.accounting.rules.claims import check_dra
 from quota.options import (
+    accounting_options,
+    add_accounting_options,
     add_cluster_option,
     add_db_option,
-    add_dra_drivers_option,
-    add_node_pool_option,
-    dra_drivers,
-    node_pool_labels,
 )
 from quota.store.db import open_store, safe_url
 
@@ -332,8 +330,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--migrate", action="store_true", help="bring the store's schema up to date first"
     )
-    add_node_pool_option(parser)
-    add_dra_drivers_option(parser)
+    add_accounting_options(parser)
     parser.add_argument(
         "--flush-every",
         type=int,
@@ -349,8 +346,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     terminal = sys.stderr.isatty()
     try:
-        config = acc.AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
-        drivers = dra_drivers(args.dra_drivers)
+        config, drivers = accounting_options(args)
         source = Source(args.file)
         # before touching the database: a bad line costs nothing
         summary = validate(source, config, show_progress=terminal)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from exporter.health.config import default_catalog_actions, defaults
+from gpuquota.generated import check, write
 
 
 def catalog_actions() -> str:
@@ -90,15 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{args.path}: {exc}", file=sys.stderr)
         return 2
     if args.check:
-        if wanted != current:
-            print(
-                f"{args.path} is out of date: run python -m exporter.health.doc --write {args.path}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    args.path.write_text(wanted)
-    return 0
+        return check(
+            args.path, wanted, module="exporter.health.doc", source="exporter/health/defaults.yaml"
+        )
+    return write(args.path, wanted)
 
 
 if __name__ == "__main__":

@@ -21,19 +21,16 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from gpuquota.durations import duration_flag, whole_seconds_flag
-from quota.accounting import AccountingConfig
 from quota.accounting.accountant import Accountant
 from quota.controller import kube as kubeapi
 from quota.controller.leader import LeaseSettings, check, elect
 from quota.controller.loop import Controller, Settings, StartupError
 from quota.controller.metrics import ControllerMetrics
 from quota.options import (
+    accounting_options,
+    add_accounting_options,
     add_cluster_option,
     add_db_option,
-    add_dra_drivers_option,
-    add_node_pool_option,
-    dra_drivers,
-    node_pool_labels,
     port_number,
 )
 from quota.store.db import StoreError, StoreUnavailableError, open_store
@@ -151,8 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="give up when the API server cannot be listed for this long (30s)",
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
-    add_node_pool_option(parser)
-    add_dra_drivers_option(parser)
+    add_accounting_options(parser)
 
 
 def _fail(message: str, status: int = EXIT_ERROR) -> int:
@@ -186,8 +182,7 @@ def run(args: argparse.Namespace) -> int:
             "--flush-interval, --flush-every, --read-timeout and --page-size must be positive"
         )
     try:
-        config = AccountingConfig(node_pool_labels=node_pool_labels(args.node_pool_labels))
-        drivers = dra_drivers(args.dra_drivers)
+        config, drivers = accounting_options(args)
     except ValueError as exc:
         return _fail(str(exc))
     lease = LeaseSettings(

@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from gpuquota.generated import add_target_options, emit
 from quota.controller.metrics import METRICS, ControllerMetric
 
 HEADER = """\
@@ -49,30 +49,14 @@ def render(table: Sequence[ControllerMetric] = METRICS) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", metavar="PATH", help="write the reference to PATH")
-    group.add_argument("--check", metavar="PATH", help="exit 1 if PATH is not current")
+    add_target_options(parser)
     args = parser.parse_args(argv)
-    text = render()
-    if args.write:
-        Path(args.write).write_text(text)
-        return 0
-    if args.check:
-        try:
-            current = Path(args.check).read_text()
-        except OSError as exc:
-            print(f"metrics_doc: cannot read {args.check}: {exc.strerror}", file=sys.stderr)
-            return 1
-        if current != text:
-            print(
-                f"{args.check} is stale: run python -m quota.controller.metrics_doc "
-                f"--write {args.check}",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    sys.stdout.write(text)
-    return 0
+    return emit(
+        args,
+        render(),
+        module="quota.controller.metrics_doc",
+        source="quota/controller/metrics.py",
+    )
 
 
 if __name__ == "__main__":

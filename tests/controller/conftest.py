@@ -28,7 +28,7 @@ from sqlalchemy import create_engine, text
 
 from quota.controller.kube import Kube
 from quota.store import db
-from sim.apiserver import ApiServer
+from sim.apiserver import ApiServer, Driver
 from sim.harness import wait_for
 from sim.workload import Workload
 from tests.conftest import PgSchemas
@@ -360,6 +360,25 @@ def start(api, store, controllers, *extra, identity="ctl-a"):
 
 def ready(store):
     wait_for(store.heartbeat, 20, "the controller's first heartbeat")
+
+
+def drive_through_cut_and_stall(
+    api: ApiServer, store: Store, wl: Workload
+) -> tuple[Driver, list[int]]:
+    """Drives ``wl`` to the third of five marks (sixths of its span): every watch cut after the
+    first, every watch stalled (seen by the client's read timeout only) after the second, the
+    store caught up after each. The driver and the marks, for the test to go on with."""
+    marks = [wl.start + (wl.end - wl.start) * i // 6 for i in range(1, 6)]
+    driver = Driver(api, wl)
+    driver.run(until=marks[0])
+    api.cut_watches()
+    driver.run(until=marks[1])
+    wait_for(lambda: caught_up(store, api.resource_version), 20, "catch-up after the cut")
+    wait_for(lambda: api.active_watches == WATCHED, 10, "the watches to reconnect")
+    api.stall_watches()
+    driver.run(until=marks[2])
+    wait_for(lambda: caught_up(store, api.resource_version), 20, "catch-up after the stall")
+    return driver, marks
 
 
 def metric(text: str, name: str, **labels: str) -> float:

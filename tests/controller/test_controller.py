@@ -20,10 +20,10 @@ from sim.harness import wait_for
 from sim.workload import generate
 from tests.controller.conftest import (
     ROOT,
-    WATCHED,
     ControllerProcess,
     assert_exact,
     caught_up,
+    drive_through_cut_and_stall,
     free_port,
     metric,
     ready,
@@ -112,16 +112,7 @@ def best_effort_gpu_pods(apiserver) -> dict[str, int]:
 def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, controllers):
     ctl = start(apiserver, store, controllers)
     ready(store)
-    marks = [WL.start + (WL.end - WL.start) * i // 6 for i in range(1, 6)]
-    driver = Driver(apiserver, WL)
-    driver.run(until=marks[0])
-    apiserver.cut_watches()
-    driver.run(until=marks[1])
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the cut")
-    wait_for(lambda: apiserver.active_watches == WATCHED, 10, "the watches to reconnect")
-    apiserver.stall_watches()  # detected by the client read timeout only
-    driver.run(until=marks[2])
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the stall")
+    driver, marks = drive_through_cut_and_stall(apiserver, store, WL)
     apiserver.force_gone()  # every version is too old now: 410 and relist
     apiserver.refuse_for(0.7)
     time.sleep(1.0)

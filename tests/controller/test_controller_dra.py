@@ -11,10 +11,10 @@ from sim.apiserver import ApiServer, Driver
 from sim.harness import wait_for
 from sim.workload import DRA_NAMESPACE, MIG_CLASS, generate
 from tests.controller.conftest import (
-    WATCHED,
     assert_dra_exact,
     assert_exact,
     caught_up,
+    drive_through_cut_and_stall,
     metric,
     ready,
     start,
@@ -35,16 +35,7 @@ def test_dra_claims_exact_through_watch_trouble_and_restarts(apiserver, store, c
     rng = random.Random(store.cluster)
     ctl = start(apiserver, store, controllers)
     ready(store)
-    marks = [WL.start + (WL.end - WL.start) * i // 6 for i in range(1, 6)]
-    driver = Driver(apiserver, WL)
-    driver.run(until=marks[0])
-    apiserver.cut_watches()
-    driver.run(until=marks[1])
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the cut")
-    wait_for(lambda: apiserver.active_watches == WATCHED, 10, "the watches to reconnect")
-    apiserver.stall_watches()  # detected by the client read timeout only
-    driver.run(until=marks[2])
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after the stall")
+    driver, marks = drive_through_cut_and_stall(apiserver, store, WL)
     apiserver.force_gone()  # 410 on every kind: relist claims, slices and classes too
     wait_for(
         lambda: all(

@@ -8,11 +8,25 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
+
+# every folder kustomize builds (``built`` makes tls-auth from a copy with its generated Secret files)
+OVERLAYS = [
+    "base",
+    "overlays/dcgm-compat",
+    "overlays/postgres",
+    "overlays/device-plugin",
+    "overlays/dra",
+    "overlays/restricted",
+    "overlays/tls-auth",
+    "overlays/pod-usage",
+]
 
 
 @functools.cache

@@ -15,26 +15,22 @@ import yaml
 
 from dashboards.known_metrics import known_metric_names
 from dashboards.promql import metric_names
-from tests.deploy.manifests import DEPLOY, KUBECTL, ROOT, built, find, kustomize
+from tests.deploy.manifests import (
+    DEPLOY,
+    OVERLAYS,
+    ROOT,
+    built,
+    find,
+    kustomize,
+    needs_kubectl,
+)
 
 RULE = DEPLOY / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
 PROMTOOL = shutil.which("promtool")
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) missing")
 
 
-# every folder kustomize builds; tls-auth from a copy with its generated Secret files
-OVERLAYS = [
-    "base",
-    "overlays/dcgm-compat",
-    "overlays/postgres",
-    "overlays/device-plugin",
-    "overlays/dra",
-    "overlays/restricted",
-    "overlays/tls-auth",
-    "overlays/pod-usage",
-]
 GENERATED = {"web-config.yml"}  # overlays/tls-auth/generate.py writes it; never committed
 
 

@@ -28,7 +28,7 @@ from sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
 from sim.nvml import spec
 from sim.nvml.control import SimNode
 from sim.nvml.resourceslices import DRIVER, resource_slices
-from tests.deploy.manifests import DEPLOY, KUBECTL, find, kustomize
+from tests.deploy.manifests import DEPLOY, find, kustomize, needs_kubectl
 from tests.kubelet.exporter_proc import Exporter
 
 Grant = tuple[str, str, str]  # (API group, resource[/subresource], verb)
@@ -37,7 +37,6 @@ EXPORTER_SA = ("gpuquota", "gpu-exporter")
 CONTROLLER_SA = ("gpuquota", "gpuquota-controller")
 # the controller watches every kind it accounts: the stand-in serves resource.k8s.io, so DRA's
 WATCHED = len(Kube.KINDS) + len(Kube.DRA_KINDS)
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
 
 
 def grants(docs: list[dict[str, Any]], account: tuple[str, str]) -> set[Grant]:

@@ -10,19 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.manifests import DEPLOY, KUBECTL, built
+from tests.deploy.manifests import DEPLOY, OVERLAYS, built, needs_kubectl
 
-needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
-OVERLAYS = [
-    "base",
-    "overlays/dcgm-compat",
-    "overlays/postgres",
-    "overlays/device-plugin",
-    "overlays/dra",
-    "overlays/restricted",
-    "overlays/tls-auth",
-    "overlays/pod-usage",
-]
 README = DEPLOY / "README.md"
 
 # Pod Security Standards (kubernetes.io/docs/concepts/security/pod-security-standards/)
