@@ -33,14 +33,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-# aiohttp's low-level server modules only: ``aiohttp.web`` would add the application,
-# routing and middleware layers (about 2 MB resident) that nothing here uses
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response as WebResponse
-from aiohttp.web_response import StreamResponse
-from aiohttp.web_server import Server
-
+# aiohttp's low-level server only: neither ``aiohttp.web`` (application, routing and
+# middleware layers) nor aiohttp's client, which its package ``__init__`` would import
+from exporter.aiohttp_server import BaseRequest, RequestHandler, Server, StreamResponse
+from exporter.aiohttp_server import Response as WebResponse
 from exporter.authguard import AuthGuard, Verdict
 from exporter.collect import Collector
 from exporter.health.verdict import NodeHealth
