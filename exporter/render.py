@@ -269,6 +269,22 @@ class Renderer:
                 self._cached_gzip = gzip.compress(self._cached, compresslevel=1)
             return self._cached_gzip
 
+    def peek(
+        self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None, *, gzipped: bool = False
+    ) -> bytes | None:
+        """The cached bytes ``exposition`` would return, or None where it would have to render
+        or compress (or another thread is rendering now): never renders, never waits."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            cached = self._cached_for
+            generation = None if verdict is None else verdict.generation
+            if cached is None or cached[0] is not snapshot or cached[1] != generation:
+                return None
+            return self._cached_gzip if gzipped else self._cached
+        finally:
+            self._lock.release()
+
     def render(self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None) -> bytes:
         out: list[str] = []
         extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
