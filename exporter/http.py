@@ -9,7 +9,13 @@ than ``idle_timeout`` is closed. TLS handshakes run on the loop too, bounded by
 serving a request makes room, so file descriptors never run out.
 
 A scrape only returns the collector's latest snapshot, rendered once per snapshot by the
-Renderer, so it never waits on NVML, and the collector never waits on scrapes.
+Renderer, so it never waits on NVML, and the collector never waits on scrapes. Nothing is
+rendered for nobody: a snapshot is rendered when a scrape asks for it, in the ``render``
+worker thread (concurrent scrapes of one snapshot share that one render; the event loop never
+renders), or ahead in the collect thread, but only in the encodings asked for since the
+previous snapshot, so a scraper that keeps coming finds its bytes ready while one that stopped
+costs at most one more render. A default Prometheus scrapes every 15-30 s and collection runs
+every second: most snapshots are never rendered.
 
 TLS and basic auth come from an exporter-toolkit web config (exporter/webconfig.py); the
 certificate in force is the current one on every handshake, so rotated certificates apply
@@ -31,11 +37,13 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
-
+# aiohttp's low-level server only: neither ``aiohttp.web`` (application, routing and
+# middleware layers) nor aiohttp's client, which its package ``__init__`` would import
+from exporter.aiohttp_server import BaseRequest, RequestHandler, Server, StreamResponse
+from exporter.aiohttp_server import Response as WebResponse
 from exporter.authguard import AuthGuard, Verdict
 from exporter.collect import Collector
 from exporter.health.verdict import NodeHealth
@@ -48,6 +56,7 @@ log = logging.getLogger(__name__)
 # A route answers (status, content type, body).
 Response = tuple[int, str, bytes]
 Route = Callable[[], Response]
+RenderKey = tuple[int, int | None, bool]  # id(snapshot), verdict generation, gzipped
 
 UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
 READY_AFTER_INTERVALS = 3  # /readyz fails when the newest snapshot is older than this
@@ -77,7 +86,7 @@ class _Connection(RequestHandler):
     """aiohttp's connection protocol plus the header-read deadline it lacks (it has only the
     idle one: ``keepalive_timeout``, counted from the connection's start and each response)."""
 
-    def __init__(self, manager: web.Server, *, header_timeout: float, **kwargs: Any) -> None:
+    def __init__(self, manager: Server, *, header_timeout: float, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._header_timeout = header_timeout
         self._header_deadline: asyncio.TimerHandle | None = None
@@ -110,11 +119,11 @@ class _Connection(RequestHandler):
 
     def handle_error(
         self,
-        request: web.BaseRequest,
+        request: BaseRequest,
         status: int = 500,
         exc: BaseException | None = None,
         message: str | None = None,
-    ) -> web.StreamResponse:
+    ) -> StreamResponse:
         # aiohttp's own answers (400 for a malformed request ...) name its and Python's version
         response = super().handle_error(request, status, exc, message)
         response.headers["Server"] = SERVER_HEADER
@@ -141,7 +150,7 @@ class _Connection(RequestHandler):
             self.force_close()
 
 
-class _WebServer(web.Server):
+class _WebServer(Server):
     """Makes ``_Connection``s and keeps at most ``max_connections`` open: past that, the
     oldest connection not in the middle of a request is closed for the new one, so no number
     of held connections can use up the process's file descriptors and lock scrapers out."""
@@ -222,9 +231,14 @@ class ExporterServer:
         initial = self.web_config
         self._ssl_context = _rotating_context(self) if initial and initial.ssl_context else None
         self._created = time.time()
-        # (snapshot, verdict generation, body, gzipped body) rendered in the collect thread
-        self._published: tuple[NodeSnapshot, int | None, bytes, bytes] | None = None
-        collector.subscribe(self._publish)
+        # The encodings (gzipped or not) scraped since the last snapshot: rendered ahead next.
+        self._wanted: set[bool] = set()
+        # One render thread: the event loop only hands bytes over. Renders in flight, by key,
+        # are touched only on the event loop: concurrent scrapes await the same one.
+        self._render_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
+        # Keyed by the snapshot's id (snapshots are unhashable) with the snapshot kept beside it.
+        self._rendering: dict[RenderKey, tuple[NodeSnapshot, Future[bytes]]] = {}
+        collector.subscribe(self._render_ahead)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._web_server: _WebServer | None = None
@@ -294,6 +308,7 @@ class ExporterServer:
         else:
             self._socket.close()
         self._guard.close()
+        self._render_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _open(self) -> None:
         self._web_server = _WebServer(
@@ -321,7 +336,7 @@ class ExporterServer:
             await self._listener.wait_closed()
 
     # --- requests ----------------------------------------------------------------------------
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _handle(self, request: BaseRequest) -> StreamResponse:
         connection = request.protocol
         if isinstance(connection, _Connection):
             connection.request_started()
@@ -331,7 +346,7 @@ class ExporterServer:
             if isinstance(connection, _Connection):
                 connection.request_finished()
 
-    async def _respond(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _respond(self, request: BaseRequest) -> StreamResponse:
         if request.method not in ("GET", "HEAD"):
             return self._response(
                 *_text(405, f"{request.method} not allowed\n"), {"Allow": "GET, HEAD"}
@@ -354,9 +369,10 @@ class ExporterServer:
         route = self.routes.get(path)
         if route is None:
             return self._response(*_text(404, f"{path} not found\n"))
-        if route == self.metrics and _accepts_gzip(request.headers.get("Accept-Encoding", "")):
-            status, content_type, body = self.metrics(gzipped=True)
-            extra = {"Content-Encoding": "gzip"} if status == 200 else None
+        if route == self.metrics:
+            gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
+            status, content_type, body = await self._scrape(gzipped)
+            extra = {"Content-Encoding": "gzip"} if status == 200 and gzipped else None
             return self._response(status, content_type, body, extra)
         try:
             status, content_type, body = route()
@@ -367,7 +383,7 @@ class ExporterServer:
 
     def _response(
         self, status: int, content_type: str, body: bytes, extra: dict[str, str] | None = None
-    ) -> web.Response:
+    ) -> WebResponse:
         config = self.web_config
         headers = {
             **(config.headers if config else {}),
@@ -375,36 +391,60 @@ class ExporterServer:
             "Server": SERVER_HEADER,
             **(extra or {}),
         }
-        return web.Response(status=status, body=body, headers=headers)
+        return WebResponse(status=status, body=body, headers=headers)
 
     # --- routes ------------------------------------------------------------------------------
     def metrics(self, *, gzipped: bool = False) -> Response:
-        """/metrics: the latest snapshot and the health verdict of this moment, rendered.
-
-        Served from what ``_publish`` rendered in the collect thread, so a scrape on the event
-        loop only sends bytes; rendered here only when the verdict changed since, or when
-        publishing lags more than an interval behind the collector.
-        """
+        """/metrics: the latest snapshot and the health verdict of this moment, rendered in
+        the calling thread (the server itself scrapes through ``_scrape``)."""
         snapshot = self.collector.latest()
         if snapshot is None:
             return _text(503, "no collection yet\n")
         verdict = self._verdict_source() if self._verdict_source is not None else None
-        published = self._published
-        if (
-            published is not None
-            and published[1] == (verdict.generation if verdict is not None else None)
-            and snapshot.collected_at - published[0].collected_at <= self.collector.interval
-        ):
-            return 200, CONTENT_TYPE, published[3] if gzipped else published[2]
         return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
 
-    def _publish(self, snapshot: NodeSnapshot) -> None:
-        """Collector subscriber: render the new snapshot (both encodings) off the event loop."""
+    async def _scrape(self, gzipped: bool) -> Response:
+        """/metrics on the event loop: the cached bytes, or a render in the render thread
+        shared by every scrape of the same snapshot, verdict and encoding."""
+        snapshot = self.collector.latest()
+        if snapshot is None:
+            return _text(503, "no collection yet\n")
+        self._wanted.add(gzipped)
         verdict = self._verdict_source() if self._verdict_source is not None else None
-        body = self.renderer.exposition(snapshot, verdict)
-        zipped = self.renderer.exposition(snapshot, verdict, gzipped=True)
-        generation = verdict.generation if verdict is not None else None
-        self._published = (snapshot, generation, body, zipped)
+        body = self.renderer.peek(snapshot, verdict, gzipped=gzipped)
+        if body is None:
+            key = (id(snapshot), verdict.generation if verdict is not None else None, gzipped)
+            inflight = self._rendering.get(key)
+            if inflight is not None and inflight[0] is snapshot:
+                pending = inflight[1]
+            else:
+                pending = self._render_pool.submit(
+                    self.renderer.exposition, snapshot, verdict, gzipped=gzipped
+                )
+                self._rendering[key] = (snapshot, pending)
+                pending.add_done_callback(lambda _done: self._forget(key))
+            try:
+                body = await asyncio.wrap_future(pending)
+            except Exception:
+                log.exception("rendering /metrics failed")
+                return _text(500, "internal error\n")
+        return 200, CONTENT_TYPE, body
+
+    def _forget(self, key: RenderKey) -> None:
+        """A render finished (in the render thread): drop it from the map on the loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._rendering.pop, key, None)
+
+    def _render_ahead(self, snapshot: NodeSnapshot) -> None:
+        """Collector subscriber (collect thread): render the new snapshot in the encodings
+        scraped since the previous one, so a steady scraper finds its bytes ready."""
+        wanted, self._wanted = self._wanted, set()
+        if not wanted:
+            return
+        verdict = self._verdict_source() if self._verdict_source is not None else None
+        for gzipped in sorted(wanted):
+            self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
 
     def _healthz(self) -> Response:
         if not self.collector.is_alive():

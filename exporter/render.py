@@ -9,8 +9,9 @@ same table walk (``series``):
 * ``Renderer.exposition(snapshot, verdict)``: text format 0.0.4 bytes for /metrics. Each
   device's label string is built once per snapshot and reused by every row, and the bytes are
   cached per (snapshot, verdict generation), so concurrent scrapes render once.
-* ``SnapshotCollector``: a prometheus_client custom collector yielding the same families, for
-  embedding the exporter's metrics in another prometheus_client registry.
+* ``series``: the same families as (spec, rows), which exporter/promcollector.py's
+  ``SnapshotCollector`` hands to another prometheus_client registry (its own module, so the
+  exporter itself never imports prometheus_client: about 2 MB resident it does not use).
 
 The exposition is written here rather than by prometheus_client's ``generate_latest`` because
 the dcgm compat rows need dcgm-exporter's exact names, and prometheus_client renames every
@@ -25,9 +26,6 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
-
-from prometheus_client.metrics_core import Metric
-from prometheus_client.registry import Collector
 
 from exporter import metrics
 from exporter.health.verdict import NodeHealth
@@ -271,6 +269,22 @@ class Renderer:
                 self._cached_gzip = gzip.compress(self._cached, compresslevel=1)
             return self._cached_gzip
 
+    def peek(
+        self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None, *, gzipped: bool = False
+    ) -> bytes | None:
+        """The cached bytes ``exposition`` would return, or None where it would have to render
+        or compress (or another thread is rendering now): never renders, never waits."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            cached = self._cached_for
+            generation = None if verdict is None else verdict.generation
+            if cached is None or cached[0] is not snapshot or cached[1] != generation:
+                return None
+            return self._cached_gzip if gzipped else self._cached
+        finally:
+            self._lock.release()
+
     def render(self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None) -> bytes:
         out: list[str] = []
         extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
@@ -294,34 +308,3 @@ class Renderer:
                 out.append(f"# HELP {name} {escape_help(spec.help)}\n# TYPE {name} {spec.type}\n")
                 out.extend(lines)
         return "".join(out).encode()
-
-
-class SnapshotCollector(Collector):
-    """prometheus_client custom collector over the latest snapshot of ``source`` (and the
-    latest verdict of ``verdict_source``, if given)."""
-
-    def __init__(
-        self,
-        source: Callable[[], NodeSnapshot | None],
-        options: RenderOptions = RenderOptions(),
-        verdict_source: Callable[[], NodeHealth | None] | None = None,
-    ) -> None:
-        self._source = source
-        self._verdict_source = verdict_source
-        self._options = options
-        self._table = metrics.rows(options.compat)
-
-    def collect(self) -> Iterator[Metric]:
-        snapshot = self._source()
-        if snapshot is None:
-            return
-        verdict = self._verdict_source() if self._verdict_source is not None else None
-        for spec, rows in series(snapshot, verdict, self._options, self._table):
-            name = spec.name
-            if spec.type == "counter" and name.endswith("_total"):
-                name = name[: -len("_total")]
-            family = Metric(name, spec.help, spec.type)
-            for pairs, value in rows:
-                family.add_sample(spec.name, dict(pairs), value)
-            if family.samples:
-                yield family

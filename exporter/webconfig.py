@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import yaml
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +158,8 @@ def load(path: str | Path) -> WebConfig:
         text = path.read_text()
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror}") from None
+    import yaml  # only with --web.config.file
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

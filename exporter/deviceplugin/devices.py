@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from exporter.health.verdict import DeviceHealth, NodeHealth, State
 
@@ -22,6 +23,7 @@ HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
 REPLICA_SEPARATOR = "::"
 DEFAULT_RESOURCE = "nvidia.com/gpu"
+DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
 
 @dataclass(frozen=True, slots=True)

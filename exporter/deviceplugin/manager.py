@@ -20,15 +20,13 @@ from pathlib import Path
 
 import grpc
 
-from exporter.deviceplugin.devices import PluginConfig, plugin_devices
+from exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, PluginConfig, plugin_devices
 from exporter.deviceplugin.preferred import Topology
 from exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
 from exporter.health.board import HealthBoard
 from exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -25,8 +25,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from exporter.health.table import ConditionRule, HealthConfig, XidRule
 from exporter.health.verdict import Action, State, parse_action, parse_state
 
@@ -275,6 +273,8 @@ def parse_config(
 
 
 def _parse_yaml(text: str, source: str) -> Any:
+    import yaml  # only for a config file; the defaults are built in
+
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

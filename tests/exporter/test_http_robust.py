@@ -18,7 +18,10 @@ import bcrypt
 import pytest
 
 from exporter import authguard
+from exporter.health.verdict import NodeHealth
 from exporter.http import ExporterServer
+from exporter.render import Renderer
+from exporter.snapshot import NodeSnapshot
 from exporter.webconfig import bcrypt_cost, load
 from tests.exporter.scrape import get
 
@@ -240,19 +243,43 @@ def test_throttled_answers_say_when_to_retry(serve, tmp_path: Path) -> None:
     assert get(server, "/healthz")[0] == 200  # probes need no credentials, are never throttled
 
 
-def test_scrapes_send_what_the_collect_thread_rendered(serve) -> None:
+class _RecordingRenderer(Renderer):
+    """The real renderer, noting each render: the snapshot (kept, so ids never repeat), the
+    verdict's generation and the thread it ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.renders: list[tuple[NodeSnapshot, int | None, str]] = []
+
+    def render(self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None) -> bytes:
+        generation = verdict.generation if verdict is not None else None
+        self.renders.append((snapshot, generation, threading.current_thread().name))
+        return super().render(snapshot, verdict)
+
+
+def test_snapshots_render_once_when_scraped_and_never_on_the_event_loop(serve) -> None:
     _node, collector, server = serve(interval=0.1)
-    deadline = time.monotonic() + 10
-    while True:  # the published render follows the collector
-        published = server._published
-        if published is not None and published[0] is collector.latest():
-            break
-        assert time.monotonic() < deadline, "nothing published"
-        time.sleep(0.01)
-    status, body, _ = get(server, "/metrics")
-    assert status == 200 and b"gpu_info" in body
-    status, zipped, _ = get(server, "/metrics", {"Accept-Encoding": "gzip"})
-    assert (status, len(zipped) < len(body)) == (200, True)
+    recording = server.renderer = _RecordingRenderer()
+    first = collector.latest()
+    time.sleep(0.5)  # about five collections
+    assert collector.latest() is not first
+    assert recording.renders == []  # nobody scraped: nothing rendered
+
+    def scrape(i: int) -> tuple[int, int]:
+        headers = {"Accept-Encoding": "gzip"} if i % 2 else {}
+        status, body, _ = get(server, "/metrics", headers)
+        return status, len(body)
+
+    with ThreadPoolExecutor(10) as pool:
+        answers = list(pool.map(scrape, range(200)))
+    assert {status for status, _ in answers} == {200}
+    plain = max(size for (_, size), i in zip(answers, range(200), strict=True) if i % 2 == 0)
+    zipped = max(size for (_, size), i in zip(answers, range(200), strict=True) if i % 2)
+    assert zipped < plain
+    assert recording.renders  # the scrapes were served from renders ...
+    assert "http" not in {thread for _, _, thread in recording.renders}  # ... none on the loop
+    keys = [(id(snapshot), generation) for snapshot, generation, _ in recording.renders]
+    assert len(keys) == len(set(keys))  # and no snapshot rendered twice
 
 
 def test_a_rotated_certificate_is_served_to_new_connections(

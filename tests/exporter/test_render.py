@@ -11,7 +11,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from exporter import metrics
 from exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
 from exporter.metrics import METRICS, MetricSpec, Scope
-from exporter.render import Renderer, RenderOptions, SnapshotCollector, escape_label_value
+from exporter.promcollector import SnapshotCollector
+from exporter.render import Renderer, RenderOptions, escape_label_value
 from exporter.snapshot import DeviceSnapshot, DeviceState, GpmMetrics, PodRef
 from tests.exporter.factories import GIB, gpu, mig, node
 from tests.exporter.scrape import parse, value

@@ -1,0 +1,51 @@
+"""``SnapshotCollector``: the exporter's metric families as a prometheus_client custom
+collector, for embedding them in another prometheus_client registry.
+
+Apart from exporter/render.py so that the exporter process, which writes its exposition itself,
+never imports prometheus_client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from exporter import metrics
+from exporter.health.verdict import NodeHealth
+from exporter.render import RenderOptions, series
+from exporter.snapshot import NodeSnapshot
+
+DEFAULT_OPTIONS = RenderOptions()
+
+
+class SnapshotCollector(Collector):
+    """prometheus_client custom collector over the latest snapshot of ``source`` (and the
+    latest verdict of ``verdict_source``, if given)."""
+
+    def __init__(
+        self,
+        source: Callable[[], NodeSnapshot | None],
+        options: RenderOptions = DEFAULT_OPTIONS,
+        verdict_source: Callable[[], NodeHealth | None] | None = None,
+    ) -> None:
+        self._source = source
+        self._verdict_source = verdict_source
+        self._options = options
+        self._table = metrics.rows(options.compat)
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._source()
+        if snapshot is None:
+            return
+        verdict = self._verdict_source() if self._verdict_source is not None else None
+        for spec, rows in series(snapshot, verdict, self._options, self._table):
+            name = spec.name
+            if spec.type == "counter" and name.endswith("_total"):
+                name = name[: -len("_total")]
+            family = Metric(name, spec.help, spec.type)
+            for pairs, value in rows:
+                family.add_sample(spec.name, dict(pairs), value)
+            if family.samples:
+                yield family
