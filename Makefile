@@ -17,17 +17,17 @@ $(BIN)/.installed: pyproject.toml setup.py
 
 # The NVML stand-in: a C library built from NVIDIA's nvml.h (from nvidia-nvml-dev).
 $(SIMLIB): $(BIN)/.installed $(wildcard sim/nvml/*.c sim/nvml/*.h)
-	$(BIN)/python -m sim.nvml.build --out $(SIMLIB)
+	$(BIN)/python -m gpuquota.sim.nvml.build --out $(SIMLIB)
 
 demo: $(BIN)/.installed $(SIMLIB)
-	$(BIN)/python -m sim.demo
+	$(BIN)/python -m gpuquota.sim.demo
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
 typecheck: $(BIN)/.installed
-	$(BIN)/mypy gpuquota exporter quota sim dashboards bench
+	$(BIN)/mypy gpuquota bench
 
 debian-packages:
 	@tools/debian-packages
@@ -45,8 +45,8 @@ image: $(BIN)/.installed $(SIMLIB)
 	tools/image smoke
 
 docs: $(BIN)/.installed
-	$(BIN)/python -m exporter.metrics_doc --write docs/metrics.md
-	$(BIN)/python -m quota.controller.metrics_doc --write docs/controller-metrics.md
+	$(BIN)/python -m gpuquota.exporter.metrics_doc --write docs/metrics.md
+	$(BIN)/python -m gpuquota.quota.controller.metrics_doc --write docs/controller-metrics.md
 
 bench: $(BIN)/.installed $(SIMLIB)
 	@tools/debian-packages wrk

@@ -6,7 +6,7 @@ Everything else about the distribution is declared in pyproject.toml. Two steps 
   exporter/kubeletapi/ and compiled with grpcio-tools at build time, so generated code is
   never committed and always matches the installed protobuf runtime.
 * The repository's alembic/ folder (env.py, versions/) is copied into the wheel as
-  quota/migrations, so `gpuquota db upgrade` works from an installed wheel without a
+  gpuquota/quota/migrations, so `gpuquota db upgrade` works from an installed wheel without a
   top-level `alembic` package shadowing the alembic library.
 """
 
@@ -19,11 +19,13 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-PROTO_DIR = ROOT / "exporter" / "kubeletapi"
+# compiled by their path inside the package (gpuquota/exporter links to exporter/), so the
+# generated modules import each other as gpuquota.exporter.kubeletapi.*
+PROTO_DIR = ROOT / "gpuquota" / "exporter" / "kubeletapi"
 
 
 def generate_kubelet_stubs() -> None:
-    """Compile every .proto in exporter/kubeletapi/ next to itself (with .pyi stubs)."""
+    """Compile every .proto in gpuquota/exporter/kubeletapi/ next to itself (with .pyi stubs)."""
     from grpc_tools import protoc  # build-time dependency, see [build-system]
 
     protos = sorted(PROTO_DIR.glob("*.proto"))
@@ -46,7 +48,7 @@ class BuildPy(build_py):
         generate_kubelet_stubs()
         super().run()
         if not self.editable_mode:
-            target = Path(self.build_lib) / "quota" / "migrations"
+            target = Path(self.build_lib) / "gpuquota" / "quota" / "migrations"
             shutil.rmtree(target, ignore_errors=True)
             shutil.copytree(ROOT / "alembic", target, ignore=shutil.ignore_patterns("__pycache__"))
 

@@ -1,6 +1,6 @@
-"""Alembic environment of the quota store (shipped in the wheel as quota/migrations).
+"""Alembic environment of the quota store (shipped in the wheel as gpuquota/quota/migrations).
 
-`gpuquota db upgrade` (quota.store.db) runs it with an open connection in
+`gpuquota db upgrade` (gpuquota.quota.store.db) runs it with an open connection in
 ``config.attributes["connection"]``. Run by the alembic command itself, with an ini file whose
 script_location points here, it connects to ``-x url=...`` or ``sqlalchemy.url``.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from quota.store.models import Base
+from gpuquota.quota.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

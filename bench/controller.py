@@ -34,9 +34,9 @@ from urllib.parse import quote
 from sqlalchemy import create_engine, text
 
 from bench.results import write_section
-from quota.store import db
-from sim.apiserver import ApiServer
-from sim.workload import DEFAULT_START, rfc3339
+from gpuquota.quota.store import db
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.workload import DEFAULT_START, rfc3339
 
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("GPUQUOTA_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "quota.cli",
+                    "gpuquota.quota.cli",
                     "controller",
                     "--kubeconfig",
                     str(kc),

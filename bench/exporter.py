@@ -37,13 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
-from exporter.collect import Collector
-from exporter.nvml import NvmlApi
-from exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
-from sim.harness import stop_process
-from sim.kubelet.podresources import PodResourcesServer, one_pod_each
-from sim.nvml.control import SimNode
-from sim.nvml.spec import PRESETS
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.nvml import NvmlApi
+from gpuquota.exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
+from gpuquota.sim.harness import stop_process
+from gpuquota.sim.kubelet.podresources import PodResourcesServer, one_pod_each
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.spec import PRESETS
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 VENV_BIN = Path(sys.executable).parent

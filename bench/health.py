@@ -27,9 +27,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.results import write_section
-from sim.harness import stop_process
-from sim.kubelet.registration import KubeletStandIn
-from sim.nvml.control import SimNode
+from gpuquota.sim.harness import stop_process
+from gpuquota.sim.kubelet.registration import KubeletStandIn
+from gpuquota.sim.nvml.control import SimNode
 
 RESOURCE = "nvidia.com/gpu"
 
@@ -47,7 +47,7 @@ def _is(uuid: str, health: str) -> Callable[[dict[str, str]], bool]:
 
 def exporter_command(plugin_dir: Path, quiet: float) -> list[str]:
     return [
-        sys.executable, "-m", "exporter.cli",
+        sys.executable, "-m", "gpuquota.exporter.cli",
         "--listen", "127.0.0.1:0",
         "--interval", "1",
         "--device-plugin",

@@ -31,9 +31,9 @@ import numpy as np
 from sqlalchemy import create_engine, text
 
 from bench.results import write_section
-from quota.report import cli
-from quota.store import db
-from quota.store.models import Allocation
+from gpuquota.quota.report import cli
+from gpuquota.quota.store import db
+from gpuquota.quota.store.models import Allocation
 
 YEAR_START = 1767225600  # 2026-01-01T00:00:00Z
 YEAR = 365 * 86400

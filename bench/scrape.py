@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
-from sim.harness import stop_process
-from sim.nvml.control import SimNode
+from gpuquota.sim.harness import stop_process
+from gpuquota.sim.nvml.control import SimNode
 
 ROOT = Path(__file__).resolve().parents[1]
 WRK_INSTALL = "apt-get install -y wrk"
@@ -188,7 +188,7 @@ def bench(args: argparse.Namespace, wrk: str, work: Path, source: str | None) ->
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         label = f"`{source}` ({short})"
     port = free_port()
-    argv = [sys.executable, "-m", "exporter.cli", f"--listen=127.0.0.1:{port}",
+    argv = [sys.executable, "-m", "gpuquota.exporter.cli", f"--listen=127.0.0.1:{port}",
             f"--interval={args.interval}", "--pod-resources-socket="]  # fmt: skip
     log = (work / "exporter.log").open("wb")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=work)

@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import write_section
-from sim.nvml import build
-from sim.nvml.control import SimNode, library_path
+from gpuquota.sim.nvml import build
+from gpuquota.sim.nvml.control import SimNode, library_path
 
 # The waiter: registers XID events on every GPU, reports when it is ready, then prints the
 # monotonic receive time of each event (CLOCK_MONOTONIC is shared by all processes).

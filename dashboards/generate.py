@@ -1,7 +1,7 @@
 """Generate the Grafana JSON beside each ``dashboards/*.dashboard.py`` source.
 
-    python -m dashboards.generate           # write every <name>.json
-    python -m dashboards.generate --check   # exit 1, naming the files, if any JSON is stale
+    python -m gpuquota.dashboards.generate           # write every <name>.json
+    python -m gpuquota.dashboards.generate --check   # exit 1, naming the files, if any JSON is stale
 
 The JSON is committed (so users can import it without Python) and a test runs ``--check``.
 """
@@ -20,7 +20,7 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
-from dashboards.modernize import modernize
+from gpuquota.dashboards.modernize import modernize
 
 HERE = Path(__file__).resolve().parent
 SUFFIX = ".dashboard.py"
@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if out_of_date:
             print(
                 f"stale dashboard JSON: {', '.join(out_of_date)}; "
-                "run `python -m dashboards.generate`",
+                "run `python -m gpuquota.dashboards.generate`",
                 file=sys.stderr,
             )
             return 1

@@ -1,13 +1,20 @@
 """Per-node GPU dashboard: utilisation, memory, power, temperature, clocks, throttling,
 errors and health, and which pods hold which GPU (through the pod attribution join metric).
 
-Generated into gpu-node.json by ``python -m dashboards.generate``; metric names come from
+Generated into gpu-node.json by ``python -m gpuquota.dashboards.generate``; metric names come from
 exporter/metrics.py only (a test checks).
 """
 
 from grafanalib.core import Dashboard, Templating, Time
 
-from dashboards.panels import Grid, datasource_variable, query_variable, stat, table, timeseries
+from gpuquota.dashboards.panels import (
+    Grid,
+    datasource_variable,
+    query_variable,
+    stat,
+    table,
+    timeseries,
+)
 
 # Every exporter series carries gpu (NVML index) and uuid; the node is the scrape target.
 SEL = 'instance=~"$node", gpu=~"$gpu"'

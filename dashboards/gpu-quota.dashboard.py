@@ -3,13 +3,20 @@ in use and allocated (raw requests and physical GPUs), and GPU-hours over the ti
 for device-plugin requests (nvidia.com/gpu, MIG resources) and DRA ResourceClaims (per device
 class, with ResourceQuota's device-class limits) side by side.
 
-Generated into gpu-quota.json by ``python -m dashboards.generate``; metric names are the
+Generated into gpu-quota.json by ``python -m gpuquota.dashboards.generate``; metric names are the
 quota controller's (quota/controller/metrics.py; a test checks).
 """
 
 from grafanalib.core import Dashboard, Templating, Time
 
-from dashboards.panels import Grid, datasource_variable, query_variable, stat, table, timeseries
+from gpuquota.dashboards.panels import (
+    Grid,
+    datasource_variable,
+    query_variable,
+    stat,
+    table,
+    timeseries,
+)
 
 NS = 'namespace=~"$namespace"'
 RAW = f'gpuquota_namespace_gpus_allocated{{{NS}, kind="raw"}}'

@@ -2,24 +2,24 @@
 
 * gpu-exporter: every family in the one metric table, exporter/metrics.py.
 * gpuquota controller: the families it registers, quota/controller/metrics.py.
-* Prometheus itself: ``up`` and the other per-target series (dashboards.promql).
+* Prometheus itself: ``up`` and the other per-target series (gpuquota.dashboards.promql).
 """
 
 from __future__ import annotations
 
-from dashboards.promql import PROMETHEUS_SERIES
+from gpuquota.dashboards.promql import PROMETHEUS_SERIES
 
 
 def exporter_metric_names() -> frozenset[str]:
     """Every metric the exporter emits natively (--compat rows are for foreign dashboards)."""
-    from exporter.metrics import rows
+    from gpuquota.exporter.metrics import rows
 
     return frozenset(spec.name for spec in rows())
 
 
 def controller_metric_names() -> frozenset[str]:
     """Every series name the controller exposes (prometheus_client adds _total to counters)."""
-    from quota.controller.metrics import ControllerMetrics
+    from gpuquota.quota.controller.metrics import ControllerMetrics
 
     names = set()
     for family in ControllerMetrics().registry.collect():

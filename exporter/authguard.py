@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from exporter.webconfig import WebConfig
+from gpuquota.exporter.webconfig import WebConfig
 
 FAILURE_BURST = 10  # failed attempts an address may make at once ...
 FAILURE_REFILL_PER_S = 0.5  # ... and one more every 2 s after that

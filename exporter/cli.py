@@ -19,20 +19,25 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter import metrics, podusage
-from exporter.collect import Collector
-from exporter.deviceplugin.nvmltopology import CachedTopology
-from exporter.dra import service as dra_service
-from exporter.http import READY_AFTER_INTERVALS, ExporterServer, default_liveness_timeout
-from exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
-from exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
-from exporter.render import Renderer, RenderOptions
-from exporter.webconfig import ReloadingWebConfig, WebConfigError
-from exporter.wiring import HealthWiring, KubeConfigUnavailableError, core_api
-from exporter.wiring import add_arguments as add_health_arguments
-from exporter.xid import XidWatcher
-from gpuquota.commandline import OneLineParser, add_version
-from gpuquota.durations import Multiple, duration_flag, duration_or_multiple_flag, format_duration
+from gpuquota.cli_common.commandline import OneLineParser, add_version
+from gpuquota.cli_common.durations import (
+    Multiple,
+    duration_flag,
+    duration_or_multiple_flag,
+    format_duration,
+)
+from gpuquota.exporter import metrics, podusage
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.deviceplugin.nvmltopology import CachedTopology
+from gpuquota.exporter.dra import service as dra_service
+from gpuquota.exporter.http import READY_AFTER_INTERVALS, ExporterServer, default_liveness_timeout
+from gpuquota.exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
+from gpuquota.exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
+from gpuquota.exporter.render import Renderer, RenderOptions
+from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfigError
+from gpuquota.exporter.wiring import HealthWiring, KubeConfigUnavailableError, core_api
+from gpuquota.exporter.wiring import add_arguments as add_health_arguments
+from gpuquota.exporter.xid import XidWatcher
 
 log = logging.getLogger("gpu-exporter")
 
@@ -56,7 +61,7 @@ examples:
   gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
   gpu-exporter --dra on --dra-device-taints --node-name "$NODE_NAME"   # a DRA node
   gpu-exporter --pod-usage --node-name "$NODE_NAME"   # per-pod GPU use (needs hostPID)
-  eval "$(python -m sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
+  eval "$(python -m gpuquota.sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
                                                  # against the NVML stand-in (docs/sim.md)
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.

@@ -40,8 +40,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.metrics import Tier, field_tiers
-from exporter.nvml import (
+from gpuquota.exporter.metrics import Tier, field_tiers
+from gpuquota.exporter.nvml import (
     FI_CLOCK_EVENT_TIME,
     FI_ENERGY,
     FI_GPU_RECOVERY_ACTION,
@@ -56,8 +56,8 @@ from exporter.nvml import (
     NvmlApi,
     NvmlError,
 )
-from exporter.profiling import ProfilingReader
-from exporter.snapshot import (
+from gpuquota.exporter.profiling import ProfilingReader
+from gpuquota.exporter.snapshot import (
     DeviceSnapshot,
     DeviceState,
     MigInfo,
@@ -65,7 +65,7 @@ from exporter.snapshot import (
     NvLinkCounters,
     ProcessUsage,
 )
-from exporter.xid import XidWatcher
+from gpuquota.exporter.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 

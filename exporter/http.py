@@ -42,14 +42,14 @@ from typing import Any
 
 # aiohttp's low-level server only: neither ``aiohttp.web`` (application, routing and
 # middleware layers) nor aiohttp's client, which its package ``__init__`` would import
-from exporter.aiohttp_server import BaseRequest, RequestHandler, Server, StreamResponse
-from exporter.aiohttp_server import Response as WebResponse
-from exporter.authguard import AuthGuard, Verdict
-from exporter.collect import Collector
-from exporter.health.verdict import NodeHealth
-from exporter.render import CONTENT_TYPE, Renderer
-from exporter.snapshot import NodeSnapshot
-from exporter.webconfig import ReloadingWebConfig, WebConfig
+from gpuquota.exporter.aiohttp_server import BaseRequest, RequestHandler, Server, StreamResponse
+from gpuquota.exporter.aiohttp_server import Response as WebResponse
+from gpuquota.exporter.authguard import AuthGuard, Verdict
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.render import CONTENT_TYPE, Renderer
+from gpuquota.exporter.snapshot import NodeSnapshot
+from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,13 @@ from dataclasses import dataclass
 from enum import Enum
 from operator import attrgetter
 
-from exporter.health.verdict import DeviceHealth, State
-from exporter.snapshot import CLOCK_EVENT_REASONS, DeviceSnapshot, DeviceState, NodeSnapshot
+from gpuquota.exporter.health.verdict import DeviceHealth, State
+from gpuquota.exporter.snapshot import (
+    CLOCK_EVENT_REASONS,
+    DeviceSnapshot,
+    DeviceState,
+    NodeSnapshot,
+)
 
 PREFIX = "gpu_"
 SELF_PREFIX = "gpuquota_exporter_"

@@ -34,15 +34,15 @@ from pathlib import Path
 
 import grpc
 
-from exporter.dra.attribution import (
+from gpuquota.exporter.dra.attribution import (
     PARTITION_PREFIX,
     DraAttribution,
     ordered_claims,
     resolve_partition,
 )
-from exporter.kubeletapi import podresources_v1_pb2 as pb
-from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-from exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus, PodRef
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+from gpuquota.exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus, PodRef
 
 log = logging.getLogger(__name__)
 

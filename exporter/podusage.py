@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodUsage
+from gpuquota.exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodUsage
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from typing import Any
 
 import pynvml
 
-from exporter.nvml import GpmSample, Handle, NvmlApi
-from exporter.snapshot import GpmMetrics, ProcessUtilization
+from gpuquota.exporter.nvml import GpmSample, Handle, NvmlApi
+from gpuquota.exporter.snapshot import GpmMetrics, ProcessUtilization
 
 # Seconds between the two samples of a pair: 100 ms is the hardware's floor, plus margin for
 # the time the calls themselves take.

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from exporter import metrics
-from exporter.health.verdict import NodeHealth
-from exporter.render import RenderOptions, series
-from exporter.snapshot import NodeSnapshot
+from gpuquota.exporter import metrics
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.render import RenderOptions, series
+from gpuquota.exporter.snapshot import NodeSnapshot
 
 DEFAULT_OPTIONS = RenderOptions()
 

@@ -27,10 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from exporter import metrics
-from exporter.health.verdict import NodeHealth
-from exporter.metrics import MetricSpec, Scope
-from exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
+from gpuquota.exporter import metrics
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.metrics import MetricSpec, Scope
+from gpuquota.exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

@@ -17,16 +17,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, DEFAULT_RESOURCE, PluginConfig
-from exporter.deviceplugin.preferred import Topology
-from exporter.health.checker import HealthChecker
-from exporter.health.config import HealthConfigError, load_config
-from exporter.health.service import HealthService, Routes, Subscribable, XidSource
-from gpuquota.durations import duration_flag
+from gpuquota.cli_common.durations import duration_flag
+from gpuquota.exporter.deviceplugin.devices import (
+    DEFAULT_PLUGIN_DIR,
+    DEFAULT_RESOURCE,
+    PluginConfig,
+)
+from gpuquota.exporter.deviceplugin.preferred import Topology
+from gpuquota.exporter.health.checker import HealthChecker
+from gpuquota.exporter.health.config import HealthConfigError, load_config
+from gpuquota.exporter.health.service import HealthService, Routes, Subscribable, XidSource
 
 if TYPE_CHECKING:  # imported when their flags are on: grpc's device plugin stubs are not small
-    from exporter.deviceplugin.manager import DevicePluginManager
-    from exporter.nodestatus.updater import NodeStatusUpdater
+    from gpuquota.exporter.deviceplugin.manager import DevicePluginManager
+    from gpuquota.exporter.nodestatus.updater import NodeStatusUpdater
 
 
 def _replicas(text: str) -> int:
@@ -144,7 +148,7 @@ class HealthWiring:
                 raise ValueError(f"--resource-name/--time-slicing-replicas: {exc}") from None
             if not args.device_plugin_dir.is_dir():
                 raise ValueError(f"--device-plugin-dir {args.device_plugin_dir}: no such folder")
-            from exporter.deviceplugin.manager import DevicePluginManager
+            from gpuquota.exporter.deviceplugin.manager import DevicePluginManager
 
             manager = DevicePluginManager(
                 checker.board, plugin_config, args.device_plugin_dir, topology=topology
@@ -153,7 +157,7 @@ class HealthWiring:
         if args.node_taint or args.node_condition:
             if not args.node_name:
                 raise ValueError("--node-taint/--node-condition need --node-name (or $NODE_NAME)")
-            from exporter.nodestatus.updater import NodeStatusUpdater
+            from gpuquota.exporter.nodestatus.updater import NodeStatusUpdater
 
             node_status = NodeStatusUpdater(
                 core_api(args.kubeconfig),

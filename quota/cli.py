@@ -13,16 +13,20 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
-from gpuquota.commandline import OneLineParser, add_version
-from quota.accounting import AccountingError
-from quota.store.db import StoreError, StoreUnavailableError
+from gpuquota.cli_common.commandline import OneLineParser, add_version
+from gpuquota.quota.accounting import AccountingError
+from gpuquota.quota.store.db import StoreError, StoreUnavailableError
 
 # (subcommand, module, one-line help)
 SUBCOMMANDS: list[tuple[str, str, str]] = [
-    ("db", "quota.dbcli", "create, migrate or inspect the store's schema"),
-    ("replay", "quota.replay", "ingest a recorded stream of watch events into the store"),
-    ("controller", "quota.controller.cli", "watch the cluster and keep GPU use in the store"),
-    ("report", "quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
+    ("db", "gpuquota.quota.dbcli", "create, migrate or inspect the store's schema"),
+    ("replay", "gpuquota.quota.replay", "ingest a recorded stream of watch events into the store"),
+    (
+        "controller",
+        "gpuquota.quota.controller.cli",
+        "watch the cluster and keep GPU use in the store",
+    ),
+    ("report", "gpuquota.quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
 ]
 
 EXIT_ERROR = 2  # bad input: what the user can fix in the command or the files it names

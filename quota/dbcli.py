@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from quota.options import add_db_option
-from quota.store import db
+from gpuquota.quota.options import add_db_option
+from gpuquota.quota.store import db
 
 EXAMPLES = """\
 examples:

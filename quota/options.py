@@ -8,9 +8,9 @@ import os
 import re
 from collections.abc import Sequence
 
-from quota.accounting import DEFAULT_NODE_POOL_LABELS, AccountingConfig
-from quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
-from quota.store.db import DEFAULT_URL, ENV_URL
+from gpuquota.quota.accounting import DEFAULT_NODE_POOL_LABELS, AccountingConfig
+from gpuquota.quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
+from gpuquota.quota.store.db import DEFAULT_URL, ENV_URL
 
 ENV_CLUSTER = "GPUQUOTA_CLUSTER"
 DEFAULT_CLUSTER = "default"

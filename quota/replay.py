@@ -39,16 +39,16 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
-from quota import accounting as acc
-from quota.accounting.accountant import KINDS, Accountant
-from quota.accounting.rules.claims import check_dra
-from quota.options import (
+from gpuquota.quota import accounting as acc
+from gpuquota.quota.accounting.accountant import KINDS, Accountant
+from gpuquota.quota.accounting.rules.claims import check_dra
+from gpuquota.quota.options import (
     accounting_options,
     add_accounting_options,
     add_cluster_option,
     add_db_option,
 )
-from quota.store.db import open_store, safe_url
+from gpuquota.quota.store.db import open_store, safe_url
 
 DEFAULT_FLUSH_EVERY = 5000
 PROGRESS_MIN_BYTES = 1 << 20
@@ -61,7 +61,7 @@ examples:
   gpuquota db upgrade --db sqlite:///gpuquota.db
   kubectl get pods -A --watch --output-watch-events -o json > events.jsonl
   gpuquota replay events.jsonl --db sqlite:///gpuquota.db --cluster prod
-  python -m sim.workload --seed 1 --hours 48 | gpuquota replay - --migrate --cluster sim
+  python -m gpuquota.sim.workload --seed 1 --hours 48 | gpuquota replay - --migrate --cluster sim
   gpuquota replay events.jsonl --node-pool-label node-pool --cluster prod
 
 exit status: 0 when every event was stored; 2 on bad input (a malformed line, named with its

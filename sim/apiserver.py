@@ -32,7 +32,7 @@ Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch conne
 (close the listening socket for a while: connections are refused, then it comes back on the
 same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does).
 
-:class:`Driver` feeds a :class:`sim.workload.Workload` into the server, as fast as it can or
+:class:`Driver` feeds a :class:`gpuquota.sim.workload.Workload` into the server, as fast as it can or
 time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
 
 Simplifications, by design: no authentication; a watch filtered by a selector sends the
@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from sim.workload import Workload, rfc3339
+from gpuquota.sim.workload import Workload, rfc3339
 
 Obj = dict[str, Any]
 

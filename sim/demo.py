@@ -37,13 +37,13 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from quota.controller.kube import Kube
-from sim.apiserver import ApiServer, Driver
-from sim.harness import poll, stop_process
-from sim.kubelet.podresources import Assignment, PodResourcesServer
-from sim.kubelet.registration import KubeletStandIn
-from sim.nvml.control import SimNode
-from sim.workload import generate
+from gpuquota.quota.controller.kube import Kube
+from gpuquota.sim.apiserver import ApiServer, Driver
+from gpuquota.sim.harness import poll, stop_process
+from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
+from gpuquota.sim.kubelet.registration import KubeletStandIn
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.workload import generate
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -27,7 +27,7 @@ pods it bound and when they let go (the union of their intervals, a shared claim
 owner and pod): one :class:`DraPodShare` per stretch in which the same pods held a claim, for
 each of them, with how many shared it.
 
-Replay lines (``python -m sim.workload --seed N --hours H > events.jsonl``) are
+Replay lines (``python -m gpuquota.sim.workload --seed N --hours H > events.jsonl``) are
 ``{"type": ..., "object": ..., "observedAt": "<RFC 3339>"}``: what ``kubectl get --watch
 --output-watch-events -o json`` prints, plus the observation time.
 
@@ -55,7 +55,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from gpuquota.commandline import OneLineParser, add_version
+from gpuquota.cli_common.commandline import OneLineParser, add_version
 
 Obj = dict[str, Any]
 
@@ -1796,8 +1796,8 @@ def generate(
 
 EXAMPLES = """\
 examples:
-  python -m sim.workload --seed 1 --hours 2 > events.jsonl
-  python -m sim.workload --seed 7 --hours 48 --truth truth.json | gpuquota replay - --migrate
+  python -m gpuquota.sim.workload --seed 1 --hours 2 > events.jsonl
+  python -m gpuquota.sim.workload --seed 7 --hours 48 --truth truth.json | gpuquota replay - --migrate
 
 exit status: 0; 2 on bad input (a flag, a span under 10 minutes), one line on stderr.
 """
@@ -1815,7 +1815,7 @@ def _hours(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
-        prog="python -m sim.workload",
+        prog="python -m gpuquota.sim.workload",
         description=(__doc__ or "").split("\n")[0],
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -1849,7 +1849,7 @@ def main(argv: list[str] | None = None) -> int:
             dra=args.dra,
         )
     except ValueError as exc:
-        print(f"python -m sim.workload: error: {exc}", file=sys.stderr)
+        print(f"python -m gpuquota.sim.workload: error: {exc}", file=sys.stderr)
         return 2
     out = sys.stdout
     for line in wl.lines():

@@ -16,9 +16,9 @@ from urllib.parse import quote
 import pytest
 from sqlalchemy import create_engine, text
 
-from quota.store import db
-from sim.nvml import build
-from sim.nvml.control import SimNode, library_path
+from gpuquota.quota.store import db
+from gpuquota.sim.nvml import build
+from gpuquota.sim.nvml.control import SimNode, library_path
 from tests.noskip import pytest_runtest_makereport  # noqa: F401  (a hook: skips fail)
 from tests.pg_server import throwaway_server
 

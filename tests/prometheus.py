@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sim.harness import stop_process, wait_for
+from gpuquota.sim.harness import stop_process, wait_for
 from tests.exporter.procs import free_port
 
 

@@ -27,7 +27,7 @@ def test_demo_runs_every_act_end_to_end() -> None:
 
 def check_demo(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "sim.demo", "--work", str(tmp_path / "demo")],
+        [sys.executable, "-m", "gpuquota.sim.demo", "--work", str(tmp_path / "demo")],
         cwd=ROOT,
         capture_output=True,
         text=True,

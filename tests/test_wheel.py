@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 import site
+import sqlite3
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,7 @@ def test_installed_wheel_runs_what_the_docs_say(tmp_path: Path) -> None:
         ).strip()
     )
     # the dependencies come from the test environment (no network needed), after the wheel
+    before = set(purelib.iterdir())
     (purelib / "zz_deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     run(
         [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)],
@@ -48,25 +51,48 @@ def test_installed_wheel_runs_what_the_docs_say(tmp_path: Path) -> None:
         env,
     )
 
+    # one top-level package: gpuquota (and its dist-info), no generic names like `sim`
+    added = sorted(p.name for p in set(purelib.iterdir()) - before if p.name != "zz_deps.pth")
+    assert added == ["gpuquota", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"]
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/")[0] for name in archive.namelist()}
+    assert tops == {"gpuquota", added[1]}, tops
+
     user = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "GPUQUOTA_SIM_LIB")}
     user["XDG_CACHE_HOME"] = str(tmp_path / "cache")
     work = tmp_path / "work"  # not the checkout: nothing may come from the source tree
     work.mkdir()
     where = run(
-        [str(py), "-c", "import sim, quota; print(sim.__file__, quota.__file__)"], work, user
+        [str(py), "-c", "from gpuquota import sim, quota; print(sim.__file__, quota.__file__)"],
+        work,
+        user,
     )
     assert str(ROOT) not in where and str(purelib) in where
+    generic = "import importlib.util as u; print([n for n in %r if u.find_spec(n)])"
+    old_names = ["exporter", "quota", "sim", "dashboards", "cli_common"]
+    assert run([str(py), "-c", generic % old_names], work, user).strip() == "[]"
 
     for script in ("gpuquota", "gpu-exporter"):
         assert run([str(fresh / "bin" / script), "--version"], work, user).startswith(script)
     store = f"sqlite:///{work / 'store.db'}"
     run([str(fresh / "bin" / "gpuquota"), "db", "upgrade", "--db", store], work, user)
+    # docs/operations.md: a generated cluster replayed into that store
+    workload = [str(py), "-m", "gpuquota.sim.workload", "--seed", "1", "--hours", "0.2"]
+    (work / "events.jsonl").write_text(run(workload, work, user))
+    replay = [str(fresh / "bin" / "gpuquota"), "replay", str(work / "events.jsonl")]
+    run([*replay, "--db", store, "--cluster", "sim"], work, user)
+    with sqlite3.connect(work / "store.db") as db:
+        assert db.execute("SELECT count(*) FROM allocations").fetchone()[0] > 0
 
-    built = run([str(py), "-m", "sim.nvml.build"], work, user)
+    built = run([str(py), "-m", "gpuquota.sim.nvml.build"], work, user)
     library = tmp_path / "cache" / "gpuquota" / "sim" / "libnvidia-ml.so.1"
     assert str(library) in built and library.is_file()
     created = run(
-        [str(py), "-m", "sim.nvml", str(work / "node.state"), "create", "h100x8"], work, user
+        [str(py), "-m", "gpuquota.sim.nvml", str(work / "node.state"), "create", "h100x8"],
+        work,
+        user,
     )
     assert "8 GPUs" in created
+    exports = run([str(py), "-m", "gpuquota.sim.nvml", str(work / "node.state"), "env"], work, user)
+    assert str(library.parent) in exports and "GPUQUOTA_SIM_STATE" in exports
     assert not list(purelib.glob("build")), "nothing may be written into site-packages"

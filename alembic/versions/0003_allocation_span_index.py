@@ -2,7 +2,7 @@
 
 "Overlaps [lo, hi)" is not one B-tree range; "length class k and started in [lo - bound_k,
 hi)" is, and reads little more than the rows the window needs. The class expression is
-quota.store.models.SPAN_CLASS_SQL as of this revision (written out: a migration never changes).
+gpuquota.quota.store.models.SPAN_CLASS_SQL as of this revision (written out: a migration never changes).
 
 Revision ID: 0003
 Revises: 0002

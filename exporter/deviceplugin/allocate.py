@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.deviceplugin.devices import HEALTHY, PluginConfig, PluginDevice
+from gpuquota.exporter.deviceplugin.devices import HEALTHY, PluginConfig, PluginDevice
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporter.health.verdict import DeviceHealth, NodeHealth, State
+from gpuquota.exporter.health.verdict import DeviceHealth, NodeHealth, State
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"

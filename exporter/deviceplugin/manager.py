@@ -20,11 +20,11 @@ from pathlib import Path
 
 import grpc
 
-from exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, PluginConfig, plugin_devices
-from exporter.deviceplugin.preferred import Topology
-from exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
-from exporter.health.board import HealthBoard
-from exporter.snapshot import NodeSnapshot
+from gpuquota.exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, PluginConfig, plugin_devices
+from gpuquota.exporter.deviceplugin.preferred import Topology
+from gpuquota.exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
+from gpuquota.exporter.health.board import HealthBoard
+from gpuquota.exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 

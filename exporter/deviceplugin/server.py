@@ -15,12 +15,17 @@ from pathlib import Path
 
 import grpc
 
-from exporter.deviceplugin.allocate import AllocationError, allocate_container
-from exporter.deviceplugin.devices import PluginConfig, PluginDevice, index_devices, plugin_devices
-from exporter.deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
-from exporter.health.board import HealthBoard
-from exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
-from exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from gpuquota.exporter.deviceplugin.allocate import AllocationError, allocate_container
+from gpuquota.exporter.deviceplugin.devices import (
+    PluginConfig,
+    PluginDevice,
+    index_devices,
+    plugin_devices,
+)
+from gpuquota.exporter.deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
+from gpuquota.exporter.health.board import HealthBoard
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

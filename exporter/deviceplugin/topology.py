@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from exporter.deviceplugin.preferred import Topology
+from gpuquota.exporter.deviceplugin.preferred import Topology
 
 LINK_GPU = "gpu"
 LINK_SWITCH = "switch"

@@ -27,10 +27,10 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from exporter.dra.claims import AdminAccessClaims
-from exporter.dra.slices import SliceIndex
-from exporter.kubeletapi import podresources_v1_pb2 as pb
-from exporter.snapshot import ClaimRef, DraStatus, NodeSnapshot, PodRef
+from gpuquota.exporter.dra.claims import AdminAccessClaims
+from gpuquota.exporter.dra.slices import SliceIndex
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
+from gpuquota.exporter.snapshot import ClaimRef, DraStatus, NodeSnapshot, PodRef
 
 log = logging.getLogger(__name__)
 

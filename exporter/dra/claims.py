@@ -74,7 +74,7 @@ class AdminAccessClaims:
                 del self._known[key]
 
     def _run(self) -> None:
-        from quota.controller.kube import ApiStatusError
+        from gpuquota.quota.controller.kube import ApiStatusError
 
         while True:
             key = self._queue.get()

@@ -16,10 +16,10 @@ import logging
 import os
 from typing import Any, Protocol
 
-from exporter.dra.attribution import DraAttribution
-from exporter.dra.claims import AdminAccessClaims
-from exporter.dra.slices import DEFAULT_DRIVERS, KINDS, SliceIndex, SliceWatcher
-from exporter.dra.taints import EFFECTS, DeviceTaintPublisher
+from gpuquota.exporter.dra.attribution import DraAttribution
+from gpuquota.exporter.dra.claims import AdminAccessClaims
+from gpuquota.exporter.dra.slices import DEFAULT_DRIVERS, KINDS, SliceIndex, SliceWatcher
+from gpuquota.exporter.dra.taints import EFFECTS, DeviceTaintPublisher
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class DraKubeConfigError(RuntimeError):
 
 
 def _kube(kubeconfig: Any, node_name: str) -> Any:
-    from quota.controller.kube import Kube, KubeConfigError, load
+    from gpuquota.quota.controller.kube import Kube, KubeConfigError, load
 
     try:
         api = load(str(kubeconfig) if kubeconfig else None)

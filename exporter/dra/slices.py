@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from quota.controller.messages import Event, Listed, Message, Resync, Synced
+from gpuquota.quota.controller.messages import Event, Listed, Message, Resync, Synced
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class SliceIndex:
 class SliceWatcher:
     """Keeps a :class:`SliceIndex` in step with this node's ResourceSlices, in the background.
 
-    ``kube`` is a quota.controller.kube.Kube whose field selector for ResourceSlice names this
+    ``kube`` is a gpuquota.quota.controller.kube.Kube whose field selector for ResourceSlice names this
     node; the list+watch itself is the controller's WatchLoop.
     """
 
@@ -255,7 +255,7 @@ class SliceWatcher:
         """One list: True when the slices can be read; says once why not."""
         from urllib3.exceptions import HTTPError
 
-        from quota.controller.kube import ApiStatusError
+        from gpuquota.quota.controller.kube import ApiStatusError
 
         try:
             items = self._list_newest()
@@ -290,7 +290,7 @@ class SliceWatcher:
 
     def _list_newest(self) -> list[Obj]:
         """List through the newest slice API served; sets ``self.kind``."""
-        from quota.controller.kube import ApiStatusError
+        from gpuquota.quota.controller.kube import ApiStatusError
 
         for kind in KINDS:
             try:
@@ -313,8 +313,8 @@ class SliceWatcher:
         self._failing = True
 
     def _run(self) -> None:
-        from quota.controller.metrics import ControllerMetrics
-        from quota.controller.watch import WatchLoop
+        from gpuquota.quota.controller.metrics import ControllerMetrics
+        from gpuquota.quota.controller.watch import WatchLoop
 
         while not self._stop.is_set():
             try:

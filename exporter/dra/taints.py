@@ -31,9 +31,9 @@ import threading
 import time
 from typing import Any
 
-from exporter.dra.slices import DraDevice, SliceIndex
-from exporter.health.verdict import NodeHealth, State
-from exporter.nodestatus.status import TAINT_KEY
+from gpuquota.exporter.dra.slices import DraDevice, SliceIndex
+from gpuquota.exporter.health.verdict import NodeHealth, State
+from gpuquota.exporter.nodestatus.status import TAINT_KEY
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ def _same(have: Obj, want: Obj) -> bool:
 class DeviceTaintPublisher:
     """A health listener keeping this node's DeviceTaintRules in step with the verdict.
 
-    ``kube`` is a quota.controller.kube.Kube (raw calls through the official client).
+    ``kube`` is a gpuquota.quota.controller.kube.Kube (raw calls through the official client).
     """
 
     def __init__(
@@ -227,7 +227,7 @@ class DeviceTaintPublisher:
 
     def reconcile(self, wanted: dict[str, Obj]) -> None:
         """Make this node's own rules exactly ``wanted`` (raises on API errors)."""
-        from quota.controller.kube import ApiStatusError
+        from gpuquota.quota.controller.kube import ApiStatusError
 
         if self.version is None:
             self.version = self._discover()

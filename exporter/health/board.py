@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from exporter.health.verdict import NodeHealth
+from gpuquota.exporter.health.verdict import NodeHealth
 
 
 class HealthBoard:

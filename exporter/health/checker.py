@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from exporter.health.board import HealthBoard
-from exporter.health.engine import HealthTracker
-from exporter.health.table import HealthConfig
-from exporter.health.verdict import NodeHealth
-from exporter.snapshot import NodeSnapshot
+from gpuquota.exporter.health.board import HealthBoard
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.table import HealthConfig
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ HealthListener = Callable[[NodeHealth, NodeHealth], None]  # (before, after)
 
 
 class XidLike(Protocol):
-    """What the checker reads from exporter.xid.XidEvent."""
+    """What the checker reads from gpuquota.exporter.xid.XidEvent."""
 
     @property
     def uuid(self) -> str: ...

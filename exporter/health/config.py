@@ -25,8 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from exporter.health.table import ConditionRule, HealthConfig, XidRule
-from exporter.health.verdict import Action, State, parse_action, parse_state
+from gpuquota.exporter.health.table import ConditionRule, HealthConfig, XidRule
+from gpuquota.exporter.health.verdict import Action, State, parse_action, parse_state
 
 DEFAULTS_FILE = "defaults.yaml"  # next to this module
 

@@ -1,6 +1,6 @@
 """Generates the tables of docs/health.md from the default tables (exporter/health/defaults.yaml).
 
-``python -m exporter.health.doc --write docs/health.md`` rewrites the text between the
+``python -m gpuquota.exporter.health.doc --write docs/health.md`` rewrites the text between the
 ``<!-- health:... -->`` markers; ``--check`` exits non-zero when the file is out of date
 (the test suite runs the check, so the docs cannot drift from the one table).
 """
@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from exporter.health.config import default_catalog_actions, defaults
-from gpuquota.generated import check, write
+from gpuquota.cli_common.generated import check, write
+from gpuquota.exporter.health.config import default_catalog_actions, defaults
 
 
 def catalog_actions() -> str:
@@ -92,7 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.check:
         return check(
-            args.path, wanted, module="exporter.health.doc", source="exporter/health/defaults.yaml"
+            args.path,
+            wanted,
+            module="gpuquota.exporter.health.doc",
+            source="exporter/health/defaults.yaml",
         )
     return write(args.path, wanted)
 

@@ -23,9 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from exporter.health.table import HealthConfig, XidRule
-from exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
-from exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
+from gpuquota.exporter.health.table import HealthConfig, XidRule
+from gpuquota.exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
+from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
 
 # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (nvmlDeviceGpuRecoveryAction_t) value -> the condition
 # (defaults.yaml) and its detail; 0 (NONE) is no condition

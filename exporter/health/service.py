@@ -12,10 +12,10 @@ import json
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from exporter.health.checker import HealthChecker, XidLike
-from exporter.health.verdict import NodeHealth
-from exporter.health.view import HEALTH_ROUTES, node_json
-from exporter.snapshot import NodeSnapshot
+from gpuquota.exporter.health.checker import HealthChecker, XidLike
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.health.view import HEALTH_ROUTES, node_json
+from gpuquota.exporter.snapshot import NodeSnapshot
 
 Response = tuple[int, str, bytes]
 

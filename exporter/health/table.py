@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from exporter.health.verdict import Action, State
-from exporter.snapshot import CLOCK_EVENT_REASONS
+from gpuquota.exporter.health.verdict import Action, State
+from gpuquota.exporter.snapshot import CLOCK_EVENT_REASONS
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.health.verdict import DeviceHealth, NodeHealth, Reason
+from gpuquota.exporter.health.verdict import DeviceHealth, NodeHealth, Reason
 
 HEALTH_ROUTES = ("/health", "/api/v1/health")
 

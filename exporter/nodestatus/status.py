@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from exporter.health.verdict import NodeHealth, State
+from gpuquota.exporter.health.verdict import NodeHealth, State
 
 CONDITION_TYPE = "GPUUnhealthy"
 TAINT_KEY = "gpuquota.io/gpu-unhealthy"

@@ -16,8 +16,8 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from exporter.health.verdict import NodeHealth
-from exporter.nodestatus.status import CONDITION_TYPE, Wanted, taints_with, wanted_status
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.nodestatus.status import CONDITION_TYPE, Wanted, taints_with, wanted_status
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ Nothing in this package imports SQL, Kubernetes client or I/O modules
 (tests/common/test_import_graph.py checks it).
 
 Adding a kind (the seam DRA ResourceClaims plugged into): write a class in ``trackers/`` that
-satisfies :class:`quota.accounting.trackers.base.Tracker`:
+satisfies :class:`gpuquota.quota.accounting.trackers.base.Tracker`:
 
 - ``kind``: the Kubernetes kind it accounts ("ResourceClaim");
 - ``load(state)``: take back its open intervals from the StoredState on restart;
@@ -37,10 +37,10 @@ new table needs its row type in ``rows``, a list in ``Batch`` and ``StoredState`
 store's upsert and load. The controller loop needs only the kind in ``Kube.KINDS``; replay
 takes every kind in ``KINDS``.
 
-The names below are the rules' public API, importable as ``quota.accounting.<name>``.
+The names below are the rules' public API, importable as ``gpuquota.quota.accounting.<name>``.
 """
 
-from quota.accounting.rules.config import (
+from gpuquota.quota.accounting.rules.config import (
     DEFAULT_CONFIG,
     DEFAULT_GPU_PREFIXES,
     DEFAULT_GPU_RESOURCES,
@@ -48,7 +48,7 @@ from quota.accounting.rules.config import (
     DEFAULT_NODE_POOL_LABELS,
     AccountingConfig,
 )
-from quota.accounting.rules.ends import (
+from gpuquota.quota.accounting.rules.ends import (
     END_DELETED,
     END_DELETION_TIMESTAMP,
     END_NODE_DELETED,
@@ -63,7 +63,7 @@ from quota.accounting.rules.ends import (
     observed_evidence,
     reason_rank,
 )
-from quota.accounting.rules.nodes import (
+from gpuquota.quota.accounting.rules.nodes import (
     LABEL_COUNT,
     LABEL_MIG_STRATEGY,
     LABEL_PRODUCT,
@@ -73,7 +73,7 @@ from quota.accounting.rules.nodes import (
     NodeGpus,
     node_gpus,
 )
-from quota.accounting.rules.parse import (
+from gpuquota.quota.accounting.rules.parse import (
     AccountingError,
     format_time,
     last_written,
@@ -81,7 +81,7 @@ from quota.accounting.rules.parse import (
     parse_quantity,
     parse_time,
 )
-from quota.accounting.rules.pods import (
+from gpuquota.quota.accounting.rules.pods import (
     TERMINAL_PHASES,
     PodFacts,
     PodRequest,
@@ -91,14 +91,14 @@ from quota.accounting.rules.pods import (
     pod_request,
     qos_class,
 )
-from quota.accounting.rules.quotas import (
+from gpuquota.quota.accounting.rules.quotas import (
     QuotaFacts,
     QuotaFigure,
     namespace_labels,
     quota_facts,
     quota_gpu_resource,
 )
-from quota.accounting.rules.shares import (
+from gpuquota.quota.accounting.rules.shares import (
     PhysicalShare,
     mig_override,
     mig_share,

@@ -16,18 +16,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from quota.accounting.pending import PendingWrites
-from quota.accounting.rows import AllocationRow, Batch, HeartbeatRow, RowStore
-from quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
-from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
-from quota.accounting.rules.parse import AccountingError
-from quota.accounting.rules.quotas import QuotaFacts
-from quota.accounting.trackers import claims as dra_trackers
-from quota.accounting.trackers.base import Tracker, TrackerContext
-from quota.accounting.trackers.namespaces import NamespaceTracker
-from quota.accounting.trackers.nodes import NodeTracker
-from quota.accounting.trackers.pods import PodTracker
-from quota.accounting.trackers.quotas import QuotaTracker
+from gpuquota.quota.accounting.pending import PendingWrites
+from gpuquota.quota.accounting.rows import AllocationRow, Batch, HeartbeatRow, RowStore
+from gpuquota.quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from gpuquota.quota.accounting.rules.parse import AccountingError
+from gpuquota.quota.accounting.rules.quotas import QuotaFacts
+from gpuquota.quota.accounting.trackers import claims as dra_trackers
+from gpuquota.quota.accounting.trackers.base import Tracker, TrackerContext
+from gpuquota.quota.accounting.trackers.namespaces import NamespaceTracker
+from gpuquota.quota.accounting.trackers.nodes import NodeTracker
+from gpuquota.quota.accounting.trackers.pods import PodTracker
+from gpuquota.quota.accounting.trackers.quotas import QuotaTracker
 
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 DEFAULT_RETENTION_SECONDS = 3600

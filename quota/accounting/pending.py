@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any, TypeVar
 
-from quota.accounting.rows import HeartbeatRow
+from gpuquota.quota.accounting.rows import HeartbeatRow
 
 R = TypeVar("R")
 

@@ -162,7 +162,7 @@ class StoredState:
 
 
 class RowStore(Protocol):
-    """Where the Accountant's rows go (quota.store.db.Store): ``write`` applies a batch in one
+    """Where the Accountant's rows go (gpuquota.quota.store.db.Store): ``write`` applies a batch in one
     transaction or raises, keeping nothing half-written; ``load`` reads the open state back."""
 
     def load(self, cluster: str) -> StoredState: ...

@@ -20,20 +20,20 @@ from types import FrameType
 
 from prometheus_client import start_http_server
 
-from gpuquota.durations import duration_flag, whole_seconds_flag
-from quota.accounting.accountant import Accountant
-from quota.controller import kube as kubeapi
-from quota.controller.leader import LeaseSettings, check, elect
-from quota.controller.loop import Controller, Settings, StartupError
-from quota.controller.metrics import ControllerMetrics
-from quota.options import (
+from gpuquota.cli_common.durations import duration_flag, whole_seconds_flag
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.controller import kube as kubeapi
+from gpuquota.quota.controller.leader import LeaseSettings, check, elect
+from gpuquota.quota.controller.loop import Controller, Settings, StartupError
+from gpuquota.quota.controller.metrics import ControllerMetrics
+from gpuquota.quota.options import (
     accounting_options,
     add_accounting_options,
     add_cluster_option,
     add_db_option,
     port_number,
 )
-from quota.store.db import StoreError, StoreUnavailableError, open_store
+from gpuquota.quota.store.db import StoreError, StoreUnavailableError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +199,8 @@ def run(args: argparse.Namespace) -> int:
         api = kubeapi.load(args.kubeconfig, args.context)
     except kubeapi.KubeConfigError as exc:
         return _fail(str(exc))
-    store = open_store(args.db, migrate=args.migrate)  # StoreError: one line from quota.cli
+    # StoreError: one line from gpuquota.quota.cli
+    store = open_store(args.db, migrate=args.migrate)
     metrics = ControllerMetrics()
     if args.metrics_port:
         try:

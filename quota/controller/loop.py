@@ -19,15 +19,15 @@ from dataclasses import dataclass
 
 from urllib3.exceptions import HTTPError
 
-from quota import accounting as acc
-from quota.accounting.accountant import Accountant
-from quota.accounting.rules.claims import names_claims
-from quota.controller.backoff import Backoff
-from quota.controller.kube import ApiStatusError, Kube
-from quota.controller.messages import Event, Listed, Message, Resync, Synced, put
-from quota.controller.metrics import ControllerMetrics
-from quota.controller.watch import WatchLoop
-from quota.store.db import StoreError
+from gpuquota.quota import accounting as acc
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.accounting.rules.claims import names_claims
+from gpuquota.quota.controller.backoff import Backoff
+from gpuquota.quota.controller.kube import ApiStatusError, Kube
+from gpuquota.quota.controller.messages import Event, Listed, Message, Resync, Synced, put
+from gpuquota.quota.controller.metrics import ControllerMetrics
+from gpuquota.quota.controller.watch import WatchLoop
+from gpuquota.quota.store.db import StoreError
 
 log = logging.getLogger(__name__)
 

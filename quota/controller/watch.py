@@ -19,10 +19,10 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from quota.controller.backoff import Backoff
-from quota.controller.kube import ApiStatusError, Kube, Obj
-from quota.controller.messages import Event, Listed, Message, Resync, put
-from quota.controller.metrics import ControllerMetrics
+from gpuquota.quota.controller.backoff import Backoff
+from gpuquota.quota.controller.kube import ApiStatusError, Kube, Obj
+from gpuquota.quota.controller.messages import Event, Listed, Message, Resync, put
+from gpuquota.quota.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)
 

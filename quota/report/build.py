@@ -20,8 +20,8 @@ from typing import Literal
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from quota.report import compute, period, query
-from quota.report.ratecard import RateCard
+from gpuquota.quota.report import compute, period, query
+from gpuquota.quota.report.ratecard import RateCard
 
 # A live controller's heartbeat is a flush interval old (seconds): data ending less than this
 # before the window's end is the present, not a recording or a controller that stopped.
@@ -102,7 +102,7 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
     except SQLAlchemyError as exc:
         raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
     if request.prometheus:
-        from quota.report import prometheus
+        from gpuquota.quota.report import prometheus
 
         per_pod = list(keys) != ["namespace"]
         pods = None

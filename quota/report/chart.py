@@ -10,8 +10,8 @@ from fractions import Fraction
 from pathlib import Path
 from types import ModuleType
 
-from quota.report.compute import HOUR, OTHER, Report
-from quota.report.period import Period
+from gpuquota.quota.report.compute import HOUR, OTHER, Report
+from gpuquota.quota.report.period import Period
 
 MAX_SERIES = 10  # the colours of matplotlib's default cycle: no two groups share one
 OTHER_COLOUR = "#9e9e9e"  # grey: (other) is never mistaken for a group

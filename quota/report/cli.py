@@ -15,11 +15,11 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
-from gpuquota.durations import duration_flag
-from quota.options import add_db_option
-from quota.report import period, query, ratecard, render
-from quota.report.build import ReportError, ReportRequest, build_report, first_line
-from quota.store.db import Store, StoreError, StoreUnavailableError, open_store, safe_url
+from gpuquota.cli_common.durations import duration_flag
+from gpuquota.quota.options import add_db_option
+from gpuquota.quota.report import period, query, ratecard, render
+from gpuquota.quota.report.build import ReportError, ReportRequest, build_report, first_line
+from gpuquota.quota.store.db import Store, StoreError, StoreUnavailableError, open_store, safe_url
 
 EPILOG = """\
 period (half-open [start, end); default: this month so far; --tz zone, default UTC):
@@ -218,7 +218,7 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
     if args.chart is not None and args.chart.suffix.lower() not in (".png", ".svg"):
         raise ReportError(f"--chart: {args.chart} must end in .png or .svg")
     if args.prometheus:
-        from quota.report import prometheus
+        from gpuquota.quota.report import prometheus
 
         try:
             prometheus.check_url(args.prometheus)
@@ -251,7 +251,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     request = request_of(args)
     chart_module: Any = None
     if args.chart is not None:
-        from quota.report import chart
+        from gpuquota.quota.report import chart
 
         try:
             chart_module = chart.require()

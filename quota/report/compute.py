@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from quota.report.query import CapacityRow, QuotaRow, UsageRow
-from quota.report.ratecard import RateCard
+from gpuquota.quota.report.query import CapacityRow, QuotaRow, UsageRow
+from gpuquota.quota.report.ratecard import RateCard
 
 OTHER = "(other)"
 HOUR = 3600

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from gpuquota import durations
+from gpuquota.cli_common import durations
 
 
 class PeriodError(ValueError):
@@ -75,7 +75,7 @@ def parse_instant(text: str, tz: tzinfo, option: str) -> int:
 
 
 def parse_duration(text: str) -> int:
-    """``--last``: the shared duration grammar (gpuquota/durations.py), whole seconds."""
+    """``--last``: the shared duration grammar (gpuquota/cli_common/durations.py), whole seconds."""
     try:
         seconds = durations.parse_duration(text, minimum=1)
     except ValueError as exc:

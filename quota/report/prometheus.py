@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from quota.report.compute import Report
+from gpuquota.quota.report.compute import Report
 
 UTIL_METRIC = "gpu_utilization_ratio"
 JOIN_METRIC = "gpu_pod_info"

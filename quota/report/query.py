@@ -38,8 +38,11 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import GenericFunction
 
-from quota.accounting.rules.claims import ALLOCATION_PATH_DEVICE_PLUGIN, ALLOCATION_PATH_DRA
-from quota.store.models import (
+from gpuquota.quota.accounting.rules.claims import (
+    ALLOCATION_PATH_DEVICE_PLUGIN,
+    ALLOCATION_PATH_DRA,
+)
+from gpuquota.quota.store.models import (
     SPAN_CLASS_BOUNDS,
     SPAN_CLASS_SQL,
     Allocation,

@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
-from quota.accounting.rules.shares import mig_override
+from gpuquota.quota.accounting.rules.shares import mig_override
 
 _TOP_KEYS = {"currency", "default_rate", "timezone", "models", "mig_fractions"}
 _ENTRY_KEYS = {"rate", "from"}

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
-from quota.report.compute import HOUR, Group, IdleRow, QuotaFigure, Report, apportion
-from quota.report.period import Period
+from gpuquota.quota.report.compute import HOUR, Group, IdleRow, QuotaFigure, Report, apportion
+from gpuquota.quota.report.period import Period
 
 Total = Literal["sum", "none", "ratio"]
 

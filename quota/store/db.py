@@ -36,7 +36,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
 
-from quota.accounting.rows import (
+from gpuquota.quota.accounting.rows import (
     AllocationRow,
     Batch,
     ClaimAllocationRow,
@@ -46,8 +46,8 @@ from quota.accounting.rows import (
     QuotaSampleRow,
     StoredState,
 )
-from quota.accounting.rules.ends import END_REASON_PRECEDENCE
-from quota.store.models import (
+from gpuquota.quota.accounting.rules.ends import END_REASON_PRECEDENCE
+from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     Cluster,
@@ -80,9 +80,9 @@ class StoreUnavailableError(StoreError):
 
 
 def migrations_path() -> Path:
-    """Where the Alembic environment is: quota/migrations inside an installed wheel, else the
+    """Where the Alembic environment is: gpuquota/quota/migrations inside an installed wheel, else the
     repository's alembic/ folder (source checkout, editable install)."""
-    packaged = importlib.resources.files("quota") / "migrations"
+    packaged = importlib.resources.files("gpuquota.quota") / "migrations"
     if packaged.is_dir() and (packaged / "env.py").is_file():
         return Path(str(packaged))
     source = Path(__file__).resolve().parents[2] / "alembic"

@@ -9,7 +9,7 @@ DRA allocations (a container's ResourceClaims) are answered as ``dynamic_resourc
 as a kubelet with DRA does: claim name and namespace, and per device the driver, pool, device
 name and CDI device ids (:class:`ClaimAssignment`, :meth:`PodResourcesServer.assign_claim`).
 
-Run it on its own: ``python -m sim.kubelet.podresources --socket PATH --assignments FILE``
+Run it on its own: ``python -m gpuquota.sim.kubelet.podresources --socket PATH --assignments FILE``
 where FILE is a JSON list of ``{"namespace", "pod", "container", "resource", "device_ids"}``.
 """
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import grpc
 
-from exporter.kubeletapi import podresources_v1_pb2 as pb
-from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
 
 GPU_RESOURCE = "nvidia.com/gpu"
 

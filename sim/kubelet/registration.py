@@ -11,7 +11,7 @@ It does what the kubelet's device manager does, over real gRPC on unix sockets:
 * ``restart()`` behaves like a kubelet restart: kubelet.sock is removed and recreated and the
   plugin sockets in the folder are wiped, so plugins must notice and come back.
 
-Run it alone with ``python -m sim.kubelet.registration --dir /tmp/dp`` (prints each update).
+Run it alone with ``python -m gpuquota.sim.kubelet.registration --dir /tmp/dp`` (prints each update).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 import grpc
 
-from exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
-from exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
-"""Entry point: ``python -m sim.nvml STATE COMMAND ...`` (see sim.nvml.cli)."""
+"""Entry point: ``python -m gpuquota.sim.nvml STATE COMMAND ...`` (see gpuquota.sim.nvml.cli)."""
 
-from sim.nvml.cli import main
+from gpuquota.sim.nvml.cli import main
 
 raise SystemExit(main())

@@ -1,7 +1,7 @@
 """Builds the NVML stand-in, ``libnvidia-ml.so.1``, from NVIDIA's nvml.h.
 
-    python -m sim.nvml.build --out build/sim/libnvidia-ml.so.1
-    python -m sim.nvml.build      # from an installed wheel: into ~/.cache/gpuquota/sim/
+    python -m gpuquota.sim.nvml.build --out build/sim/libnvidia-ml.so.1
+    python -m gpuquota.sim.nvml.build      # from an installed wheel: into ~/.cache/gpuquota/sim/
 
 The C sources beside this file implement the functions the simulation supports. Every other
 function nvml.h declares is generated here as a stub answering NVML_ERROR_NOT_SUPPORTED, so a
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuquota.commandline import OneLineParser, add_version
+from gpuquota.cli_common.commandline import OneLineParser, add_version
 
 CSRC = Path(__file__).resolve().parent
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -135,9 +135,9 @@ def build(out: Path, cc: str = "gcc") -> Path:
 
 EXAMPLES = """\
 examples:
-  python -m sim.nvml.build                                  # the default place (above)
-  python -m sim.nvml.build --out build/sim/libnvidia-ml.so.1 --cc clang
-  NVML_H=/usr/include/nvml.h python -m sim.nvml.build      # another nvml.h
+  python -m gpuquota.sim.nvml.build                                  # the default place (above)
+  python -m gpuquota.sim.nvml.build --out build/sim/libnvidia-ml.so.1 --cc clang
+  NVML_H=/usr/include/nvml.h python -m gpuquota.sim.nvml.build      # another nvml.h
 
 exit status: 0 when built; 2 on a bad flag; 1 when it cannot be built (no nvml.h, no
 compiler, a compile error), with one line on stderr naming the cause.
@@ -146,7 +146,7 @@ compiler, a compile error), with one line on stderr naming the cause.
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
-        prog="python -m sim.nvml.build",
+        prog="python -m gpuquota.sim.nvml.build",
         description=__doc__,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         path = build(args.out, args.cc)
     except BuildError as exc:
-        print(f"python -m sim.nvml.build: error: {exc}", file=sys.stderr)
+        print(f"python -m gpuquota.sim.nvml.build: error: {exc}", file=sys.stderr)
         return 1
     print(f"built {path}")
     return 0

@@ -1,18 +1,18 @@
 """Shell control of a simulated node, for the demo and for people:
 
-python -m sim.nvml STATE create PRESET|SPEC.yaml
-python -m sim.nvml STATE show
-python -m sim.nvml STATE set GPU field=value [field=value ...]
-python -m sim.nvml STATE xid GPU XID [--gi N --ci N]
-python -m sim.nvml STATE lose GPU | restore GPU | reset-required GPU [--clear]
-python -m sim.nvml STATE process GPU PID BYTES [--kind graphics] | clear-processes GPU
-python -m sim.nvml STATE process-util GPU PID --sm R --memory R [--encoder R --decoder R]
-python -m sim.nvml STATE gpm GPU [--mig N] metric=value [metric=value ...]
-python -m sim.nvml STATE nvlink GPU LINK [--replay N --recovery N --crc-flit N --crc-data N]
-python -m sim.nvml STATE fail GPU|system FUNCTION CODE|clear
-python -m sim.nvml STATE costs modelled|instant [--queueing gpu|library]
-python -m sim.nvml STATE cost GPU|all FUNCTION MS [--overlap]   # e.g. a hung call
-python -m sim.nvml STATE env        # shell exports to run an NVML client against STATE
+python -m gpuquota.sim.nvml STATE create PRESET|SPEC.yaml
+python -m gpuquota.sim.nvml STATE show
+python -m gpuquota.sim.nvml STATE set GPU field=value [field=value ...]
+python -m gpuquota.sim.nvml STATE xid GPU XID [--gi N --ci N]
+python -m gpuquota.sim.nvml STATE lose GPU | restore GPU | reset-required GPU [--clear]
+python -m gpuquota.sim.nvml STATE process GPU PID BYTES [--kind graphics] | clear-processes GPU
+python -m gpuquota.sim.nvml STATE process-util GPU PID --sm R --memory R [--encoder R --decoder R]
+python -m gpuquota.sim.nvml STATE gpm GPU [--mig N] metric=value [metric=value ...]
+python -m gpuquota.sim.nvml STATE nvlink GPU LINK [--replay N --recovery N --crc-flit N --crc-data N]
+python -m gpuquota.sim.nvml STATE fail GPU|system FUNCTION CODE|clear
+python -m gpuquota.sim.nvml STATE costs modelled|instant [--queueing gpu|library]
+python -m gpuquota.sim.nvml STATE cost GPU|all FUNCTION MS [--overlap]   # e.g. a hung call
+python -m gpuquota.sim.nvml STATE env        # shell exports to run an NVML client against STATE
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ import shlex
 import sys
 from pathlib import Path
 
-from gpuquota.commandline import OneLineParser, add_version
-from sim.nvml.control import SimError, SimNode
+from gpuquota.cli_common.commandline import OneLineParser, add_version
+from gpuquota.sim.nvml.control import SimError, SimNode
 
-PROG = "python -m sim.nvml"
+PROG = "python -m gpuquota.sim.nvml"
 EXAMPLES = """\
 examples:
-  python -m sim.nvml.build                         # the stand-in library, once
-  python -m sim.nvml /tmp/node.state create h100x8
-  eval "$(python -m sim.nvml /tmp/node.state env)"; nvidia-smi-like-tool
-  python -m sim.nvml /tmp/node.state set 0 power_watts=300 gpu_utilization_ratio=0.5
-  python -m sim.nvml /tmp/node.state xid 3 79
-  python -m sim.nvml /tmp/node.state gpm 0 sm_activity=0.96 tensor_activity=0.93
-  python -m sim.nvml /tmp/node.state process 0 411 8000000000
-  python -m sim.nvml /tmp/node.state process-util 0 411 --sm 0.92 --memory 0.28
+  python -m gpuquota.sim.nvml.build                         # the stand-in library, once
+  python -m gpuquota.sim.nvml /tmp/node.state create h100x8
+  eval "$(python -m gpuquota.sim.nvml /tmp/node.state env)"; nvidia-smi-like-tool
+  python -m gpuquota.sim.nvml /tmp/node.state set 0 power_watts=300 gpu_utilization_ratio=0.5
+  python -m gpuquota.sim.nvml /tmp/node.state xid 3 79
+  python -m gpuquota.sim.nvml /tmp/node.state gpm 0 sm_activity=0.96 tensor_activity=0.93
+  python -m gpuquota.sim.nvml /tmp/node.state process 0 411 8000000000
+  python -m gpuquota.sim.nvml /tmp/node.state process-util 0 411 --sm 0.92 --memory 0.28
 
 exit status: 0 on success; 2 on bad input (flag, spec, field), one line on stderr.
 """

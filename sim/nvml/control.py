@@ -5,7 +5,7 @@
     node.set(0, power_watts=350.0, gpu_utilization_ratio=0.9)
     node.inject_xid(3, 79)
 
-The state lives in a file that the library (built by sim.nvml.build) maps in every process;
+The state lives in a file that the library (built by gpuquota.sim.nvml.build) maps in every process;
 a change made here is visible to every NVML caller at once. This module never describes the
 file's layout itself: it calls the gqsim_* functions the same library exports, naming fields
 by the names in gqsim_state.h.
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from sim.nvml import build
-from sim.nvml.costs import MAX_FIELD_ID, MODES, QUEUEING, CallCost
-from sim.nvml.spec import NodeSpec, load
+from gpuquota.sim.nvml import build
+from gpuquota.sim.nvml.costs import MAX_FIELD_ID, MODES, QUEUEING, CallCost
+from gpuquota.sim.nvml.spec import NodeSpec, load
 
 NVML_SUCCESS = 0
 _KINDS = {"compute": 0, "graphics": 1}
@@ -53,7 +53,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
     if not path.is_file():
         raise SimError(
             f"NVML stand-in not built at {path}: run `make build/sim/libnvidia-ml.so.1` "
-            "or `python -m sim.nvml.build`"
+            "or `python -m gpuquota.sim.nvml.build`"
         )
     lib = ctypes.CDLL(str(path), use_errno=True)
     vp, cp, ci, cu, cd = (

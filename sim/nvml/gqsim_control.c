@@ -1,4 +1,4 @@
-/* The control API: what sim.nvml.control (Python, through ctypes) calls to create a state
+/* The control API: what gpuquota.sim.nvml.control (Python, through ctypes) calls to create a state
  * file and change it while other processes read it through NVML. Field ids come from the
  * tables in gqsim_state.h by name, so Python never repeats the struct layout. */
 #include <errno.h>

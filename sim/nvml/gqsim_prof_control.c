@@ -1,5 +1,5 @@
 /* Control side of the profiling state (gqsim_prof.h): GPM rates per GPU or MIG instance and
- * per-process utilisation, set by sim.nvml.control through ctypes. */
+ * per-process utilisation, set by gpuquota.sim.nvml.control through ctypes. */
 #include <string.h>
 
 #include "gqsim_internal.h"

@@ -1,7 +1,7 @@
 """What each simulated GPU model is: its NVML identity, limits, features and MIG profiles.
 
-The single source of these facts for the stand-in. sim.nvml.spec turns a spec into GPUs of
-these models, and sim.nvml.control writes them into the state file, where the C library
+The single source of these facts for the stand-in. gpuquota.sim.nvml.spec turns a spec into GPUs of
+these models, and gpuquota.sim.nvml.control writes them into the state file, where the C library
 reads them. A feature flagged False makes the matching NVML functions answer
 NVML_ERROR_NOT_SUPPORTED, as they do on that model.
 """

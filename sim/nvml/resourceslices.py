@@ -11,7 +11,7 @@ same spec, so the exporter can resolve a pod-resources ``(driver, pool, device)`
 device its snapshots know.
 
 Tests and the demo apply these objects to the API server stand-in
-(``ApiServer.apply("ADDED", slice)``); ``python -m sim.nvml.resourceslices SPEC NODE`` prints
+(``ApiServer.apply("ADDED", slice)``); ``python -m gpuquota.sim.nvml.resourceslices SPEC NODE`` prints
 them as a JSON list.
 """
 
@@ -24,8 +24,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sim.nvml.control import _PCI_BUSES
-from sim.nvml.spec import GpuSpec, MigSpec, NodeSpec, load
+from gpuquota.sim.nvml.control import _PCI_BUSES
+from gpuquota.sim.nvml.spec import GpuSpec, MigSpec, NodeSpec, load
 
 DRIVER = "gpu.nvidia.com"
 _SLICE_NAMESPACE = uuid.UUID("0f6e1c52-4b7a-4d0e-8a55-2d9a1e3c7b64")

@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from sim.nvml.costs import CallCost, NodeCosts, parse_call_costs
-from sim.nvml.costs import parse as parse_costs
-from sim.nvml.models import GpuModel, MigProfile, model
+from gpuquota.sim.nvml.costs import CallCost, NodeCosts, parse_call_costs
+from gpuquota.sim.nvml.costs import parse as parse_costs
+from gpuquota.sim.nvml.models import GpuModel, MigProfile, model
 
 MAX_GPUS = 16  # GQ_MAX_GPUS in gqsim_state.h
 MAX_MIG = 7  # GQ_MAX_MIG

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from quota.accounting import format_time
+from gpuquota.quota.accounting import format_time
 
 
 def ts(seconds: int | None) -> str | None:

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from quota import accounting as acc
-from quota.accounting.rules import claims as dra
-from quota.accounting.trackers.claims import ClaimTracker
+from gpuquota.quota import accounting as acc
+from gpuquota.quota.accounting.rules import claims as dra
+from gpuquota.quota.accounting.trackers.claims import ClaimTracker
 
 NS = "team"
 

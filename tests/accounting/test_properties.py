@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from sqlalchemy import create_engine
 from sqlalchemy.pool import StaticPool
 
-from quota import accounting as acc
-from quota.accounting.accountant import Accountant
-from quota.store.db import Store
-from quota.store.models import Base
+from gpuquota.quota import accounting as acc
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.store.db import Store
+from gpuquota.quota.store.models import Base
 from tests.accounting.objects import container, node, pod
 from tests.store import rows
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from quota import accounting as acc
+from gpuquota.quota import accounting as acc
 from tests.accounting.objects import container, namespace, node, pod, quota
 
 

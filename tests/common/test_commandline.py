@@ -1,7 +1,7 @@
 """The command-line convention (docs/operations.md), enforced on every command's parser.
 
 The test walks every parser of every program (gpuquota and each of its subcommands,
-gpu-exporter, python -m sim.nvml and its actions, sim.nvml.build, sim.workload) and checks: examples in every --help,
+gpu-exporter, python -m gpuquota.sim.nvml and its actions, gpuquota.sim.nvml.build, gpuquota.sim.workload) and checks: examples in every --help,
 --version on every program, the shared duration grammar behind every duration flag, and
 each flag fed hostile values: parsed, or refused with one line `prog: error: ...` and exit 2
 - never a traceback. The gpuquota commands that only touch a store (report, replay, db) are
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from exporter import cli as exporter_cli
-from gpuquota.commandline import version
-from quota import cli as gpuquota_cli
-from quota.store import db
-from sim import workload as sim_workload
-from sim.nvml import build as sim_build
-from sim.nvml import cli as sim_cli
+from gpuquota.cli_common.commandline import version
+from gpuquota.exporter import cli as exporter_cli
+from gpuquota.quota import cli as gpuquota_cli
+from gpuquota.quota.store import db
+from gpuquota.sim import workload as sim_workload
+from gpuquota.sim.nvml import build as sim_build
+from gpuquota.sim.nvml import cli as sim_cli
 
 HOSTILE = [
     "",
@@ -48,9 +48,9 @@ def programs() -> dict[str, argparse.ArgumentParser]:
     return {
         "gpuquota": gpuquota_cli.build_parser()[0],
         "gpu-exporter": exporter_cli.build_parser(),
-        "python -m sim.nvml": sim_cli._parser(),
-        "python -m sim.nvml.build": sim_build.parser(),
-        "python -m sim.workload": sim_workload.parser(),
+        "python -m gpuquota.sim.nvml": sim_cli._parser(),
+        "python -m gpuquota.sim.nvml.build": sim_build.parser(),
+        "python -m gpuquota.sim.workload": sim_workload.parser(),
     }
 
 

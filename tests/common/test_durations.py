@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuquota.durations import (
+from gpuquota.cli_common.durations import (
     Multiple,
     duration_flag,
     duration_or_multiple_flag,

@@ -1,4 +1,4 @@
-"""The --write / --check convention of the docs/ generators (gpuquota/generated.py): a
+"""The --write / --check convention of the docs/ generators (gpuquota/cli_common/generated.py): a
 document missing, stale or unreadable fails the check with one line naming the fix, exit 1."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.generated import STALE, add_target_options, check, emit, write
+from gpuquota.cli_common.generated import STALE, add_target_options, check, emit, write
 
 MODULE = "tools.example_doc"
 

@@ -1,4 +1,4 @@
-"""sim.harness: polling and stopping child processes."""
+"""gpuquota.sim.harness: polling and stopping child processes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from sim.harness import poll, stop_process, wait_for
+from gpuquota.sim.harness import poll, stop_process, wait_for
 
 
 def test_poll_returns_the_first_truthy_value_or_none() -> None:

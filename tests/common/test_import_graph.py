@@ -14,6 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gpuquota", "exporter", "quota", "sim", "dashboards", "bench")
+# gpuquota/<name> links to the top-level folder <name>/ (gpuquota/__init__.py)
+LINKED = {p.name for p in (ROOT / "gpuquota").iterdir() if p.is_symlink()}
 # Test folders whose test modules must not import each other (issue 8's loose ends).
 TEST_FOLDERS = (
     "exporter",
@@ -66,6 +68,8 @@ def _modules(packages: Iterable[str]) -> dict[str, Path]:
     for package in packages:
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[0] in LINKED:  # exporter/x.py is gpuquota.exporter.x
+                parts.insert(0, "gpuquota")
             if parts[-1] == "__init__":
                 parts.pop()
             if all(part.isidentifier() for part in parts):  # not e.g. gpu-node.dashboard.py
@@ -172,14 +176,15 @@ def test_cycles_are_found() -> None:
 
 def test_no_module_imports_itself_back() -> None:
     modules = _modules(PACKAGES)
-    assert "exporter.snapshot" in modules and "exporter.health.engine" in modules
+    assert "gpuquota.exporter.snapshot" in modules and "gpuquota.exporter.health.engine" in modules
     assert cycles(import_graph(modules)) == []
 
 
 def test_no_loop_between_folders() -> None:
     modules = _modules(PACKAGES)
     folders = folder_graph(import_graph(modules), modules)
-    assert "exporter.health" in folders["exporter.deviceplugin"]  # the verdict's consumer
+    # the verdict's consumer
+    assert "gpuquota.exporter.health" in folders["gpuquota.exporter.deviceplugin"]
     assert cycles(folders) == []
 
 
@@ -205,29 +210,39 @@ def _top_level_imports(path: Path) -> set[str]:
 def test_quota_side_has_no_cycle_between_modules_or_folders() -> None:
     modules = _modules(["quota"])
     graph = import_graph(modules)
-    assert "quota.accounting.accountant" in graph and "quota.controller.loop" in graph
+    assert (
+        "gpuquota.quota.accounting.accountant" in graph
+        and "gpuquota.quota.controller.loop" in graph
+    )
     assert cycles(graph) == []
     folders = folder_graph(graph, modules)
     assert cycles(folders) == []
     # one way: watch -> account -> store -> report; nothing downstream imports upstream
-    assert "quota.controller" not in folders["quota.accounting"]
-    assert "quota.store" not in folders["quota.accounting"]
-    assert "quota.controller" not in folders["quota.store"]
-    assert "quota.report" not in folders["quota.store"]
+    assert "gpuquota.quota.controller" not in folders["gpuquota.quota.accounting"]
+    assert "gpuquota.quota.store" not in folders["gpuquota.quota.accounting"]
+    assert "gpuquota.quota.controller" not in folders["gpuquota.quota.store"]
+    assert "gpuquota.quota.report" not in folders["gpuquota.quota.store"]
 
 
 def test_accounting_imports_no_sql_kubernetes_or_io() -> None:
-    modules = {m: p for m, p in _modules(["quota"]).items() if m.startswith("quota.accounting")}
-    assert "quota.accounting.trackers.pods" in modules and "quota.accounting.rules.ends" in modules
+    modules = {
+        m: p for m, p in _modules(["quota"]).items() if m.startswith("gpuquota.quota.accounting")
+    }
+    assert (
+        "gpuquota.quota.accounting.trackers.pods" in modules
+        and "gpuquota.quota.accounting.rules.ends" in modules
+    )
     found = {}
     for module, path in sorted(modules.items()):
         names = _top_level_imports(path)
         bad = sorted(n for n in names if n.split(".")[0] in NOT_IN_ACCOUNTING)
         # within the project, accounting reads only itself
         bad += sorted(
-            n for n in names if n.split(".")[0] in PACKAGES and not n.startswith("quota.accounting")
+            n
+            for n in names
+            if n.split(".")[0] in PACKAGES and not n.startswith("gpuquota.quota.accounting")
         )
-        if module.startswith("quota.accounting.rules"):
+        if module.startswith("gpuquota.quota.accounting.rules"):
             bad += sorted(n for n in names if n == "logging")  # pure rules do not even log
         if bad:
             found[module] = bad

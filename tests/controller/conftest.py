@@ -26,11 +26,11 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import create_engine, text
 
-from quota.controller.kube import Kube
-from quota.store import db
-from sim.apiserver import ApiServer, Driver
-from sim.harness import wait_for
-from sim.workload import Workload
+from gpuquota.quota.controller.kube import Kube
+from gpuquota.quota.store import db
+from gpuquota.sim.apiserver import ApiServer, Driver
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.workload import Workload
 from tests.conftest import PgSchemas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,7 +230,7 @@ class ControllerProcess:
         self.args = [
             sys.executable,
             "-m",
-            "quota.cli",
+            "gpuquota.quota.cli",
             "controller",
             "--kubeconfig",
             str(self.kubeconfig),

@@ -15,9 +15,9 @@ import time
 
 from sqlalchemy import text as sql
 
-from sim.apiserver import Driver
-from sim.harness import wait_for
-from sim.workload import generate
+from gpuquota.sim.apiserver import Driver
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.workload import generate
 from tests.controller.conftest import (
     ROOT,
     ControllerProcess,
@@ -284,7 +284,15 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
     # all at once: each is a fresh interpreter importing the kubernetes client
     procs = {
         name: subprocess.Popen(
-            [sys.executable, "-m", "quota.cli", "controller", "--metrics-port", "0", *args],
+            [
+                sys.executable,
+                "-m",
+                "gpuquota.quota.cli",
+                "controller",
+                "--metrics-port",
+                "0",
+                *args,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -307,7 +315,7 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
 def test_leader_that_cannot_renew_stops_writing(apiserver, tmp_path, controllers):
     """API server unreachable past the renew deadline: the leader exits (1) instead of
     writing on without a Lease (the library alone would lose its renew thread)."""
-    from quota.store import db
+    from gpuquota.quota.store import db
     from tests.controller.conftest import Store
 
     url = f"sqlite:///{tmp_path / 'q.db'}?timeout=0.5"

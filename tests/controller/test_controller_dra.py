@@ -7,9 +7,9 @@ from __future__ import annotations
 import random
 import time
 
-from sim.apiserver import ApiServer, Driver
-from sim.harness import wait_for
-from sim.workload import DRA_NAMESPACE, MIG_CLASS, generate
+from gpuquota.sim.apiserver import ApiServer, Driver
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.workload import DRA_NAMESPACE, MIG_CLASS, generate
 from tests.controller.conftest import (
     assert_dra_exact,
     assert_exact,

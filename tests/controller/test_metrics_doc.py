@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 
-from quota.controller import metrics_doc
-from quota.controller.metrics import METRICS, ControllerMetrics
+from gpuquota.quota.controller import metrics_doc
+from gpuquota.quota.controller.metrics import METRICS, ControllerMetrics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "controller-metrics.md"
 
@@ -17,7 +17,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "controller-metrics.md"
 def test_committed_reference_matches_the_table() -> None:
     assert DOC.read_text() == metrics_doc.render(), (
         "docs/controller-metrics.md is stale: run "
-        "`python -m quota.controller.metrics_doc --write docs/controller-metrics.md`"
+        "`python -m gpuquota.quota.controller.metrics_doc --write docs/controller-metrics.md`"
     )
 
 

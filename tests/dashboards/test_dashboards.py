@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from dashboards import generate
-from dashboards.known_metrics import known_metric_names
-from dashboards.promql import metric_names
+from gpuquota.dashboards import generate
+from gpuquota.dashboards.known_metrics import known_metric_names
+from gpuquota.dashboards.promql import metric_names
 from tests.dashboards import grafana_schema
 
 PROMTOOL = shutil.which("promtool")
@@ -42,8 +42,12 @@ def all_expressions() -> dict[str, list[str]]:
 def test_committed_json_is_what_the_sources_generate() -> None:
     assert generate.sources(), "no dashboards/*.dashboard.py found"
     for path, text in generate.rendered().items():
-        assert path.exists(), f"{path.name} is not committed: run python -m dashboards.generate"
-        assert path.read_text() == text, f"{path.name} is stale: run python -m dashboards.generate"
+        assert path.exists(), (
+            f"{path.name} is not committed: run python -m gpuquota.dashboards.generate"
+        )
+        assert path.read_text() == text, (
+            f"{path.name} is stale: run python -m gpuquota.dashboards.generate"
+        )
     assert generate.main(["--check"]) == 0
 
 

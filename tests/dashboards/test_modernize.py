@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dashboards.modernize import SCHEMA_VERSION, modernize
+from gpuquota.dashboards.modernize import SCHEMA_VERSION, modernize
 
 
 def legacy_board(*panels: dict) -> dict:

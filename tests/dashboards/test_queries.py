@@ -26,11 +26,11 @@ from typing import Any
 
 import pytest
 
-from dashboards import generate
-from sim.apiserver import ApiServer
-from sim.harness import stop_process, wait_for
-from sim.kubelet.podresources import Assignment, PodResourcesServer
-from sim.nvml.control import SimNode
+from gpuquota.dashboards import generate
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import stop_process, wait_for
+from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
+from gpuquota.sim.nvml.control import SimNode
 from tests.accounting import objects
 from tests.dashboards.grafana_schema import panels
 from tests.exporter.procs import free_port

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from dashboards.known_metrics import known_metric_names
-from dashboards.promql import metric_names
+from gpuquota.dashboards.known_metrics import known_metric_names
+from gpuquota.dashboards.promql import metric_names
 from tests.deploy.manifests import (
     DEPLOY,
     OVERLAYS,
@@ -152,7 +152,7 @@ def test_overlays_build_and_change_what_they_say() -> None:
     role = find(plugin, "ClusterRole", "gpu-exporter-node-status")
     assert {"resources": ["nodes/status"], "verbs": ["patch"], "apiGroups": [""]} in role["rules"]
     # every flag the overlays add is one gpu-exporter accepts
-    from exporter.cli import build_parser
+    from gpuquota.exporter.cli import build_parser
 
     build_parser().parse_args(pod["containers"][0]["args"])
 
@@ -287,8 +287,8 @@ def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]
     OVERLAYS,
 )
 def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
-    from exporter.cli import build_parser as exporter_parser
-    from quota.cli import build_parser as gpuquota_parser
+    from gpuquota.exporter.cli import build_parser as exporter_parser
+    from gpuquota.quota.cli import build_parser as gpuquota_parser
 
     commands = container_commands(built(folder))
     assert {argv[0] for _, argv in commands} == {"gpu-exporter", "gpuquota"}

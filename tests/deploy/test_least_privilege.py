@@ -21,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from quota.controller.kube import Kube
-from sim.apiserver import ApiServer
-from sim.harness import stop_process, wait_for
-from sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
-from sim.nvml import spec
-from sim.nvml.control import SimNode
-from sim.nvml.resourceslices import DRIVER, resource_slices
+from gpuquota.quota.controller.kube import Kube
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import stop_process, wait_for
+from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
+from gpuquota.sim.nvml import spec
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.resourceslices import DRIVER, resource_slices
 from tests.deploy.manifests import DEPLOY, find, kustomize, needs_kubectl
 from tests.kubelet.exporter_proc import Exporter
 
@@ -158,7 +158,7 @@ def test_controller_roles_grant_exactly_what_the_controller_calls(folder: Path) 
         kubeconfig = api.write_kubeconfig(folder / "kubeconfig")
         log = (folder / "controller.log").open("w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "quota.cli", "controller", "--kubeconfig", str(kubeconfig),
+            [sys.executable, "-m", "gpuquota.quota.cli", "controller", "--kubeconfig", str(kubeconfig),
              "--db", f"sqlite:///{folder / 'gq.db'}", "--migrate", "--metrics-port", "0",
              "--lease-name", "gpuquota-controller", "--lease-namespace", "gpuquota",
              "--identity", "ctl-a", "--lease-duration", "3", "--renew-deadline", "2",

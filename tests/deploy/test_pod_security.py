@@ -162,7 +162,7 @@ def test_the_restricted_overlay_has_no_exception_and_enforces_the_profile() -> N
     exporter = dict(workloads("overlays/restricted"))["gpu-exporter"]
     args = exporter["spec"]["containers"][0]["args"]
     assert "--pod-resources-socket=" in args  # attribution off: the socket is root-only
-    from exporter.cli import build_parser
+    from gpuquota.exporter.cli import build_parser
 
     assert build_parser().parse_args(args).pod_resources_socket == ""
 
@@ -220,7 +220,7 @@ def test_only_prometheus_reaches_the_metrics_ports(folder: str) -> None:
 
 @needs_kubectl
 def test_tls_auth_overlay_serves_with_its_generated_secret() -> None:
-    from exporter.webconfig import load
+    from gpuquota.exporter.webconfig import load
     from tests.deploy.manifests import generated_deploy
 
     docs = built("overlays/tls-auth")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.kubelet.registration import KubeletStandIn
+from gpuquota.sim.kubelet.registration import KubeletStandIn
 
 
 @pytest.fixture

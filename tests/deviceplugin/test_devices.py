@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from exporter.deviceplugin.allocate import CONTROL_NODES, AllocationError, allocate_container
-from exporter.deviceplugin.devices import (
+from gpuquota.exporter.deviceplugin.allocate import (
+    CONTROL_NODES,
+    AllocationError,
+    allocate_container,
+)
+from gpuquota.exporter.deviceplugin.devices import (
     HEALTHY,
     UNHEALTHY,
     PluginConfig,
     index_devices,
     plugin_devices,
 )
-from exporter.health.config import parse_config
-from exporter.health.engine import HealthTracker
-from exporter.health.verdict import NodeHealth
-from exporter.snapshot import DeviceState
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.snapshot import DeviceState
 from tests.health.factory import gpu, gpus, mig, node
 
 

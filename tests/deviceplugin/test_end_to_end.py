@@ -25,13 +25,13 @@ from typing import Any
 import grpc
 import pytest
 
-from exporter.cli import build_parser
-from exporter.wiring import HealthWiring
-from sim.apiserver import ApiServer
-from sim.harness import poll, stop_process
-from sim.kubelet.registration import KubeletStandIn, PluginClient
-from sim.nvml.control import SimNode
-from sim.nvml.spec import load as load_spec
+from gpuquota.exporter.cli import build_parser
+from gpuquota.exporter.wiring import HealthWiring
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import poll, stop_process
+from gpuquota.sim.kubelet.registration import KubeletStandIn, PluginClient
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.spec import load as load_spec
 
 # Upper bounds for waits, generous for a loaded machine; the latency itself is measured by
 # bench/health.py (milliseconds), never asserted here.
@@ -55,7 +55,7 @@ class Exporter:
         self._served = threading.Event()
         self.url = ""
         command = [
-            sys.executable, "-m", "exporter.cli", "--listen", "127.0.0.1:0", "--interval", "200ms",
+            sys.executable, "-m", "gpuquota.exporter.cli", "--listen", "127.0.0.1:0", "--interval", "200ms",
             "--device-plugin", "--device-plugin-dir", str(self.plugin_dir),
             "--health-quiet-period", str(QUIET_S), *flags,
         ]  # fmt: skip
@@ -350,7 +350,7 @@ def test_bad_health_config_exits_2(tmp_path: Path, sim_library: Path) -> None:
     config.write_text("xids: {48: {state: broken}}\n")
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "exporter.cli", "--listen", "127.0.0.1:0", "--health-config", str(config)],
+            [sys.executable, "-m", "gpuquota.exporter.cli", "--listen", "127.0.0.1:0", "--health-config", str(config)],
             env={**os.environ, **node.env()}, capture_output=True, text=True, timeout=30,
         )  # fmt: skip
     finally:

@@ -15,15 +15,15 @@ from typing import Any
 import grpc
 import pytest
 
-from exporter.deviceplugin.devices import PluginConfig
-from exporter.deviceplugin.manager import DevicePluginManager
-from exporter.deviceplugin.preferred import Topology
-from exporter.health.board import HealthBoard
-from exporter.health.config import parse_config
-from exporter.health.engine import HealthTracker
-from exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
-from exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from sim.kubelet.registration import KubeletStandIn
+from gpuquota.exporter.deviceplugin.devices import PluginConfig
+from gpuquota.exporter.deviceplugin.manager import DevicePluginManager
+from gpuquota.exporter.deviceplugin.preferred import Topology
+from gpuquota.exporter.health.board import HealthBoard
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from gpuquota.sim.kubelet.registration import KubeletStandIn
 from tests.health.factory import gpu, gpus, mig, node
 
 # Upper bounds for waits, generous for a loaded machine; the latency itself is measured by

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
+from gpuquota.exporter.deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
 
 G = [f"GPU-{i}" for i in range(8)]
 

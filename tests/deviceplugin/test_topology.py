@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.deviceplugin.topology import (
+from gpuquota.exporter.deviceplugin.topology import (
     LINK_GPU,
     LINK_SWITCH,
     GpuLinks,

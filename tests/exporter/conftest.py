@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from exporter.collect import Collector
-from exporter.http import ExporterServer
-from exporter.nvml import NvmlApi
-from exporter.render import Renderer
-from exporter.webconfig import ReloadingWebConfig, WebConfig
-from sim.harness import stop_process
-from sim.nvml.control import SimNode
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.http import ExporterServer
+from gpuquota.exporter.nvml import NvmlApi
+from gpuquota.exporter.render import Renderer
+from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfig
+from gpuquota.sim.harness import stop_process
+from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]

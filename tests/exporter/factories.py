@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from exporter.snapshot import (
+from gpuquota.exporter.snapshot import (
     DeviceSnapshot,
     DeviceState,
     MigInfo,

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPORTER = [sys.executable, "-m", "exporter.cli"]
+EXPORTER = [sys.executable, "-m", "gpuquota.exporter.cli"]
 
 
 def free_port() -> int:

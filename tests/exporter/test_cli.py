@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter import cli
-from sim.nvml.control import SimNode
+from gpuquota.exporter import cli
+from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.procs import Exporter, base_env, run_cli
 from tests.exporter.scrape import parse, value
 

@@ -12,19 +12,19 @@ from typing import Any
 
 import pytest
 
-from exporter.collect import Collector
-from exporter.health.config import parse_config
-from exporter.health.engine import HealthTracker
-from exporter.health.verdict import State
-from exporter.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
-from exporter.render import Renderer, RenderOptions
-from exporter.snapshot import DeviceState, NodeSnapshot, PodRef
-from exporter.xid import XidEvent, XidWatcher
-from sim.harness import wait_for
-from sim.nvml.build import implemented_functions
-from sim.nvml.control import SimNode
-from sim.nvml.models import GpuModel
-from sim.nvml.spec import GpuSpec, load
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.verdict import State
+from gpuquota.exporter.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
+from gpuquota.exporter.render import Renderer, RenderOptions
+from gpuquota.exporter.snapshot import DeviceState, NodeSnapshot, PodRef
+from gpuquota.exporter.xid import XidEvent, XidWatcher
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.nvml.build import implemented_functions
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.models import GpuModel
+from gpuquota.sim.nvml.spec import GpuSpec, load
 from tests.exporter.scrape import parse, value
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
@@ -445,7 +445,7 @@ def test_nvlink_counters_follow_changes_between_collections(nvml_on: NvmlOn) -> 
 
 
 def test_xid_registration_failure_leaves_one_gpu_out(nvml_on: NvmlOn, sim_library, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="exporter.xid")
+    caplog.set_level(logging.INFO, logger="gpuquota.exporter.xid")
     node, api = nvml_on("l4x2")
     node.fail_call(0, "nvmlDeviceRegisterEvents", NOT_SUPPORTED)
     xid = XidWatcher(api)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from exporter.cli import build_parser
-from exporter.dra.service import DraKubeConfigError, DraService
-from sim.apiserver import ApiServer
+from gpuquota.exporter.cli import build_parser
+from gpuquota.exporter.dra.service import DraKubeConfigError, DraService
+from gpuquota.sim.apiserver import ApiServer
 
 
 def args(*argv: str):

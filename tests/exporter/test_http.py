@@ -17,11 +17,11 @@ from typing import Any
 import bcrypt
 import pytest
 
-from exporter.http import ExporterServer
-from exporter.nvml import NvmlApi
-from exporter.render import Renderer
-from exporter.webconfig import ReloadingWebConfig, load
-from sim.nvml.control import SimNode
+from gpuquota.exporter.http import ExporterServer
+from gpuquota.exporter.nvml import NvmlApi
+from gpuquota.exporter.render import Renderer
+from gpuquota.exporter.webconfig import ReloadingWebConfig, load
+from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.scrape import get
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]

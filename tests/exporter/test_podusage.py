@@ -11,16 +11,22 @@ from typing import Any
 
 import pytest
 
-from exporter import podusage
-from exporter.cli import main as exporter_main
-from exporter.collect import Collector
-from exporter.nvml import NvmlApi
-from exporter.podusage import CgroupPod, PodDirectory, PodUsageEnricher, ProcReader, parse_cgroup
-from exporter.render import Renderer
-from exporter.wiring import core_api
-from sim.apiserver import ApiServer
-from sim.harness import wait_for
-from sim.nvml.control import SimNode
+from gpuquota.exporter import podusage
+from gpuquota.exporter.cli import main as exporter_main
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.nvml import NvmlApi
+from gpuquota.exporter.podusage import (
+    CgroupPod,
+    PodDirectory,
+    PodUsageEnricher,
+    ProcReader,
+    parse_cgroup,
+)
+from gpuquota.exporter.render import Renderer
+from gpuquota.exporter.wiring import core_api
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.scrape import parse, value
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from exporter.collect import Collector
-from exporter.metrics import METRICS, Tier, field_tiers
-from exporter.nvml import NvmlApi
-from exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
-from exporter.render import Renderer, RenderOptions
-from exporter.snapshot import DeviceState
-from sim.nvml.control import SimNode
-from sim.nvml.spec import load
+from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.metrics import METRICS, Tier, field_tiers
+from gpuquota.exporter.nvml import NvmlApi
+from gpuquota.exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
+from gpuquota.exporter.render import Renderer, RenderOptions
+from gpuquota.exporter.snapshot import DeviceState
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.spec import load
 from tests.exporter.scrape import parse, value
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.nvml.control import SimNode
+from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.procs import Exporter
 from tests.prometheus import Prometheus, running
 

@@ -8,12 +8,12 @@ from dataclasses import fields, replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from exporter import metrics
-from exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
-from exporter.metrics import METRICS, MetricSpec, Scope
-from exporter.promcollector import SnapshotCollector
-from exporter.render import Renderer, RenderOptions, escape_label_value
-from exporter.snapshot import DeviceSnapshot, DeviceState, GpmMetrics, PodRef
+from gpuquota.exporter import metrics
+from gpuquota.exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
+from gpuquota.exporter.metrics import METRICS, MetricSpec, Scope
+from gpuquota.exporter.promcollector import SnapshotCollector
+from gpuquota.exporter.render import Renderer, RenderOptions, escape_label_value
+from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, GpmMetrics, PodRef
 from tests.exporter.factories import GIB, gpu, mig, node
 from tests.exporter.scrape import parse, value
 

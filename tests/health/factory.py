@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot
+from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot
 
 
 def gpu(index: int, **values: Any) -> DeviceSnapshot:

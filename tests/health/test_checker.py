@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.health.checker import HealthChecker
-from exporter.health.config import parse_config
-from exporter.health.verdict import NodeHealth, State
-from exporter.xid import XidEvent
+from gpuquota.exporter.health.checker import HealthChecker
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.verdict import NodeHealth, State
+from gpuquota.exporter.xid import XidEvent
 from tests.health.factory import gpus, node
 
 

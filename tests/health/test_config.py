@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from exporter.health.config import (
+from gpuquota.exporter.health.config import (
     HealthConfigError,
     defaults,
     load_config,
     parse_config,
     parse_defaults,
 )
-from exporter.health.engine import HealthTracker
-from exporter.health.verdict import Action, State
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.verdict import Action, State
 from tests.health.factory import gpu, node
 
 YAML = """

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.health.config import defaults
-from exporter.health.doc import main, render
+from gpuquota.exporter.health.config import defaults
+from gpuquota.exporter.health.doc import main, render
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "health.md"
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exporter.dra.slices import SliceIndex
-from exporter.dra.taints import (
+from gpuquota.exporter.dra.slices import SliceIndex
+from gpuquota.exporter.dra.taints import (
     MANAGED_BY,
     MANAGER,
     NODE_LABEL,
@@ -19,17 +19,17 @@ from exporter.dra.taints import (
     rule_name,
     wanted_rules,
 )
-from exporter.health.config import parse_config
-from exporter.health.engine import HealthTracker
-from exporter.health.verdict import Action, State
-from exporter.nodestatus.status import TAINT_KEY
-from exporter.snapshot import DeviceSnapshot, DeviceState, MigInfo, NodeSnapshot
-from quota.controller.kube import Kube, load
-from sim.apiserver import ApiServer
-from sim.harness import poll, wait_for
-from sim.nvml import spec
-from sim.nvml.control import SimNode
-from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.verdict import Action, State
+from gpuquota.exporter.nodestatus.status import TAINT_KEY
+from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, MigInfo, NodeSnapshot
+from gpuquota.quota.controller.kube import Kube, load
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import poll, wait_for
+from gpuquota.sim.nvml import spec
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
 from tests.kubelet.exporter_proc import Exporter, scrape
 
 MIXED = spec.load("mixed")  # 2 x H100, an A100 with 3 MIG devices, an L4

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.health.config import defaults, parse_config
-from exporter.health.engine import HealthTracker
-from exporter.health.verdict import Action, NodeHealth, State
-from exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot, NvLinkCounters
+from gpuquota.exporter.health.config import defaults, parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.verdict import Action, NodeHealth, State
+from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot, NvLinkCounters
 from tests.health.factory import gpu, gpus, mig, node
 
 H, D, U = State.HEALTHY, State.DEGRADED, State.UNHEALTHY

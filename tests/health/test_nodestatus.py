@@ -4,13 +4,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exporter.health.config import parse_config
-from exporter.health.engine import HealthTracker
-from exporter.nodestatus.status import CONDITION_TYPE, TAINT_KEY, taints_with, wanted_status
-from exporter.nodestatus.updater import NodeStatusUpdater
-from exporter.wiring import core_api
-from sim.apiserver import ApiServer
-from sim.harness import poll
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.nodestatus.status import (
+    CONDITION_TYPE,
+    TAINT_KEY,
+    taints_with,
+    wanted_status,
+)
+from gpuquota.exporter.nodestatus.updater import NodeStatusUpdater
+from gpuquota.exporter.wiring import core_api
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import poll
 from tests.health.factory import gpus, node
 
 OTHER = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import time
 
-from exporter.cli import build_parser
-from exporter.wiring import HealthWiring
+from gpuquota.exporter.cli import build_parser
+from gpuquota.exporter.wiring import HealthWiring
 from tests.health.factory import gpus, node
 
 

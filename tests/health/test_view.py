@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from exporter.health.config import parse_config
-from exporter.health.engine import HealthTracker
-from exporter.health.view import node_json
+from gpuquota.exporter.health.config import parse_config
+from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.view import node_json
 from tests.health.factory import gpu, mig, node
 
 

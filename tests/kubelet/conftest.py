@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.kubelet.podresources import PodResourcesServer
+from gpuquota.sim.kubelet.podresources import PodResourcesServer
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sim.harness import stop_process
-from sim.nvml.control import SimNode
+from gpuquota.sim.harness import stop_process
+from gpuquota.sim.nvml.control import SimNode
 
 EXPORTER = Path(sys.executable).with_name("gpu-exporter")
 POD_INFO = re.compile(r"^gpu_pod_info\{([^}]*)\} 1$", re.M)

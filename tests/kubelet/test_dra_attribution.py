@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from exporter.dra.attribution import DraAttribution
-from exporter.dra.claims import AdminAccessClaims
-from exporter.dra.slices import KINDS, SliceIndex, SliceWatcher, apply_message
-from exporter.podresources import PodResourcesWatcher
-from exporter.render import Renderer, RenderOptions
-from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
-from quota.controller.kube import Kube, load
-from quota.controller.messages import Event, Listed, Resync, Synced
-from sim.apiserver import ApiServer
-from sim.harness import poll, wait_for
-from sim.kubelet.podresources import Assignment, ClaimAssignment, PodResourcesServer
-from sim.nvml import spec
-from sim.nvml.control import SimNode
-from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
+from gpuquota.exporter.dra.attribution import DraAttribution
+from gpuquota.exporter.dra.claims import AdminAccessClaims
+from gpuquota.exporter.dra.slices import KINDS, SliceIndex, SliceWatcher, apply_message
+from gpuquota.exporter.podresources import PodResourcesWatcher
+from gpuquota.exporter.render import Renderer, RenderOptions
+from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
+from gpuquota.quota.controller.kube import Kube, load
+from gpuquota.quota.controller.messages import Event, Listed, Resync, Synced
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import poll, wait_for
+from gpuquota.sim.kubelet.podresources import Assignment, ClaimAssignment, PodResourcesServer
+from gpuquota.sim.nvml import spec
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
 from tests.exporter.scrape import parse
 from tests.kubelet.exporter_proc import Exporter, pod_info, scrape
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.harness import wait_for
-from sim.kubelet.podresources import PodResourcesServer, node_assignments
-from sim.nvml.control import SimNode
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.kubelet.podresources import PodResourcesServer, node_assignments
+from gpuquota.sim.nvml.control import SimNode
 from tests.kubelet.exporter_proc import Exporter, attribution_up, pod_info, scrape
 
 

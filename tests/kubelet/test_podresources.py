@@ -9,17 +9,17 @@ from pathlib import Path
 import grpc
 import pytest
 
-from exporter.kubeletapi import podresources_v1_pb2 as pb
-from exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-from exporter.podresources import (
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+from gpuquota.exporter.podresources import (
     PodResourcesWatcher,
     attach_pods,
     device_pods,
     physical_device_id,
 )
-from exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
-from sim.harness import wait_for
-from sim.kubelet.podresources import (
+from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
+from gpuquota.sim.harness import wait_for
+from gpuquota.sim.kubelet.podresources import (
     Assignment,
     PodResourcesServer,
     load_assignments,
@@ -190,7 +190,7 @@ def test_watcher_attributes_time_sliced_gpus_and_mig_devices(
 def test_no_socket_logs_once_then_attributes_when_the_socket_appears(
     socket_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="exporter.podresources")
+    caplog.set_level(logging.INFO, logger="gpuquota.exporter.podresources")
     watcher = PodResourcesWatcher(socket_path, interval=0.05, timeout=1.0)
     watcher.start()
     try:
@@ -342,7 +342,7 @@ def test_stand_in_runs_on_its_own_from_an_assignment_file(socket_path: Path) -> 
         )
     )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sim.kubelet.podresources", "--socket", str(socket_path),
+        [sys.executable, "-m", "gpuquota.sim.kubelet.podresources", "--socket", str(socket_path),
          "--assignments", str(assignments)],
         stdout=subprocess.PIPE,
         text=True,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, delete, insert
 
-from quota.report import cli
-from quota.store import db
-from quota.store.models import Allocation, Base, NamespaceLabels, NodeCapacity, QuotaSample
+from gpuquota.quota.report import cli
+from gpuquota.quota.store import db
+from gpuquota.quota.store.models import Allocation, Base, NamespaceLabels, NodeCapacity, QuotaSample
 from tests.conftest import PgSchemas
 
 H100 = "NVIDIA-H100-80GB-HBM3"

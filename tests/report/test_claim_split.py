@@ -12,9 +12,9 @@ from fractions import Fraction
 import pytest
 from sqlalchemy import insert
 
-from quota.accounting.rules.claims import PodSpan, charged_pieces
-from quota.report import build, compute, period
-from quota.store.models import ClaimAllocation
+from gpuquota.quota.accounting.rules.claims import PodSpan, charged_pieces
+from gpuquota.quota.report import build, compute, period
+from gpuquota.quota.store.models import ClaimAllocation
 from tests.report.conftest import H100, Store
 
 T0 = 1_790_000_000

@@ -10,7 +10,7 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quota.report.compute import (
+from gpuquota.quota.report.compute import (
     OTHER,
     aggregate,
     apportion,
@@ -19,8 +19,8 @@ from quota.report.compute import (
     spread_idle,
     sub_windows,
 )
-from quota.report.query import CapacityRow, UsageRow
-from quota.report.ratecard import parse
+from gpuquota.quota.report.query import CapacityRow, UsageRow
+from gpuquota.quota.report.ratecard import parse
 from tests.report.conftest import A100, H100, exact_physical
 
 CARD = parse(
@@ -180,9 +180,9 @@ def test_apportion_rows_sum_to_rounded_total_and_stay_within_one_unit(
 
 
 def test_chart_draws_other_in_its_own_grey(tmp_path: Path) -> None:
-    from quota.report import chart
-    from quota.report.compute import OTHER, Group, Report
-    from quota.report.period import Period
+    from gpuquota.quota.report import chart
+    from gpuquota.quota.report.compute import OTHER, Group, Report
+    from gpuquota.quota.report.period import Period
 
     groups = [
         Group((f"ns-{i:02d}",), physical_seconds=Fraction(100 - i), series=[Fraction(3600)])

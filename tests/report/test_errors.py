@@ -71,7 +71,7 @@ def test_rate_card_that_is_no_rate_card(
 def test_last_takes_the_shared_duration_grammar(
     report: Any, sqlite_store: Store, last: str
 ) -> None:
-    from gpuquota.durations import parse_duration
+    from gpuquota.cli_common.durations import parse_duration
 
     sqlite_store.clear()
     result = report("--last", last, "--json", "--now", "2026-10-02T00:00:00Z", db=sqlite_store)

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine
 
-from quota import cli as gpuquota
-from quota.report import compute, query
-from sim.workload import Workload, generate
+from gpuquota.quota import cli as gpuquota
+from gpuquota.quota.report import compute, query
+from gpuquota.sim.workload import Workload, generate
 from tests.report.conftest import Store
 
 SEED, HOURS = 11, 12

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from quota import cli as gpuquota
+from gpuquota.quota import cli as gpuquota
 
 
 def test_help_lists_every_option_key_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
@@ -54,7 +54,7 @@ def test_span_index_migration_matches_the_models_expression() -> None:
     import importlib.util
     from pathlib import Path
 
-    from quota.store.models import SPAN_CLASS_SQL
+    from gpuquota.quota.store.models import SPAN_CLASS_SQL
 
     path = (
         Path(__file__).resolve().parents[2]

@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import insert
 
-from quota import cli as gpuquota
-from quota.store.models import Cluster, Heartbeat
-from sim.workload import generate, rfc3339
+from gpuquota.quota import cli as gpuquota
+from gpuquota.quota.store.models import Cluster, Heartbeat
+from gpuquota.sim.workload import generate, rfc3339
 from tests.report.conftest import Store, ts
 from tests.report.helpers import Canned, assert_refused, vector
 
@@ -96,7 +96,7 @@ def test_a_replayed_recording_ends_at_its_last_event(
 
 
 def test_prometheus_coverage_is_shown_not_averaged_in(sqlite_store: Store, report: Any) -> None:
-    from quota.report.prometheus import busy_query, step_for
+    from gpuquota.quota.report.prometheus import busy_query, step_for
 
     sqlite_store.clear()
     sqlite_store.alloc("ml", OCT, OCT + 4 * H)  # 4 GPU-hours, Prometheus saw 1 of them

@@ -8,7 +8,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from quota.report.period import PeriodError, buckets, resolve
+from gpuquota.quota.report.period import PeriodError, buckets, resolve
 from tests.report.conftest import ts
 
 NOW = ts("2026-11-22T07:30:00+00:00")

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from quota.report.prometheus import busy_query, step_for
+from gpuquota.quota.report.prometheus import busy_query, step_for
 from tests.report.conftest import Store, ts
 from tests.report.helpers import Canned, assert_refused, closed_port, vector
 
@@ -292,8 +292,13 @@ def _iso(t: int) -> str:
 
 def test_query_uses_the_exporters_metric_names() -> None:
     """The PromQL joins what the exporter's metric table (the one source of names) exposes."""
-    from exporter import metrics
-    from quota.report.prometheus import DEVICE_LABEL, JOIN_METRIC, POD_UTIL_METRIC, UTIL_METRIC
+    from gpuquota.exporter import metrics
+    from gpuquota.quota.report.prometheus import (
+        DEVICE_LABEL,
+        JOIN_METRIC,
+        POD_UTIL_METRIC,
+        UTIL_METRIC,
+    )
 
     rows = {m.name: m for m in metrics.METRICS if m.compat is None}
     assert rows[UTIL_METRIC].unit == "ratio"

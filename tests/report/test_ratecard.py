@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from quota.report.ratecard import RateCardError, load
+from gpuquota.quota.report.ratecard import RateCardError, load
 from tests.report.conftest import A100, H100, ts
 
 ROOT = Path(__file__).resolve().parents[2]

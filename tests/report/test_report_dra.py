@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from quota import accounting as acc
-from quota.accounting.accountant import Accountant
-from quota.report import build, compute, period
-from quota.store import db
-from sim.workload import DRA_MODEL, DRA_NAMESPACE, DRA_NODE, Workload, generate, rfc3339
+from gpuquota.quota import accounting as acc
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.report import build, compute, period
+from gpuquota.quota.store import db
+from gpuquota.sim.workload import DRA_MODEL, DRA_NAMESPACE, DRA_NODE, Workload, generate, rfc3339
 from tests.report.conftest import Store
 
 WL = generate(3, 2.0, dra=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from sim.apiserver import ApiServer
+from gpuquota.sim.apiserver import ApiServer
 
 
 @pytest.fixture

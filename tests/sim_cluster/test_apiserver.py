@@ -11,8 +11,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from sim.apiserver import Driver, merge_patch
-from sim.workload import generate
+from gpuquota.sim.apiserver import Driver, merge_patch
+from gpuquota.sim.workload import generate
 from tests.sim_cluster.watching import watch_lines
 
 WL = generate(5, 1.0)

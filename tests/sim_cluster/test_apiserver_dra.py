@@ -11,9 +11,9 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from sim.apiserver import ApiServer
-from sim.nvml import spec
-from sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
+from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.nvml import spec
+from gpuquota.sim.nvml.resourceslices import DRIVER, device_uuids, resource_slices
 from tests.sim_cluster.watching import watch_lines
 
 
@@ -149,7 +149,7 @@ def test_forbidden_resource_answers_403(apiserver: ApiServer, kube) -> None:
 
 
 def test_resourceslices_cli_prints_the_slices(capsys) -> None:
-    from sim.nvml.resourceslices import main
+    from gpuquota.sim.nvml.resourceslices import main
 
     assert main(["mixed", "node-a"]) == 0
     assert json.loads(capsys.readouterr().out) == resource_slices(spec.load("mixed"), "node-a")

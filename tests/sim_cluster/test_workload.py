@@ -10,8 +10,8 @@ from fractions import Fraction
 
 import pytest
 
-from sim import workload
-from sim.workload import generate, rfc3339
+from gpuquota.sim import workload
+from gpuquota.sim.workload import generate, rfc3339
 
 
 def ts(s: str) -> int:
@@ -126,7 +126,7 @@ def test_cli_writes_replay_lines(tmp_path):
         [
             sys.executable,
             "-m",
-            "sim.workload",
+            "gpuquota.sim.workload",
             "--seed",
             "2",
             "--hours",
@@ -146,7 +146,9 @@ def test_cli_writes_replay_lines(tmp_path):
     assert last["type"] == "BOOKMARK" and last["observedAt"] == rfc3339(workload.end)
     assert json.loads(truth.read_text())["gpu_seconds"]
     bad = subprocess.run(
-        [sys.executable, "-m", "sim.workload", "--hours", "0.01"], capture_output=True, text=True
+        [sys.executable, "-m", "gpuquota.sim.workload", "--hours", "0.01"],
+        capture_output=True,
+        text=True,
     )
     assert bad.returncode == 2 and "at least 10 minutes" in bad.stderr
 

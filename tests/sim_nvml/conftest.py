@@ -12,7 +12,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from sim.nvml.control import SimNode
+from gpuquota.sim.nvml.control import SimNode
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import time
 import pynvml
 import pytest
 
-from sim.nvml.models import MODELS
-from sim.nvml.spec import PRESETS, load
+from gpuquota.sim.nvml.models import MODELS
+from gpuquota.sim.nvml.spec import PRESETS, load
 from tests.sim_nvml.conftest import run_python
 
 EXPECTED_COUNTS = {"h100x8": 8, "a100-mig": 4, "l4x2": 2, "mixed": 4}

@@ -16,10 +16,10 @@ from typing import Any
 import pynvml
 import pytest
 
-from sim.nvml import cli
-from sim.nvml.control import SimNode
-from sim.nvml.costs import H100_CALLS, parse
-from sim.nvml.spec import load
+from gpuquota.sim.nvml import cli
+from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.costs import H100_CALLS, parse
+from gpuquota.sim.nvml.spec import load
 
 MODELLED = {"mode": "modelled"}
 

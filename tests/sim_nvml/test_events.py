@@ -12,7 +12,7 @@ import time
 import pynvml
 import pytest
 
-from sim.nvml.control import SimNode
+from gpuquota.sim.nvml.control import SimNode
 
 XID = pynvml.nvmlEventTypeXidCriticalError
 NONE = 0xFFFFFFFF

@@ -7,7 +7,7 @@ import time
 import pynvml
 import pytest
 
-from sim.nvml.cli import main as sim_cli
+from gpuquota.sim.nvml.cli import main as sim_cli
 
 H100_MIG = {"gpus": [{"model": "H100-SXM5-80GB", "count": 1, "mig": ["3g.40gb", "3g.40gb"]}]}
 MIB = 1024 * 1024

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sim.nvml import cli
-from sim.nvml.control import SimError, SimNode
-from sim.nvml.spec import load
+from gpuquota.sim.nvml import cli
+from gpuquota.sim.nvml.control import SimError, SimNode
+from gpuquota.sim.nvml.spec import load
 
 
 @pytest.mark.parametrize(
@@ -108,14 +108,17 @@ def test_cli_drives_a_node(tmp_path, sim_library, capsys):
 def test_cli_runs_as_a_module(tmp_path, sim_library):
     state = str(tmp_path / "m.state")
     out = subprocess.run(
-        [sys.executable, "-m", "sim.nvml", state, "create", "l4x2"],
+        [sys.executable, "-m", "gpuquota.sim.nvml", state, "create", "l4x2"],
         capture_output=True,
         text=True,
         check=False,
     )
     assert out.returncode == 0 and "2 GPUs" in out.stdout
     env = subprocess.run(
-        [sys.executable, "-m", "sim.nvml", state, "env"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "gpuquota.sim.nvml", state, "env"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert f"GPUQUOTA_SIM_STATE={state}" in env.stdout
 
@@ -129,7 +132,7 @@ def test_malformed_spec_file_is_one_line(tmp_path: Path, content: bytes) -> None
     spec = tmp_path / "node.yaml"
     spec.write_bytes(content)
     result = subprocess.run(
-        [sys.executable, "-m", "sim.nvml", str(tmp_path / "state"), "create", str(spec)],
+        [sys.executable, "-m", "gpuquota.sim.nvml", str(tmp_path / "state"), "create", str(spec)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -137,13 +140,13 @@ def test_malformed_spec_file_is_one_line(tmp_path: Path, content: bytes) -> None
     )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith(f"python -m sim.nvml: error: spec file {spec}")
+    assert result.stderr.startswith(f"python -m gpuquota.sim.nvml: error: spec file {spec}")
 
 
 def test_stand_in_lives_outside_site_packages_when_installed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sim.nvml import build
+    from gpuquota.sim.nvml import build
 
     assert build.default_out() == build.REPO_ROOT / "build" / "sim" / build.SONAME
     # as from an installed wheel: the package's parents are site-packages, not a checkout

@@ -7,8 +7,8 @@ import math
 import pynvml
 import pytest
 
-from sim.nvml.models import MODELS
-from sim.nvml.spec import load
+from gpuquota.sim.nvml.models import MODELS
+from gpuquota.sim.nvml.spec import load
 
 
 def _handles():

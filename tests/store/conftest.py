@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quota.store import db
+from gpuquota.quota.store import db
 from tests.conftest import PgSchemas
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 from sqlalchemy import select
 
-from quota.store.db import Store
-from quota.store.models import (
+from gpuquota.quota.store.db import Store
+from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     Heartbeat,

@@ -1,6 +1,6 @@
 """`gpuquota db` and `gpuquota replay` as users run them, against SQLite and PostgreSQL: the
 installed console script in a subprocess for a good file, a bad file and a dead database, and
-``quota.cli.main`` in-process for the rest (same code, without the interpreter start-up)."""
+``gpuquota.quota.cli.main`` in-process for the rest (same code, without the interpreter start-up)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from quota.cli import SUBCOMMANDS, build_parser, main
-from quota.store import db
-from sim.workload import generate, rfc3339
+from gpuquota.quota.cli import SUBCOMMANDS, build_parser, main
+from gpuquota.quota.store import db
+from gpuquota.sim.workload import generate, rfc3339
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 
@@ -424,8 +424,8 @@ def test_node_pool_label_is_configurable_for_replay_and_report(
 def test_node_pool_labels_in_order_before_the_built_in_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from quota.accounting import DEFAULT_NODE_POOL_LABELS
-    from quota.options import node_pool_labels
+    from gpuquota.quota.accounting import DEFAULT_NODE_POOL_LABELS
+    from gpuquota.quota.options import node_pool_labels
 
     assert node_pool_labels(None) == DEFAULT_NODE_POOL_LABELS
     assert node_pool_labels(["b,a", "c"])[:3] == ("b", "a", "c")
@@ -444,15 +444,15 @@ def test_replay_logs_progress_without_a_terminal(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from quota import replay
+    from gpuquota.quota import replay
 
     monkeypatch.setattr(replay, "PROGRESS_MIN_BYTES", 1)
     monkeypatch.setattr(replay, "PROGRESS_LOG_SECONDS", 0.0)
     stream = write_lines(tmp_path / "ok.jsonl", events())
-    with caplog.at_level("INFO", logger="quota.replay"):
+    with caplog.at_level("INFO", logger="gpuquota.quota.replay"):
         code, _, err = cli(capsys, "replay", str(stream), "--db", db_url, "--cluster", cluster)
     assert code == 0, err
-    lines = [r.getMessage() for r in caplog.records if r.name == "quota.replay"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpuquota.quota.replay"]
     assert any(m.startswith("check: ") and "%" in m for m in lines), lines  # validation
     assert any(m.startswith("replay: ") and "%" in m for m in lines), lines
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from quota.accounting.accountant import Accountant
-from quota.store.db import Store
-from quota.store.models import ClaimAllocation
-from sim.workload import DRA_MODEL, DRA_NAMESPACE, GPU, Workload, generate
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.store.db import Store
+from gpuquota.quota.store.models import ClaimAllocation
+from gpuquota.sim.workload import DRA_MODEL, DRA_NAMESPACE, GPU, Workload, generate
 
 
 def claim_rows(store: Store, cluster: str) -> list[dict[str, Any]]:

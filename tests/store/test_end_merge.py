@@ -11,9 +11,9 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quota import accounting as acc
-from quota.accounting.rows import AllocationRow, Batch
-from quota.store.db import Store
+from gpuquota.quota import accounting as acc
+from gpuquota.quota.accounting.rows import AllocationRow, Batch
+from gpuquota.quota.store.db import Store
 from tests.store import rows
 
 REASONS = [*acc.END_REASON_PRECEDENCE, acc.END_VANISHED]

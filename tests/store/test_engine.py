@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from sqlalchemy import create_engine, text
 
-from quota.accounting import AccountingError
-from quota.accounting.accountant import Accountant
-from quota.accounting.rows import QuotaSampleRow
-from quota.store.db import Store, StoreError, open_store
+from gpuquota.quota.accounting import AccountingError
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.accounting.rows import QuotaSampleRow
+from gpuquota.quota.store.db import Store, StoreError, open_store
 from tests.accounting.objects import namespace, node, pod, quota
 from tests.store import rows
 

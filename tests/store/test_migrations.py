@@ -14,8 +14,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 
-from quota.store import db
-from quota.store.models import Base
+from gpuquota.quota.store import db
+from gpuquota.quota.store.models import Base
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -121,9 +121,9 @@ def test_wheel_ships_migrations_as_quota_migrations(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("gpuquota-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "quota/migrations/env.py" in names
-    assert "quota/migrations/versions/0001_initial.py" in names
-    assert "quota/migrations/script.py.mako" in names
+    assert "gpuquota/quota/migrations/env.py" in names
+    assert "gpuquota/quota/migrations/versions/0001_initial.py" in names
+    assert "gpuquota/quota/migrations/script.py.mako" in names
     assert not any(n.startswith("alembic/") for n in names)
     assert not any("__pycache__" in n for n in names)
 
@@ -145,7 +145,7 @@ def test_wheel_ships_migrations_as_quota_migrations(tmp_path: Path) -> None:
         capture_output=True,
     )
     probe = (
-        "import sys; from quota.store import db; "
+        "import sys; from gpuquota.quota.store import db; "
         "db.upgrade(sys.argv[1]); print(db.migrations_path()); print(db.current(sys.argv[1]))"
     )
     done = subprocess.run(
@@ -157,7 +157,7 @@ def test_wheel_ships_migrations_as_quota_migrations(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONPATH": str(target)},
     )
     where, revision = done.stdout.split()
-    assert where == str(target / "quota" / "migrations")
+    assert where == str(target / "gpuquota" / "quota" / "migrations")
     assert revision == db.head_revision()
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from quota.accounting.accountant import Accountant
-from quota.store.db import Store
-from sim.workload import generate
+from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.store.db import Store
+from gpuquota.sim.workload import generate
 from tests.store import rows
 
 

@@ -31,16 +31,16 @@ from decimal import Decimal
 from fractions import Fraction
 from typing import Any
 
-from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
-from quota.accounting.rules.parse import (
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from gpuquota.quota.accounting.rules.parse import (
     mapping,
     parse_quantity,
     parse_time,
     sequence,
     string,
 )
-from quota.accounting.rules.quotas import device_class_quota as device_class_quota
-from quota.accounting.rules.shares import mig_share
+from gpuquota.quota.accounting.rules.quotas import device_class_quota as device_class_quota
+from gpuquota.quota.accounting.rules.shares import mig_share
 
 DEFAULT_GPU_DRIVERS: tuple[str, ...] = ("gpu.nvidia.com",)
 # the annotation the scheduler puts on a claim it made for an extended-resource request

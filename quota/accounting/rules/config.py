@@ -30,7 +30,7 @@ class AccountingConfig:
     node_pool_labels: tuple[str, ...] = DEFAULT_NODE_POOL_LABELS
     mig_slices: int = DEFAULT_MIG_SLICES
     # per-profile override of the physical share of one MIG instance, e.g. {"1g.10gb": 0.125};
-    # read through quota.accounting.rules.shares.mig_override, the override's one home
+    # read through gpuquota.quota.accounting.rules.shares.mig_override, the override's one home
     mig_profile_share: Mapping[str, Fraction | float | int] = field(default_factory=dict)
 
     def is_gpu(self, resource_name: str) -> bool:

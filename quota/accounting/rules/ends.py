@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from quota.accounting.rules.pods import PodFacts
+from gpuquota.quota.accounting.rules.pods import PodFacts
 
 # End reasons stored in Allocation.end_reason.
 END_TERMINATED = "terminated"

@@ -6,8 +6,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
-from quota.accounting.rules.parse import mapping, parse_quantity, parse_time, sequence, string
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from gpuquota.quota.accounting.rules.parse import (
+    mapping,
+    parse_quantity,
+    parse_time,
+    sequence,
+    string,
+)
 
 
 def namespace_labels(

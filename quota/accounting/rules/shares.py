@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 
-from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
-from quota.accounting.rules.nodes import NodeGpus
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from gpuquota.quota.accounting.rules.nodes import NodeGpus
 
 MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
 _MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb(?:\+.*)?$")

@@ -13,9 +13,9 @@ from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from quota.accounting.pending import PendingWrites
-from quota.accounting.rows import Batch, StoredState
-from quota.accounting.rules.config import AccountingConfig
+from gpuquota.quota.accounting.pending import PendingWrites
+from gpuquota.quota.accounting.rows import Batch, StoredState
+from gpuquota.quota.accounting.rules.config import AccountingConfig
 
 
 @dataclass(frozen=True)

@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from quota.accounting.pending import PendingWrites
-from quota.accounting.rows import Batch, ClaimAllocationRow, NodeCapacityRow, StoredState
-from quota.accounting.rules import claims as dra
-from quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
-from quota.accounting.rules.ends import END_VANISHED, BillingEnd
-from quota.accounting.rules.nodes import NodeGpus
-from quota.accounting.rules.parse import mapping, parse_time, string
+from gpuquota.quota.accounting.pending import PendingWrites
+from gpuquota.quota.accounting.rows import Batch, ClaimAllocationRow, NodeCapacityRow, StoredState
+from gpuquota.quota.accounting.rules import claims as dra
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
+from gpuquota.quota.accounting.rules.ends import END_VANISHED, BillingEnd
+from gpuquota.quota.accounting.rules.nodes import NodeGpus
+from gpuquota.quota.accounting.rules.parse import mapping, parse_time, string
 
 log = logging.getLogger(__name__)
 

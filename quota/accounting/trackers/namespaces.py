@@ -7,9 +7,9 @@ from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
-from quota.accounting.rows import Batch, NamespaceLabelsRow, StoredState
-from quota.accounting.rules.quotas import namespace_labels
-from quota.accounting.trackers.base import TrackerContext
+from gpuquota.quota.accounting.rows import Batch, NamespaceLabelsRow, StoredState
+from gpuquota.quota.accounting.rules.quotas import namespace_labels
+from gpuquota.quota.accounting.trackers.base import TrackerContext
 
 
 @dataclass

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
 
-from quota.accounting.rows import Batch, NodeCapacityRow, StoredState
-from quota.accounting.rules.nodes import NodeGpus, node_gpus
-from quota.accounting.rules.shares import physical_share
-from quota.accounting.trackers.base import TrackerContext
+from gpuquota.quota.accounting.rows import Batch, NodeCapacityRow, StoredState
+from gpuquota.quota.accounting.rules.nodes import NodeGpus, node_gpus
+from gpuquota.quota.accounting.rules.shares import physical_share
+from gpuquota.quota.accounting.trackers.base import TrackerContext
 
 
 class NodeListener(Protocol):

@@ -15,12 +15,17 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
-from quota.accounting.rows import AllocationRow, Batch, StoredState
-from quota.accounting.rules.ends import BillingEnd, EndEvidence, billing_end, observed_evidence
-from quota.accounting.rules.pods import PodFacts, in_quota_view, pod_facts
-from quota.accounting.rules.shares import physical_share
-from quota.accounting.trackers.base import TrackerContext
-from quota.accounting.trackers.nodes import NodeTracker
+from gpuquota.quota.accounting.rows import AllocationRow, Batch, StoredState
+from gpuquota.quota.accounting.rules.ends import (
+    BillingEnd,
+    EndEvidence,
+    billing_end,
+    observed_evidence,
+)
+from gpuquota.quota.accounting.rules.pods import PodFacts, in_quota_view, pod_facts
+from gpuquota.quota.accounting.rules.shares import physical_share
+from gpuquota.quota.accounting.trackers.base import TrackerContext
+from gpuquota.quota.accounting.trackers.nodes import NodeTracker
 
 log = logging.getLogger(__name__)
 

@@ -7,10 +7,10 @@ from collections.abc import Hashable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
-from quota.accounting.rows import Batch, QuotaSampleRow, StoredState
-from quota.accounting.rules.parse import last_written
-from quota.accounting.rules.quotas import QuotaFacts, quota_facts
-from quota.accounting.trackers.base import TrackerContext
+from gpuquota.quota.accounting.rows import Batch, QuotaSampleRow, StoredState
+from gpuquota.quota.accounting.rules.parse import last_written
+from gpuquota.quota.accounting.rules.quotas import QuotaFacts, quota_facts
+from gpuquota.quota.accounting.trackers.base import TrackerContext
 
 
 @dataclass
