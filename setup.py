@@ -46,6 +46,10 @@ def generate_kubelet_stubs() -> None:
 class BuildPy(build_py):
     def run(self) -> None:
         generate_kubelet_stubs()
+        if not self.editable_mode:
+            # setuptools reuses build/lib between builds: a package an earlier layout put there
+            # (the top-level exporter/, quota/, ... before gpuquota.*) would land in the wheel
+            shutil.rmtree(self.build_lib, ignore_errors=True)
         super().run()
         if not self.editable_mode:
             target = Path(self.build_lib) / "gpuquota" / "quota" / "migrations"

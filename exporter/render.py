@@ -254,12 +254,13 @@ class Renderer:
         The cache key is the snapshot's identity (the collector publishes a new object per
         collection, never a changed one) and the verdict's generation (the health board
         publishes a new generation on every change): no value comparison. A renderer serves
-        the verdicts of one health checker, whose generations never repeat.
+        the verdicts of one health checker, whose generations never repeat. Bytes already
+        rendered for a newer snapshot answer a request for an older one (``_covers``).
         """
         key = (snapshot, None if verdict is None else verdict.generation)
         with self._lock:
             cached = self._cached_for
-            if cached is None or cached[0] is not snapshot or cached[1] != key[1]:
+            if not _covers(cached, snapshot, key[1]):
                 self._cached = self.render(snapshot, verdict)
                 self._cached_gzip = None
                 self._cached_for = key
@@ -277,9 +278,8 @@ class Renderer:
         if not self._lock.acquire(blocking=False):
             return None
         try:
-            cached = self._cached_for
             generation = None if verdict is None else verdict.generation
-            if cached is None or cached[0] is not snapshot or cached[1] != generation:
+            if not _covers(self._cached_for, snapshot, generation):
                 return None
             return self._cached_gzip if gzipped else self._cached
         finally:
@@ -308,3 +308,21 @@ class Renderer:
                 out.append(f"# HELP {name} {escape_help(spec.help)}\n# TYPE {name} {spec.type}\n")
                 out.extend(lines)
         return "".join(out).encode()
+
+
+def _covers(
+    cached: tuple[NodeSnapshot, int | None] | None, snapshot: NodeSnapshot, generation: int | None
+) -> bool:
+    """Whether the bytes rendered for ``cached`` (snapshot, verdict generation) answer a scrape
+    of ``snapshot`` with that generation: the same pair, or a newer one. A scrape that took the
+    latest snapshot just before the collector published the next one gets the newer bytes
+    already rendered instead of rendering an older snapshot again (and pushing the newer one
+    out of the one-slot cache)."""
+    if cached is None:
+        return False
+    have, have_generation = cached
+    if have is not snapshot and have.collected_at <= snapshot.collected_at:
+        return False
+    if have_generation == generation:
+        return True
+    return have_generation is not None and generation is not None and have_generation > generation

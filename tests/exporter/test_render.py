@@ -290,6 +290,18 @@ def test_exposition_is_cached_per_snapshot() -> None:
     assert renderer.exposition(second) != body
 
 
+def test_a_scrape_of_an_older_snapshot_gets_the_newer_bytes_already_rendered() -> None:
+    """A scrape that took the latest snapshot just before the next one was published and
+    rendered must not render the older one again (and push the newer one out)."""
+    renderer = Renderer()
+    older = node()
+    newer = replace(older, collected_at=older.collected_at + 1, devices=(gpu(0, power_watts=1.0),))
+    body = renderer.exposition(newer)
+    assert renderer.peek(older) is body
+    assert renderer.exposition(older) is body
+    assert renderer.exposition(newer) is body  # still cached: nothing was rendered in between
+
+
 def test_verdict_is_rendered_beside_the_snapshot_and_cached_per_generation() -> None:
     renderer = Renderer()
     snapshot = node(gpu(0))
