@@ -161,6 +161,15 @@ def parse_wrk(output: str) -> tuple[dict[int, float], float, str]:
 
 def source_tree(rev: str, work: Path) -> Path:
     """The exporter's and gpuquota's code as of ``rev`` (generated gRPC stubs from this tree)."""
+    linked = subprocess.run(["git", "-C", str(ROOT), "ls-tree", rev, "gpuquota/exporter"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    if not linked:
+        # before the one gpuquota.* package its modules import each other by other names, and
+        # this tree's editable install would answer for gpuquota.*: it would bench this tree
+        raise SystemExit(
+            f"python -m bench.scrape: error: {rev} predates the gpuquota.* package; run that "
+            "revision's own bench.scrape in a checkout of it"
+        )
     tree = work / f"src-{re.sub(r'[^A-Za-z0-9]', '_', rev)}"
     tree.mkdir()
     for package in ("exporter", "gpuquota"):
