@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
 from typing import Any
 
 from gpuquota.exporter.dra.slices import DraDevice, SliceIndex
 from gpuquota.exporter.health.verdict import NodeHealth, State
+from gpuquota.exporter.listener_thread import ListenerThread
 from gpuquota.exporter.nodestatus.status import TAINT_KEY
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _same(have: Obj, want: Obj) -> bool:
     )
 
 
-class DeviceTaintPublisher:
+class DeviceTaintPublisher(ListenerThread):
     """A health listener keeping this node's DeviceTaintRules in step with the verdict.
 
     ``kube`` is a gpuquota.quota.controller.kube.Kube (raw calls through the official client).
@@ -134,25 +134,13 @@ class DeviceTaintPublisher:
         self.version: str | None = None
         self.errors_total = 0
         self.published = 0  # rules in place after the last successful reconcile
-        self._cond = threading.Condition()
+        super().__init__("dra-taints", join_timeout=10)
         self._health: NodeHealth | None = None
         self._dirty = False
-        self._stopping = False
         self._failing = False  # the last reconcile failed (logged once per streak)
         self._foreign_logged: set[str] = set()
-        self._thread = threading.Thread(target=self._run, name="dra-taints", daemon=True)
 
     # -- life cycle and the health listener
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
 
     def __call__(self, before: NodeHealth, after: NodeHealth) -> None:
         with self._cond:

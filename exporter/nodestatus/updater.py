@@ -12,17 +12,17 @@ apply is decided by the pure exporter/nodestatus/status.py.
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import UTC, datetime
 from typing import Any
 
 from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.listener_thread import ListenerThread
 from gpuquota.exporter.nodestatus.status import CONDITION_TYPE, Wanted, taints_with, wanted_status
 
 log = logging.getLogger(__name__)
 
 
-class NodeStatusUpdater:
+class NodeStatusUpdater(ListenerThread):
     """A health listener that patches the Node through a kubernetes ``CoreV1Api``."""
 
     def __init__(
@@ -38,21 +38,9 @@ class NodeStatusUpdater:
         self.taint = taint
         self.condition = condition
         self.max_backoff_s = max_backoff_s
-        self._cond = threading.Condition()
+        super().__init__("node-status")
         self._wanted: Wanted | None = None
         self._applied: Wanted | None = None
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="node-status", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread.is_alive():
-            self._thread.join()
 
     def __call__(self, before: NodeHealth, after: NodeHealth) -> None:
         wanted = wanted_status(after)
