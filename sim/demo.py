@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from gpuquota.quota.controller.kube import Kube
+from gpuquota.kube.client import Kube
 from gpuquota.sim.apiserver import ApiServer, Driver
 from gpuquota.sim.harness import poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer

@@ -74,7 +74,7 @@ class AdminAccessClaims:
                 del self._known[key]
 
     def _run(self) -> None:
-        from gpuquota.quota.controller.kube import ApiStatusError
+        from gpuquota.kube.client import ApiStatusError
 
         while True:
             key = self._queue.get()

@@ -134,7 +134,7 @@ class DraKubeConfigError(RuntimeError):
 
 
 def _kube(kubeconfig: Any, node_name: str) -> Any:
-    from gpuquota.quota.controller.kube import Kube, KubeConfigError, load
+    from gpuquota.kube.client import Kube, KubeConfigError, load
 
     try:
         api = load(str(kubeconfig) if kubeconfig else None)

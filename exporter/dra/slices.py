@@ -27,14 +27,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuquota.quota.controller.messages import Event, Listed, Message, Resync, Synced
+from gpuquota.kube.messages import Event, Listed, Message, Resync, Synced
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 DEFAULT_DRIVERS = frozenset({"gpu.nvidia.com"})
 KIND = "ResourceSlice"
-# quota/controller/kube.py's names for the slice API, newest first (same object shape)
+# gpuquota/kube/client.py's names for the slice API, newest first (same object shape)
 KINDS = (KIND, "ResourceSlice.v1beta2")
 
 
@@ -119,7 +119,7 @@ def _generation(obj: Obj) -> int:
 
 
 def apply_message(index: SliceIndex, msg: Message) -> None:
-    """One message of the controller's WatchLoop (quota/controller/messages.py) into the index."""
+    """One message of the controller's WatchLoop (gpuquota/kube/messages.py) into the index."""
     match msg:
         case Resync(items=items):  # a full list: exactly these slices now
             index.replace_all(items)
@@ -208,7 +208,7 @@ class SliceIndex:
 class SliceWatcher:
     """Keeps a :class:`SliceIndex` in step with this node's ResourceSlices, in the background.
 
-    ``kube`` is a gpuquota.quota.controller.kube.Kube whose field selector for ResourceSlice names this
+    ``kube`` is a gpuquota.kube.client.Kube whose field selector for ResourceSlice names this
     node; the list+watch itself is the controller's WatchLoop.
     """
 
@@ -255,7 +255,7 @@ class SliceWatcher:
         """One list: True when the slices can be read; says once why not."""
         from urllib3.exceptions import HTTPError
 
-        from gpuquota.quota.controller.kube import ApiStatusError
+        from gpuquota.kube.client import ApiStatusError
 
         try:
             items = self._list_newest()
@@ -290,7 +290,7 @@ class SliceWatcher:
 
     def _list_newest(self) -> list[Obj]:
         """List through the newest slice API served; sets ``self.kind``."""
-        from gpuquota.quota.controller.kube import ApiStatusError
+        from gpuquota.kube.client import ApiStatusError
 
         for kind in KINDS:
             try:

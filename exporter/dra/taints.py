@@ -111,7 +111,7 @@ def _same(have: Obj, want: Obj) -> bool:
 class DeviceTaintPublisher(ListenerThread):
     """A health listener keeping this node's DeviceTaintRules in step with the verdict.
 
-    ``kube`` is a gpuquota.quota.controller.kube.Kube (raw calls through the official client).
+    ``kube`` is a gpuquota.kube.client.Kube (raw calls through the official client).
     """
 
     def __init__(
@@ -215,7 +215,7 @@ class DeviceTaintPublisher(ListenerThread):
 
     def reconcile(self, wanted: dict[str, Obj]) -> None:
         """Make this node's own rules exactly ``wanted`` (raises on API errors)."""
-        from gpuquota.quota.controller.kube import ApiStatusError
+        from gpuquota.kube.client import ApiStatusError
 
         if self.version is None:
             self.version = self._discover()

@@ -21,8 +21,8 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from gpuquota.cli_common.durations import duration_flag, whole_seconds_flag
+from gpuquota.kube import client as kubeapi
 from gpuquota.quota.accounting.accountant import Accountant
-from gpuquota.quota.controller import kube as kubeapi
 from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics

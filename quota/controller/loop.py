@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 from urllib3.exceptions import HTTPError
 
+from gpuquota.kube.backoff import Backoff
+from gpuquota.kube.client import ApiStatusError, Kube
+from gpuquota.kube.messages import Event, Listed, Message, Resync, Synced, put
 from gpuquota.quota import accounting as acc
 from gpuquota.quota.accounting.accountant import Accountant
 from gpuquota.quota.accounting.rules.claims import names_claims
-from gpuquota.quota.controller.backoff import Backoff
-from gpuquota.quota.controller.kube import ApiStatusError, Kube
-from gpuquota.quota.controller.messages import Event, Listed, Message, Resync, Synced, put
 from gpuquota.quota.controller.metrics import ControllerMetrics
 from gpuquota.quota.controller.watch import WatchLoop
 from gpuquota.quota.store.db import StoreError

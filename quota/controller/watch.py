@@ -19,9 +19,9 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
-from gpuquota.quota.controller.backoff import Backoff
-from gpuquota.quota.controller.kube import ApiStatusError, Kube, Obj
-from gpuquota.quota.controller.messages import Event, Listed, Message, Resync, put
+from gpuquota.kube.backoff import Backoff
+from gpuquota.kube.client import ApiStatusError, Kube, Obj
+from gpuquota.kube.messages import Event, Listed, Message, Resync, put
 from gpuquota.quota.controller.metrics import ControllerMetrics
 
 log = logging.getLogger(__name__)

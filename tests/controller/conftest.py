@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import create_engine, text
 
-from gpuquota.quota.controller.kube import Kube
+from gpuquota.kube.client import Kube
 from gpuquota.quota.store import db
 from gpuquota.sim.apiserver import ApiServer, Driver
 from gpuquota.sim.harness import wait_for

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from gpuquota.quota.controller.backoff import Backoff
+from gpuquota.kube.backoff import Backoff
 
 
 def test_backoff_doubles_with_jitter_up_to_the_cap():

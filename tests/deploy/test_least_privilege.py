@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuquota.quota.controller.kube import Kube
+from gpuquota.kube.client import Kube
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import stop_process, wait_for
 from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServer

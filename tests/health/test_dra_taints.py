@@ -24,7 +24,7 @@ from gpuquota.exporter.health.engine import HealthTracker
 from gpuquota.exporter.health.verdict import Action, State
 from gpuquota.exporter.nodestatus.status import TAINT_KEY
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, MigInfo, NodeSnapshot
-from gpuquota.quota.controller.kube import Kube, load
+from gpuquota.kube.client import Kube, load
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll, wait_for
 from gpuquota.sim.nvml import spec

@@ -15,8 +15,8 @@ from gpuquota.exporter.dra.slices import KINDS, SliceIndex, SliceWatcher, apply_
 from gpuquota.exporter.podresources import PodResourcesWatcher
 from gpuquota.exporter.render import Renderer, RenderOptions
 from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
-from gpuquota.quota.controller.kube import Kube, load
-from gpuquota.quota.controller.messages import Event, Listed, Resync, Synced
+from gpuquota.kube.client import Kube, load
+from gpuquota.kube.messages import Event, Listed, Resync, Synced
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll, wait_for
 from gpuquota.sim.kubelet.podresources import Assignment, ClaimAssignment, PodResourcesServer

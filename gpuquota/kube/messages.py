@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: importers (exporter/dra/slices.py) skip the client
-    from gpuquota.quota.controller.kube import Obj
+    from gpuquota.kube.client import Obj
 
 
 @dataclass(frozen=True)
