@@ -73,6 +73,7 @@ Enricher = Callable[[NodeSnapshot], NodeSnapshot]
 Subscriber = Callable[[NodeSnapshot], None]
 
 MIG_RESCAN_COLLECTIONS = 60  # re-enumerate MIG instances this often even without errors
+REPROBE_COLLECTIONS = 60  # ask readings a GPU does not support again this often
 SLOW_INTERVALS = 5  # default slow_interval: this many collection intervals
 WORKER_IDLE_S = 120.0  # a GPU worker thread idle this long ends (a new one starts on demand)
 STALL_ROUNDS = 3  # a GPU whose read is this many read timeouts late is published as ERROR
@@ -161,6 +162,7 @@ class _GpuCache:
     migs: list[_MigCache] | None = None
     mig_scanned_at: int = 0
     unsupported: set[tuple[int, str, tuple[Any, ...]]] = field(default_factory=set)
+    unsupported_since: int = 0  # the collection the unsupported set was last emptied at
     nvlink_totals: tuple[float | None, ...] = ()  # the totals nvlink_counters were read at
     nvlink_counters: tuple[NvLinkCounters, ...] = ()
     nvlink_read_at: int = 0
@@ -430,8 +432,12 @@ class Collector:
     def _read_gpu(self, index: int, tiers: frozenset[Tier]) -> None:
         """Reads one GPU (in its worker thread) and stores the result in its cache."""
         cache = self._gpus[index]
-        if self._collections - cache.mig_scanned_at >= MIG_RESCAN_COLLECTIONS:
-            cache.unsupported.clear()  # re-probe now and then (firmware/driver changes)
+        if self._collections - cache.unsupported_since >= REPROBE_COLLECTIONS:
+            # re-probe now and then (firmware/driver changes); its own counter: the MIG scan's
+            # never moves on a GPU without MIG, which made every round re-probe (on an H100
+            # SXM a NOT_SUPPORTED nvmlDeviceGetFanSpeed costs 0.36 ms)
+            cache.unsupported.clear()
+            cache.unsupported_since = self._collections
         reads = _Reads(cache.unsupported)
         api = self.api
         try:

@@ -54,6 +54,9 @@ H100_CALLS: dict[str, CallCost] = {
     "nvmlDeviceGetComputeRunningProcesses": CallCost(0.17),
     "nvmlDeviceGetGraphicsRunningProcesses": CallCost(0.17),
     "nvmlDeviceGetMemoryInfo": CallCost(0.09),
+    # an H100 SXM has no fan: the NOT_SUPPORTED answer itself took 0.36 ms (2026-11-25,
+    # docs/real-h100.md)
+    "nvmlDeviceGetFanSpeed": CallCost(0.36),
     "nvmlDeviceGetFieldValues": CallCost(0.02),  # plus each field's own latency below
 }
 # nvmlDeviceGetFieldValues per field (latencyUsec): [197, 198, 83] took 4.9 ms, energy alone

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.collect import REPROBE_COLLECTIONS, Collector
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import HealthTracker
 from gpuquota.exporter.health.verdict import State
@@ -348,6 +348,20 @@ def test_not_supported_is_omitted_and_not_an_error(nvml_on: NvmlOn) -> None:
     assert snapshot.nvml_errors_total == {}
     text = Renderer().render(snapshot).decode()
     assert 'gpu_temperature_celsius{gpu="0"' not in text
+
+
+def test_not_supported_is_asked_again_only_every_reprobe_period(nvml_on: NvmlOn) -> None:
+    # Seen on a real H100 SXM: with MIG off, every round after the 60th asked the
+    # NOT_SUPPORTED fan speed again (131 calls in 189 rounds, 0.36 ms each).
+    node, api = nvml_on("l4x2")
+    for gpu in (0, 1):
+        node.fail_call(gpu, "nvmlDeviceGetFanSpeed", NOT_SUPPORTED)
+    collector = Collector(api)
+    rounds = 3 * REPROBE_COLLECTIONS + 5
+    for _ in range(rounds):
+        collector.collect_once()
+    calls, _seconds = api.call_stats()["nvmlDeviceGetFanSpeed"]
+    assert calls <= 2 * (rounds // REPROBE_COLLECTIONS + 1)
 
 
 def test_lost_identity_read_keeps_other_gpus(nvml_on: NvmlOn) -> None:
