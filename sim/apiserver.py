@@ -450,6 +450,20 @@ class ApiServer:
                 st.record(res.plural, "MODIFIED" if existed else "ADDED", new)
             return new
 
+    def taint_node(
+        self, name: str, key: str, effect: str = "NoExecute", value: str | None = None
+    ) -> Obj:
+        """Adds a taint to a Node as the node-lifecycle controller does (``timeAdded`` set, in
+        the API server's RFC 3339 form), e.g. ``node.kubernetes.io/unreachable``."""
+        with self.state.lock:
+            node = copy.deepcopy(self.state.objects["nodes"][("", name)])
+            taint: Obj = {"key": key, "effect": effect, "timeAdded": rfc3339(int(time.time()))}
+            if value is not None:
+                taint["value"] = value
+            taints = node.setdefault("spec", {}).setdefault("taints", [])
+            taints[:] = [t for t in taints if t.get("key") != key] + [taint]
+            return self.apply("MODIFIED", node, copy_obj=False)
+
     def get(self, plural: str, name: str, namespace: str = "") -> Obj | None:
         with self.state.lock:
             obj = self.state.objects[plural].get((namespace, name))
@@ -566,6 +580,14 @@ class ApiServer:
             if "json-patch" in content_type:
                 raise ApiError(
                     415, "UnsupportedMediaType", "json-patch is not supported by the stand-in"
+                )
+            want = ((body or {}).get("metadata") or {}).get("resourceVersion")
+            if want and want != cur["metadata"]["resourceVersion"]:  # a precondition, as on a PUT
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
                 )
             new = merge_patch(cur, body, strategic="strategic" in content_type)
             new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
