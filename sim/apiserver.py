@@ -95,6 +95,13 @@ DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaim
 # versions that may serve them, newest first (v1beta1 is left out: its device shape differs)
 DRA_VERSIONS = ("v1", "v1beta2")
 DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+# what a release serves DeviceTaintRules in, with the DRADeviceTaintRules gate on (1.36:
+# seen on a real v1.36.2; 1.37: v1 expected): ApiServer(device_taint_rule_versions=...[release])
+DEVICE_TAINT_RULE_RELEASES = {
+    "1.35": ("v1alpha3",),
+    "1.36": ("v1beta2", "v1alpha3"),
+    "1.37": ("v1", "v1beta2", "v1alpha3"),
+}
 # fields a field selector may name, beyond metadata.name and metadata.namespace
 SELECTABLE_FIELDS: dict[str, tuple[str, ...]] = {
     "pods": ("spec.nodeName", "status.phase"),
@@ -150,12 +157,31 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     return out
 
 
+EVICTION = "EvictionInProgress"  # the DeviceTaintRule condition the server maintains
+
+
 def _defaults(res: Resource, body: Obj) -> None:
     """What the real server fills in on create and update."""
     if res.plural == "devicetaintrules":
         taint = (body.get("spec") or {}).get("taint")
         if isinstance(taint, dict):  # "added automatically during create or update"
             taint.setdefault("timeAdded", rfc3339(int(time.time())))
+            # as a real 1.36 server reports it (the NoExecute wording is the stand-in's own)
+            evicting = taint.get("effect") == "NoExecute"
+            status = body.setdefault("status", {})
+            conditions = [c for c in status.get("conditions") or [] if c.get("type") != EVICTION]
+            old = next((c for c in status.get("conditions") or [] if c.get("type") == EVICTION), {})
+            state = "True" if evicting else "False"
+            conditions.append({
+                "type": EVICTION,
+                "status": state,
+                "reason": "PodsPendingEviction" if evicting else "NoEffect",
+                "message": "pods using the tainted devices get evicted" if evicting
+                else "Eviction only happens for the NoExecute effect.",
+                "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == state
+                else rfc3339(int(time.time())),
+            })  # fmt: skip
+            status["conditions"] = conditions
 
 
 def _field_value(obj: Obj, path: str) -> str:
