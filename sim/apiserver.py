@@ -170,7 +170,9 @@ def _defaults(res: Resource, body: Obj) -> None:
             evicting = taint.get("effect") == "NoExecute"
             status = body.setdefault("status", {})
             conditions = [c for c in status.get("conditions") or [] if c.get("type") != EVICTION]
-            old = next((c for c in status.get("conditions") or [] if c.get("type") == EVICTION), {})
+            old: Obj = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == EVICTION), {}
+            )
             state = "True" if evicting else "False"
             conditions.append({
                 "type": EVICTION,
