@@ -32,6 +32,11 @@ Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch conne
 (close the listening socket for a while: connections are refused, then it comes back on the
 same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does).
 
+Like the real cluster (``garbage_collector=True``; off by default): ownerReferences are acted
+on, an object whose owners do not exist is deleted, and pods of a deleted Node go with it
+(:meth:`collect_garbage`). :meth:`taint_node` taints a Node as the node-lifecycle controller
+does (with ``timeAdded``).
+
 :class:`Driver` feeds a :class:`gpuquota.sim.workload.Workload` into the server, as fast as it can or
 time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
 
@@ -290,6 +295,7 @@ class ApiServer:
         port: int = 0,
         resource_versions: Sequence[str] = ("v1",),
         device_taint_rule_versions: Sequence[str] = ("v1",),
+        garbage_collector: bool = False,
     ):
         for version in resource_versions:
             if version not in DRA_VERSIONS:
@@ -325,6 +331,10 @@ class ApiServer:
         # (API group, resource[/subresource], RBAC verb) of every request: what a role needs
         self.calls: set[tuple[str, str, str]] = set()
         self.active_watches = 0
+        # the kube-controller-manager's garbage collector and pod GC, in a thread (off: the
+        # workload driver replays deletions itself and owns pods by kinds not served here)
+        self._gc = garbage_collector
+        self._gc_stop = threading.Event()
 
     # -- life cycle
 
@@ -346,9 +356,13 @@ class ApiServer:
             target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
         )
         self._thread.start()
+        if self._gc:
+            self._gc_stop.clear()
+            threading.Thread(target=self._gc_loop, name="sim-gc", daemon=True).start()
         return self
 
     def stop(self) -> None:
+        self._gc_stop.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -491,6 +505,53 @@ class ApiServer:
             taints = node.setdefault("spec", {}).setdefault("taints", [])
             taints[:] = [t for t in taints if t.get("key") != key] + [taint]
             return self.apply("MODIFIED", node, copy_obj=False)
+
+    def collect_garbage(self) -> list[tuple[str, str, str]]:
+        """One pass of the garbage collectors, until nothing more goes; what was deleted.
+
+        As the real ones: an object whose ownerReferences (of kinds served here) all name
+        objects that do not exist, by uid, is deleted, and so in turn are its dependents; a
+        Pod bound to a Node that does not exist is deleted (pod GC). Owners of kinds not
+        served here (a Job, a ReplicaSet) are not judged."""
+        gone: list[tuple[str, str, str]] = []
+        with self.state.lock:
+            while True:
+                uids = {
+                    (res.kind, o["metadata"].get("uid"))
+                    for res in RESOURCES.values()
+                    for o in self.state.objects[res.plural].values()
+                }
+                nodes = {name for _ns, name in self.state.objects["nodes"]}
+                doomed = []
+                for res in RESOURCES.values():
+                    for (ns, name), obj in self.state.objects[res.plural].items():
+                        refs = [
+                            r
+                            for r in obj["metadata"].get("ownerReferences") or []
+                            if isinstance(r, dict) and r.get("kind") in BY_KIND
+                        ]
+                        orphan = bool(refs) and all(
+                            (r["kind"], r.get("uid")) not in uids for r in refs
+                        )
+                        node = (
+                            (obj.get("spec") or {}).get("nodeName")
+                            if res.plural == "pods"
+                            else None
+                        )
+                        if orphan or (node and node not in nodes):
+                            doomed.append((res, ns, name))
+                if not doomed:
+                    return gone
+                for res, ns, name in doomed:
+                    self.delete(res, ns, name)
+                    gone.append((res.plural, ns, name))
+
+    def _gc_loop(self) -> None:
+        seen = -1
+        while not self._gc_stop.wait(0.05):
+            if self.state.rv != seen:
+                seen = self.state.rv
+                self.collect_garbage()
 
     def get(self, plural: str, name: str, namespace: str = "") -> Obj | None:
         with self.state.lock:
