@@ -12,8 +12,8 @@ goes away when the device recovers.
 Ownership: every rule carries the labels ``app.kubernetes.io/managed-by=gpuquota-exporter``
 and ``gpuquota.io/node=<node>``, and the exporter only ever lists, changes and deletes rules
 with both labels: a rule someone else made, even one that happens to have our name, is never
-touched. Rules left over from an earlier run (the device recovered while the exporter was
-down) are deleted at the first reconcile.
+touched. Rules left over from an earlier run are read back and held (below); one whose
+device is not unhealthy once the checker released it is deleted at the next reconcile.
 
 Fences survive restarts: at start the publisher lists its own rules and hands them (device
 UUID, action, reasons from the annotations; time from ``spec.taint.timeAdded``) to the health
