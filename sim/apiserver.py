@@ -35,7 +35,8 @@ same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RB
 Like the real cluster (``garbage_collector=True``; off by default): ownerReferences are acted
 on, an object whose owners do not exist is deleted, and pods of a deleted Node go with it
 (:meth:`collect_garbage`). :meth:`taint_node` taints a Node as the node-lifecycle controller
-does (with ``timeAdded``).
+does (with ``timeAdded``). :meth:`admit` enforces ValidatingAdmissionPolicies on HTTP writes as
+one identity, with the real server's CEL semantics (gpuquota.sim.admission).
 
 :class:`Driver` feeds a :class:`gpuquota.sim.workload.Workload` into the server, as fast as it can or
 time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
@@ -335,6 +336,9 @@ class ApiServer:
         # workload driver replays deletions itself and owns pods by kinds not served here)
         self._gc = garbage_collector
         self._gc_stop = threading.Event()
+        self._admission: list[tuple[Obj, Any]] = []  # (policy, gpuquota.sim.admission.Policy)
+        self._user: Obj = {}
+        self._http = threading.local()  # the subresource of the HTTP write being handled
 
     # -- life cycle
 
@@ -506,6 +510,48 @@ class ApiServer:
             taints[:] = [t for t in taints if t.get("key") != key] + [taint]
             return self.apply("MODIFIED", node, copy_obj=False)
 
+    def admit(self, policies: Iterable[Obj], user: Obj) -> None:
+        """Judges every write that comes over HTTP as made by ``user`` (a userInfo: username,
+        extra) with these ValidatingAdmissionPolicies, decided with the real server's CEL
+        semantics (gpuquota.sim.admission); writes through apply() (other controllers, the
+        tests) are not judged. A denial is the real server's 403 with the policy's message; a
+        failing expression, its 422."""
+        from gpuquota.sim.admission import Policy
+
+        self._admission = [(p, Policy(p)) for p in policies]
+        self._user = copy.deepcopy(user)
+
+    def _judge(self, res: Resource, operation: str, new: Obj | None, old: Obj | None) -> None:
+        sub = getattr(self._http, "sub", None)
+        if sub is None or not self._admission:
+            return  # not an HTTP write, or nothing to enforce
+        group = res.group_version.rpartition("/")[0]
+        resource = f"{res.plural}/{sub}" if sub else res.plural
+        request: Obj = {"operation": operation, "userInfo": self._user}
+        if sub:
+            request["subResource"] = sub
+        for raw, policy in self._admission:
+            rules = raw["spec"]["matchConstraints"]["resourceRules"]
+            if not any(
+                group in r.get("apiGroups", []) and resource in r.get("resources", [])
+                and operation in r.get("operations", []) for r in rules
+            ):  # fmt: skip
+                continue
+            decision = policy.decide(request, new, old)
+            if decision.allowed:
+                continue
+            name = raw["metadata"]["name"]
+            what = (new or old or {}).get("metadata", {}).get("name", "")
+            text = (
+                f"{res.plural} \"{what}\" is forbidden: ValidatingAdmissionPolicy '{name}' with "
+                f"binding '{name}' denied request: {decision.message}"
+            )
+            raise (
+                ApiError(422, "Invalid", text)
+                if decision.error
+                else ApiError(403, "Forbidden", text)
+            )
+
     def collect_garbage(self) -> list[tuple[str, str, str]]:
         """One pass of the garbage collectors, until nothing more goes; what was deleted.
 
@@ -637,6 +683,7 @@ class ApiServer:
             meta.setdefault("creationTimestamp", rfc3339(int(time.time())))
             body["kind"], body["apiVersion"] = res.kind, res.group_version
             _defaults(res, body)
+            self._judge(res, "CREATE", body, None)
             return self.apply("ADDED", body)
 
     def replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
@@ -659,6 +706,7 @@ class ApiServer:
                 body["metadata"]["namespace"] = ns
             body["kind"], body["apiVersion"] = res.kind, res.group_version
             _defaults(res, body)
+            self._judge(res, "UPDATE", body, cur)
             return self.apply("MODIFIED", body)
 
     def patch(self, res: Resource, ns: str, name: str, body: Any, content_type: str) -> Obj:
@@ -680,6 +728,7 @@ class ApiServer:
                 )
             new = merge_patch(cur, body, strategic="strategic" in content_type)
             new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
+            self._judge(res, "UPDATE", new, cur)
             return self.apply("MODIFIED", new)
 
     def delete(self, res: Resource, ns: str, name: str) -> Obj:
@@ -687,6 +736,7 @@ class ApiServer:
             cur = self.state.objects[res.plural].get((ns, name))
             if cur is None:
                 raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+            self._judge(res, "DELETE", None, cur)
             gone = copy.deepcopy(cur)
             gone["metadata"].setdefault("deletionTimestamp", rfc3339(int(time.time())))
             gone["metadata"].setdefault("deletionGracePeriodSeconds", 0)
@@ -935,6 +985,7 @@ class _Handler(BaseHTTPRequestHandler):
             group = res.group_version.rpartition("/")[0]
             self.api.calls.add((group, f"{res.plural}/{sub}" if sub else res.plural, verb))
             self.api.check_allowed(res, verb, ns)
+            self.api._http.sub = sub if method != "GET" else None  # writes are judged
             if method == "GET" and not name:
                 if watch:
                     Selector.parse(res, query)  # a bad selector is a 400, not a broken stream

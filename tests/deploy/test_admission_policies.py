@@ -1,5 +1,5 @@
 """The admission policies in deploy/ are allow-lists, decided with the real server's CEL semantics
-(tests/deploy/cel_admission.py): on its Node the exporter may change its own taint and
+(sim/admission.py): on its Node the exporter may change its own taint and
 condition and nothing else; a DeviceTaintRule it writes is pinned to its driver, its node's
 pool, its name and its own labels. Every field of the Node and DeviceTaintRule schemas (from
 the kubernetes client's models) is tried: only the allowed ones pass, and every denial carries
@@ -17,8 +17,8 @@ import yaml
 from kubernetes import client
 
 from gpuquota.exporter.dra.taints import rule_name
+from gpuquota.sim.admission import Decision, Policy, request
 from gpuquota.sim.nvml.resourceslices import DRIVER
-from tests.deploy.cel_admission import Decision, Policy, request
 from tests.deploy.manifests import DEPLOY
 
 NODE = "node-a"

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import Fence, HealthTracker
@@ -26,8 +29,11 @@ from gpuquota.exporter.nodestatus.updater import NodeStatusUpdater, fences_of
 from gpuquota.exporter.wiring import kube_api
 from gpuquota.kube.client import Kube
 from gpuquota.sim.apiserver import ApiServer
-from gpuquota.sim.harness import poll
+from gpuquota.sim.harness import poll, wait_for
+from gpuquota.sim.nvml.control import SimNode
+from tests.deploy.manifests import DEPLOY
 from tests.health.factory import gpus, node
+from tests.kubelet.exporter_proc import Exporter
 
 OTHER = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
 OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
@@ -242,3 +248,55 @@ def test_a_refused_write_is_one_log_line_a_metric_and_back_off(tmp_path: Path, c
                 "dedicated", TAINT_KEY]  # fmt: skip
         finally:
             updater.stop()
+
+
+def test_gpu_exporter_fences_and_unfences_a_node_another_controller_tainted(tmp_path: Path) -> None:
+    """Finding 5 end to end: gpu-exporter (its own process) under the device-plugin overlay's
+    admission policy, enforced by the stand-in with the real server's CEL semantics, on a Node
+    the node-lifecycle controller tainted unreachable (NoExecute, timeAdded). XID 79 taints the
+    node, recovery removes the taint; the other taint stays byte for byte and no write is
+    refused. On 6c36c52 every write was refused (timeAdded dropped) and the taint stayed."""
+    docs = yaml.safe_load_all(
+        (DEPLOY / "overlays/device-plugin/node-admission-policy.yaml").read_text()
+    )
+    policy = next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
+    user = {"username": "system:serviceaccount:gpuquota:gpu-exporter",
+            "extra": {"authentication.kubernetes.io/node-name": ["node-a"]}}  # fmt: skip
+    folder = Path(tempfile.mkdtemp(prefix="ns-", dir="/tmp"))
+    with SimNode.create(folder / "nvml.state", "h100x8") as sim, ApiServer() as api:
+        api.apply("ADDED", _node_obj([OTHER]))
+        theirs = api.taint_node("node-a", "node.kubernetes.io/unreachable")["spec"]["taints"]
+        api.admit([policy], user)
+        exporter = Exporter(sim, folder / "kubelet.sock", "--node-taint", "--node-condition",
+                            "--node-name=node-a", "--health-quiet-period=1s",
+                            f"--kubeconfig={api.write_kubeconfig(folder / 'kc')}")  # fmt: skip
+
+        def taints() -> list[dict[str, Any]]:
+            return list((api.get("nodes", "node-a") or {})["spec"]["taints"])
+
+        try:
+            wait_for(lambda: _condition(api) == "False", timeout=15, what="the first condition")
+            sim.inject_xid(0, 79)
+            wait_for(lambda: taints() == [*theirs, OURS] and _condition(api) == "True", timeout=15)
+            wait_for(lambda: taints() == theirs and _condition(api) == "False", timeout=15)
+            assert "cannot update node" not in exporter.output()
+            # a write the policy refuses is one line naming the policy's message, retried
+            api.admit([{**policy, "spec": {**policy["spec"], "variables": [
+                {**v, "expression": "['NoExecute']"} if v["name"] == "allowedEffects" else v
+                for v in policy["spec"]["variables"]]}}], user)  # fmt: skip
+            sim.inject_xid(1, 79)
+            wait_for(
+                lambda: "cannot update node node-a (failure 2 in a row" in exporter.output(),
+                timeout=15,
+            )
+            line = next(x for x in exporter.output().splitlines() if "cannot update node" in x)
+            assert "403 Forbidden" in line and "its own taint gpuquota.io/gpu-unhealthy" in line
+            assert taints() == theirs
+        finally:
+            exporter.stop()
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _condition(api: ApiServer) -> str | None:
+    conds = ((api.get("nodes", "node-a") or {}).get("status") or {}).get("conditions") or []
+    return next((c["status"] for c in conds if c["type"] == CONDITION_TYPE), None)

@@ -7,11 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gpuquota.kube.client import Kube, load
+import pytest
+import yaml
+
+from gpuquota.kube.client import ApiStatusError, Kube, load
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll
 from gpuquota.sim.nvml import spec
 from gpuquota.sim.nvml.resourceslices import resource_slices
+from tests.deploy.manifests import DEPLOY
 
 
 def _node(name: str, uid: str) -> dict[str, Any]:
@@ -51,3 +55,32 @@ def test_a_made_up_owner_reference_on_a_node_deletes_the_node_and_its_pods(tmp_p
         assert poll(lambda: api.get("nodes", "node-a") is None)
         assert poll(lambda: api.count("pods") == 1 and api.count("resourceslices") == 0)
         assert api.get("nodes", "node-b") is not None and api.get("pods", "other", "ml") is not None
+
+
+def test_with_the_node_policy_enforced_the_same_patch_is_refused_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    """The stand-in judges HTTP writes with deploy/'s policy, with the real server's CEL
+    semantics (gpuquota.sim.admission): a 403 carrying the policy's own message."""
+    docs = yaml.safe_load_all(
+        (DEPLOY / "overlays/device-plugin/node-admission-policy.yaml").read_text()
+    )
+    policy = next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
+    with ApiServer(garbage_collector=True) as api:
+        api.apply("ADDED", _node("node-a", "uid-node-a"))
+        api.apply("ADDED", _pod("train-0", "node-a"))
+        api.admit([policy], {"username": "system:serviceaccount:gpuquota:gpu-exporter",
+                             "extra": {"authentication.kubernetes.io/node-name": ["node-a"]}})  # fmt: skip
+        kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
+        made_up = {"apiVersion": "v1", "kind": "Node", "name": "ghost", "uid": "no-such-uid"}
+        with pytest.raises(ApiStatusError) as refused:
+            kube.call("PATCH", "/api/v1/nodes/node-a", body={"metadata": {"ownerReferences": [made_up]}},
+                      content_type="application/merge-patch+json")  # fmt: skip
+        assert refused.value.status == 403
+        assert str(refused.value).endswith(
+            "ValidatingAdmissionPolicy 'gpu-exporter-own-node' with binding 'gpu-exporter-own-node' "
+            "denied request: on its Node, gpu-exporter may change only its taint and condition; "
+            "metadata stays as it is"
+        )
+        assert api.collect_garbage() == []
+        assert api.get("nodes", "node-a") is not None and api.count("pods") == 1

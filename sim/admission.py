@@ -1,6 +1,8 @@
-"""A ValidatingAdmissionPolicy decided as the real kube-apiserver decides it (tests only).
+"""A ValidatingAdmissionPolicy decided as the real kube-apiserver decides it.
 
-The evaluator is cel-python (celpy). What the real server does, and how this module makes
+Used by the tests (tests/deploy/test_admission_policies.py) and by the API server stand-in
+(``ApiServer.admit``), so both judge a request the same way. The evaluator is cel-python
+(celpy, a development dependency: imported only here). What the real server does, and how this module makes
 cel-python do the same:
 
 * A missing map key or field is an error (cel-go: ``no such key: subResource``). cel-python
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import celpy
+from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 OPTIONAL_SYNTAX = re.compile(r"\.\?|\[\?|\.orValue\(|\.hasValue\(|optional\.")
@@ -81,9 +84,9 @@ class Policy:
 
     def decide(self, req: dict[str, Any], obj: Any, old: Any) -> Decision:
         activation: dict[str, Any] = {
-            "request": celpy.json_to_cel(req),
-            "object": celpy.json_to_cel(obj),
-            "oldObject": celpy.json_to_cel(old),
+            "request": json_to_cel(req),
+            "object": json_to_cel(obj),
+            "oldObject": json_to_cel(old),
         }
         for condition in self.spec.get("matchConditions", []):
             value = self._eval(condition["expression"], activation)
