@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import RESTORED, Fence, HealthTracker
@@ -22,6 +23,7 @@ from gpuquota.sim.harness import wait_for
 from gpuquota.sim.nvml import spec
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.resourceslices import resource_slices
+from tests.deploy.manifests import DEPLOY
 from tests.health.factory import gpu, gpus, node
 from tests.kubelet.exporter_proc import Exporter
 
@@ -115,12 +117,18 @@ def test_a_restarted_exporter_keeps_the_fence_of_a_gpu_that_waits_for_a_reboot(
                             "status": {"conditions": [{"type": "Ready", "status": "True"}]}})  # fmt: skip
         for obj in resource_slices(MIXED, "node-a"):
             api.apply("ADDED", obj)
+        # both writers under deploy/'s admission policies, as the exporter's pod-bound token
+        api.admit([_policy("device-plugin/node-admission-policy.yaml"),
+                   _policy("dra/dra-admission-policy.yaml")],
+                  {"username": "system:serviceaccount:gpuquota:gpu-exporter",
+                   "extra": {"authentication.kubernetes.io/node-name": ["node-a"]}})  # fmt: skip
         args = ("--dra-device-taints", "--node-taint", "--node-condition", "--node-name=node-a",
                 "--health-quiet-period=1s", f"--kubeconfig={api.write_kubeconfig(folder / 'kc')}")  # fmt: skip
         first = Exporter(sim, socket_path, *args)
         try:
             sim.inject_xid(0, 79)  # fell off the bus: reboot the node
             wait_for(lambda: _ours(api)[0] is not None and _ours(api)[2] == "True", timeout=15)
+            first_log = first.output()  # the next exporter writes the same log file
         finally:
             first.stop()
         rule = api.get("devicetaintrules", RULE)
@@ -143,8 +151,14 @@ def test_a_restarted_exporter_keeps_the_fence_of_a_gpu_that_waits_for_a_reboot(
             assert api.requests.get("DELETE devicetaintrules", 0) == deletes
             assert _ours(api)[1:] == (["gpuquota.io/gpu-unhealthy"], "True")
             assert "deleted: the device is healthy again" not in second.output()
+            assert "cannot update" not in first_log + second.output()
         finally:
             second.stop()
+
+
+def _policy(path: str) -> dict[str, Any]:
+    docs = yaml.safe_load_all((DEPLOY / "overlays" / path).read_text())
+    return next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
 
 
 def _reasons(api: ApiServer) -> str | None:
