@@ -127,7 +127,7 @@ def test_a_restarted_exporter_keeps_the_fence_of_a_gpu_that_waits_for_a_reboot(
         first = Exporter(sim, socket_path, *args)
         try:
             sim.inject_xid(0, 79)  # fell off the bus: reboot the node
-            wait_for(lambda: _ours(api)[0] is not None and _ours(api)[2] == "True", timeout=15)
+            wait_for(lambda: _ours(api)[0] is not None and _ours(api)[2] == "True", timeout=30)
             first_log = first.output()  # the next exporter writes the same log file
         finally:
             first.stop()
@@ -136,19 +136,23 @@ def test_a_restarted_exporter_keeps_the_fence_of_a_gpu_that_waits_for_a_reboot(
         uid, added = rule["metadata"]["uid"], rule["spec"]["taint"]["timeAdded"]
         deletes = api.requests.get("DELETE devicetaintrules", 0)
 
-        sim.set(0, recovery_action=2)  # the driver's persistent state, kept in the state file
         second = Exporter(sim, socket_path, *args)
         try:
-            # the new process reads the GPU's persistent state (another process set it) ...
-            wait_for(lambda: _reasons(api) == "fence_restored,recovery_reboot", timeout=15)
-            # ... and without it (a driver without field 230) the read-back fence still holds
-            sim.set(0, recovery_action=0)
-            wait_for(lambda: _reasons(api) == "fence_restored", timeout=15)
-            assert "holding 1 fence(s) set before this start" in second.output()
+            # its first reconcile: the rule is updated (held as restored), not deleted
+            wait_for(lambda: _reasons(api) != "xid_79", timeout=30, what="the first reconcile")
+            assert _reasons(api) == "fence_restored", "the restarted exporter un-fenced the GPU"
             rule = api.get("devicetaintrules", RULE)
             assert rule is not None
             assert (rule["metadata"]["uid"], rule["spec"]["taint"]["timeAdded"]) == (uid, added)
             assert api.requests.get("DELETE devicetaintrules", 0) == deletes
+            wait_for(lambda: "fence_restored" in _message(api), timeout=30, what="the condition")
+            assert _ours(api)[1:] == (["gpuquota.io/gpu-unhealthy"], "True")
+            assert "holding 1 fence(s) set before this start" in second.output()
+            # NVML's persistent state, set by another process, is read by this one
+            sim.set(0, recovery_action=2)
+            wait_for(lambda: _reasons(api) == "fence_restored,recovery_reboot", timeout=30)
+            sim.set(0, recovery_action=0)  # NVML clears, but the node has not rebooted: held
+            wait_for(lambda: _reasons(api) == "fence_restored", timeout=30)
             assert _ours(api)[1:] == (["gpuquota.io/gpu-unhealthy"], "True")
             assert "deleted: the device is healthy again" not in second.output()
             assert "cannot update" not in first_log + second.output()
@@ -159,6 +163,12 @@ def test_a_restarted_exporter_keeps_the_fence_of_a_gpu_that_waits_for_a_reboot(
 def _policy(path: str) -> dict[str, Any]:
     docs = yaml.safe_load_all((DEPLOY / "overlays" / path).read_text())
     return next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
+
+
+def _message(api: ApiServer) -> str:
+    """Our condition's message (it names each fenced GPU's reasons)."""
+    conds = ((api.get("nodes", "node-a") or {}).get("status") or {}).get("conditions") or []
+    return next((c["message"] for c in conds if c["type"] == "GPUUnhealthy"), "")
 
 
 def _reasons(api: ApiServer) -> str | None:

@@ -275,10 +275,10 @@ def test_gpu_exporter_fences_and_unfences_a_node_another_controller_tainted(tmp_
             return list((api.get("nodes", "node-a") or {})["spec"]["taints"])
 
         try:
-            wait_for(lambda: _condition(api) == "False", timeout=15, what="the first condition")
+            wait_for(lambda: _condition(api) == "False", timeout=30, what="the first condition")
             sim.inject_xid(0, 79)
-            wait_for(lambda: taints() == [*theirs, OURS] and _condition(api) == "True", timeout=15)
-            wait_for(lambda: taints() == theirs and _condition(api) == "False", timeout=15)
+            wait_for(lambda: taints() == [*theirs, OURS] and _condition(api) == "True", timeout=30)
+            wait_for(lambda: taints() == theirs and _condition(api) == "False", timeout=30)
             assert "cannot update node" not in exporter.output()
             # a write the policy refuses is one line naming the policy's message, retried
             api.admit([{**policy, "spec": {**policy["spec"], "variables": [
@@ -287,7 +287,7 @@ def test_gpu_exporter_fences_and_unfences_a_node_another_controller_tainted(tmp_
             sim.inject_xid(1, 79)
             wait_for(
                 lambda: "cannot update node node-a (failure 2 in a row" in exporter.output(),
-                timeout=15,
+                timeout=30,
             )
             line = next(x for x in exporter.output().splitlines() if "cannot update node" in x)
             assert "403 Forbidden" in line and "its own taint gpuquota.io/gpu-unhealthy" in line
