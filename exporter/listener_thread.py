@@ -14,6 +14,8 @@ import logging
 import threading
 import time
 from dataclasses import replace
+from datetime import datetime
+from typing import Any
 
 from gpuquota.exporter.snapshot import ApiWriterStatus, NodeSnapshot
 from gpuquota.kube.backoff import Backoff
@@ -21,6 +23,16 @@ from gpuquota.kube.backoff import Backoff
 log = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 300  # an API error in the log: one line, this long at most
+
+
+def parse_time(text: Any) -> float | None:
+    """An RFC 3339 time from the API server as unix time; None when absent or unreadable."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
 
 
 def one_line(exc: BaseException) -> str:

@@ -39,13 +39,12 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from gpuquota.exporter.dra.slices import DraDevice, SliceIndex
 from gpuquota.exporter.health.engine import Fence
 from gpuquota.exporter.health.verdict import NodeHealth, State, parse_action
-from gpuquota.exporter.listener_thread import ListenerThread
+from gpuquota.exporter.listener_thread import ListenerThread, parse_time
 from gpuquota.exporter.nodestatus.status import TAINT_KEY
 
 log = logging.getLogger(__name__)
@@ -63,15 +62,6 @@ REASONS_ANNOTATION = "gpuquota.io/reasons"
 ACTION_ANNOTATION = "gpuquota.io/action"
 
 
-def _unix(text: Any) -> float | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
 def fences_of(rules: list[Obj]) -> list[Fence]:
     """Pure: the fences our listed rules stand for (a rule without a readable device UUID or
     action is left out: nothing to hold)."""
@@ -87,7 +77,9 @@ def fences_of(rules: list[Obj]) -> list[Fence]:
         if not uuid:
             continue
         taint = (rule.get("spec") or {}).get("taint") or {}
-        since = _unix(taint.get("timeAdded")) or _unix(meta.get("creationTimestamp")) or 0.0
+        since = (
+            parse_time(taint.get("timeAdded")) or parse_time(meta.get("creationTimestamp")) or 0.0
+        )
         fences.append(Fence(str(uuid), action, str(notes.get(REASONS_ANNOTATION, "")), since))
     return fences
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from gpuquota.exporter.health.engine import Fence
 from gpuquota.exporter.health.verdict import NodeHealth, parse_action
-from gpuquota.exporter.listener_thread import ListenerThread
+from gpuquota.exporter.listener_thread import ListenerThread, parse_time
 from gpuquota.exporter.nodestatus.status import (
     CONDITION_TYPE,
     TAINT_EFFECT,
@@ -55,16 +55,6 @@ _DEVICE = re.compile(r"(\S+) \(([^;()]*); action (\w+)\)")
 
 def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def parse_time(text: Any) -> float | None:
-    """An RFC 3339 time of the API server as unix time; None when absent or unreadable."""
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def fences_of(node: Obj) -> list[Fence]:
