@@ -143,6 +143,7 @@ def _same(have: Obj, want: Obj) -> bool:
         and {k: v for k, v in (have.get("spec", {}).get("taint") or {}).items() if k != "timeAdded"}
         == want["spec"]["taint"]
         and (hm.get("annotations") or {}) == wm["annotations"]
+        and (hm.get("labels") or {}) == wm["labels"]
     )
 
 
@@ -333,13 +334,11 @@ class DeviceTaintPublisher(ListenerThread):
                 )
             elif not _same(have, want):
                 # the rule as listed (resourceVersion: a 409 if it changed since; status and
-                # the server's fields kept), with our spec and annotations
+                # the server's fields kept), with our labels, annotations and spec: the rule
+                # is ours, and the admission policy allows exactly these
                 body = copy.deepcopy(have)
                 body["apiVersion"], body["kind"] = api_version, want["kind"]
-                body["metadata"]["labels"] = {
-                    **(have["metadata"].get("labels") or {}),
-                    **want["metadata"]["labels"],
-                }
+                body["metadata"]["labels"] = want["metadata"]["labels"]
                 body["metadata"]["annotations"] = want["metadata"]["annotations"]
                 body["spec"] = copy.deepcopy(want["spec"])
                 added = (have.get("spec", {}).get("taint") or {}).get("timeAdded")
