@@ -299,6 +299,9 @@ def run(args: argparse.Namespace) -> int:
         collector.add_enricher(health.plugin_manager.enrich)
     if dra is not None:
         dra.attach(health.service.checker)
+    for writer in (health.node_status, dra.publisher if dra is not None else None):
+        if writer is not None:  # its API writes (failures, last success) as metrics
+            collector.add_enricher(writer.enrich)
 
     stopping = threading.Event()
 

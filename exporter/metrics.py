@@ -28,6 +28,7 @@ from operator import attrgetter
 from gpuquota.exporter.health.verdict import DeviceHealth, State
 from gpuquota.exporter.snapshot import (
     CLOCK_EVENT_REASONS,
+    ApiWriterStatus,
     DeviceSnapshot,
     DeviceState,
     NodeSnapshot,
@@ -422,6 +423,16 @@ VERSION = _version()
 def _read_device_plugin(node: NodeSnapshot) -> Iterator[Sample]:
     for resource, registered in sorted((node.device_plugin or {}).items()):
         yield (resource,), float(registered)
+
+
+def _api_writer_reader(get: Callable[[ApiWriterStatus], float | None]) -> NodeReader:
+    def read(node: NodeSnapshot) -> Iterator[Sample]:
+        for writer, status in sorted(node.api_writers.items()):
+            value = get(status)
+            if value is not None:
+                yield (writer,), float(value)
+
+    return read
 
 
 def _read_build(_node: NodeSnapshot) -> Iterator[Sample]:
@@ -1161,6 +1172,43 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.dra.taint_errors_total",
         scope=Scope.NODE,
         read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_errors_total),
+    ),
+    MetricSpec(
+        name=f"{S}api_write_consecutive_failures",
+        type="gauge",
+        unit="",
+        help="Failed Kubernetes API writes of this writer since its last success (node-status: "
+        "the Node's taint and condition; dra-taints: DeviceTaintRules); 0 while writes "
+        "succeed. Retried with jittered back-off up to 30s; absent when the writer is off.",
+        labels=("writer",),
+        source="Kubernetes API (Node, DeviceTaintRules)",
+        accessor="NodeSnapshot.api_writers[].consecutive_failures",
+        scope=Scope.NODE,
+        read_node=_api_writer_reader(lambda w: w.consecutive_failures),
+    ),
+    MetricSpec(
+        name=f"{S}api_write_failures_total",
+        type="counter",
+        unit="",
+        help="Failed Kubernetes API writes of this writer since the exporter started "
+        "(each is also one log line).",
+        labels=("writer",),
+        source="Kubernetes API (Node, DeviceTaintRules)",
+        accessor="NodeSnapshot.api_writers[].failures_total",
+        scope=Scope.NODE,
+        read_node=_api_writer_reader(lambda w: w.failures_total),
+    ),
+    MetricSpec(
+        name=f"{S}api_write_last_success_timestamp_seconds",
+        type="gauge",
+        unit="seconds",
+        help="Unix time of this writer's last successful Kubernetes API write; absent "
+        "before the first.",
+        labels=("writer",),
+        source="Kubernetes API (Node, DeviceTaintRules)",
+        accessor="NodeSnapshot.api_writers[].last_success",
+        scope=Scope.NODE,
+        read_node=_api_writer_reader(lambda w: w.last_success),
     ),
     MetricSpec(
         name=f"{S}device_plugin_registered",

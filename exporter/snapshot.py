@@ -215,6 +215,15 @@ class DraStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class ApiWriterStatus:
+    """How one of the exporter's Kubernetes API writers is doing (exporter/listener_thread.py)."""
+
+    consecutive_failures: int  # failed writes since the last success (0: fine)
+    failures_total: int  # failed writes since the exporter started
+    last_success: float | None  # unix time of the last successful write (None: none yet)
+
+
+@dataclass(frozen=True, slots=True)
 class PodAttributionStatus:
     """How pod attribution from the kubelet pod-resources API is doing (exporter/podresources.py)."""
 
@@ -259,3 +268,5 @@ class NodeSnapshot:
     nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)
     # resource -> registered with the running kubelet (None: no --device-plugin)
     device_plugin: dict[str, bool] | None = None
+    # API writer ("node-status", "dra-taints") -> how its writes go; empty when none is on
+    api_writers: dict[str, ApiWriterStatus] = field(default_factory=dict)

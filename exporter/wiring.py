@@ -24,9 +24,10 @@ from gpuquota.exporter.deviceplugin.devices import (
     PluginConfig,
 )
 from gpuquota.exporter.deviceplugin.preferred import Topology
-from gpuquota.exporter.health.checker import HealthChecker
+from gpuquota.exporter.health.checker import HealthChecker, boot_time
 from gpuquota.exporter.health.config import HealthConfigError, load_config
 from gpuquota.exporter.health.service import HealthService, Routes, Subscribable, XidSource
+from gpuquota.exporter.nodestatus.status import TAINT_EFFECT, TAINT_EFFECTS
 
 if TYPE_CHECKING:  # imported when their flags are on: grpc's device plugin stubs are not small
     from gpuquota.exporter.deviceplugin.manager import DevicePluginManager
@@ -94,6 +95,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="taint the node gpuquota.io/gpu-unhealthy:NoSchedule while a GPU is unhealthy",
     )
     group.add_argument(
+        "--node-taint-effect",
+        choices=TAINT_EFFECTS,
+        default=TAINT_EFFECT,
+        help="effect of that taint; NoExecute also evicts the pods on the node and needs "
+        "'NoExecute' in the node admission policy's allowedEffects (docs/health.md) "
+        "(default %(default)s)",
+    )
+    group.add_argument(
         "--node-condition",
         action="store_true",
         help="set the node condition GPUUnhealthy while a GPU is unhealthy",
@@ -135,7 +144,7 @@ class HealthWiring:
             config = load_config(args.health_config, quiet_period_s=args.health_quiet_period)
         except HealthConfigError as exc:
             raise ValueError(str(exc)) from None
-        checker = HealthChecker(config)
+        checker = HealthChecker(config, booted_at=boot_time())
         manager = None
         if args.device_plugin:
             try:
@@ -160,12 +169,15 @@ class HealthWiring:
             from gpuquota.exporter.nodestatus.updater import NodeStatusUpdater
 
             node_status = NodeStatusUpdater(
-                core_api(args.kubeconfig),
+                kube_api(args.kubeconfig),
                 args.node_name,
                 taint=args.node_taint,
                 condition=args.node_condition,
+                effect=args.node_taint_effect,
+                on_fences=checker.restore,
             )
-        service = HealthService(checker, hostname or socket.gethostname())
+        # the JSON's "node" is the Kubernetes node it speaks for (the one it taints), where known
+        service = HealthService(checker, args.node_name or hostname or socket.gethostname())
         return cls(service, manager, node_status)
 
     def attach(
@@ -190,6 +202,18 @@ class HealthWiring:
 
 class KubeConfigUnavailableError(RuntimeError):
     """No usable Kubernetes API configuration for --node-taint/--node-condition (one line)."""
+
+
+def kube_api(kubeconfig: Path | None) -> Any:
+    """A gpuquota.kube.client.Kube for --node-taint/--node-condition (raw JSON calls)."""
+    from gpuquota.kube.client import Kube, KubeConfigError, load
+
+    try:
+        return Kube(load(str(kubeconfig) if kubeconfig else None))
+    except KubeConfigError as exc:
+        raise KubeConfigUnavailableError(
+            f"--node-taint/--node-condition need the Kubernetes API: {exc}"
+        ) from None
 
 
 def core_api(kubeconfig: Path | None) -> Any:

@@ -32,6 +32,12 @@ Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch conne
 (close the listening socket for a while: connections are refused, then it comes back on the
 same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does).
 
+Like the real cluster (``garbage_collector=True``; off by default): ownerReferences are acted
+on, an object whose owners do not exist is deleted, and pods of a deleted Node go with it
+(:meth:`collect_garbage`). :meth:`taint_node` taints a Node as the node-lifecycle controller
+does (with ``timeAdded``). :meth:`admit` enforces ValidatingAdmissionPolicies on HTTP writes as
+one identity, with the real server's CEL semantics (gpuquota.sim.admission).
+
 :class:`Driver` feeds a :class:`gpuquota.sim.workload.Workload` into the server, as fast as it can or
 time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
 
@@ -95,6 +101,13 @@ DRA_KINDS = ("resourceslices", "deviceclasses", "resourceclaims", "resourceclaim
 # versions that may serve them, newest first (v1beta1 is left out: its device shape differs)
 DRA_VERSIONS = ("v1", "v1beta2")
 DEVICE_TAINT_RULE_VERSIONS = ("v1", "v1beta2", "v1alpha3")
+# what a release serves DeviceTaintRules in, with the DRADeviceTaintRules gate on (1.36:
+# seen on a real v1.36.2; 1.37: v1 expected): ApiServer(device_taint_rule_versions=...[release])
+DEVICE_TAINT_RULE_RELEASES = {
+    "1.35": ("v1alpha3",),
+    "1.36": ("v1beta2", "v1alpha3"),
+    "1.37": ("v1", "v1beta2", "v1alpha3"),
+}
 # fields a field selector may name, beyond metadata.name and metadata.namespace
 SELECTABLE_FIELDS: dict[str, tuple[str, ...]] = {
     "pods": ("spec.nodeName", "status.phase"),
@@ -150,12 +163,33 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
     return out
 
 
+EVICTION = "EvictionInProgress"  # the DeviceTaintRule condition the server maintains
+
+
 def _defaults(res: Resource, body: Obj) -> None:
     """What the real server fills in on create and update."""
     if res.plural == "devicetaintrules":
         taint = (body.get("spec") or {}).get("taint")
         if isinstance(taint, dict):  # "added automatically during create or update"
             taint.setdefault("timeAdded", rfc3339(int(time.time())))
+            # as a real 1.36 server reports it (the NoExecute wording is the stand-in's own)
+            evicting = taint.get("effect") == "NoExecute"
+            status = body.setdefault("status", {})
+            conditions = [c for c in status.get("conditions") or [] if c.get("type") != EVICTION]
+            old: Obj = next(
+                (c for c in status.get("conditions") or [] if c.get("type") == EVICTION), {}
+            )
+            state = "True" if evicting else "False"
+            conditions.append({
+                "type": EVICTION,
+                "status": state,
+                "reason": "PodsPendingEviction" if evicting else "NoEffect",
+                "message": "pods using the tainted devices get evicted" if evicting
+                else "Eviction only happens for the NoExecute effect.",
+                "lastTransitionTime": old.get("lastTransitionTime") if old.get("status") == state
+                else rfc3339(int(time.time())),
+            })  # fmt: skip
+            status["conditions"] = conditions
 
 
 def _field_value(obj: Obj, path: str) -> str:
@@ -262,6 +296,7 @@ class ApiServer:
         port: int = 0,
         resource_versions: Sequence[str] = ("v1",),
         device_taint_rule_versions: Sequence[str] = ("v1",),
+        garbage_collector: bool = False,
     ):
         for version in resource_versions:
             if version not in DRA_VERSIONS:
@@ -297,6 +332,13 @@ class ApiServer:
         # (API group, resource[/subresource], RBAC verb) of every request: what a role needs
         self.calls: set[tuple[str, str, str]] = set()
         self.active_watches = 0
+        # the kube-controller-manager's garbage collector and pod GC, in a thread (off: the
+        # workload driver replays deletions itself and owns pods by kinds not served here)
+        self._gc = garbage_collector
+        self._gc_stop = threading.Event()
+        self._admission: list[tuple[Obj, Any]] = []  # (policy, gpuquota.sim.admission.Policy)
+        self._user: Obj = {}
+        self._http = threading.local()  # the subresource of the HTTP write being handled
 
     # -- life cycle
 
@@ -318,9 +360,13 @@ class ApiServer:
             target=httpd.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True
         )
         self._thread.start()
+        if self._gc:
+            self._gc_stop.clear()
+            threading.Thread(target=self._gc_loop, name="sim-gc", daemon=True).start()
         return self
 
     def stop(self) -> None:
+        self._gc_stop.set()
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
@@ -450,6 +496,109 @@ class ApiServer:
                 st.record(res.plural, "MODIFIED" if existed else "ADDED", new)
             return new
 
+    def taint_node(
+        self, name: str, key: str, effect: str = "NoExecute", value: str | None = None
+    ) -> Obj:
+        """Adds a taint to a Node as the node-lifecycle controller does (``timeAdded`` set, in
+        the API server's RFC 3339 form), e.g. ``node.kubernetes.io/unreachable``."""
+        with self.state.lock:
+            node = copy.deepcopy(self.state.objects["nodes"][("", name)])
+            taint: Obj = {"key": key, "effect": effect, "timeAdded": rfc3339(int(time.time()))}
+            if value is not None:
+                taint["value"] = value
+            taints = node.setdefault("spec", {}).setdefault("taints", [])
+            taints[:] = [t for t in taints if t.get("key") != key] + [taint]
+            return self.apply("MODIFIED", node, copy_obj=False)
+
+    def admit(self, policies: Iterable[Obj], user: Obj) -> None:
+        """Judges every write that comes over HTTP as made by ``user`` (a userInfo: username,
+        extra) with these ValidatingAdmissionPolicies, decided with the real server's CEL
+        semantics (gpuquota.sim.admission); writes through apply() (other controllers, the
+        tests) are not judged. A denial is the real server's 403 with the policy's message; a
+        failing expression, its 422."""
+        from gpuquota.sim.admission import Policy
+
+        self._admission = [(p, Policy(p)) for p in policies]
+        self._user = copy.deepcopy(user)
+
+    def _judge(self, res: Resource, operation: str, new: Obj | None, old: Obj | None) -> None:
+        sub = getattr(self._http, "sub", None)
+        if sub is None or not self._admission:
+            return  # not an HTTP write, or nothing to enforce
+        group = res.group_version.rpartition("/")[0]
+        resource = f"{res.plural}/{sub}" if sub else res.plural
+        request: Obj = {"operation": operation, "userInfo": self._user}
+        if sub:
+            request["subResource"] = sub
+        for raw, policy in self._admission:
+            rules = raw["spec"]["matchConstraints"]["resourceRules"]
+            if not any(
+                group in r.get("apiGroups", []) and resource in r.get("resources", [])
+                and operation in r.get("operations", []) for r in rules
+            ):  # fmt: skip
+                continue
+            decision = policy.decide(request, new, old)
+            if decision.allowed:
+                continue
+            name = raw["metadata"]["name"]
+            what = (new or old or {}).get("metadata", {}).get("name", "")
+            text = (
+                f"{res.plural} \"{what}\" is forbidden: ValidatingAdmissionPolicy '{name}' with "
+                f"binding '{name}' denied request: {decision.message}"
+            )
+            raise (
+                ApiError(422, "Invalid", text)
+                if decision.error
+                else ApiError(403, "Forbidden", text)
+            )
+
+    def collect_garbage(self) -> list[tuple[str, str, str]]:
+        """One pass of the garbage collectors, until nothing more goes; what was deleted.
+
+        As the real ones: an object whose ownerReferences (of kinds served here) all name
+        objects that do not exist, by uid, is deleted, and so in turn are its dependents; a
+        Pod bound to a Node that does not exist is deleted (pod GC). Owners of kinds not
+        served here (a Job, a ReplicaSet) are not judged."""
+        gone: list[tuple[str, str, str]] = []
+        with self.state.lock:
+            while True:
+                uids = {
+                    (res.kind, o["metadata"].get("uid"))
+                    for res in RESOURCES.values()
+                    for o in self.state.objects[res.plural].values()
+                }
+                nodes = {name for _ns, name in self.state.objects["nodes"]}
+                doomed = []
+                for res in RESOURCES.values():
+                    for (ns, name), obj in self.state.objects[res.plural].items():
+                        refs = [
+                            r
+                            for r in obj["metadata"].get("ownerReferences") or []
+                            if isinstance(r, dict) and r.get("kind") in BY_KIND
+                        ]
+                        orphan = bool(refs) and all(
+                            (r["kind"], r.get("uid")) not in uids for r in refs
+                        )
+                        node = (
+                            (obj.get("spec") or {}).get("nodeName")
+                            if res.plural == "pods"
+                            else None
+                        )
+                        if orphan or (node and node not in nodes):
+                            doomed.append((res, ns, name))
+                if not doomed:
+                    return gone
+                for res, ns, name in doomed:
+                    self.delete(res, ns, name)
+                    gone.append((res.plural, ns, name))
+
+    def _gc_loop(self) -> None:
+        seen = -1
+        while not self._gc_stop.wait(0.05):
+            if self.state.rv != seen:
+                seen = self.state.rv
+                self.collect_garbage()
+
     def get(self, plural: str, name: str, namespace: str = "") -> Obj | None:
         with self.state.lock:
             obj = self.state.objects[plural].get((namespace, name))
@@ -534,6 +683,7 @@ class ApiServer:
             meta.setdefault("creationTimestamp", rfc3339(int(time.time())))
             body["kind"], body["apiVersion"] = res.kind, res.group_version
             _defaults(res, body)
+            self._judge(res, "CREATE", body, None)
             return self.apply("ADDED", body)
 
     def replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
@@ -556,6 +706,7 @@ class ApiServer:
                 body["metadata"]["namespace"] = ns
             body["kind"], body["apiVersion"] = res.kind, res.group_version
             _defaults(res, body)
+            self._judge(res, "UPDATE", body, cur)
             return self.apply("MODIFIED", body)
 
     def patch(self, res: Resource, ns: str, name: str, body: Any, content_type: str) -> Obj:
@@ -567,8 +718,17 @@ class ApiServer:
                 raise ApiError(
                     415, "UnsupportedMediaType", "json-patch is not supported by the stand-in"
                 )
+            want = ((body or {}).get("metadata") or {}).get("resourceVersion")
+            if want and want != cur["metadata"]["resourceVersion"]:  # a precondition, as on a PUT
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                )
             new = merge_patch(cur, body, strategic="strategic" in content_type)
             new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
+            self._judge(res, "UPDATE", new, cur)
             return self.apply("MODIFIED", new)
 
     def delete(self, res: Resource, ns: str, name: str) -> Obj:
@@ -576,6 +736,7 @@ class ApiServer:
             cur = self.state.objects[res.plural].get((ns, name))
             if cur is None:
                 raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
+            self._judge(res, "DELETE", None, cur)
             gone = copy.deepcopy(cur)
             gone["metadata"].setdefault("deletionTimestamp", rfc3339(int(time.time())))
             gone["metadata"].setdefault("deletionGracePeriodSeconds", 0)
@@ -824,6 +985,7 @@ class _Handler(BaseHTTPRequestHandler):
             group = res.group_version.rpartition("/")[0]
             self.api.calls.add((group, f"{res.plural}/{sub}" if sub else res.plural, verb))
             self.api.check_allowed(res, verb, ns)
+            self.api._http.sub = sub if method != "GET" else None  # writes are judged
             if method == "GET" and not name:
                 if watch:
                     Selector.parse(res, query)  # a bad selector is a 400, not a broken stream

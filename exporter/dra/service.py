@@ -20,12 +20,14 @@ from gpuquota.exporter.dra.attribution import DraAttribution
 from gpuquota.exporter.dra.claims import AdminAccessClaims
 from gpuquota.exporter.dra.slices import DEFAULT_DRIVERS, KINDS, SliceIndex, SliceWatcher
 from gpuquota.exporter.dra.taints import EFFECTS, DeviceTaintPublisher
+from gpuquota.exporter.health.engine import Fence
 
 log = logging.getLogger(__name__)
 
 
 class _Listenable(Protocol):
     def add_listener(self, listener: Any) -> None: ...
+    def restore(self, fences: list[Fence], timeout: float = ...) -> None: ...
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -113,6 +115,7 @@ class DraService:
     def attach(self, checker: _Listenable) -> None:
         if self.publisher is not None:
             checker.add_listener(self.publisher)
+            self.publisher.on_fences = checker.restore  # our rules of the last run, at start
 
     def start(self) -> None:
         if self.attribution.admin is not None:

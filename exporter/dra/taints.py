@@ -12,27 +12,39 @@ goes away when the device recovers.
 Ownership: every rule carries the labels ``app.kubernetes.io/managed-by=gpuquota-exporter``
 and ``gpuquota.io/node=<node>``, and the exporter only ever lists, changes and deletes rules
 with both labels: a rule someone else made, even one that happens to have our name, is never
-touched. Rules left over from an earlier run (the device recovered while the exporter was
-down) are deleted at the first reconcile.
+touched. Rules left over from an earlier run are read back and held (below); one whose
+device is not unhealthy once the checker released it is deleted at the next reconcile.
 
-The API version is the newest one the cluster serves DeviceTaintRules in (``v1``, else
-``v1beta2``, else ``v1alpha3``), found through discovery and found again after a 404.
+Fences survive restarts: at start the publisher lists its own rules and hands them (device
+UUID, action, reasons from the annotations; time from ``spec.taint.timeAdded``) to the health
+checker before it acts on any verdict, so a restarted exporter never deletes the rule of a GPU
+that still waits for its reboot (exporter/health/engine.py says when such a fence is released).
+
+The API version is the newest one the cluster serves DeviceTaintRules in (``v1`` from
+Kubernetes 1.37, else ``v1beta2`` as 1.36 serves, else ``v1alpha3``), found through discovery
+and found again after a 404. An update is a PUT of the rule as listed (its
+``resourceVersion``, the server's ``timeAdded`` and status kept) with only our spec and
+annotations changed; a 409 (changed meanwhile) lists again and retries at once, a few times.
 :func:`wanted_rules` is pure; :class:`DeviceTaintPublisher` is the I/O, on its own thread,
-coalescing changes and retrying with back-off, so a slow API server never delays health. It
-calls the API only when the wanted rules change, and while there are rules, once a minute to
-repair them.
+coalescing changes and retrying with jittered back-off (one log line per failure, metrics
+``gpuquota_exporter_api_write_*{writer="dra-taints"}``), so a slow API server never delays
+health. It calls the API only when the wanted rules change, and while there are rules, once
+a minute to repair them.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpuquota.exporter.dra.slices import DraDevice, SliceIndex
-from gpuquota.exporter.health.verdict import NodeHealth, State
-from gpuquota.exporter.listener_thread import ListenerThread
+from gpuquota.exporter.health.engine import Fence
+from gpuquota.exporter.health.verdict import NodeHealth, State, parse_action
+from gpuquota.exporter.listener_thread import ListenerThread, parse_time
 from gpuquota.exporter.nodestatus.status import TAINT_KEY
 
 log = logging.getLogger(__name__)
@@ -44,6 +56,32 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "gpuquota-exporter"
 NODE_LABEL = "gpuquota.io/node"
 EFFECTS = ("NoSchedule", "NoExecute")
+CONFLICT_RETRIES = 5  # a rule changed between our list and our update: list again this often
+UUID_ANNOTATION = "gpuquota.io/device-uuid"
+REASONS_ANNOTATION = "gpuquota.io/reasons"
+ACTION_ANNOTATION = "gpuquota.io/action"
+
+
+def fences_of(rules: list[Obj]) -> list[Fence]:
+    """Pure: the fences our listed rules stand for (a rule without a readable device UUID or
+    action is left out: nothing to hold)."""
+    fences = []
+    for rule in rules:
+        meta = rule.get("metadata") or {}
+        notes = meta.get("annotations") or {}
+        uuid = notes.get(UUID_ANNOTATION)
+        try:
+            action = parse_action(str(notes.get(ACTION_ANNOTATION, "")))
+        except ValueError:
+            continue
+        if not uuid:
+            continue
+        taint = (rule.get("spec") or {}).get("taint") or {}
+        since = (
+            parse_time(taint.get("timeAdded")) or parse_time(meta.get("creationTimestamp")) or 0.0
+        )
+        fences.append(Fence(str(uuid), action, str(notes.get(REASONS_ANNOTATION, "")), since))
+    return fences
 
 
 def rule_name(node: str, device: str) -> str:
@@ -81,9 +119,9 @@ def wanted_rules(
                 "name": name,
                 "labels": owner_labels(node),
                 "annotations": {
-                    "gpuquota.io/device-uuid": device.uuid,
-                    "gpuquota.io/reasons": ",".join(codes),
-                    "gpuquota.io/action": verdict.action.label,
+                    UUID_ANNOTATION: device.uuid,
+                    REASONS_ANNOTATION: ",".join(codes),
+                    ACTION_ANNOTATION: verdict.action.label,
                 },
             },
             "spec": {
@@ -105,6 +143,7 @@ def _same(have: Obj, want: Obj) -> bool:
         and {k: v for k, v in (have.get("spec", {}).get("taint") or {}).items() if k != "timeAdded"}
         == want["spec"]["taint"]
         and (hm.get("annotations") or {}) == wm["annotations"]
+        and (hm.get("labels") or {}) == wm["labels"]
     )
 
 
@@ -122,6 +161,7 @@ class DeviceTaintPublisher(ListenerThread):
         effect: str = "NoSchedule",
         resync_s: float = 60.0,
         max_backoff_s: float = 30.0,
+        on_fences: Callable[[list[Fence]], None] | None = None,
     ) -> None:
         if effect not in EFFECTS:
             raise ValueError(f"taint effect must be one of {', '.join(EFFECTS)}, not {effect!r}")
@@ -130,15 +170,18 @@ class DeviceTaintPublisher(ListenerThread):
         self.node_name = node_name
         self.effect = effect
         self.resync_s = resync_s
-        self.max_backoff_s = max_backoff_s
+        self.on_fences = on_fences  # the health checker's restore
         self.version: str | None = None
-        self.errors_total = 0
         self.published = 0  # rules in place after the last successful reconcile
-        super().__init__("dra-taints", join_timeout=10)
+        super().__init__("dra-taints", join_timeout=10, max_backoff_s=max_backoff_s)
         self._health: NodeHealth | None = None
         self._dirty = False
-        self._failing = False  # the last reconcile failed (logged once per streak)
         self._foreign_logged: set[str] = set()
+
+    @property
+    def errors_total(self) -> int:
+        """Failed attempts (gpuquota_exporter_dra_taint_errors_total)."""
+        return self.failures_total
 
     # -- life cycle and the health listener
 
@@ -149,7 +192,8 @@ class DeviceTaintPublisher(ListenerThread):
             self._cond.notify_all()
 
     def _run(self) -> None:
-        backoff = 0.5
+        if not self._read_back():
+            return
         applied: dict[str, Obj] | None = None  # what the last successful reconcile made
         last = 0.0
         while True:
@@ -172,24 +216,40 @@ class DeviceTaintPublisher(ListenerThread):
             if wanted == applied and not (due and wanted):
                 continue
             try:
-                self.reconcile(wanted)
+                self._reconcile_retrying(wanted)
             except Exception as exc:  # the API server is down or refuses: again later
-                self.errors_total += 1
-                (log.debug if self._failing else log.warning)(
-                    "cannot update DeviceTaintRules (retrying in %.1fs): %s", backoff, exc
-                )
-                self._failing = True
+                delay = self._failed("cannot update DeviceTaintRules", exc)
                 with self._cond:
                     self._dirty = True
-                    self._cond.wait_for(lambda: self._stopping, backoff)
-                backoff = min(self.max_backoff_s, backoff * 2)
+                self._pause(delay)
                 continue
             applied, last = wanted, time.monotonic()
             self.published = len(wanted)
-            if self._failing:
-                log.info("DeviceTaintRules are up to date again")
-                self._failing = False
-            backoff = 0.5
+            self._succeeded()
+
+    def _read_back(self) -> bool:
+        """Our rules as the last run left them, handed to the checker; False when stopped."""
+        while not self._stopping:
+            try:
+                fences = fences_of(list(self._mine().values()))
+            except Exception as exc:
+                self._pause(self._failed("cannot list DeviceTaintRules", exc))
+                continue
+            if self.on_fences is not None:
+                self.on_fences(fences)
+            return True
+        return False
+
+    def _reconcile_retrying(self, wanted: dict[str, Obj]) -> None:
+        from gpuquota.kube.client import ApiStatusError
+
+        for attempt in range(CONFLICT_RETRIES):
+            try:
+                self.reconcile(wanted)
+                return
+            except ApiStatusError as exc:
+                if exc.status != 409 or attempt == CONFLICT_RETRIES - 1:
+                    raise
 
     # -- the API
 
@@ -213,8 +273,8 @@ class DeviceTaintPublisher(ListenerThread):
         base = f"/apis/{GROUP}/{self.version}/devicetaintrules"
         return f"{base}/{name}" if name else base
 
-    def reconcile(self, wanted: dict[str, Obj]) -> None:
-        """Make this node's own rules exactly ``wanted`` (raises on API errors)."""
+    def _mine(self) -> dict[str, Obj]:
+        """This node's own rules, by name (discovering the version first)."""
         from gpuquota.kube.client import ApiStatusError
 
         if self.version is None:
@@ -226,12 +286,18 @@ class DeviceTaintPublisher(ListenerThread):
             if exc.status == 404:
                 self.version = None  # the cluster changed versions: discover again
             raise
-        mine = {
+        return {
             o["metadata"]["name"]: o
             for o in listed.get("items") or []
             if (o.get("metadata") or {}).get("labels", {}).get(MANAGED_BY) == MANAGER
             and o["metadata"]["labels"].get(NODE_LABEL) == self.node_name
         }
+
+    def reconcile(self, wanted: dict[str, Obj]) -> None:
+        """Make this node's own rules exactly ``wanted`` (raises on API errors)."""
+        from gpuquota.kube.client import ApiStatusError
+
+        mine = self._mine()
         api_version = f"{GROUP}/{self.version}"
         for name in mine:
             if name not in wanted:
@@ -264,17 +330,18 @@ class DeviceTaintPublisher(ListenerThread):
                     sel["driver"],
                     sel["pool"],
                     sel["device"],
-                    want["metadata"]["annotations"]["gpuquota.io/reasons"],
+                    want["metadata"]["annotations"][REASONS_ANNOTATION],
                 )
             elif not _same(have, want):
-                body["metadata"] = {
-                    **want["metadata"],
-                    "resourceVersion": have["metadata"].get("resourceVersion"),
-                }
+                # the rule as listed (resourceVersion: a 409 if it changed since; status and
+                # the server's fields kept), with our labels, annotations and spec: the rule
+                # is ours, and the admission policy allows exactly these
+                body = copy.deepcopy(have)
+                body["apiVersion"], body["kind"] = api_version, want["kind"]
+                body["metadata"]["labels"] = want["metadata"]["labels"]
+                body["metadata"]["annotations"] = want["metadata"]["annotations"]
+                body["spec"] = copy.deepcopy(want["spec"])
                 added = (have.get("spec", {}).get("taint") or {}).get("timeAdded")
                 if added:  # the taint is not new: NoExecute toleration times count from it
-                    body["spec"] = {
-                        **want["spec"],
-                        "taint": {**want["spec"]["taint"], "timeAdded": added},
-                    }
+                    body["spec"]["taint"]["timeAdded"] = added
                 self.kube.call("PUT", self._path(name), body=body)

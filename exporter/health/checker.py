@@ -1,7 +1,7 @@
 """The health checker: feeds snapshots, XID events and time into the rules on its own thread.
 
-The collector's subscribe() callback and the XID watcher's listener only put the input on
-a queue, so neither the collection loop nor the NVML event thread ever waits on health work.
+The collector's subscribe() callback, the XID watcher's listener and ``restore`` (the
+fences the API writers read back at start) only put the input on a queue, so neither the collection loop nor the NVML event thread ever waits on health work.
 The worker applies each input to the ``HealthTracker`` (exporter/health/engine.py), wakes up
 by itself when an event reason's quiet period runs out, and publishes every new
 ``NodeHealth`` on the ``HealthBoard`` that the metrics, the HTTP endpoint and the device
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from gpuquota.exporter.health.board import HealthBoard
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import Fence, HealthTracker
 from gpuquota.exporter.health.table import HealthConfig
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import NodeSnapshot
@@ -48,14 +48,33 @@ class XidLike(Protocol):
 _STOP = object()
 
 
+class _Restore:
+    def __init__(self, fences: tuple[Fence, ...]) -> None:
+        self.fences = fences
+        self.done = threading.Event()
+
+
+def boot_time(stat: str = "/proc/stat") -> float | None:
+    """Unix time this machine booted (``btime`` of /proc/stat); None where unknown."""
+    try:
+        with open(stat, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class HealthChecker:
     def __init__(
         self,
         config: HealthConfig,
         board: HealthBoard | None = None,
         clock: Callable[[], float] = time.time,
+        booted_at: float | None = None,
     ) -> None:
-        self.tracker = HealthTracker(config)
+        self.tracker = HealthTracker(config, boot_time=booted_at)
         self.board = board or HealthBoard()
         self._clock = clock
         self._inputs: queue.SimpleQueue[object] = queue.SimpleQueue()
@@ -69,6 +88,13 @@ class HealthChecker:
 
     def on_xid(self, event: XidLike) -> None:
         self._inputs.put(event)
+
+    def restore(self, fences: list[Fence], timeout: float = 10.0) -> None:
+        """Hands the fences an API writer read back at start to the tracker, and returns once
+        applied (so the writer never acts on a verdict that has not seen them)."""
+        item = _Restore(tuple(fences))
+        self._inputs.put(item)
+        item.done.wait(timeout)
 
     def add_listener(self, listener: HealthListener) -> None:
         """Called on the checker's thread after each change (keep it short, or hand off)."""
@@ -109,12 +135,25 @@ class HealthChecker:
                 self._apply(item)
             except Exception:  # a bad input must not kill health checking
                 log.exception("health checker failed on %r", item)
+            finally:
+                if isinstance(item, _Restore):
+                    item.done.set()
 
     def _apply(self, item: object) -> None:
         before = self.tracker.health
         now = self._clock()
         if isinstance(item, NodeSnapshot):
             after = self.tracker.observe_snapshot(item, now)
+        elif isinstance(item, _Restore):
+            after = self.tracker.restore(item.fences, now)
+            if item.fences:
+                log.info(
+                    "holding %d fence(s) set before this start: %s",
+                    len(item.fences),
+                    ", ".join(f"{f.uuid} ({f.action.label})" for f in item.fences),
+                )
+            if not self.board.ready:  # the first snapshot's verdict will carry them
+                return
         elif item is not None:
             event: XidLike = item  # type: ignore[assignment]
             if not event.uuid:  # the watcher could not tell which GPU: nothing to pin it on

@@ -16,6 +16,14 @@ from data by exporter/health/config.py), and what it concludes is a verdict
   otherwise. Otherwise one missed reading would clear a verdict for a round and the next
   reading would raise it again (a NoExecute taint removed and put back, pods evicted twice,
   a broken GPU handed out in between).
+* Fences survive restarts: the fences this exporter put up before it (re)started (its
+  DeviceTaintRules, its Node condition) come back in through :meth:`HealthTracker.restore`
+  as the level reason ``fence_restored``, with the action they were put up for. NVML's
+  persistent state (recovery action, pending row remaps, retired pages pending) raises its
+  own reasons anyway; the restored one is what holds a GPU whose XID the new process never
+  saw. It is released only once the device answers NVML with nothing pending, and, for a
+  fence put up for a reboot, once the node has booted since the fence was set (a restart of
+  the exporter is not a reboot); other fences, after a quiet period without a repeat.
 """
 
 from __future__ import annotations
@@ -42,6 +50,19 @@ RECOVERY_ACTIONS: Mapping[int, tuple[str, str]] = {
 UNKNOWN_RECOVERY_ACTION = "recovery_reset"  # a value newer than this table: reset, until told
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not a MIG event" marker for GPU/compute instance IDs
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A fence this exporter set before it started, read back from the Kubernetes API."""
+
+    uuid: str  # the device it fences (GPU- or MIG-)
+    action: Action  # what it was put up for
+    reasons: str  # the reason codes it recorded, for the message
+    since: float  # unix time it was set
+
+
+RESTORED = "fence_restored"  # the condition (defaults.yaml) a restored fence raises
 
 
 @dataclass(slots=True)
@@ -96,8 +117,11 @@ class HealthTracker:
     Not thread-safe; exporter/health/checker.py serialises calls from one worker thread.
     """
 
-    def __init__(self, config: HealthConfig) -> None:
+    def __init__(self, config: HealthConfig, boot_time: float | None = None) -> None:
         self.config = config
+        self.boot_time = boot_time  # unix time this node booted (None: unknown)
+        # uuid -> (a restored fence, when it was restored)
+        self._restored: dict[str, tuple[Fence, float]] = {}
         self._clock_bits = config.clock_event_bits()
         # the level reasons each snapshot value can give (kept while the value is unknown)
         self._reasons_from: dict[str, frozenset[str]] = {
@@ -130,6 +154,7 @@ class HealthTracker:
             if device.state is DeviceState.OK:
                 answering.add(device.uuid)
             self._remember(device)
+            self._release(device, now)
             self._level[device.uuid] = self._levels_of(device, now)
             self._counters(device, now)
         for uuid in list(self._known):
@@ -164,6 +189,21 @@ class HealthTracker:
     def expire(self, now: float) -> NodeHealth:
         return self._recompute(now)
 
+    def restore(self, fences: Iterable[Fence], now: float) -> NodeHealth:
+        """Holds every device that one of ``fences`` covers as it was fenced (the most
+        drastic action where two fences name one device), until NVML clears it."""
+        if self.config.conditions[RESTORED].state is not State.HEALTHY:
+            for fence in fences:
+                held = self._restored.get(fence.uuid)
+                if held is None or fence.action > held[0].action:
+                    self._restored[fence.uuid] = (fence, now)
+        return self._recompute(now)
+
+    @property
+    def restored(self) -> frozenset[str]:
+        """The devices a restored fence still holds."""
+        return frozenset(self._restored)
+
     def next_expiry(self) -> float | None:
         """When the earliest edge reason runs out (so a timer can recompute then)."""
         times = [
@@ -187,7 +227,30 @@ class HealthTracker:
             minor_number=device.minor_number,
         )
 
+    def _release(self, device: DeviceSnapshot, now: float) -> None:
+        """Drops a restored fence once NVML says the device is fine for what it was put up for."""
+        held = self._restored.get(device.uuid)
+        if held is None:
+            return
+        fence, restored_at = held
+        pending = (
+            device.state is not DeviceState.OK
+            or device.recovery_action  # a nonzero action: the driver still asks for it
+            or device.remap_failure
+            or device.remap_pending
+            or device.retired_pages_pending
+        )
+        if pending:
+            return
+        if fence.action >= Action.REBOOT_NODE:
+            if self.boot_time is None or self.boot_time <= fence.since:
+                return  # not rebooted since: what the fence asked for has not happened
+        elif now - restored_at < self.config.quiet_period_s:
+            return  # as an XID would: held until a quiet period without a repeat passed
+        del self._restored[device.uuid]
+
     def _forget(self, uuid: str) -> None:
+        self._restored.pop(uuid, None)
         for table in (
             self._known,
             self._level,
@@ -306,11 +369,20 @@ class HealthTracker:
     def _reasons(self, uuid: str, inherited: bool) -> list[Reason]:
         out = [a.freeze(c, inherited) for c, a in self._level.get(uuid, {}).items()]
         out += [a.freeze(c, inherited) for c, a in self._edge.get(uuid, {}).items()]
+        held = self._restored.get(uuid)
+        if held is not None:
+            fence, restored_at = held
+            rule = self.config.conditions[RESTORED]
+            message = f"{rule.description} (was: {fence.reasons}; action {fence.action.label})"
+            out.append(
+                Reason(RESTORED, rule.state, fence.action, message, fence.since, restored_at, 1,
+                       inherited)
+            )  # fmt: skip
         return out
 
     def _recompute(self, now: float) -> NodeHealth:
         self._expire_edges(now)
-        for uuid in self._edge.keys() | self._level.keys():
+        for uuid in self._edge.keys() | self._level.keys() | self._restored.keys():
             if uuid not in self._known:  # an XID for a device no snapshot has shown yet
                 self._known[uuid] = _Known(uuid, -1, None, None, None, None, None)
         devices: list[DeviceHealth] = []

@@ -1,7 +1,11 @@
-"""The node-level verdict and the taint list, from one ``NodeHealth``. Pure: no Kubernetes.
+"""The node-level verdict, and our taint and condition on a Node. Pure: no Kubernetes.
 
 exporter/nodestatus/updater.py applies them to the Node object (``--node-taint``,
-``--node-condition``).
+``--node-condition``). Only what the exporter owns is ever changed: its one taint
+(``gpuquota.io/gpu-unhealthy``) and its one condition (``GPUUnhealthy``). Every other taint
+and condition is handed back exactly as the API server gave it (``timeAdded`` of the
+node-lifecycle controller's taints included): the node admission policy
+(deploy/overlays/device-plugin) compares them, and they are other controllers' business.
 """
 
 from __future__ import annotations
@@ -13,7 +17,11 @@ from gpuquota.exporter.health.verdict import NodeHealth, State
 
 CONDITION_TYPE = "GPUUnhealthy"
 TAINT_KEY = "gpuquota.io/gpu-unhealthy"
+TAINT_VALUE = "true"
 TAINT_EFFECT = "NoSchedule"
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # NoExecute also evicts: opt in (docs/health.md)
+
+Obj = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +47,38 @@ def wanted_status(health: NodeHealth) -> Wanted:
     return Wanted(True, "GPUUnhealthy", f"{len(sick)} unhealthy: " + "; ".join(parts))
 
 
-def taints_with(existing: list[dict[str, Any]], unhealthy: bool) -> list[dict[str, Any]] | None:
-    """Pure: the node's taint list with ours added or removed; None when nothing changes."""
+def taints_with(
+    existing: list[Obj], unhealthy: bool, effect: str = TAINT_EFFECT
+) -> list[Obj] | None:
+    """Pure: the node's taint list with ours added, changed or removed; None when nothing
+    changes. Other taints are the very objects of ``existing``, in their order."""
+    if effect not in TAINT_EFFECTS:
+        raise ValueError(f"taint effect must be one of {', '.join(TAINT_EFFECTS)}, not {effect!r}")
     others = [t for t in existing if t.get("key") != TAINT_KEY]
     ours = [t for t in existing if t.get("key") == TAINT_KEY]
     if unhealthy:
-        if ours and all(t.get("effect") == TAINT_EFFECT for t in ours):
+        if len(ours) == 1 and (ours[0].get("effect"), ours[0].get("value")) == (
+            effect,
+            TAINT_VALUE,
+        ):
             return None
-        return [*others, {"key": TAINT_KEY, "value": "true", "effect": TAINT_EFFECT}]
+        return [*others, {"key": TAINT_KEY, "value": TAINT_VALUE, "effect": effect}]
     return others if ours else None
+
+
+def condition_for(wanted: Wanted, existing: list[Obj], now: str) -> Obj:
+    """Pure: our condition as it should be now; ``lastTransitionTime`` moves only when the
+    status does (as the kubelet's own conditions do)."""
+    status = "True" if wanted.unhealthy else "False"
+    old = next((c for c in existing if c.get("type") == CONDITION_TYPE), None)
+    since = now
+    if old is not None and old.get("status") == status and old.get("lastTransitionTime"):
+        since = old["lastTransitionTime"]
+    return {
+        "type": CONDITION_TYPE,
+        "status": status,
+        "reason": wanted.reason,
+        "message": wanted.message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": since,
+    }

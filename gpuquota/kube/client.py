@@ -184,14 +184,17 @@ class Kube:
         path: str,
         query: list[tuple[str, str]] | None = None,
         body: Obj | None = None,
+        content_type: str = "application/json",
     ) -> BaseHTTPResponse:
-        """One raw call; the response unread (release it). Raises ApiStatusError on >= 400."""
+        """One raw call; the response unread (release it). Raises ApiStatusError on >= 400.
+        ``content_type`` of a PATCH: application/merge-patch+json or
+        application/strategic-merge-patch+json."""
         method, url, headers, data, post = self.api.param_serialize(
             method,
             path,
             query_params=query or [],
             header_params={"Accept": "application/json"}
-            | ({"Content-Type": "application/json"} if body is not None else {}),
+            | ({"Content-Type": content_type} if body is not None else {}),
             body=body,
             auth_settings=["BearerToken"],
         )
@@ -220,9 +223,10 @@ class Kube:
         path: str,
         query: list[tuple[str, str]] | None = None,
         body: Obj | None = None,
+        content_type: str = "application/json",
     ) -> Obj:
         """One raw call, its JSON answer as a dict."""
-        resp = self.request(method, path, query, body)
+        resp = self.request(method, path, query, body, content_type)
         try:
             answer = json.loads(resp.data) if resp.data else {}
         finally:

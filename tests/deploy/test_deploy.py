@@ -298,3 +298,31 @@ def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
             parser.parse_args(argv[1:])
         except SystemExit as exc:  # argparse exits on a flag it does not know
             raise AssertionError(f"{name}: `{' '.join(argv)}` does not parse") from exc
+
+
+def test_the_prometheus_operator_overlay_says_it_needs_the_operators_crds() -> None:
+    """Its kinds exist only where the operator's CRDs are installed; apply fails otherwise."""
+    docs = [
+        d
+        for p in (DEPLOY / "overlays" / "prometheus-operator").glob("*.yaml")
+        if p.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    ]
+    kinds = {d["kind"] for d in docs if d["apiVersion"] == "monitoring.coreos.com/v1"}
+    assert kinds == {"ServiceMonitor", "PrometheusRule"}
+    readme = (DEPLOY / "README.md").read_text()
+    row = next(
+        line for line in readme.splitlines() if line.startswith("| `overlays/prometheus-operator/`")
+    )
+    command = next(
+        line
+        for line in readme.splitlines()
+        if "apply -k deploy/overlays/prometheus-operator" in line
+    )
+    for text in (
+        row,
+        command,
+        (DEPLOY / "overlays/prometheus-operator/kustomization.yaml").read_text(),
+    ):
+        assert "CRDs" in text, text

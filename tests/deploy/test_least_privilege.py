@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpuquota.kube.client import Kube
 from gpuquota.sim.apiserver import ApiServer
@@ -182,113 +181,7 @@ def test_controller_roles_grant_exactly_what_the_controller_calls(folder: Path) 
     assert granted <= called, f"grants the code never calls: {sorted(granted - called)}"
 
 
-# --- the admission policies, evaluated with a CEL implementation -------------------------------
-
-
-def _policy(overlay: str, name: str) -> dict[str, Any]:
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "overlays" / overlay / name).read_text()) if d]
-    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
-    binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    assert policy["spec"]["failurePolicy"] == "Fail"
-    return policy
-
-
-def admitted(policy: dict[str, Any], request: dict[str, Any], obj: Any, old: Any) -> bool:
-    """Whether ``policy`` lets the request through (matchConditions, variables, validations)."""
-    import celpy
-
-    env = celpy.Environment()
-    activation: dict[str, Any] = {
-        "request": celpy.json_to_cel(request),
-        "object": celpy.json_to_cel(obj),
-        "oldObject": celpy.json_to_cel(old),
-    }
-
-    def evaluate(expression: str) -> Any:
-        return env.program(env.compile(expression)).evaluate(activation)
-
-    def holds(expression: str) -> bool | None:
-        """True or False; None when evaluating fails (a missing field, a type error)."""
-        value = evaluate(expression)
-        return bool(value) if isinstance(value, celpy.celtypes.BoolType) else None
-
-    for condition in policy["spec"].get("matchConditions", []):
-        if holds(condition["expression"]) is False:
-            return True  # not the exporter: the policy does not apply
-    variables: dict[Any, Any] = {}
-    for variable in policy["spec"].get("variables", []):
-        variables[celpy.celtypes.StringType(variable["name"])] = evaluate(variable["expression"])
-        activation["variables"] = celpy.celtypes.MapType(variables)
-    # with failurePolicy Fail an error refuses the request, as a false validation does
-    return all(holds(v["expression"]) is True for v in policy["spec"]["validations"])
-
-
-def _request(operation: str, *, node: str | None = NODE, sub: str = "",
-             user: str = "system:serviceaccount:gpuquota:gpu-exporter") -> dict[str, Any]:  # fmt: skip
-    extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
-    return {"operation": operation, "subResource": sub,
-            "userInfo": {"username": user, "extra": extra}}  # fmt: skip
-
-
-def _node(name: str = NODE, taints: list[dict] | None = None, labels: dict | None = None,
-          conditions: list[dict] | None = None) -> dict[str, Any]:  # fmt: skip
-    return {"metadata": {"name": name, "labels": labels or {"zone": "a"}},
-            "spec": {"taints": taints or [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]},
-            "status": {"conditions": conditions or [{"type": "Ready", "status": "True"}],
-                       "capacity": {"nvidia.com/gpu": "8"}}}  # fmt: skip
-
-
-OURS = {"key": "gpuquota.io/gpu-unhealthy", "value": "true", "effect": "NoSchedule"}
-DEDICATED = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
-
-
-def test_node_policy_lets_an_exporter_mark_only_its_own_node() -> None:
-    policy = _policy("device-plugin", "node-admission-policy.yaml")
-    before = _node()
-    tainted = _node(taints=[DEDICATED, OURS])
-    assert admitted(policy, _request("UPDATE"), tainted, before)
-    assert admitted(policy, _request("UPDATE"), before, tainted)  # and removes it again
-    condition = _node(conditions=[{"type": "Ready", "status": "True"},
-                                  {"type": "GPUUnhealthy", "status": "True"}])  # fmt: skip
-    assert admitted(policy, _request("UPDATE", sub="status"), condition, before)
-    # another node, no node in the token, a delete: refused
-    other_before, other_after = _node("node-b"), _node("node-b", taints=[DEDICATED, OURS])
-    assert not admitted(policy, _request("UPDATE"), other_after, other_before)
-    assert not admitted(policy, _request("UPDATE", node=None), tainted, before)
-    assert not admitted(policy, _request("DELETE"), None, before)
-    # its own node, but what is not the exporter's: labels, other taints, other conditions
-    assert not admitted(policy, _request("UPDATE"), _node(labels={"zone": "b"}), before)
-    assert not admitted(policy, _request("UPDATE"), _node(taints=[OURS]), before)
-    ready_false = _node(conditions=[{"type": "Ready", "status": "False"}])
-    assert not admitted(policy, _request("UPDATE", sub="status"), ready_false, before)
-    # anyone else is not this policy's business
-    admin = _request("UPDATE", node=None, user="kubernetes-admin")
-    assert admitted(policy, admin, other_after, other_before)
-
-
-def _rule(node: str = NODE, pool: str = NODE, labelled: str | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": f"gpuquota-{node}-gpu-0",
-                         "labels": {"app.kubernetes.io/managed-by": "gpuquota-exporter",
-                                    "gpuquota.io/node": labelled or node}},
-            "spec": {"deviceSelector": {"driver": DRIVER, "pool": pool, "device": "gpu-0"},
-                     "taint": {"key": "gpuquota.io/gpu-unhealthy", "effect": "NoSchedule"}}}  # fmt: skip
-
-
-def test_device_taint_rule_policy_confines_an_exporter_to_its_own_devices() -> None:
-    policy = _policy("dra", "dra-admission-policy.yaml")
-    mine = _rule()
-    assert admitted(policy, _request("CREATE"), mine, None)
-    assert admitted(policy, _request("UPDATE"), mine, mine)
-    assert admitted(policy, _request("DELETE"), None, mine)
-    theirs = _rule("node-b")
-    assert not admitted(policy, _request("CREATE"), theirs, None)
-    assert not admitted(policy, _request("DELETE"), None, theirs)
-    assert not admitted(policy, _request("UPDATE"), mine, theirs)  # taking over another's rule
-    assert not admitted(policy, _request("CREATE"), _rule(pool="node-b"), None)  # their devices
-    assert not admitted(policy, _request("CREATE", node=None), mine, None)
-    assert admitted(policy, _request("CREATE", node=None, user="kubernetes-admin"), theirs, None)
+# --- the admission policies: tests/deploy/test_admission_policies.py decides them field by field
 
 
 @needs_kubectl

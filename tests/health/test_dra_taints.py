@@ -281,3 +281,69 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
         finally:
             exporter.stop()
             shutil.rmtree(socket_path.parent, ignore_errors=True)
+
+
+@pytest.mark.parametrize(
+    ("release", "version"), [("1.37", "v1"), ("1.36", "v1beta2"), ("1.35", "v1alpha3")]
+)
+def test_the_publisher_writes_the_newest_version_the_cluster_serves(
+    tmp_path: Path, release: str, version: str
+) -> None:
+    """v1 where served (1.37), else v1beta2 (1.36 serves v1beta2 and v1alpha3), else v1alpha3;
+    the server sets timeAdded and the EvictionInProgress condition, which updates keep."""
+    from gpuquota.sim.apiserver import DEVICE_TAINT_RULE_RELEASES
+
+    with ApiServer(device_taint_rule_versions=DEVICE_TAINT_RULE_RELEASES[release]) as api:
+        kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
+        publisher = DeviceTaintPublisher(kube, index(), "node-a")
+        t = HealthTracker(parse_config(None, quiet_period_s=10))
+        t.observe_snapshot(snapshot(), now=0)
+        publisher.reconcile(
+            wanted_rules(t.observe_xid(MIXED.gpus[0].uuid, 79, at=1), index().devices(), "node-a")
+        )
+        assert publisher.version == version
+        assert api.requests.get("POST devicetaintrules") == 1
+        rule = _rules(api)["gpuquota-node-a-gpu-0"]
+        added = rule["spec"]["taint"]["timeAdded"]
+        [condition] = rule["status"]["conditions"]
+        assert (condition["type"], condition["status"]) == ("EvictionInProgress", "False")
+        assert condition["message"] == "Eviction only happens for the NoExecute effect."
+        # a changed verdict: updated in place, the server's timeAdded and status kept
+        t.observe_snapshot(_gpu0(snapshot(), recovery_action=2), now=2)
+        publisher.reconcile(wanted_rules(t.expire(100), index().devices(), "node-a"))
+        rule = _rules(api)["gpuquota-node-a-gpu-0"]
+        assert api.requests.get("PUT devicetaintrules") == 1
+        assert rule["metadata"]["annotations"]["gpuquota.io/reasons"] == "recovery_reboot"
+        assert rule["spec"]["taint"]["timeAdded"] == added
+        assert rule["status"]["conditions"] == [condition]
+
+
+def test_a_rule_changed_between_list_and_update_is_listed_again(tmp_path: Path) -> None:
+    """Optimistic concurrency: the PUT carries the listed resourceVersion; a 409 lists again."""
+
+    class Racing(Kube):
+        puts = 0
+
+        def call(self, method: str, path: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if method == "PUT":
+                Racing.puts += 1
+                if Racing.puts == 1:  # someone touches the rule just before our first write
+                    rule = api.get("devicetaintrules", "gpuquota-node-a-gpu-0")
+                    assert rule is not None
+                    rule["metadata"]["annotations"]["other.io/seen"] = "yes"
+                    api.apply("MODIFIED", rule)
+            return super().call(method, path, *args, **kwargs)
+
+    with ApiServer() as api:
+        kube = Racing(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
+        publisher = DeviceTaintPublisher(kube, index(), "node-a")
+        t = HealthTracker(parse_config(None, quiet_period_s=10))
+        t.observe_snapshot(snapshot(), now=0)
+        publisher.reconcile(
+            wanted_rules(t.observe_xid(MIXED.gpus[0].uuid, 79, at=1), index().devices(), "node-a")
+        )
+        t.observe_snapshot(_gpu0(snapshot(), recovery_action=2), now=2)
+        publisher._reconcile_retrying(wanted_rules(t.expire(100), index().devices(), "node-a"))
+        assert Racing.puts == 2  # a 409, then the write on what was listed again
+        rule = _rules(api)["gpuquota-node-a-gpu-0"]
+        assert rule["metadata"]["annotations"]["gpuquota.io/reasons"] == "recovery_reboot"

@@ -34,3 +34,20 @@ def test_json_route_and_verdict_source() -> None:
         assert [d.uuid for d in verdict.devices] == [d.uuid for d in snapshot.devices]
     finally:
         wiring.stop()
+
+
+def test_the_json_names_the_kubernetes_node_given_by_node_name() -> None:
+    """/health's "node" is --node-name (the Node it taints), not the host name."""
+    args = build_parser().parse_args(["--node-name", "gpu-node-7"])
+    wiring = HealthWiring.from_args(args, hostname="ip-10-0-0-7.internal")
+    assert wiring.service.hostname == "gpu-node-7"
+    wiring.start()
+    try:
+        wiring.service.checker.on_snapshot(node(*gpus(1)))
+        deadline = time.monotonic() + 5
+        while not wiring.service.checker.board.ready and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _, _, body = wiring.service.json_route()
+        assert json.loads(body)["node"] == "gpu-node-7"
+    finally:
+        wiring.stop()
