@@ -51,6 +51,7 @@ from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     Cluster,
+    Gap,
     Heartbeat,
     NamespaceLabels,
     NodeCapacity,
@@ -361,9 +362,22 @@ class Store:
                     "quota_name",
                     "resource_name",
                     "observed_at",
+                    "seq",
                 ]
             )
             conn.execute(stmt, _rows(cluster, batch.quota_samples))
+        if batch.gaps:
+            t = Gap.__table__
+            stmt = self._insert(t)
+            ex = stmt.excluded
+            stmt = stmt.on_conflict_do_update(
+                index_elements=["cluster", "kind", "started_at"],
+                # the longer record of one gap wins (a replayed batch changes nothing)
+                set_={
+                    "ended_at": case((ex.ended_at > t.c.ended_at, ex.ended_at), else_=t.c.ended_at)
+                },
+            )
+            conn.execute(stmt, _rows(cluster, batch.gaps))
         if batch.heartbeat is not None:
             t = Heartbeat.__table__
             stmt = self._insert(t)
@@ -500,7 +514,8 @@ class Store:
             .group_by(*key)
             .subquery()
         )
-        samples = rows(
+        # of the latest second's samples, the last one (several changes in one second)
+        samples_of_second = rows(
             QuotaSampleRow,
             select(q)
             .join(
@@ -512,8 +527,13 @@ class Store:
                     q.c.observed_at == latest.c.observed_at,
                 ),
             )
-            .where(q.c.cluster == cluster),
+            .where(q.c.cluster == cluster)
+            .order_by(q.c.seq),
         )
+        last: dict[tuple[str, str, str], QuotaSampleRow] = {}
+        for sample in samples_of_second:
+            last[(sample.namespace, sample.quota_name, sample.resource_name)] = sample
+        samples = list(last.values())
         h = Heartbeat.__table__
         beat = conn.execute(select(h).where(h.c.cluster == cluster)).first()
         heartbeat = (
