@@ -131,7 +131,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=duration_flag(),
         default=90.0,
         metavar="DURATION",
-        help="restart a watch silent this long, bookmarks included (90s)",
+        help="read timeout of lists and other calls (90s); a watch's is --watch-timeout plus "
+        "a tenth: a quiet watch is normal, the server ends it at --watch-timeout and TCP "
+        "keepalive finds a dead connection",
     )
     parser.add_argument(
         "--watch-timeout",
