@@ -62,6 +62,17 @@ def test_two_quota_updates_in_one_second_keep_the_exact_peak(store: Store, clust
         acct.flush()
     acct.heartbeat(T0 + 300)
     acct.flush()
+    # the peak of [T0, T0 + 150) is 2, and so is the peak of [T0 + 150, T0 + 300), where 2
+    # held for no whole second; the last sample of a second is what holds after it
+    table, _, doc, _ = _report(store, cluster, T0, T0 + 150)
+    quota_json = json.loads(doc)["quota"]["rows"]
+    assert [r["quota_peak_used"] for r in quota_json] == [2.0], table
+    table, _, doc, _ = _report(store, cluster, T0 + 150, T0 + 300)
+    (row,) = json.loads(doc)["quota"]["rows"]
+    assert row["quota_peak_used"] == 2.0
+    # used 2 for 50 s, then 1 for 100 s (the 0 and the 2 of T0 + 200 held no whole second):
+    # 200 unit-seconds over 150 s
+    assert row["quota_avg_used"] == 1.33
     with store.engine.connect() as conn:
         rows = conn.execute(
             text(
@@ -78,17 +89,6 @@ def test_two_quota_updates_in_one_second_keep_the_exact_peak(store: Store, clust
         (T0 + 200, 1, 2),
         (T0 + 200, 2, 1),
     ]
-    # the peak of [T0, T0 + 150) is 2, and so is the peak of [T0 + 150, T0 + 300), where 2
-    # held for no whole second; the last sample of a second is what holds after it
-    table, _, doc, _ = _report(store, cluster, T0, T0 + 150)
-    quota_json = json.loads(doc)["quota"]["rows"]
-    assert [r["quota_peak_used"] for r in quota_json] == [2.0], table
-    table, _, doc, _ = _report(store, cluster, T0 + 150, T0 + 300)
-    (row,) = json.loads(doc)["quota"]["rows"]
-    assert row["quota_peak_used"] == 2.0
-    # used 2 for 50 s, then 1 for 100 s (the 0 and the 2 of T0 + 200 held no whole second):
-    # 200 unit-seconds over 150 s
-    assert row["quota_avg_used"] == 1.33
     # a restarted Accountant continues the second's order from the store
     again = Accountant(store, cluster)
     again.apply("MODIFIED", quota(hard=2, used=2), T0 + 200)
