@@ -239,6 +239,12 @@ class Controller:
         """Every kind proven current and watched: the controller knows the present."""
         return self.synced.is_set() and all(loop.healthy for loop in self.loops)
 
+    def lagging(self) -> list[str]:
+        """The kinds not (yet) proven current or not watched now, for readiness."""
+        lagging = [loop.kind for loop in self.loops if not loop.healthy]
+        missing = [kind for kind in self.watched if kind not in {x.kind for x in self.loops}]
+        return lagging + missing
+
     def _flush(self) -> None:
         now = time.monotonic()
         current = self.current()

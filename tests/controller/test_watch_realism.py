@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
+import urllib.request
 from datetime import UTC
 
 from sqlalchemy import text
@@ -40,6 +42,16 @@ def _cluster(api: ApiServer, started: int, pods: tuple[str, ...] = ("a",)) -> No
     api.apply("ADDED", namespace(created=started - 100))
     for name in pods:
         api.apply("ADDED", pod(f"uid-{name}", name, created=started - 1, start=started))
+
+
+def _readyz(ctl) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{ctl.metrics_port}/readyz", timeout=5
+        ) as answer:
+            return answer.status, answer.read().decode().strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode().strip()
 
 
 def _allocation(store: Store, name: str) -> dict | None:
@@ -80,6 +92,7 @@ def test_a_quiet_cluster_keeps_the_heartbeat_and_the_bill_going(store, controlle
         wait_for(lambda: store.heartbeat()[1] >= now - 1, 10, "the heartbeat to advance")
         text_ = ctl.metrics()
         assert metric(text_, "gpuquota_controller_synced") == 1
+        assert _readyz(ctl) == (200, "current")
         assert 'reason="stalled"' not in text_
         # the report charges the pod up to where the data ends: now, not a frozen heartbeat
         report = _report(store, began - 60, now)
@@ -153,11 +166,13 @@ def test_the_heartbeat_holds_during_a_relist_and_the_gap_is_stored(apiserver, st
     time.sleep(3)
     assert store.heartbeat()[1] == held[1]  # not one heartbeat during the relist
     assert metric(ctl.metrics(), "gpuquota_controller_synced") == 0
+    assert _readyz(ctl) == (503, "not current: Pod")
     apiserver.forbid("pods", False)
     relisted = int(time.time())
     wait_for(lambda: caught_up(store, apiserver), 20, "catch-up after the relist")
     wait_for(lambda: store.heartbeat()[1] > held[1], 10, "the heartbeat to move again")
     assert metric(ctl.metrics(), "gpuquota_controller_synced") == 1
+    assert _readyz(ctl) == (200, "current")
     pod_gaps = [g for g in _gaps(store) if g[0] == "Pod"]
     assert len(pod_gaps) == 1, (_gaps(store), ctl.log()[-3000:])
     _, start_at, end_at, reason = pod_gaps[0]
