@@ -151,27 +151,38 @@ class Store:
         self.outage = Outage(backend, url, proxy)
         self.engine = create_engine(direct)
 
-    def heartbeat(self) -> tuple[str, int, dict[str, str]] | None:
+    def _select(self, sql: str) -> list[dict]:
+        """The rows of ``sql`` (with ``:c`` the cluster) as dicts."""
         with self.engine.connect() as c:
-            row = c.execute(
-                text("SELECT holder, at, resource_versions FROM heartbeats WHERE cluster = :c"),
-                {"c": self.cluster},
-            ).first()
-        if row is None:
+            return [dict(r) for r in c.execute(text(sql), {"c": self.cluster}).mappings()]
+
+    def heartbeat(self) -> tuple[str, int, dict[str, str]] | None:
+        rows = self._select(
+            "SELECT holder, at, resource_versions FROM heartbeats WHERE cluster = :c"
+        )
+        if not rows:
             return None
-        rvs = row[2] if isinstance(row[2], dict) else json.loads(row[2])
-        return str(row[0]), int(row[1]), rvs
+        row = rows[0]
+        rvs = row["resource_versions"]
+        rvs = rvs if isinstance(rvs, dict) else json.loads(rvs)
+        return str(row["holder"]), int(row["at"]), rvs
 
     def allocations(self) -> list[dict]:
-        with self.engine.connect() as c:
-            rows = c.execute(
-                text(
-                    "SELECT pod_uid, namespace, resource_name, raw_units, physical_gpus, started_at,"
-                    " ended_at, end_reason, estimated FROM allocations WHERE cluster = :c"
-                ),
-                {"c": self.cluster},
-            ).mappings()
-            return [dict(r) for r in rows]
+        return self._select(
+            "SELECT pod_uid, namespace, resource_name, raw_units, physical_gpus, started_at,"
+            " ended_at, end_reason, estimated FROM allocations WHERE cluster = :c"
+        )
+
+    def gaps(self) -> list[tuple[str, int, int, str]]:
+        """(kind, started_at, ended_at, reason) of the stored gaps, oldest first."""
+        rows = self._select(
+            "SELECT kind, started_at, ended_at, reason FROM gaps WHERE cluster = :c"
+            " ORDER BY started_at, kind"
+        )
+        return [
+            (str(r["kind"]), int(r["started_at"]), int(r["ended_at"]), str(r["reason"]))
+            for r in rows
+        ]
 
     def totals(self, until: int) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
         raw: dict[tuple[str, str], int] = {}

@@ -21,8 +21,6 @@ import urllib.error
 import urllib.request
 from datetime import UTC
 
-from sqlalchemy import text
-
 from gpuquota.quota.report import build, compute, period, render
 from gpuquota.sim.apiserver import RESOURCES, ApiServer
 from gpuquota.sim.harness import wait_for
@@ -57,18 +55,6 @@ def _readyz(ctl) -> tuple[int, str]:
 def _allocation(store: Store, name: str) -> dict | None:
     rows = [r for r in store.allocations() if r["pod_uid"] == f"uid-{name}"]
     return rows[0] if rows else None
-
-
-def _gaps(store: Store) -> list[tuple[str, int, int, str]]:
-    with store.engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT kind, started_at, ended_at, reason FROM gaps WHERE cluster = :c"
-                " ORDER BY started_at, kind"
-            ),
-            {"c": store.cluster},
-        ).all()
-    return [tuple(r) for r in rows]
 
 
 def _report(store: Store, lo: int, hi: int) -> compute.Report:
@@ -134,7 +120,7 @@ def test_a_restart_over_a_compacted_version_closes_at_the_old_heartbeat(
     assert (closed["estimated"], closed["end_reason"]) == (True, "vanished")
     assert (_allocation(store, "b") or {}).get("ended_at") is None
     # the downtime the resumed Pod watch could not replay is a gap, reported in every format
-    pod_gaps = [g for g in _gaps(store) if g[0] == "Pod"]
+    pod_gaps = [g for g in store.gaps() if g[0] == "Pod"]
     assert len(pod_gaps) == 1
     _, start_at, end_at, reason = pod_gaps[0]
     assert (start_at, reason) == (old, "restart") and end_at >= restarted_at
@@ -145,7 +131,7 @@ def test_a_restart_over_a_compacted_version_closes_at_the_old_heartbeat(
     assert "Pod not followed" in render.render_table(report, window)
     assert "\ngap," in render.render_csv(report)
     assert [g["kind"] for g in json.loads(render.render_json(report, window))["gaps"]] == [
-        k for k, *_ in _gaps(store)
+        k for k, *_ in store.gaps()
     ]
     assert ctl.terminate() == 0
 
@@ -173,8 +159,8 @@ def test_the_heartbeat_holds_during_a_relist_and_the_gap_is_stored(apiserver, st
     wait_for(lambda: store.heartbeat()[1] > held[1], 10, "the heartbeat to move again")
     assert metric(ctl.metrics(), "gpuquota_controller_synced") == 1
     assert _readyz(ctl) == (200, "current")
-    pod_gaps = [g for g in _gaps(store) if g[0] == "Pod"]
-    assert len(pod_gaps) == 1, (_gaps(store), ctl.log()[-3000:])
+    pod_gaps = [g for g in store.gaps() if g[0] == "Pod"]
+    assert len(pod_gaps) == 1, (store.gaps(), ctl.log()[-3000:])
     _, start_at, end_at, reason = pod_gaps[0]
     assert reason == "gone" and start_at <= cut and relisted <= end_at <= relisted + 5
     assert ctl.terminate() == 0
@@ -200,4 +186,4 @@ def test_versions_of_another_server_are_relisted_not_retried(store, controllers)
         assert ctl.terminate() == 0
     # the same pod, still running: nothing vanished, nothing estimated
     assert [r["ended_at"] for r in store.allocations()] == [None]
-    assert {g[3] for g in _gaps(store)} == {"restart"}
+    assert {g[3] for g in store.gaps()} == {"restart"}
