@@ -485,9 +485,10 @@ class ApiServer:
         return self.state.rv
 
     def changed_since(self, kind: str, version: str) -> list[Obj] | None:
-        """For tests: the objects of ``kind`` written after ``version`` in this server's own
-        order (a client never compares versions; the server that issued them may), or None
-        when this server cannot tell (compacted, or a version it never handed out)."""
+        """For tests and the demo: the objects of ``kind`` written after ``version`` in this
+        server's own order (a client never compares versions; the server that issued them
+        may), or None when this server cannot tell (compacted, or a version it never handed
+        out). The stored copies: read them, never change them."""
         plural = BY_KIND[kind].plural
         with self.state.lock:
             try:
@@ -498,7 +499,7 @@ class ApiServer:
                 return None
             hist = self.state.history
             i = bisect.bisect_right(hist, since, key=lambda h: h[0])
-            return [copy.deepcopy(h[4]) for h in hist[i:] if h[1] == plural]
+            return [h[4] for h in hist[i:] if h[1] == plural]
 
     # -- HTTP operations (called by the handler)
 

@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from urllib3.exceptions import HTTPError
@@ -47,6 +47,15 @@ class Settings:
     flush_every: int = 1000
     flush_interval: float = 5.0
     startup_timeout: float = 30.0
+
+
+def accounts_pod(pod: Mapping[str, object], config: acc.AccountingConfig) -> bool:
+    """Whether the accounting cares about this pod: GPU requests (which cannot change later)
+    or ResourceClaims. The Pod watch drops the others on arrival."""
+    try:
+        return bool(acc.effective_units(pod, config)) or names_claims(pod)
+    except acc.AccountingError:
+        return True  # let the Accountant report it
 
 
 class LoopMetrics:
@@ -163,11 +172,7 @@ class Controller:
             self._startup_error = exc
 
     def _has_gpus(self, pod: dict[str, object]) -> bool:
-        """Whether the accounting cares about this pod (GPU requests cannot change later)."""
-        try:
-            return bool(acc.effective_units(pod, self.acct.config)) or names_claims(pod)
-        except acc.AccountingError:
-            return True  # let the Accountant report it
+        return accounts_pod(pod, self.acct.config)
 
     # -- run
 

@@ -27,7 +27,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gpuquota.kube.client import Kube
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG
+from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.quota.store import db
+from gpuquota.sim import harness
 from gpuquota.sim.apiserver import ApiServer, Driver
 from gpuquota.sim.harness import wait_for
 from gpuquota.sim.workload import Workload
@@ -311,39 +314,22 @@ def controllers() -> Iterator[list[ControllerProcess]]:
 WATCHED = len(Kube.KINDS) + len(Kube.DRA_KINDS)
 
 
-def accounted(obj: dict) -> bool:
-    """Whether the controller applies this object (it drops pods without GPUs on arrival)."""
-    if obj.get("kind") != "Pod":
-        return True
-    spec = obj.get("spec") or {}
-    if spec.get("resourceClaims"):
-        return True
-    containers = [*spec.get("containers", []), *spec.get("initContainers", [])]
-    return any(
-        "nvidia.com/" in key
-        for c in containers
-        for part in (c.get("resources") or {}).values()
-        for key in part
-    )
+def _applies(obj: dict) -> bool:
+    return obj.get("kind") != "Pod" or accounts_pod(obj, DEFAULT_CONFIG)
 
 
 def kind_caught_up(store: Store, api: ApiServer, kind: str) -> bool:
     """The stored heartbeat names a version of ``kind`` after which the stand-in wrote nothing
     the controller applies (versions are opaque: only the stand-in compares its own)."""
     hb = store.heartbeat()
-    if hb is None or kind not in hb[2]:
-        return False
-    changed = api.changed_since(kind, str(hb[2][kind]))
-    return changed is not None and not any(accounted(obj) for obj in changed)
+    return hb is not None and harness.caught_up(api, hb[2], [kind], _applies)
 
 
 def caught_up(store: Store, api: ApiServer) -> bool:
     """Every watched kind caught up (kind_caught_up)."""
     hb = store.heartbeat()
     return (
-        hb is not None
-        and len(hb[2]) == WATCHED
-        and all(kind_caught_up(store, api, kind) for kind in hb[2])
+        hb is not None and len(hb[2]) == WATCHED and harness.caught_up(api, hb[2], hb[2], _applies)
     )
 
 

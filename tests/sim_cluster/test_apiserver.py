@@ -131,16 +131,19 @@ def test_a_watcher_that_stops_reading_is_closed_by_the_server():
                 b"HTTP/1.1\r\nHost: x\r\n\r\n"
             )
             wait_for(lambda: api.active_watches == 1, 5, "the watch")
-            # the client reads nothing while the cluster writes far more than the buffers hold
-            label = "x" * 4000
-            for i in range(400):
+            # the client reads nothing while the cluster writes far more than the socket
+            # buffers hold (loopback buffers grow to megabytes)
+            label = "x" * 60_000
+            for i in range(2000):
                 api.apply(
                     "MODIFIED",
                     {
                         "kind": "Namespace",
-                        "metadata": {"name": "big", "labels": {"n": f"{i}{label}"}},
+                        "metadata": {"name": "big", "annotations": {"n": f"{i}{label}"}},
                     },
                 )
+                if api.active_watches == 0:
+                    break
             wait_for(lambda: api.active_watches == 0, 10, "the server to close the watch")
 
 
