@@ -9,9 +9,16 @@ Serves, over HTTP/1.1 on 127.0.0.1, what the quota controller and its tests use:
   replace (409 Conflict on a stale ``metadata.resourceVersion``), patch (JSON merge patch and
   strategic merge patch, with ``conditions`` merged by ``type``), delete;
 * watch (``?watch=1``): chunked JSON lines from ``resourceVersion``, synthetic ADDED events
-  for a watch from "0"/"", ``allowWatchBookmarks`` -> BOOKMARK events, ``timeoutSeconds``
-  ended by the server, and 410 Gone as an ERROR event (``reason: Expired``) when the requested
-  version is older than the retained window (HTTP 410 for such a list);
+  for a watch from "0"/"", ``timeoutSeconds`` ended by the server, and 410 Gone as an ERROR
+  event (``reason: Expired``) when the requested version is older than the retained window
+  (HTTP 410 for such a list). As on a real server (../shared/kube-apiserver.md), bookmarks
+  (``allowWatchBookmarks``) are rare by default: ``bookmarks="rare"`` sends one shortly before
+  ``timeoutSeconds`` ends a watch and none in between, ``"none"`` never sends one (a server
+  without its watch cache), ``"every-second"`` one every ``bookmark_interval``. A watcher that
+  stops reading is closed by the server once a write has waited ``unresponsive_after``
+  seconds ("Forcing watcher close due to unresponsiveness"). resourceVersions are opaque
+  strings whose numbers start at a fresh random point per server (``first_version`` pins it),
+  so a client that stored one from an earlier server may hold one higher than any now;
 * ``fieldSelector`` (``=``, ``==``, ``!=``) on the fields the real server indexes: every
   kind's ``metadata.name``/``metadata.namespace``, pods' ``spec.nodeName`` and
   ``status.phase``, ResourceSlices' ``spec.nodeName`` and ``spec.driver``; any other field is
@@ -54,6 +61,7 @@ import bisect
 import contextlib
 import copy
 import json
+import random
 import re
 import socket
 import threading
@@ -257,12 +265,16 @@ def _split_term(term: str, what: str) -> tuple[str, str | None, bool]:
     raise ApiError(400, "BadRequest", f"invalid {what} term {term!r}")
 
 
+BOOKMARK_MODES = ("rare", "none", "every-second")
+RARE_BOOKMARK_LEAD = 2.0  # seconds before timeoutSeconds a "rare" bookmark is sent
+
+
 class _State:
     """Objects, the event history and the watch bookkeeping, under one lock."""
 
-    def __init__(self, window: int):
+    def __init__(self, window: int, first_version: int):
         self.lock = threading.Condition()
-        self.rv = 100
+        self.rv = first_version
         self.objects: dict[str, dict[tuple[str, str], Obj]] = {p: {} for p in RESOURCES}
         # (rv, plural, namespace, encoded line, object); the oldest are dropped beyond ``window``
         self.history: list[tuple[int, str, str, bytes, Obj]] = []
@@ -292,12 +304,17 @@ class ApiServer:
         self,
         *,
         window: int = 100_000,
+        bookmarks: str = "rare",
         bookmark_interval: float = 1.0,
+        unresponsive_after: float = 5.0,
+        first_version: int | None = None,
         port: int = 0,
         resource_versions: Sequence[str] = ("v1",),
         device_taint_rule_versions: Sequence[str] = ("v1",),
         garbage_collector: bool = False,
     ):
+        if bookmarks not in BOOKMARK_MODES:
+            raise ValueError(f"bookmarks: {bookmarks!r} is not one of {BOOKMARK_MODES}")
         for version in resource_versions:
             if version not in DRA_VERSIONS:
                 raise ValueError(f"resource_versions: {version!r} is not one of {DRA_VERSIONS}")
@@ -317,8 +334,12 @@ class ApiServer:
         for version in device_taint_rule_versions:
             self.served.setdefault(f"{DRA_GROUP}/{version}", set()).add("devicetaintrules")
         self._forbidden: set[str] = set()
-        self.state = _State(window)
+        # a fresh epoch per server: versions are not comparable across servers (or restarts)
+        first = random.randrange(1_000, 1_000_000) if first_version is None else first_version
+        self.state = _State(window, first)
+        self.bookmarks = bookmarks
         self.bookmark_interval = bookmark_interval
+        self.unresponsive_after = unresponsive_after
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -612,6 +633,23 @@ class ApiServer:
     def resource_version(self) -> int:
         return self.state.rv
 
+    def changed_since(self, kind: str, version: str) -> list[Obj] | None:
+        """For tests and the demo: the objects of ``kind`` written after ``version`` in this
+        server's own order (a client never compares versions; the server that issued them
+        may), or None when this server cannot tell (compacted, or a version it never handed
+        out). The stored copies: read them, never change them."""
+        plural = BY_KIND[kind].plural
+        with self.state.lock:
+            try:
+                since = int(version)
+            except ValueError:
+                return None
+            if since < self.state.compacted or since > self.state.rv:
+                return None
+            hist = self.state.history
+            i = bisect.bisect_right(hist, since, key=lambda h: h[0])
+            return [h[4] for h in hist[i:] if h[1] == plural]
+
     # -- HTTP operations (called by the handler)
 
     def list(self, res: Resource, ns: str, query: dict[str, str]) -> Obj:
@@ -764,7 +802,13 @@ class ApiServer:
         st = self.state
         timeout = float(query.get("timeoutSeconds") or 1800)
         deadline = time.monotonic() + timeout
-        bookmarks = query.get("allowWatchBookmarks") in ("true", "1", "True")
+        asked = query.get("allowWatchBookmarks") in ("true", "1", "True")
+        bookmarks = asked and self.bookmarks != "none"
+        if self.bookmarks == "every-second":
+            interval = self.bookmark_interval
+        else:  # rare: one, shortly before the server ends the watch
+            interval = max(timeout - RARE_BOOKMARK_LEAD, 0.0)
+            bookmarks = bookmarks and timeout > RARE_BOOKMARK_LEAD
         selector = Selector.parse(res, query)
         rv_q = query.get("resourceVersion", "")
         with st.lock:
@@ -777,8 +821,21 @@ class ApiServer:
                     if (not ns or ons == ns) and (not selector or selector.matches(o))
                 ]
             else:
-                since = int(rv_q)
                 initial = []
+                try:
+                    since = int(rv_q)
+                except ValueError:
+                    bad = ApiError(400, "BadRequest", f"invalid resource version {rv_q!r}")
+                    yield json.dumps({"type": "ERROR", "object": bad.status()}).encode() + b"\n"
+                    return
+                if since > st.rv:
+                    # a version this server never handed out (one of an earlier server): the
+                    # real one answers "Too large resource version" (504 Timeout)
+                    large = ApiError(
+                        504, "Timeout", f"Too large resource version: {since}, current: {st.rv}"
+                    )
+                    yield json.dumps({"type": "ERROR", "object": large.status()}).encode() + b"\n"
+                    return
                 if since < st.compacted:
                     err = ApiError(
                         410, "Expired", f"too old resource version: {since} ({st.compacted})"
@@ -786,7 +843,7 @@ class ApiServer:
                     yield json.dumps({"type": "ERROR", "object": err}).encode() + b"\n"
                     return
         yield from initial
-        next_bookmark = time.monotonic() + self.bookmark_interval
+        next_bookmark = time.monotonic() + interval
         while True:
             out: list[bytes] = []
             with st.lock:
@@ -835,7 +892,11 @@ class ApiServer:
                     }
                     since = st.rv
                     out.append(json.dumps(bm).encode() + b"\n")
-                    next_bookmark = time.monotonic() + self.bookmark_interval
+                    next_bookmark = (
+                        time.monotonic() + interval
+                        if self.bookmarks == "every-second"
+                        else deadline
+                    )
             if out:
                 yield b"".join(out)
 
@@ -1015,10 +1076,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _watch(self, res: Resource, ns: str, query: dict[str, str], group_version: str) -> None:
         wid, gen = self.api._register(self.connection)
+        # a watcher that stops reading: the write blocks once the socket buffers are full, and
+        # the server gives up on it (a real one: "Forcing watcher close due to unresponsiveness")
+        self.connection.settimeout(self.api.unresponsive_after)
         try:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/json")
             self.send_header("Transfer-Encoding", "chunked")
+            # this server closes the connection after a watch: say so, or a client may reuse
+            # it for its next request before it sees the close
+            self.send_header("Connection", "close")
             self.end_headers()
             for chunk in self.api.watch_lines(res, ns, query, wid, gen):
                 if group_version != res.group_version:

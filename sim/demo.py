@@ -38,8 +38,10 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from gpuquota.kube.client import Kube
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG
+from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.sim.apiserver import ApiServer, Driver
-from gpuquota.sim.harness import poll, stop_process
+from gpuquota.sim.harness import caught_up, poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.kubelet.registration import KubeletStandIn
 from gpuquota.sim.nvml.control import SimNode
@@ -262,10 +264,9 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]
             f"({(workload.end - workload.start) / 3600:.0f} h of simulated time) into the API server"
         )
         Driver(api, workload).run()
-        target = api.resource_version
         took = wait_until(
             "the controller to catch up",
-            lambda: _synced_version(work) >= target,
+            lambda: _caught_up(api, work),
             timeout=60,
         )
         print(f"the store caught up with the API server {took:.1f} s after the last event")
@@ -312,11 +313,17 @@ def _heartbeat(work: Path) -> dict[str, str] | None:
     return dict(json.loads(row[0])) if row else None
 
 
-def _synced_version(work: Path) -> int:
-    """The oldest resourceVersion the controller has stored, over every kind it watches."""
+def _caught_up(api: ApiServer, work: Path) -> bool:
+    """The controller's heartbeat names, for every kind it watches, a version after which the
+    API server wrote nothing it applies (versions are opaque: only the server orders its own)."""
     versions = _heartbeat(work) or {}
-    watched = len(Kube.KINDS) + len(Kube.DRA_KINDS)  # the stand-in serves resource.k8s.io/v1
-    return min(int(v) for v in versions.values()) if len(versions) == watched else 0
+    kinds = (*Kube.KINDS, *Kube.DRA_KINDS)  # the stand-in serves resource.k8s.io/v1
+    return caught_up(
+        api,
+        versions,
+        kinds,
+        lambda obj: obj.get("kind") != "Pod" or accounts_pod(obj, DEFAULT_CONFIG),
+    )
 
 
 def shown(path: Path) -> str:

@@ -1,15 +1,19 @@
-"""Two chores every driver of our programs repeats: wait for a condition, stop a child process.
+"""Chores every driver of our programs repeats: wait for a condition, stop a child process,
+tell whether the controller has caught up with the API server stand-in.
 
 The demo, the benchmarks and the tests start gpu-exporter, gpuquota and Prometheus as real
-processes and wait for them to reach a state; these are the one implementation of both.
+processes and wait for them to reach a state; these are the one implementation of each.
 """
 
 from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from gpuquota.sim.apiserver import ApiServer
 
 T = TypeVar("T")
 
@@ -48,3 +52,22 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def caught_up(
+    api: ApiServer,
+    versions: Mapping[str, object],
+    kinds: Iterable[str],
+    applies: Callable[[dict[str, Any]], bool],
+) -> bool:
+    """Whether a controller's stored heartbeat ``versions`` name, for every kind in ``kinds``,
+    a version after which ``api`` wrote nothing the controller applies (``applies``: it drops
+    pods without GPUs). The stand-in orders its own versions; the controller never compares
+    them, and neither does this."""
+    for kind in kinds:
+        if kind not in versions:
+            return False
+        changed = api.changed_since(kind, str(versions[kind]))
+        if changed is None or any(applies(obj) for obj in changed):
+            return False
+    return True

@@ -11,8 +11,8 @@ leftovers of a driver that is republishing. A device without a string ``uuid`` a
 bad object: logged once, counted, left out, except a MIG partition with ``parentUUID`` and
 ``profile`` (the driver's dynamic MIG mode creates it on allocation, so its UUID is not known
 in advance: see exporter/dra/attribution.py). :class:`SliceWatcher` feeds the index from the API
-server with the controller's list+watch loop (quota/controller/watch.py: relist on 410 Gone,
-restart on a silent connection, back-off), field-selected to this node
+server with the shared list+watch loop (gpuquota/kube/watch.py: relist on 410 Gone, a quiet
+watch is normal, back-off), field-selected to this node
 (``spec.nodeName=<node>``). Without RBAC access (403) or on a cluster that does not serve
 resource.k8s.io/v1 (404) it says so once, keeps trying quietly every few minutes, and the
 exporter keeps its device-plugin attribution.
@@ -119,7 +119,7 @@ def _generation(obj: Obj) -> int:
 
 
 def apply_message(index: SliceIndex, msg: Message) -> None:
-    """One message of the controller's WatchLoop (gpuquota/kube/messages.py) into the index."""
+    """One message of the shared WatchLoop (gpuquota/kube/messages.py) into the index."""
     match msg:
         case Resync(items=items):  # a full list: exactly these slices now
             index.replace_all(items)
@@ -209,7 +209,7 @@ class SliceWatcher:
     """Keeps a :class:`SliceIndex` in step with this node's ResourceSlices, in the background.
 
     ``kube`` is a gpuquota.kube.client.Kube whose field selector for ResourceSlice names this
-    node; the list+watch itself is the controller's WatchLoop.
+    node; the list+watch itself is the shared WatchLoop (gpuquota/kube/watch.py).
     """
 
     def __init__(
@@ -240,7 +240,7 @@ class SliceWatcher:
         """True while the slices are listed and the watch on them works."""
         loop = self._loop
         # between the first list and the watch loop's own first list, the list counts
-        return bool(self.available and (loop is None or not loop.synced.is_set() or loop.healthy))
+        return bool(self.available and (loop is None or not loop.started.is_set() or loop.healthy))
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
@@ -313,8 +313,7 @@ class SliceWatcher:
         self._failing = True
 
     def _run(self) -> None:
-        from gpuquota.quota.controller.metrics import ControllerMetrics
-        from gpuquota.quota.controller.watch import WatchLoop
+        from gpuquota.kube.watch import WatchLoop
 
         while not self._stop.is_set():
             try:
@@ -332,7 +331,7 @@ class SliceWatcher:
             ", ".join(sorted(self.index.drivers)),
         )
         out: queue.Queue[Message] = queue.Queue(maxsize=1000)
-        self._loop = WatchLoop(self.kind, self.kube, out, ControllerMetrics(), self._stop)
+        self._loop = WatchLoop(self.kind, self.kube, out, self._stop)
         self._loop.start()
         while not self._stop.is_set():
             try:

@@ -60,8 +60,41 @@ DRA_VERSIONS = ("v1", "v1beta2")
 @dataclass(frozen=True)
 class Timeouts:
     connect: float = 5.0
-    read: float = 90.0  # a watch silent this long (no event, no bookmark) is restarted
+    read: float = 90.0  # each read of a list or a call
     watch: int = 300  # timeoutSeconds asked of the server for each watch
+    # timeoutSeconds of the first watch resumed from a stored version: its clean end (without
+    # 410 Gone) proves the kind current when no event or bookmark arrives before
+    proof: int = 5
+
+    def watch_read(self, timeout_seconds: int) -> float:
+        """A watch's read timeout: a last resort comfortably above its timeoutSeconds, for a
+        quiet watch is normal (no event, no bookmark for minutes) and the server ends it
+        then; a dead connection is found by TCP keepalive before."""
+        return timeout_seconds + max(2.0, timeout_seconds / 10)
+
+
+# TCP keepalive on every API connection: an idle watch is probed after 30 s, and a dead peer
+# is dropped after 3 unanswered probes 10 s apart (client-go probes after 30 s too)
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
+
+
+def keepalive_options() -> list[tuple[int, int, int]]:
+    """urllib3 socket_options: its defaults (no Nagle) plus SO_KEEPALIVE and the probe
+    timings where the platform names them."""
+    import socket
+
+    from urllib3.connection import HTTPConnection
+
+    options = list(HTTPConnection.default_socket_options)
+    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
 
 
 def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
@@ -93,6 +126,8 @@ def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient
     # the watch loops retry with their own back-off; urllib3's silent retries would only hide
     # the outage from them
     cfg.retries = 0
+    # a watch that stays silent for minutes is normal: a dead connection is found by TCP
+    cfg.socket_options = keepalive_options()
     # the Lease lock of kubernetes.leaderelection uses the default configuration
     client.Configuration.set_default(cfg)
     return client.ApiClient(cfg)
@@ -175,8 +210,14 @@ class Kube:
         versions = ", ".join(DRA_VERSIONS)
         return f"the cluster serves no resource.k8s.io ResourceClaims ({versions})"
 
-    def _get(self, kind: str, query: list[tuple[str, str]], path: str = "") -> BaseHTTPResponse:
-        return self.request("GET", path or self.paths[kind], query)
+    def _get(
+        self,
+        kind: str,
+        query: list[tuple[str, str]],
+        path: str = "",
+        read_timeout: float | None = None,
+    ) -> BaseHTTPResponse:
+        return self.request("GET", path or self.paths[kind], query, read_timeout=read_timeout)
 
     def request(
         self,
@@ -185,6 +226,7 @@ class Kube:
         query: list[tuple[str, str]] | None = None,
         body: Obj | None = None,
         content_type: str = "application/json",
+        read_timeout: float | None = None,
     ) -> BaseHTTPResponse:
         """One raw call; the response unread (release it). Raises ApiStatusError on >= 400.
         ``content_type`` of a PATCH: application/merge-patch+json or
@@ -204,7 +246,10 @@ class Kube:
             headers,
             data,
             post,
-            _request_timeout=(self.timeouts.connect, self.timeouts.read),
+            _request_timeout=(
+                self.timeouts.connect,
+                self.timeouts.read if read_timeout is None else read_timeout,
+            ),
         )
         raw: BaseHTTPResponse = resp.response
         if resp.status >= 400:
@@ -265,22 +310,34 @@ class Kube:
             if not token:
                 return items, version
 
-    def watch(self, kind: str, resource_version: str) -> Iterator[Obj]:
-        """Watch events from ``resource_version`` as dicts, until the server ends the stream.
+    def watch(
+        self,
+        kind: str,
+        resource_version: str,
+        on_open: Callable[[], None] | None = None,
+        timeout_seconds: int | None = None,
+    ) -> Iterator[Obj]:
+        """Watch events from ``resource_version`` as dicts, until the server ends the stream
+        (at ``timeout_seconds``, default :attr:`Timeouts.watch`); ``on_open`` is called once
+        the server accepted the watch.
 
-        Raises urllib3's ReadTimeoutError when nothing (not even a bookmark) arrives within
-        the read timeout, and its ProtocolError when the connection is cut.
+        Raises urllib3's ProtocolError when the connection is cut (keepalive included), and
+        its ReadTimeoutError only past the last-resort read timeout.
         """
+        asked = self.timeouts.watch if timeout_seconds is None else timeout_seconds
         resp = self._get(
             kind,
             [
                 ("watch", "true"),
                 ("resourceVersion", resource_version),
                 ("allowWatchBookmarks", "true"),
-                ("timeoutSeconds", str(self.timeouts.watch)),
+                ("timeoutSeconds", str(asked)),
                 *self._selector(kind),
             ],
+            read_timeout=self.timeouts.watch_read(asked),
         )
+        if on_open is not None:
+            on_open()
         try:
             buf = b""
             for chunk in resp.stream(amt=None, decode_content=False):

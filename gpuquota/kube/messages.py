@@ -3,9 +3,10 @@
 - :class:`Listed`: the objects of a kind, listed when resuming a watch from a stored version;
   facts only, nothing closes (the replayed watch events close what went away).
 - :class:`Resync`: a full list and its resourceVersion; whatever is known but missing from it
-  vanished while unwatched.
+  vanished while unwatched. ``gap_from`` (unix seconds) is set when the kind was not followed
+  from then until the list (a 410 Gone, or a first list after a restart): a gap in the record.
 - :class:`Event`: one watch event (ADDED, MODIFIED, DELETED, or a real BOOKMARK).
-- :class:`Synced`: every kind has been listed once; sent after the last initial list.
+- :class:`Synced`: every kind is current (listed, or its resumed watch proven); sent once.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Resync:
     observed_at: int
     items: list[Obj]
     version: str  # the list's resourceVersion ("" if the server gave none)
+    gap_from: int | None = None  # not followed since then: nothing known in between
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Event:
 
 @dataclass(frozen=True)
 class Synced:
-    """Every kind has been listed once."""
+    """Every kind is current (listed, or its resumed watch proven)."""
 
 
 Message = Listed | Resync | Event | Synced

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpuquota.quota.accounting.pending import PendingWrites
-from gpuquota.quota.accounting.rows import AllocationRow, Batch, HeartbeatRow, RowStore
+from gpuquota.quota.accounting.rows import AllocationRow, Batch, GapRow, HeartbeatRow, RowStore
 from gpuquota.quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
 from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
 from gpuquota.quota.accounting.rules.parse import AccountingError
@@ -77,6 +77,8 @@ class Accountant:
         self.trackers: dict[str, Tracker] = {t.kind: t for t in ordered}
         self._resource_versions: dict[str, str] = {}
         self._heartbeat_at: int | None = None
+        self._gaps: dict[tuple[str, int], GapRow] = {}  # unwritten, by (kind, start)
+        self._started_from: int | None = None  # the stored heartbeat this run started from
         self._now = 0  # latest observation time seen
         self.stats: dict[str, int] = {"events": 0, "flushes": 0, "rows_written": 0, "estimated": 0}
         self._load()
@@ -89,7 +91,7 @@ class Accountant:
     def _load(self) -> None:
         state = self.store.load(self.cluster)
         if state.heartbeat is not None:
-            self._heartbeat_at = state.heartbeat.at
+            self._heartbeat_at = self._started_from = state.heartbeat.at
             self._resource_versions = {
                 str(k): str(v) for k, v in state.heartbeat.resource_versions.items()
             }
@@ -99,9 +101,18 @@ class Accountant:
 
     # -- events
 
-    def apply(self, event_type: str, obj: Mapping[str, Any], observed_at: int) -> None:
+    def apply(
+        self,
+        event_type: str,
+        obj: Mapping[str, Any],
+        observed_at: int,
+        *,
+        from_watch: bool = True,
+    ) -> None:
         """Apply one watch event seen at ``observed_at`` (unix seconds).
 
+        ``from_watch=False`` for an object of a list: its own resourceVersion is not where the
+        kind's watch stands (the list's is), so it is not recorded.
         Raises AccountingError for an object the rules cannot read; the state is then
         unchanged.
         """
@@ -116,7 +127,7 @@ class Accountant:
         self._now = max(self._now, observed_at)
         meta = obj.get("metadata")
         version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
-        if isinstance(version, str) and version:
+        if from_watch and isinstance(version, str) and version:
             self.seen_version(kind, version)
         if event_type == "BOOKMARK":
             return
@@ -134,27 +145,44 @@ class Accountant:
         objects: Iterable[Mapping[str, Any]],
         observed_at: int,
         version: str = "",
+        gap_from: int | None = None,
     ) -> None:
         """Apply a full list of ``kind`` taken at ``observed_at``; whatever is known but missing
         from it vanished while unwatched, and is closed at the last time it was known to exist
-        (the heartbeat, or its last event if later), marked estimated. ``version`` is the
-        list's resourceVersion, which a restart resumes the watch from."""
+        (``gap_from``, else the heartbeat, or its last event if later), marked estimated, so an
+        estimate never exceeds the truth. ``version`` is the list's resourceVersion, which a
+        restart resumes the watch from. ``gap_from``: the kind was not followed from then until
+        the list, a gap stored as a fact (what came and went inside it is not known)."""
         tracker = self.trackers.get(kind)
         if tracker is None:
             raise AccountingError(f"cannot resync kind {kind!r}")
         self._now = max(self._now, observed_at)
+        known = (self._heartbeat_at or 0) if gap_from is None else gap_from
+        if gap_from is not None and observed_at > gap_from:
+            # from the stored heartbeat: downtime the resumed watch could not replay
+            reason = "restart" if gap_from == self._started_from else "gone"
+            self.gap(kind, gap_from, observed_at, reason)
         objects = list(objects)
         for obj in objects:
             if obj.get("kind") is None:
                 obj = {**obj, "kind": kind}
-            self.apply("MODIFIED", obj, observed_at)
-        tracker.vanish({tracker.identity(obj) for obj in objects}, self._heartbeat_at or 0)
+            self.apply("MODIFIED", obj, observed_at, from_watch=False)
+        tracker.vanish({tracker.identity(obj) for obj in objects}, known)
         if version:
             self.seen_version(kind, version)
 
+    def gap(self, kind: str, start: int, end: int, reason: str) -> None:
+        """Record that ``kind`` was not followed over [start, end); written at the next flush."""
+        key = (kind, start)
+        old = self._gaps.get(key)
+        if old is not None:
+            end = max(end, old.ended_at)
+        self._gaps[key] = GapRow(kind, start, end, reason)
+
     def heartbeat(self, now: int) -> None:
         """Record that the cluster's state was known at ``now``; written at the next flush.
-        Call it only while every watch is healthy: it bounds what a restart estimates."""
+        Call it only while every kind is proven current and watched: it is where a report's
+        data ends, and it bounds what a restart estimates."""
         self._heartbeat_at = max(self._heartbeat_at or 0, now)
         self._now = max(self._now, now)
         self.pending_writes.heartbeat = HeartbeatRow(
@@ -206,6 +234,7 @@ class Accountant:
     def batch(self) -> Batch:
         """What the next flush writes."""
         batch = Batch(heartbeat=self.pending_writes.heartbeat, observed_at=self._now)
+        batch.gaps.extend(self._gaps.values())
         for tracker in self.trackers.values():
             tracker.collect(batch)
         return batch
@@ -222,6 +251,7 @@ class Accountant:
         for tracker in self.trackers.values():
             tracker.written(batch)
         self.pending_writes.clear()
+        self._gaps.clear()
         self.stats["estimated"] = self.pods.estimated_written
         self.stats["flushes"] += 1
         self.stats["rows_written"] += len(batch)

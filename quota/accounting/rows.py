@@ -116,6 +116,21 @@ class QuotaSampleRow:
     used: float | None
     scopes: list[str]
     observed_at: int
+    # the order of this sample among those of the same second (quota admission can update
+    # ``used`` several times in one second: each change is kept, the last one holds)
+    seq: int = 0
+
+
+@dataclass(frozen=True)
+class GapRow:
+    """A span in which the controller could not follow ``kind``: [started_at, ended_at).
+    Objects created and deleted inside it may be missing from the store (a 410 Gone followed by
+    a relist, or downtime whose events the resumed watch could not replay)."""
+
+    kind: str
+    started_at: int
+    ended_at: int
+    reason: str  # gone (410 Gone while running) | restart (downtime not replayed)
 
 
 @dataclass(frozen=True)
@@ -136,10 +151,12 @@ class Batch:
     heartbeat: HeartbeatRow | None = None
     observed_at: int = 0  # the latest observation in the batch (first sight of the cluster)
     claim_allocations: list[ClaimAllocationRow] = field(default_factory=list)
+    gaps: list[GapRow] = field(default_factory=list)
 
     def __len__(self) -> int:
         return (
-            len(self.allocations)
+            len(self.gaps)
+            + len(self.allocations)
             + len(self.claim_allocations)
             + len(self.node_capacity)
             + len(self.namespace_labels)

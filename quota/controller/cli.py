@@ -16,7 +16,9 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable, Iterable
 from types import FrameType
+from typing import Any
 
 from prometheus_client import start_http_server
 
@@ -131,7 +133,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=duration_flag(),
         default=90.0,
         metavar="DURATION",
-        help="restart a watch silent this long, bookmarks included (90s)",
+        help="read timeout of lists and other calls (90s); a watch's is --watch-timeout plus "
+        "a tenth: a quiet watch is normal, the server ends it at --watch-timeout and TCP "
+        "keepalive finds a dead connection",
     )
     parser.add_argument(
         "--watch-timeout",
@@ -154,6 +158,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _fail(message: str, status: int = EXIT_ERROR) -> int:
     print(f"gpuquota controller: error: {message}", file=sys.stderr)
     return status
+
+
+def serve_metrics(
+    port: int, address: str, metrics: ControllerMetrics, readiness: Callable[[], tuple[bool, str]]
+) -> None:
+    """/metrics and /readyz (200 when ``readiness`` says ready, else 503 and why) on one
+    port, in daemon threads."""
+    httpd, _thread = start_http_server(port, address, registry=metrics.registry)
+    metrics_app = httpd.get_app()
+    assert metrics_app is not None
+
+    def app(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") != "/readyz":
+            return metrics_app(environ, start_response)
+        ready, why = readiness()
+        status = "200 OK" if ready else "503 Service Unavailable"
+        start_response(status, [("Content-Type", "text/plain; charset=utf-8")])
+        return [f"{why}\n".encode()]
+
+    httpd.set_app(app)
 
 
 def _reach(kube: kubeapi.Kube, timeout: float) -> str | None:
@@ -202,14 +226,34 @@ def run(args: argparse.Namespace) -> int:
     # StoreError: one line from gpuquota.quota.cli
     store = open_store(args.db, migrate=args.migrate)
     metrics = ControllerMetrics()
+    current: list[Controller] = []
+    leading = threading.Event()
+
+    def readiness() -> tuple[bool, str]:
+        """Ready: a standby waiting for the lease, or a leader that knows the present (every
+        kind proven current and watched); not during start-up, after a restart until every
+        kind is proven, or during a relist."""
+        if args.lease_name and not leading.is_set():
+            return True, "standby: waiting for the lease"
+        if not current:
+            return False, "starting"
+        lagging = current[-1].lagging()
+        if current[-1].current():
+            return True, "current"
+        return False, "not current: " + (", ".join(lagging) or "the first lists")
+
     if args.metrics_port:
         try:
-            start_http_server(args.metrics_port, args.metrics_address, registry=metrics.registry)
+            serve_metrics(args.metrics_port, args.metrics_address, metrics, readiness)
         except OSError as exc:
             return _fail(
                 f"metrics port {args.metrics_address}:{args.metrics_port}: {exc.strerror or exc}"
             )
-        log.info("metrics on http://%s:%d/metrics", args.metrics_address, args.metrics_port)
+        log.info(
+            "metrics on http://%s:%d/metrics, readiness on /readyz",
+            args.metrics_address,
+            args.metrics_port,
+        )
     timeouts = kubeapi.Timeouts(read=args.read_timeout, watch=args.watch_timeout)
     kube = kubeapi.Kube(api, timeouts, page_size=args.page_size)
     settings = Settings(args.flush_every, args.flush_interval, args.startup_timeout)
@@ -217,11 +261,11 @@ def run(args: argparse.Namespace) -> int:
     stopping = threading.Event()
     done = threading.Event()
     outcome: dict[str, object] = {}
-    current: list[Controller] = []
 
     def lead() -> None:
         try:
             metrics.leader.set(1)
+            leading.set()
             accountant = Accountant(
                 store, args.cluster, config, holder=args.identity, dra_drivers=drivers
             )
@@ -238,6 +282,7 @@ def run(args: argparse.Namespace) -> int:
             log.exception("controller failed")
         finally:
             metrics.leader.set(0)
+            leading.clear()
             done.set()
 
     def lost() -> None:

@@ -4,8 +4,10 @@ One thread owns the Accountant. It flushes every ``flush_every`` events or ``flu
 seconds; a failed write (database down) is counted and retried with back-off while events
 keep being applied in memory — the Accountant keeps everything unwritten pending — and the
 backlog is written in one go when the database answers again. A heartbeat (with the
-resourceVersions seen) goes with each flush while every watch is healthy: a restart resumes
-the watches from those versions, and bounds what it must estimate.
+resourceVersions seen) goes with each flush while every kind is current and its watch open
+(gpuquota/kube/watch.py), whether or not anything changes: a restart resumes the watches from
+those versions, and closes what vanished meanwhile no later than it. After a restart, and
+during a relist, it does not advance; ``gpuquota_controller_synced`` says the same.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from urllib3.exceptions import HTTPError
@@ -22,11 +24,11 @@ from urllib3.exceptions import HTTPError
 from gpuquota.kube.backoff import Backoff
 from gpuquota.kube.client import ApiStatusError, Kube
 from gpuquota.kube.messages import Event, Listed, Message, Resync, Synced, put
+from gpuquota.kube.watch import WatchLoop
 from gpuquota.quota import accounting as acc
 from gpuquota.quota.accounting.accountant import Accountant
 from gpuquota.quota.accounting.rules.claims import names_claims
 from gpuquota.quota.controller.metrics import ControllerMetrics
-from gpuquota.quota.controller.watch import WatchLoop
 from gpuquota.quota.store.db import StoreError
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,34 @@ class Settings:
     flush_every: int = 1000
     flush_interval: float = 5.0
     startup_timeout: float = 30.0
+
+
+def accounts_pod(pod: Mapping[str, object], config: acc.AccountingConfig) -> bool:
+    """Whether the accounting cares about this pod: GPU requests (which cannot change later)
+    or ResourceClaims. The Pod watch drops the others on arrival."""
+    try:
+        return bool(acc.effective_units(pod, config)) or names_claims(pod)
+    except acc.AccountingError:
+        return True  # let the Accountant report it
+
+
+class LoopMetrics:
+    """The watch loops' counts (gpuquota.kube.watch.WatchMetrics) as the controller's metrics."""
+
+    def __init__(self, metrics: ControllerMetrics) -> None:
+        self.metrics = metrics
+
+    def event(self, kind: str, event_type: str) -> None:
+        self.metrics.events.labels(kind, event_type).inc()
+
+    def ignored(self, kind: str) -> None:
+        self.metrics.ignored.labels(kind).inc()
+
+    def restart(self, kind: str, reason: str) -> None:
+        self.metrics.watch_restarts.labels(kind, reason).inc()
+
+    def relist(self, kind: str) -> None:
+        self.metrics.relists.labels(kind).inc()
 
 
 class Controller:
@@ -83,10 +113,12 @@ class Controller:
     # -- start
 
     def start_watches(self) -> None:
-        """Start one loop per kind, in order (nodes first, pods last), each once it has listed.
+        """Start one loop per kind, in order (nodes first, pods last), each once the previous
+        one has listed or resumed; "synced" once every kind is proven current.
 
         Raises StartupError when a kind cannot be listed within the startup timeout."""
         stored = self.acct.resource_versions
+        known_at = self.acct.heartbeat_at
         started = time.monotonic()
         self.watched = self._kinds()
         for kind in self.watched:
@@ -94,14 +126,15 @@ class Controller:
                 kind,
                 self.kube,
                 self.queue,
-                self.metrics,
                 self.stop_event,
+                LoopMetrics(self.metrics),
                 stored.get(kind),
                 keep=self._has_gpus if kind == "Pod" else None,
+                known_at=known_at,
             )
             loop.start()
             self.loops.append(loop)
-            while not loop.synced.wait(0.1):
+            while not loop.started.wait(0.1):
                 if self.stop_event.is_set():
                     return
                 if time.monotonic() - started > self.settings.startup_timeout:
@@ -110,6 +143,12 @@ class Controller:
                         f"cannot list {kind}s from the Kubernetes API server at {self.kube.host}: "
                         f"{loop.last_error or 'no answer'}"
                     )
+        # a resumed watch proves itself within seconds (Timeouts.proof); one that got 410
+        # relists first, however long that takes
+        for loop in self.loops:
+            while not loop.current.wait(0.1):
+                if self.stop_event.is_set():
+                    return
         put(self.queue, Synced(), self.stop_event)
 
     def _kinds(self) -> tuple[str, ...]:
@@ -133,11 +172,7 @@ class Controller:
             self._startup_error = exc
 
     def _has_gpus(self, pod: dict[str, object]) -> bool:
-        """Whether the accounting cares about this pod (GPU requests cannot change later)."""
-        try:
-            return bool(acc.effective_units(pod, self.acct.config)) or names_claims(pod)
-        except acc.AccountingError:
-            return True  # let the Accountant report it
+        return accounts_pod(pod, self.acct.config)
 
     # -- run
 
@@ -156,7 +191,6 @@ class Controller:
                 if isinstance(msg, Synced):
                     elapsed = time.monotonic() - t0
                     self.synced.set()
-                    self.metrics.synced.set(1)
                     self.metrics.sync_seconds.set(elapsed)
                     log.info("synced in %.1fs", elapsed)
                     self._flush()
@@ -183,12 +217,13 @@ class Controller:
                     self.acct.apply(event_type, obj, observed_at)
                     self.metrics.events.labels(kind, event_type).inc()
                     self._since_flush += 1
-                case Resync(kind, observed_at, items, version):
-                    self.acct.resync(kind, items, observed_at, version)
+                case Resync(kind, observed_at, items, version, gap_from):
+                    self.acct.resync(kind, items, observed_at, version, gap_from)
                     self._since_flush += len(items)
                 case Listed(kind, observed_at, items):  # facts only, nothing closes
                     for obj in items:
-                        self.acct.apply("MODIFIED", obj, observed_at)
+                        # the watch resumes from the stored version, not the objects' own
+                        self.acct.apply("MODIFIED", obj, observed_at, from_watch=False)
                     self._since_flush += len(items)
         except acc.AccountingError as exc:
             self.metrics.accounting_errors.labels(msg.kind).inc()
@@ -205,9 +240,21 @@ class Controller:
             self._flush()
         self.metrics.flush_lag.set(max(0.0, self.clock() - self._last_ok))
 
+    def current(self) -> bool:
+        """Every kind proven current and watched: the controller knows the present."""
+        return self.synced.is_set() and all(loop.healthy for loop in self.loops)
+
+    def lagging(self) -> list[str]:
+        """The kinds not (yet) proven current or not watched now, for readiness."""
+        lagging = [loop.kind for loop in self.loops if not loop.healthy]
+        missing = [kind for kind in self.watched if kind not in {x.kind for x in self.loops}]
+        return lagging + missing
+
     def _flush(self) -> None:
         now = time.monotonic()
-        if self.synced.is_set() and all(loop.healthy for loop in self.loops):
+        current = self.current()
+        self.metrics.synced.set(1 if current else 0)
+        if current:
             self.acct.heartbeat(int(self.clock()))
         try:
             written = self.acct.flush()

@@ -74,7 +74,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "watch_restarts",
         "gpuquota_controller_watch_restarts",
         "counter",
-        "Watches restarted, by kind and reason (timeout, stalled, error)",
+        "Watches restarted, by kind and reason (timeout: the server ended it, as it does at "
+        "timeoutSeconds; stalled: the client's last-resort read timeout; error)",
         ("kind", "reason"),
         "Each end of a watch request",
     ),
@@ -130,9 +131,10 @@ METRICS: tuple[ControllerMetric, ...] = (
         "synced",
         "gpuquota_controller_synced",
         "gauge",
-        "1 once every kind has been listed and is watched",
+        "1 while every kind is proven current (listed, or its resumed watch proven) and "
+        "watched; 0 after a restart until then, and during a relist after 410 Gone",
         (),
-        "Once, when the last initial list has been applied",
+        "After each flush",
     ),
     ControllerMetric(
         "sync_seconds",

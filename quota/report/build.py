@@ -82,6 +82,7 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
             c: at for c, at in ends.items() if at < report.window_end - LIVE_GRACE_SECONDS
         }
         report.best_effort_pods = query.best_effort_pods(conn, scope, window.start, window.end, now)
+        report.gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
         if query.quota_applies(keys):
             # averages are over the part of the window the store knows
             span = max(min(window.end, now, known_end) - window.start, 0)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from gpuquota.quota.report.query import CapacityRow, QuotaRow, UsageRow
+from gpuquota.quota.report.query import CapacityRow, GapRecord, QuotaRow, UsageRow
 from gpuquota.quota.report.ratecard import RateCard
 
 OTHER = "(other)"
@@ -95,6 +95,9 @@ class Report:
     # clusters whose data ends inside the window, well before its end: the report says so
     ends_early: dict[str, int] = field(default_factory=dict)
     prometheus: str | None = None  # the Prometheus utilisation came from
+    # spans the window overlaps in which a kind was not followed (pods created and deleted
+    # inside one may be missing): said in every format
+    gaps: list[GapRecord] = field(default_factory=list)
 
     @property
     def physical_total(self) -> Fraction:

@@ -48,6 +48,7 @@ from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     Cluster,
+    Gap,
     Heartbeat,
     NamespaceLabels,
     NodeCapacity,
@@ -330,6 +331,36 @@ def coverage(conn: Connection, clusters: Sequence[str]) -> list[ClusterCoverage]
         else ClusterCoverage(c, None, None)
         for c in clusters
     ]
+
+
+@dataclass(frozen=True)
+class GapRecord:
+    """A span in which the controller could not follow one kind of a cluster (models.Gap)."""
+
+    cluster: str
+    kind: str
+    started_at: int
+    ended_at: int
+    reason: str
+
+    @property
+    def seconds(self) -> int:
+        return self.ended_at - self.started_at
+
+
+def gaps(conn: Connection, clusters: Sequence[str], lo: int, hi: int) -> list[GapRecord]:
+    """The stored gaps of ``clusters`` that overlap [lo, hi), oldest first."""
+    g = Gap
+    rows = conn.execute(
+        select(g.cluster, g.kind, g.started_at, g.ended_at, g.reason)
+        .where(
+            g.cluster.in_(list(clusters)),
+            g.started_at < t(hi),
+            g.ended_at > t(lo),
+        )
+        .order_by(g.started_at, g.cluster, g.kind)
+    )
+    return [GapRecord(str(c), str(k), int(a), int(b), str(r)) for c, k, a, b, r in rows]
 
 
 def known_clusters(conn: Connection) -> list[str]:
@@ -780,7 +811,7 @@ def _quota_query(
         func.lead(q.observed_at)
         .over(
             partition_by=(q.cluster, q.namespace, q.quota_name, q.resource_name),
-            order_by=q.observed_at,
+            order_by=(q.observed_at, q.seq),
         )
         .label("next_at")
     )
@@ -807,6 +838,16 @@ def _quota_query(
     dur = clipped(start, end, t(lo), t(hi))
     used = func.coalesce(s.c.used, 0)
     hard = func.coalesce(s.c.hard, 0)
+    # a sample that held for no whole second (another followed in the same second) still
+    # counts for the peak where it was taken inside the window (and its labels' period)
+    taken: Any = and_(s.c.observed_at >= t(lo), s.c.observed_at < t(hi))
+    if label_keys:
+        taken = and_(
+            taken,
+            NamespaceLabels.valid_from <= s.c.observed_at,
+            func.coalesce(NamespaceLabels.valid_to, t(FAR_FUTURE)) > s.c.observed_at,
+        )
+    counts = or_(dur > 0, taken)
     # the very label expressions grouped by (PostgreSQL matches them with their parameters)
     key_columns = [getattr(s.c, k) for k in plain] + group[-1 - len(label_keys) : -1]
     stmt = select(
@@ -817,8 +858,8 @@ def _quota_query(
         func.sum(hard * dur),
         func.sum(case((hard > used, (hard - used) * dur), else_=0)),
         func.sum(dur),
-        func.max(case((dur > 0, s.c.used), else_=None)),
-        func.max(case((dur > 0, s.c.hard), else_=None)),
+        func.max(case((counts, s.c.used), else_=None)),
+        func.max(case((counts, s.c.hard), else_=None)),
     ).where(func.coalesce(s.c.next_at, last_end) > t(lo))
     if label_keys:
         nl = NamespaceLabels

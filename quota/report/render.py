@@ -272,7 +272,7 @@ def quota_cells(report: Report) -> tuple[list[str], list[list[str]], list[list[s
 
 
 def notes(report: Report) -> list[str]:
-    out = coverage_notes(report)
+    out = coverage_notes(report) + gap_notes(report)
     if report.estimated_intervals:
         est = sum(g.estimated_raw_seconds for g in report.groups)
         out.append(
@@ -326,6 +326,32 @@ def coverage_notes(report: Report) -> list[str]:
                 "are counted up to that time only"
             )
     return out
+
+
+def gap_notes(report: Report) -> list[str]:
+    """One note per stored gap the period overlaps: the figures are lower bounds there."""
+    out = []
+    for gap in report.gaps:
+        why = (
+            "the controller was down and its resumed watch could not replay the events"
+            if gap.reason == "restart"
+            else "its watch expired (410 Gone) and it relisted"
+        )
+        out.append(
+            f"gap in the record of cluster {gap.cluster!r}: {gap.kind} not followed from "
+            f"{_utc(gap.started_at)} to {_utc(gap.ended_at)} ({_duration(gap.seconds)}; {why}): "
+            f"{gap.kind} objects created and deleted inside it may be missing, so figures "
+            "over it are lower bounds"
+        )
+    return out
+
+
+def _duration(seconds: int) -> str:
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def quota_notes(report: Report) -> list[str]:
@@ -470,6 +496,8 @@ def render_csv(report: Report) -> str:
     fields = ["row", *key_names, *[c.name for c in cols], "gpu_seconds_raw"]
     fields += [n for n in idle_names if n not in fields]
     fields += [n for n in quota_names if n not in fields]
+    if report.gaps:  # a gap line each: the figures above are lower bounds over it
+        fields += list(GAP_FIELDS)
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -490,7 +518,14 @@ def render_csv(report: Report) -> str:
         writer.writerow({"row": "idle_total", **dict(zip(idle_names, idle_total, strict=True))})
     for kind, line in quota_lines:
         writer.writerow({"row": kind, **dict(zip(quota_names, line, strict=True))})
+    for gap in report.gaps:
+        cells = (gap.cluster, gap.kind, _utc(gap.started_at), _utc(gap.ended_at), gap.seconds)
+        writer.writerow({"row": "gap", **dict(zip(GAP_FIELDS, cells, strict=True))})
     return buf.getvalue()
+
+
+# the columns of a CSV "gap" line
+GAP_FIELDS = ("gap_cluster", "gap_kind", "gap_start", "gap_end", "gap_seconds")
 
 
 def render_json(report: Report, period: Period) -> str:
@@ -534,6 +569,20 @@ def render_json(report: Report, period: Period) -> str:
         c: None if until is None else {"data_ends": _utc(until), "data_ends_unix": until}
         for c, until in sorted(report.coverage.items())
     }
+    doc["gaps"] = [
+        {
+            "cluster": gap.cluster,
+            "kind": gap.kind,
+            "start": _utc(gap.started_at),
+            "end": _utc(gap.ended_at),
+            "start_unix": gap.started_at,
+            "end_unix": gap.ended_at,
+            "seconds": gap.seconds,
+            "reason": gap.reason,
+            "may_miss": f"{gap.kind} objects created and deleted inside the gap",
+        }
+        for gap in report.gaps
+    ]
     if report.quota is not None:
         doc["quota"] = quota_json(report)
     return json.dumps(doc, indent=2) + "\n"

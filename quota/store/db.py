@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -51,6 +51,7 @@ from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     Cluster,
+    Gap,
     Heartbeat,
     NamespaceLabels,
     NodeCapacity,
@@ -326,12 +327,11 @@ class Store:
         if batch.claim_allocations:
             conn.execute(self._claim_upsert(), _rows(cluster, batch.claim_allocations))
         if batch.node_capacity:
-            t = NodeCapacity.__table__
-            stmt = self._insert(t)
-            ex = stmt.excluded
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["cluster", "node", "resource_name", "started_at"],
-                set_={
+            self._upsert(
+                conn,
+                NodeCapacity.__table__,
+                ["cluster", "node", "resource_name", "started_at"],
+                lambda t, ex: {
                     "node_pool": ex.node_pool,
                     "gpu_model": ex.gpu_model,
                     "allocatable_units": ex.allocatable_units,
@@ -342,17 +342,19 @@ class Store:
                     "labels": ex.labels,
                     "ended_at": _earliest_end(t.c.ended_at, ex.ended_at),
                 },
+                _rows(cluster, batch.node_capacity),
             )
-            conn.execute(stmt, _rows(cluster, batch.node_capacity))
         if batch.namespace_labels:
-            t = NamespaceLabels.__table__
-            stmt = self._insert(t)
-            ex = stmt.excluded
-            stmt = stmt.on_conflict_do_update(
-                index_elements=["cluster", "namespace", "valid_from"],
-                set_={"labels": ex.labels, "valid_to": _earliest_end(t.c.valid_to, ex.valid_to)},
+            self._upsert(
+                conn,
+                NamespaceLabels.__table__,
+                ["cluster", "namespace", "valid_from"],
+                lambda t, ex: {
+                    "labels": ex.labels,
+                    "valid_to": _earliest_end(t.c.valid_to, ex.valid_to),
+                },
+                _rows(cluster, batch.namespace_labels),
             )
-            conn.execute(stmt, _rows(cluster, batch.namespace_labels))
         if batch.quota_samples:
             stmt = self._insert(QuotaSample.__table__).on_conflict_do_nothing(
                 index_elements=[
@@ -361,9 +363,21 @@ class Store:
                     "quota_name",
                     "resource_name",
                     "observed_at",
+                    "seq",
                 ]
             )
             conn.execute(stmt, _rows(cluster, batch.quota_samples))
+        if batch.gaps:
+            self._upsert(
+                conn,
+                Gap.__table__,
+                ["cluster", "kind", "started_at"],
+                # the longer record of one gap wins (a replayed batch changes nothing)
+                lambda t, ex: {
+                    "ended_at": case((ex.ended_at > t.c.ended_at, ex.ended_at), else_=t.c.ended_at)
+                },
+                _rows(cluster, batch.gaps),
+            )
         if batch.heartbeat is not None:
             t = Heartbeat.__table__
             stmt = self._insert(t)
@@ -380,6 +394,20 @@ class Store:
                 },
             )
             conn.execute(stmt, _rows(cluster, [batch.heartbeat]))
+
+    def _upsert(
+        self,
+        conn: Connection,
+        table: Any,
+        key: list[str],
+        updates: Callable[[Any, Any], dict[str, Any]],
+        rows: list[dict[str, Any]],
+    ) -> None:
+        """INSERT ``rows`` into ``table``; a row whose ``key`` exists is updated with
+        ``updates(table, excluded)`` instead."""
+        stmt = self._insert(table)
+        stmt = stmt.on_conflict_do_update(index_elements=key, set_=updates(table, stmt.excluded))
+        conn.execute(stmt, rows)
 
     def _allocation_upsert(self) -> Any:
         t = Allocation.__table__
@@ -500,7 +528,8 @@ class Store:
             .group_by(*key)
             .subquery()
         )
-        samples = rows(
+        # of the latest second's samples, the last one (several changes in one second)
+        samples_of_second = rows(
             QuotaSampleRow,
             select(q)
             .join(
@@ -512,8 +541,13 @@ class Store:
                     q.c.observed_at == latest.c.observed_at,
                 ),
             )
-            .where(q.c.cluster == cluster),
+            .where(q.c.cluster == cluster)
+            .order_by(q.c.seq),
         )
+        last: dict[tuple[str, str, str], QuotaSampleRow] = {}
+        for sample in samples_of_second:
+            last[(sample.namespace, sample.quota_name, sample.resource_name)] = sample
+        samples = list(last.values())
         h = Heartbeat.__table__
         beat = conn.execute(select(h).where(h.c.cluster == cluster)).first()
         heartbeat = (

@@ -166,6 +166,7 @@ class QuotaSample(Base):
             "quota_name",
             "resource_name",
             "observed_at",
+            "seq",
             name="uq_quota_sample",
         ),
     )
@@ -179,6 +180,8 @@ class QuotaSample(Base):
     used: Mapped[float | None] = mapped_column(Float, nullable=True)
     scopes: Mapped[list[str]] = mapped_column(JSON)
     observed_at: Mapped[int] = mapped_column(BigInteger)
+    # the order among the samples of one second: every change is kept (migration 0007)
+    seq: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
 
 class ClaimAllocation(Base):
@@ -229,6 +232,25 @@ class ClaimAllocation(Base):
     end_reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
     estimated: Mapped[bool] = mapped_column(Boolean, default=False)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class Gap(Base):
+    """A span [started_at, ended_at) in which the controller could not follow one kind of a
+    cluster (a 410 Gone followed by a relist; downtime its resumed watch could not replay):
+    objects created and deleted inside it may be missing. Migration 0007."""
+
+    __tablename__ = "gaps"
+    __table_args__ = (
+        UniqueConstraint("cluster", "kind", "started_at", name="uq_gap"),
+        Index("ix_gaps_window", "cluster", "started_at", "ended_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    kind: Mapped[str] = mapped_column(String(63))
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    ended_at: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(String(32))  # gone | restart
 
 
 class Heartbeat(Base):

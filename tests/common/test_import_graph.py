@@ -252,3 +252,40 @@ def test_accounting_imports_no_sql_kubernetes_or_io() -> None:
 def test_the_accounting_check_can_fail() -> None:
     # the checker sees an SQL import where there is one
     assert "sqlalchemy" in _top_level_imports(ROOT / "quota" / "store" / "db.py")
+
+
+def _imports_of(prefix: str) -> dict[str, set[str]]:
+    """Every absolute import of each module under ``prefix`` (a dotted package name)."""
+    return {
+        module: _top_level_imports(path)
+        for module, path in _modules(PACKAGES).items()
+        if module == prefix or module.startswith(prefix + ".")
+    }
+
+
+def _reaching(imports: dict[str, set[str]], forbidden: str) -> dict[str, list[str]]:
+    return {
+        module: sorted(n for n in names if n == forbidden or n.startswith(forbidden + "."))
+        for module, names in sorted(imports.items())
+        if any(n == forbidden or n.startswith(forbidden + ".") for n in names)
+    }
+
+
+def test_exporter_imports_nothing_from_quota() -> None:
+    # one Kubernetes corner (gpuquota/kube/): the node agent never loads the controller's code
+    exporter = _imports_of("gpuquota.exporter")
+    assert "gpuquota.exporter.dra.slices" in exporter
+    assert _reaching(exporter, "gpuquota.quota") == {}
+
+
+def test_the_kube_corner_imports_neither_program() -> None:
+    kube = _imports_of("gpuquota.kube")
+    assert {"gpuquota.kube.watch", "gpuquota.kube.client"} <= kube.keys()
+    assert _reaching(kube, "gpuquota.quota") == {}
+    assert _reaching(kube, "gpuquota.exporter") == {}
+
+
+def test_the_program_checks_can_fail() -> None:
+    # the checker sees the controller's imports of the accounting where they are
+    quota = _imports_of("gpuquota.quota.controller")
+    assert _reaching(quota, "gpuquota.quota.accounting")

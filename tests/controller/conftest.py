@@ -27,7 +27,10 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from gpuquota.kube.client import Kube
+from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG
+from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.quota.store import db
+from gpuquota.sim import harness
 from gpuquota.sim.apiserver import ApiServer, Driver
 from gpuquota.sim.harness import wait_for
 from gpuquota.sim.workload import Workload
@@ -151,27 +154,38 @@ class Store:
         self.outage = Outage(backend, url, proxy)
         self.engine = create_engine(direct)
 
-    def heartbeat(self) -> tuple[str, int, dict[str, str]] | None:
+    def _select(self, sql: str) -> list[dict]:
+        """The rows of ``sql`` (with ``:c`` the cluster) as dicts."""
         with self.engine.connect() as c:
-            row = c.execute(
-                text("SELECT holder, at, resource_versions FROM heartbeats WHERE cluster = :c"),
-                {"c": self.cluster},
-            ).first()
-        if row is None:
+            return [dict(r) for r in c.execute(text(sql), {"c": self.cluster}).mappings()]
+
+    def heartbeat(self) -> tuple[str, int, dict[str, str]] | None:
+        rows = self._select(
+            "SELECT holder, at, resource_versions FROM heartbeats WHERE cluster = :c"
+        )
+        if not rows:
             return None
-        rvs = row[2] if isinstance(row[2], dict) else json.loads(row[2])
-        return str(row[0]), int(row[1]), rvs
+        row = rows[0]
+        rvs = row["resource_versions"]
+        rvs = rvs if isinstance(rvs, dict) else json.loads(rvs)
+        return str(row["holder"]), int(row["at"]), rvs
 
     def allocations(self) -> list[dict]:
-        with self.engine.connect() as c:
-            rows = c.execute(
-                text(
-                    "SELECT pod_uid, namespace, resource_name, raw_units, physical_gpus, started_at,"
-                    " ended_at, end_reason, estimated FROM allocations WHERE cluster = :c"
-                ),
-                {"c": self.cluster},
-            ).mappings()
-            return [dict(r) for r in rows]
+        return self._select(
+            "SELECT pod_uid, namespace, resource_name, raw_units, physical_gpus, started_at,"
+            " ended_at, end_reason, estimated FROM allocations WHERE cluster = :c"
+        )
+
+    def gaps(self) -> list[tuple[str, int, int, str]]:
+        """(kind, started_at, ended_at, reason) of the stored gaps, oldest first."""
+        rows = self._select(
+            "SELECT kind, started_at, ended_at, reason FROM gaps WHERE cluster = :c"
+            " ORDER BY started_at, kind"
+        )
+        return [
+            (str(r["kind"]), int(r["started_at"]), int(r["ended_at"]), str(r["reason"]))
+            for r in rows
+        ]
 
     def totals(self, until: int) -> tuple[dict[tuple[str, str], int], dict[tuple[str, str], float]]:
         raw: dict[tuple[str, str], int] = {}
@@ -208,7 +222,8 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 @pytest.fixture
 def apiserver() -> Iterator[ApiServer]:
-    with ApiServer(bookmark_interval=0.2) as api:
+    # the real server's defaults: bookmarks rare (never within these short watches)
+    with ApiServer() as api:
         yield api
 
 
@@ -245,7 +260,7 @@ class ControllerProcess:
             "--read-timeout",
             "1.5",
             "--watch-timeout",
-            "20",
+            "2",
             "--startup-timeout",
             "10",
             "--metrics-port",
@@ -299,10 +314,22 @@ def controllers() -> Iterator[list[ControllerProcess]]:
 WATCHED = len(Kube.KINDS) + len(Kube.DRA_KINDS)
 
 
-def caught_up(store: Store, version: int) -> bool:
+def _applies(obj: dict) -> bool:
+    return obj.get("kind") != "Pod" or accounts_pod(obj, DEFAULT_CONFIG)
+
+
+def kind_caught_up(store: Store, api: ApiServer, kind: str) -> bool:
+    """The stored heartbeat names a version of ``kind`` after which the stand-in wrote nothing
+    the controller applies (versions are opaque: only the stand-in compares its own)."""
+    hb = store.heartbeat()
+    return hb is not None and harness.caught_up(api, hb[2], [kind], _applies)
+
+
+def caught_up(store: Store, api: ApiServer) -> bool:
+    """Every watched kind caught up (kind_caught_up)."""
     hb = store.heartbeat()
     return (
-        hb is not None and len(hb[2]) == WATCHED and all(int(v) >= version for v in hb[2].values())
+        hb is not None and len(hb[2]) == WATCHED and harness.caught_up(api, hb[2], hb[2], _applies)
     )
 
 
@@ -366,18 +393,19 @@ def drive_through_cut_and_stall(
     api: ApiServer, store: Store, wl: Workload
 ) -> tuple[Driver, list[int]]:
     """Drives ``wl`` to the third of five marks (sixths of its span): every watch cut after the
-    first, every watch stalled (seen by the client's read timeout only) after the second, the
+    first, every watch stalled (seen by the client's last-resort read timeout, --watch-timeout
+    plus 2 s, only) after the second, the
     store caught up after each. The driver and the marks, for the test to go on with."""
     marks = [wl.start + (wl.end - wl.start) * i // 6 for i in range(1, 6)]
     driver = Driver(api, wl)
     driver.run(until=marks[0])
     api.cut_watches()
     driver.run(until=marks[1])
-    wait_for(lambda: caught_up(store, api.resource_version), 20, "catch-up after the cut")
+    wait_for(lambda: caught_up(store, api), 20, "catch-up after the cut")
     wait_for(lambda: api.active_watches == WATCHED, 10, "the watches to reconnect")
     api.stall_watches()
     driver.run(until=marks[2])
-    wait_for(lambda: caught_up(store, api.resource_version), 20, "catch-up after the stall")
+    wait_for(lambda: caught_up(store, api), 20, "catch-up after the stall")
     return driver, marks
 
 

@@ -38,7 +38,7 @@ def test_live_totals_are_exact_and_metrics_match(apiserver, store, controllers):
     ctl = start(apiserver, store, controllers, "--node-pool-label", "node-pool")
     ready(store)
     Driver(apiserver, WL).run()
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up")
+    wait_for(lambda: caught_up(store, apiserver), 20, "catch-up")
     text = ctl.metrics()
     assert metric(text, "gpuquota_controller_leader") == 1  # no lease asked: it is the writer
     for ns in ("team-a", "ml-research"):
@@ -117,7 +117,7 @@ def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, con
     apiserver.refuse_for(0.7)
     time.sleep(1.0)
     driver.run(until=marks[3])
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after 410")
+    wait_for(lambda: caught_up(store, apiserver), 20, "catch-up after 410")
     store.outage.begin()
     try:
         driver.run(until=marks[4])
@@ -133,7 +133,7 @@ def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, con
         )
     finally:
         store.outage.end()
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 30, "catch-up after the outage")
+    wait_for(lambda: caught_up(store, apiserver), 30, "catch-up after the outage")
     text = ctl.metrics()
     assert metric(text, "gpuquota_controller_watch_restarts_total", reason="stalled") >= 1
     assert metric(text, "gpuquota_controller_relists_total") >= 1
@@ -157,9 +157,7 @@ def test_sigkill_at_random_points(apiserver, store, controllers):
         driver.run(until=cut + 300)  # the cluster moves on while it is down
         ctl = start(apiserver, store, controllers)
     driver.run()
-    wait_for(
-        lambda: caught_up(store, apiserver.resource_version), 30, "catch-up after the restarts"
-    )
+    wait_for(lambda: caught_up(store, apiserver), 30, "catch-up after the restarts")
     assert ctl.terminate() == 0
     assert "resuming the watch from stored version" in ctl.log()
     assert_exact(store, WL)
@@ -183,7 +181,7 @@ def test_leader_election_standby_takes_over(apiserver, store, controllers):
     b = start(apiserver, store, controllers, *lease, identity="replica-b")
     driver = Driver(apiserver, WL)
     driver.run(until=WL.start + 1800)
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up")
+    wait_for(lambda: caught_up(store, apiserver), 20, "catch-up")
     assert store.heartbeat()[0] == "replica-a"
     assert metric(a.metrics(), "gpuquota_controller_leader") == 1
     wait_for(lambda: _up(b), 20, "the standby's metrics")
@@ -201,9 +199,7 @@ def test_leader_election_standby_takes_over(apiserver, store, controllers):
         "the standby to take the lease",
     )
     wait_for(
-        lambda: (
-            caught_up(store, apiserver.resource_version) and store.heartbeat()[0] == "replica-b"
-        ),
+        lambda: caught_up(store, apiserver) and store.heartbeat()[0] == "replica-b",
         20,
         "catch-up",
     )

@@ -15,6 +15,7 @@ from tests.controller.conftest import (
     assert_exact,
     caught_up,
     drive_through_cut_and_stall,
+    kind_caught_up,
     metric,
     ready,
     start,
@@ -46,7 +47,7 @@ def test_dra_claims_exact_through_watch_trouble_and_restarts(apiserver, store, c
         "the relists",
     )
     driver.run(until=marks[3])
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 20, "catch-up after 410")
+    wait_for(lambda: caught_up(store, apiserver), 20, "catch-up after 410")
     text = ctl.metrics()
     assert metric(text, "gpuquota_controller_relists_total", kind="ResourceClaim") >= 1
     assert metric(text, "gpuquota_controller_watch_restarts_total", kind="ResourceClaim") >= 1
@@ -58,7 +59,7 @@ def test_dra_claims_exact_through_watch_trouble_and_restarts(apiserver, store, c
     driver.wait()
     ctl = start(apiserver, store, controllers)
     driver.run()
-    wait_for(lambda: caught_up(store, apiserver.resource_version), 30, "catch-up at the end")
+    wait_for(lambda: caught_up(store, apiserver), 30, "catch-up at the end")
     text = ctl.metrics()
     # what the claims still running hold now, per device class
     open_now: dict[str, int] = {}
@@ -91,13 +92,13 @@ def test_dra_claims_exact_through_watch_trouble_and_restarts(apiserver, store, c
 
 def test_without_dra_the_controller_says_so_and_accounts_pods(store, controllers):
     wl = generate(23, 1.0, pods_per_hour=20, observation_independent=True)
-    with ApiServer(bookmark_interval=0.2) as api:
+    with ApiServer() as api:
         api.forbid("resourceclaims")  # RBAC without the DRA verbs
         ctl = start(api, store, controllers)
         ready(store)
         Driver(api, wl).run()
         wait_for(
-            lambda: (store.heartbeat() or ("", 0, {}))[2].get("Pod") == str(api.resource_version),
+            lambda: kind_caught_up(store, api, "Pod"),
             20,
             "catch-up",
         )
@@ -109,11 +110,11 @@ def test_without_dra_the_controller_says_so_and_accounts_pods(store, controllers
 
 
 def test_kubernetes_1_33_serves_dra_at_v1beta2_only(store, controllers):
-    with ApiServer(bookmark_interval=0.2, resource_versions=("v1beta2",)) as api:
+    with ApiServer(resource_versions=("v1beta2",)) as api:
         ctl = start(api, store, controllers)
         ready(store)
         Driver(api, WL).run()
-        wait_for(lambda: caught_up(store, api.resource_version), 20, "catch-up")
+        wait_for(lambda: caught_up(store, api), 20, "catch-up")
         assert metric(ctl.metrics(), "gpuquota_controller_dra_watched") == 1
         assert ctl.terminate() == 0
         assert any("resourceclaims" in k for k in api.requests)

@@ -95,6 +95,11 @@ def test_base_controller_is_two_replicas_with_the_rbac_it_needs() -> None:
     docs = kustomize(DEPLOY / "base")
     deployment = find(docs, "Deployment", "gpuquota-controller")
     assert deployment["spec"]["replicas"] == 2
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # readiness is the controller's own (/readyz: current, or a standby), and a leader that is
+    # not ready (relisting) stays scraped
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    assert find(docs, "Service", "gpuquota-controller")["spec"]["publishNotReadyAddresses"]
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     cluster_role = find(docs, "ClusterRole", "gpuquota-controller")
     granted = {

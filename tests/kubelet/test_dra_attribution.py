@@ -198,7 +198,7 @@ def _kube(api: ApiServer, tmp_path: Path, node: str) -> Kube:
 
 
 def test_slice_watcher_follows_this_node_relists_and_survives_deletion(tmp_path: Path) -> None:
-    with ApiServer(bookmark_interval=0.2) as api:
+    with ApiServer() as api:
         for obj in resource_slices(spec.load("l4x2"), "node-b"):  # another node's slice
             api.apply("ADDED", obj)
         index = SliceIndex()
@@ -247,7 +247,7 @@ def test_gpu_exporter_attributes_dra_claims_end_to_end(
     mixed_node: SimNode, socket_path: Path, tmp_path: Path
 ) -> None:
     assert mixed_node.uuid(0) == NAMES["gpu-0"]  # the slices describe the simulated node
-    with ApiServer(bookmark_interval=0.2) as api, PodResourcesServer(socket_path) as kubelet:
+    with ApiServer() as api, PodResourcesServer(socket_path) as kubelet:
         for obj in resource_slices(MIXED, "node-a"):
             api.apply("ADDED", obj)
         kubelet.assign_claim(claim("train", "two-gpus", "gpu-0", "gpu-1"))
@@ -316,7 +316,7 @@ def test_an_unreachable_api_server_is_said_once_then_followed(tmp_path: Path, ca
 
 
 def test_a_1_33_cluster_is_followed_through_v1beta2(tmp_path: Path) -> None:
-    with ApiServer(resource_versions=("v1beta2",), bookmark_interval=0.2) as api:
+    with ApiServer(resource_versions=("v1beta2",)) as api:
         api.apply("ADDED", resource_slices(MIXED, "node-a")[0])
         index = SliceIndex()
         watcher = SliceWatcher(_kube(api, tmp_path, "node-a"), index, "node-a")

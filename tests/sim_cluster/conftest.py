@@ -14,7 +14,7 @@ from gpuquota.sim.apiserver import ApiServer
 
 @pytest.fixture
 def apiserver() -> Iterator[ApiServer]:
-    with ApiServer(bookmark_interval=0.2) as api:
+    with ApiServer() as api:  # the real server's defaults: bookmarks rare
         yield api
 
 

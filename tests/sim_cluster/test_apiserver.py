@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import urllib3
-from kubernetes import client
+from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from gpuquota.sim.apiserver import Driver, merge_patch
+from gpuquota.sim.apiserver import ApiServer, Driver, merge_patch
+from gpuquota.sim.harness import wait_for
 from gpuquota.sim.workload import generate
 from tests.sim_cluster.watching import watch_lines
 
@@ -51,7 +55,7 @@ def test_watch_resumes_from_resource_version_with_bookmarks(apiserver, kube):
         watch=True,
         resource_version=rv,
         allow_watch_bookmarks=True,
-        timeout_seconds=1,
+        timeout_seconds=3,
         _preload_content=False,
     )
     threading.Thread(target=driver.run, kwargs={"until": WL.start + 1200}).start()
@@ -64,9 +68,83 @@ def test_watch_resumes_from_resource_version_with_bookmarks(apiserver, kube):
     assert [
         (e["type"], e["object"]["metadata"]["uid"]) for e in seen if e["type"] != "BOOKMARK"
     ] == expected
-    assert any(e["type"] == "BOOKMARK" for e in seen)
+    # bookmarks are rare, as on a real server: one, shortly before timeoutSeconds
+    assert [e["type"] for e in seen].count("BOOKMARK") == 1 and seen[-1]["type"] == "BOOKMARK"
+    # the server's own order (a client never compares versions)
     rvs = [int(e["object"]["metadata"]["resourceVersion"]) for e in seen]
     assert rvs == sorted(rvs) and rvs[0] > int(rv)
+
+
+def _watch_types(api: ApiServer, kube: client.ApiClient, seconds: int) -> list[str]:
+    v1 = client.CoreV1Api(kube)
+    rv = json.loads(v1.list_node(_preload_content=False).data)["metadata"]["resourceVersion"]
+    resp = v1.list_node(
+        watch=True,
+        resource_version=rv,
+        allow_watch_bookmarks=True,
+        timeout_seconds=seconds,
+        _preload_content=False,
+    )
+    return [e["type"] for e in watch_lines(resp)]
+
+
+@pytest.mark.parametrize(
+    ("mode", "bookmarks"), [("none", 0), ("rare", 1), ("every-second", (3, 6))]
+)
+def test_bookmarks_on_a_quiet_watch_are_rare_absent_or_frequent(mode, bookmarks):
+    with ApiServer(bookmarks=mode, bookmark_interval=0.5) as api:
+        path = Path(tempfile.mkdtemp(dir="/tmp")) / "kubeconfig"
+        kube = config.new_client_from_config(str(api.write_kubeconfig(path)))
+        types = _watch_types(api, kube, 3)
+    assert set(types) <= {"BOOKMARK"}
+    if isinstance(bookmarks, tuple):
+        assert bookmarks[0] <= len(types) <= bookmarks[1]
+    else:
+        assert len(types) == bookmarks
+    with pytest.raises(ValueError, match="bookmarks"):
+        ApiServer(bookmarks="sometimes")
+
+
+def test_versions_are_a_fresh_epoch_per_server():
+    # opaque to clients: a second server's versions may be lower than the first's
+    low, high = ApiServer(first_version=1_000), ApiServer(first_version=900_000)
+    assert low.resource_version < high.resource_version
+    firsts = {ApiServer().resource_version for _ in range(5)}
+    assert len(firsts) > 1
+
+
+def test_a_version_never_handed_out_is_too_large(apiserver, kube):
+    v1 = client.CoreV1Api(kube)
+    ahead = str(apiserver.resource_version + 1000)
+    (err,) = watch_lines(v1.list_node(watch=True, resource_version=ahead, _preload_content=False))
+    assert err["type"] == "ERROR" and err["object"]["code"] == 504
+    assert "Too large resource version" in err["object"]["message"]
+
+
+def test_a_watcher_that_stops_reading_is_closed_by_the_server():
+    with ApiServer(unresponsive_after=0.5) as api:
+        api.apply("ADDED", {"kind": "Namespace", "metadata": {"name": "big"}})
+        with socket.create_connection(("127.0.0.1", api.port)) as conn:
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            conn.sendall(
+                b"GET /api/v1/namespaces?watch=true&resourceVersion=0&timeoutSeconds=60 "
+                b"HTTP/1.1\r\nHost: x\r\n\r\n"
+            )
+            wait_for(lambda: api.active_watches == 1, 5, "the watch")
+            # the client reads nothing while the cluster writes far more than the socket
+            # buffers hold (loopback buffers grow to megabytes)
+            label = "x" * 60_000
+            for i in range(2000):
+                api.apply(
+                    "MODIFIED",
+                    {
+                        "kind": "Namespace",
+                        "metadata": {"name": "big", "annotations": {"n": f"{i}{label}"}},
+                    },
+                )
+                if api.active_watches == 0:
+                    break
+            wait_for(lambda: api.active_watches == 0, 10, "the server to close the watch")
 
 
 def test_too_old_resource_version_gets_410(apiserver, kube):

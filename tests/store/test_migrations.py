@@ -22,6 +22,7 @@ TABLES = {
     "allocations",
     "claim_allocations",
     "clusters",
+    "gaps",
     "heartbeats",
     "namespace_labels",
     "node_capacity",
@@ -51,12 +52,49 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
 
 def test_claim_allocations_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0005")
-    assert tables(empty_db_url) == TABLES - {"claim_allocations"}
+    assert tables(empty_db_url) == TABLES - {"claim_allocations", "gaps"}
     db.upgrade(empty_db_url, "0006")
     assert "claim_allocations" in tables(empty_db_url)
     db.downgrade(empty_db_url, "0005")
     assert db.current(empty_db_url) == "0005"
-    assert tables(empty_db_url) == TABLES - {"claim_allocations"}
+    assert tables(empty_db_url) == TABLES - {"claim_allocations", "gaps"}
+
+
+def test_gaps_and_quota_seq_migration_keeps_samples_both_ways(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0006")
+    engine = create_engine(empty_db_url)
+    insert = text(
+        "INSERT INTO quota_samples (cluster, namespace, quota_name, resource_name, hard, used,"
+        " scopes, observed_at) VALUES ('c', 'ns', 'q', 'requests.nvidia.com/gpu', 2, :used,"
+        " '[]', :at)"
+    )
+    select = text("SELECT observed_at, seq, used FROM quota_samples ORDER BY observed_at, seq")
+    try:
+        with engine.begin() as conn:
+            conn.execute(insert, [{"used": 1, "at": 100}, {"used": 2, "at": 101}])
+        db.upgrade(empty_db_url, "0007")
+        assert "gaps" in tables(empty_db_url)
+        with engine.begin() as conn:
+            # an old row is the only one of its second: seq 0; a second change of that second
+            # is a new row now, where the old key refused it
+            assert [tuple(r) for r in conn.execute(select)] == [(100, 0, 1), (101, 0, 2)]
+            conn.execute(
+                text(
+                    "INSERT INTO quota_samples (cluster, namespace, quota_name, resource_name,"
+                    " hard, used, scopes, observed_at, seq) VALUES ('c', 'ns', 'q',"
+                    " 'requests.nvidia.com/gpu', 2, 1, '[]', 101, 1)"
+                )
+            )
+        db.downgrade(empty_db_url, "0006")
+        # the old key holds one sample a second: the last one of each stays
+        with engine.begin() as conn:
+            rows = conn.execute(
+                text("SELECT observed_at, used FROM quota_samples ORDER BY observed_at")
+            )
+            assert [tuple(r) for r in rows] == [(100, 1), (101, 1)]
+        assert "gaps" not in tables(empty_db_url)
+    finally:
+        engine.dispose()
 
 
 # SQLite cannot reflect expression indexes (ix_allocations_duration): they are compared on

@@ -113,6 +113,9 @@ class QuotaTracker:
                 return  # already stored by a run that saw a later copy
             if (last.hard, last.used, last.scopes) == (hard, used, scopes):
                 return  # stored only when something changes
-        sample = QuotaSampleRow(quota.namespace, quota.name, resource, hard, used, scopes, at)
+        # several changes in one second (quota admission of pods admitted together) are
+        # each kept, in order: the peak is exact and the last one holds
+        seq = last.seq + 1 if last is not None and last.observed_at == at else 0
+        sample = QuotaSampleRow(quota.namespace, quota.name, resource, hard, used, scopes, at, seq)
         self._samples[key] = sample
-        self.pending.put((*key, at), sample)
+        self.pending.put((*key, at, seq), sample)
