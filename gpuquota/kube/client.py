@@ -38,6 +38,9 @@ RawFilter = Callable[[bytes], bool]
 
 # what the rules never read and real objects carry in bulk: dropped on arrival
 _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
+# kinds whose managedFields are kept (without their field sets): a quota's samples are timed
+# by when each manager last wrote it
+_MANAGER_TIMES = frozenset({"ResourceQuota"})
 
 
 # Go's encoding of a list: ListMeta before the items, each item's ObjectMeta first (list items
@@ -54,14 +57,16 @@ _EVENT_HEAD = re.compile(
 )
 
 
-def filtered_page(data: bytes, wanted: RawFilter) -> Obj | None:
+def filtered_page(data: bytes, wanted: RawFilter, cut_managed_fields: bool = True) -> Obj | None:
     """A list answer with only the items ``wanted`` accepts decoded, or None when ``data`` is
     not in the shape the real server encodes (then decode it whole).
 
     The items are found by splitting on ``},{"metadata":{"name":"``, which only item
     boundaries contain in the kinds filtered here (no Pod field is a list of objects whose
     first field is ``metadata``; inside a string the quotes would be escaped). A split that
-    is wrong anyway fails to decode or gives another item count than was kept: then None."""
+    is wrong anyway fails to decode or gives another item count than was kept: then None.
+    Kept items lose their managedFields first (:func:`without_managed_fields`) unless
+    ``cut_managed_fields`` is False."""
     at = data.find(_ITEMS)
     if at < 0 or not data.endswith(b"]}"):
         return None
@@ -76,7 +81,8 @@ def filtered_page(data: bytes, wanted: RawFilter) -> Obj | None:
             if not wanted(part):
                 continue
             item = part if i == 0 else _ITEM_START + part
-            kept.append(item if i == last else item + b"}")
+            item = item if i == last else item + b"}"
+            kept.append(without_managed_fields(item) if cut_managed_fields else item)
     try:
         page = json.loads(head + b",".join(kept) + b"]}")
     except ValueError:
@@ -84,6 +90,28 @@ def filtered_page(data: bytes, wanted: RawFilter) -> Obj | None:
     if not isinstance(page, dict) or len(page.get("items") or []) != len(kept):
         return None
     return page
+
+
+_MANAGED_FIELDS = b',"managedFields":['
+_AFTER_METADATA = b'},"spec":'
+
+
+def without_managed_fields(raw: bytes) -> bytes:
+    """``raw`` with its ``metadata.managedFields`` cut out before it is decoded (a third of a
+    real pod's bytes, which :func:`slim` would drop anyway), or ``raw`` itself when they are
+    not where Go puts them: the last field of metadata, right before spec.
+
+    The cut ends at the first ``]`` after ``"managedFields":[`` and only when ``},"spec":``
+    follows it: managedFields entries hold no lists (fieldsV1 is objects only), and a ``]``
+    inside a string cannot be followed by those bytes (a quote in a string is escaped, and a
+    closing quote cannot be followed by ``spec``), so that ``]`` closes managedFields."""
+    start = raw.find(_MANAGED_FIELDS)
+    if start < 0:
+        return raw
+    end = raw.find(b"]", start + len(_MANAGED_FIELDS))
+    if end < 0 or not raw.startswith(_AFTER_METADATA, end + 1):
+        return raw
+    return raw[:start] + raw[end + 1 :]
 
 
 def stub_event(line: bytes) -> Obj | None:
@@ -182,7 +210,7 @@ def slim(obj: Obj, kind: str) -> Obj:
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         fields = meta.pop("managedFields", None)
-        if kind == "ResourceQuota" and isinstance(fields, list):
+        if kind in _MANAGER_TIMES and isinstance(fields, list):
             # keep when each manager last wrote it (the quota sample's time), not the field sets
             meta["managedFields"] = [
                 {k: v for k, v in entry.items() if k != "fieldsV1"}
@@ -331,7 +359,7 @@ class Kube:
                 data = resp.data
             finally:
                 resp.release_conn()
-            page = filtered_page(data, wanted) if wanted else None
+            page = filtered_page(data, wanted, kind not in _MANAGER_TIMES) if wanted else None
             if page is None:
                 page = json.loads(data)
             del data
@@ -377,6 +405,8 @@ class Kube:
                         if stub is not None:
                             yield stub
                             continue
+                        if kind not in _MANAGER_TIMES:
+                            line = without_managed_fields(line)
                         event = json.loads(line)
                         obj = event.get("object")
                         if isinstance(obj, dict) and event.get("type") != "ERROR":
