@@ -43,6 +43,8 @@ _DROP_ANNOTATIONS = ("kubectl.kubernetes.io/last-applied-configuration",)
 _MANAGER_TIMES = frozenset({"ResourceQuota"})
 
 
+WATCH_READ_BYTES = 1 << 16
+
 # Go's encoding of a list: ListMeta before the items, each item's ObjectMeta first (list items
 # carry no kind/apiVersion), its name first
 _ITEMS = b'"items":['
@@ -394,7 +396,10 @@ class Kube:
         wanted = self.raw_filters.get(kind)
         try:
             buf = b""
-            for chunk in resp.stream(amt=None, decode_content=False):
+            # at most 64 KiB at a time: a server may send a backlog of thousands of events as
+            # one HTTP chunk (the stand-in does), and reading it whole would hold hundreds of
+            # MB of real-size pods at once
+            for chunk in resp.stream(amt=WATCH_READ_BYTES, decode_content=False):
                 # one chunk can hold thousands of lines: split once (slicing the rest of the
                 # buffer line by line would be quadratic)
                 lines = (buf + chunk).split(b"\n")
