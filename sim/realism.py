@@ -130,14 +130,10 @@ _ATOMIC = frozenset({"containerStatuses", "initContainerStatuses", "sources", "h
 
 
 def _entry(manager: str, time: str, fields: Obj, subresource: str | None = None) -> Obj:
-    entry: Obj = {
-        "manager": manager,
-        "operation": "Update",
-        "apiVersion": "v1",
-        "time": time,
-        "fieldsType": "FieldsV1",
-        "fieldsV1": fields,
-    }
+    entry: Obj = {"manager": manager, "operation": "Update", "apiVersion": "v1"}
+    if time:  # unknown for an object written without creationTimestamp (direct apply)
+        entry["time"] = time
+    entry |= {"fieldsType": "FieldsV1", "fieldsV1": fields}
     if subresource:
         entry["subresource"] = subresource
     return entry
@@ -264,7 +260,7 @@ def _conditions(status: Mapping[str, Any], scheduled: bool, since: str) -> list[
                 "type": kind,
                 "status": value,
                 "lastProbeTime": None,
-                "lastTransitionTime": since,
+                "lastTransitionTime": since or None,
             }
             if value == "False" and phase in ("Succeeded", "Failed"):
                 cond["reason"] = "PodCompleted"
