@@ -69,6 +69,7 @@ def filtered_page(data: bytes, wanted: RawFilter, cut_managed_fields: bool = Tru
     is wrong anyway fails to decode or gives another item count than was kept: then None.
     Kept items lose their managedFields first (:func:`without_managed_fields`) unless
     ``cut_managed_fields`` is False."""
+    data = data.rstrip()  # the real server ends its answer with a newline
     at = data.find(_ITEMS)
     if at < 0 or not data.endswith(b"]}"):
         return None
