@@ -45,6 +45,11 @@ on, an object whose owners do not exist is deleted, and pods of a deleted Node g
 does (with ``timeAdded``). :meth:`admit` enforces ValidatingAdmissionPolicies on HTTP writes as
 one identity, with the real server's CEL semantics (gpuquota.sim.admission).
 
+Real-size pods: with ``realistic=True`` (the default, as admission and defaulting are always
+on in a real server) every pod written is stored dressed by :mod:`gpuquota.sim.realism`
+(managedFields, the service-account volume, defaults, conditions: about 4.7 kB of JSON
+instead of about 1.5 kB); the fields the accounting reads are never changed.
+
 :class:`Driver` feeds a :class:`gpuquota.sim.workload.Workload` into the server, as fast as it can or
 time-compressed. :meth:`ApiServer.write_kubeconfig` writes a kubeconfig for the client.
 
@@ -76,6 +81,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from gpuquota.sim import realism
 from gpuquota.sim.workload import Workload, rfc3339
 
 Obj = dict[str, Any]
@@ -281,20 +287,45 @@ class _State:
         self.window = window
         self.compacted = self.rv  # a watch from an older version than this gets 410
         self.snapshots: dict[str, tuple[int, list[Obj]]] = {}
+        # id(stored object) -> (the object, its JSON as a list item): encoded once, when it is
+        # written, as the real server's watch cache does; a list only joins the bytes
+        self.encoded: dict[int, tuple[Obj, bytes]] = {}
 
     def next_rv(self) -> int:
         self.rv += 1
         return self.rv
 
-    def record(self, plural: str, type_: str, obj: Obj) -> None:
+    def record(self, plural: str, type_: str, obj: Obj) -> bytes:
+        """Append the event to the history; returns the object's JSON."""
         rv = int(obj["metadata"]["resourceVersion"])
-        line = json.dumps({"type": type_, "object": obj}, separators=(",", ":")).encode() + b"\n"
+        encoded = json.dumps(obj, separators=(",", ":")).encode()
+        line = b'{"type":"' + type_.encode() + b'","object":' + encoded + b"}\n"
         self.history.append((rv, plural, obj["metadata"].get("namespace", ""), line, obj))
         if len(self.history) > self.window * 2:
             drop = len(self.history) - self.window
             self.compacted = self.history[drop - 1][0]
             del self.history[:drop]
         self.lock.notify_all()
+        return encoded
+
+    def item(self, obj: Obj) -> bytes:
+        """``obj`` as a list item (no kind/apiVersion), from the bytes kept at its write."""
+        kept = self.encoded.get(id(obj))
+        if kept is not None and kept[0] is obj:
+            return kept[1]
+        stripped = {k: v for k, v in obj.items() if k not in ("kind", "apiVersion")}
+        return json.dumps(stripped, separators=(",", ":")).encode()
+
+    def keep_encoded(self, obj: Obj, encoded: bytes) -> None:
+        head = (
+            json.dumps(
+                {"kind": obj.get("kind"), "apiVersion": obj.get("apiVersion")},
+                separators=(",", ":"),
+            ).encode()[:-1]
+            + b","
+        )
+        if list(obj)[:2] == ["kind", "apiVersion"] and encoded.startswith(head):
+            self.encoded[id(obj)] = (obj, b"{" + encoded[len(head) :])
 
 
 class ApiServer:
@@ -312,6 +343,7 @@ class ApiServer:
         resource_versions: Sequence[str] = ("v1",),
         device_taint_rule_versions: Sequence[str] = ("v1",),
         garbage_collector: bool = False,
+        realistic: bool = True,
     ):
         if bookmarks not in BOOKMARK_MODES:
             raise ValueError(f"bookmarks: {bookmarks!r} is not one of {BOOKMARK_MODES}")
@@ -340,6 +372,9 @@ class ApiServer:
         self.bookmarks = bookmarks
         self.bookmark_interval = bookmark_interval
         self.unresponsive_after = unresponsive_after
+        # pods stored as a real 1.36 server returns them (gpuquota.sim.realism), as admission
+        # and defaulting do on every write there; off: exactly what was written
+        self.realistic = realistic
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -506,15 +541,20 @@ class ApiServer:
         with st.lock:
             store = st.objects[res.plural]
             new = copy.deepcopy(obj) if copy_obj else obj
+            if self.realistic and res.kind == "Pod":
+                new = realism.dress(new)
             new["metadata"]["resourceVersion"] = str(st.next_rv())
+            old = store.get((ns, name))
+            if old is not None:
+                st.encoded.pop(id(old), None)
             if type_ == "DELETED":
                 if store.pop((ns, name), None) is None:
                     raise ApiError(404, "NotFound", f'{res.plural} "{name}" not found')
                 st.record(res.plural, "DELETED", new)
             else:
-                existed = (ns, name) in store
                 store[(ns, name)] = new
-                st.record(res.plural, "MODIFIED" if existed else "ADDED", new)
+                encoded = st.record(res.plural, "MODIFIED" if old is not None else "ADDED", new)
+                st.keep_encoded(new, encoded)
             return new
 
     def taint_node(
@@ -653,6 +693,27 @@ class ApiServer:
     # -- HTTP operations (called by the handler)
 
     def list(self, res: Resource, ns: str, query: dict[str, str]) -> Obj:
+        meta, page = self._page(res, ns, query)
+        # list items carry no kind/apiVersion, as the real server sends them
+        stripped = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]
+        return {
+            "kind": f"{res.kind}List",
+            "apiVersion": res.group_version,
+            "metadata": meta,
+            "items": stripped,
+        }
+
+    def list_json(self, res: Resource, ns: str, query: dict[str, str], group_version: str) -> bytes:
+        """:meth:`list` encoded, its items from the bytes kept when they were written."""
+        meta, page = self._page(res, ns, query)
+        with self.state.lock:
+            items = b",".join(self.state.item(o) for o in page)
+        head = {"kind": f"{res.kind}List", "apiVersion": res.group_version, "metadata": meta}
+        encoded = json.dumps(as_version(head, group_version), separators=(",", ":")).encode()
+        return encoded[:-1] + b',"items":[' + items + b"]}"
+
+    def _page(self, res: Resource, ns: str, query: dict[str, str]) -> tuple[Obj, Sequence[Obj]]:
+        """One page of a list: its metadata and the stored objects (not to be changed)."""
         st = self.state
         selector = Selector.parse(res, query)
         limit = int(query.get("limit") or 0)
@@ -692,14 +753,7 @@ class ApiServer:
         elif token:
             with st.lock:
                 st.snapshots.pop(key, None)
-        # list items carry no kind/apiVersion, as the real server sends them
-        stripped = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in page]
-        return {
-            "kind": f"{res.kind}List",
-            "apiVersion": res.group_version,
-            "metadata": meta,
-            "items": stripped,
-        }
+        return meta, page
 
     def read(self, res: Resource, ns: str, name: str) -> Obj:
         obj = self.get(res.plural, name, ns)
@@ -1007,7 +1061,9 @@ class _Handler(BaseHTTPRequestHandler):
             super().finish()
 
     def _send_json(self, code: int, body: Obj) -> None:
-        data = json.dumps(body, separators=(",", ":")).encode()
+        self._send_bytes(code, json.dumps(body, separators=(",", ":")).encode())
+
+    def _send_bytes(self, code: int, data: bytes) -> None:
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
@@ -1052,7 +1108,7 @@ class _Handler(BaseHTTPRequestHandler):
                     Selector.parse(res, query)  # a bad selector is a 400, not a broken stream
                     self._watch(res, ns, query, gv)
                 else:
-                    self._send_json(200, as_version(self.api.list(res, ns, query), gv))
+                    self._send_bytes(200, self.api.list_json(res, ns, query, gv))
             elif method == "GET":
                 self._send_json(200, as_version(self.api.read(res, ns, name), gv))
             elif method == "POST":

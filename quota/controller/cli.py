@@ -25,6 +25,7 @@ from prometheus_client import start_http_server
 from gpuquota.cli_common.durations import duration_flag, whole_seconds_flag
 from gpuquota.kube import client as kubeapi
 from gpuquota.quota.accounting.accountant import Accountant
+from gpuquota.quota.accounting.rules.pods import raw_prefilter
 from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
@@ -255,7 +256,14 @@ def run(args: argparse.Namespace) -> int:
             args.metrics_port,
         )
     timeouts = kubeapi.Timeouts(read=args.read_timeout, watch=args.watch_timeout)
-    kube = kubeapi.Kube(api, timeouts, page_size=args.page_size)
+    # pods that request no GPU and name no claim are most of a cluster: not even decoded
+    prefilter = raw_prefilter(config)
+    kube = kubeapi.Kube(
+        api,
+        timeouts,
+        page_size=args.page_size,
+        raw_filters={"Pod": prefilter} if prefilter else None,
+    )
     settings = Settings(args.flush_every, args.flush_interval, args.startup_timeout)
 
     stopping = threading.Event()

@@ -3,7 +3,8 @@ ResourceQuota counts it now."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,11 @@ from gpuquota.quota.accounting.rules.parse import (
 )
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+# characters no JSON encoder escapes (Go's escapes <, >, &; none escapes these)
+_VERBATIM = re.compile(r"[A-Za-z0-9._/-]+")
+# a pod that names a ResourceClaim, or was given one for an extended resource, says so in
+# these keys' names
+_CLAIM_MARKERS = (b"resourceClaims", b"extendedResourceClaimStatus")
 
 
 @dataclass(frozen=True)
@@ -253,3 +259,20 @@ def in_quota_view(facts: PodFacts, now: int) -> bool:
     if facts.deletion_at is not None and facts.deletion_grace_seconds is not None:
         return now <= facts.deletion_at + facts.deletion_grace_seconds
     return True
+
+
+def raw_prefilter(config: AccountingConfig = DEFAULT_CONFIG) -> Callable[[bytes], bool] | None:
+    """A test on a pod's JSON bytes that is True for every pod requesting a GPU (by
+    ``config``: in any container, init container, sidecar or the overhead) or naming a
+    ResourceClaim: each has a GPU resource name or a claim key in its bytes. False
+    therefore means the accounting ignores the pod, and it need not be decoded. None when a
+    configured name holds a character an encoder may escape (then every pod is decoded)."""
+    names = (*config.gpu_resources, *config.gpu_resource_prefixes)
+    if not all(_VERBATIM.fullmatch(n) for n in names):
+        return None
+    markers = (*(n.encode() for n in names), *_CLAIM_MARKERS)
+
+    def may_concern(raw: bytes) -> bool:
+        return any(m in raw for m in markers)
+
+    return may_concern
