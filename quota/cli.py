@@ -33,6 +33,8 @@ EXIT_ERROR = 2  # bad input: what the user can fix in the command or the files i
 EXIT_UNAVAILABLE = 1  # the environment: a database or service that does not answer
 EXIT_UNEXPECTED = 1
 
+VERBOSE_HELP = "log debug messages, and show the traceback of an unexpected error"
+
 EXAMPLES = """\
 examples:
   gpuquota db upgrade --db sqlite:///gpuquota.db
@@ -56,13 +58,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_version(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     modules: dict[str, ModuleType] = {}
     for name, module_name, help_text in SUBCOMMANDS:
         module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=help_text, description=module.__doc__)
+        # also after the subcommand, where the error messages tell a user to add it
+        sub.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+        )
         module.add_arguments(sub)
+        add_version(sub)  # and on its own subcommands (db upgrade, ...)
         modules[name] = module
     return parser, modules
 
