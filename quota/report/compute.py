@@ -94,6 +94,8 @@ class Report:
     window_end: int = 0  # the window's end as computed (the earlier of its end and now)
     # clusters whose data ends inside the window, well before its end: the report says so
     ends_early: dict[str, int] = field(default_factory=dict)
+    # clusters whose data begins after the window's start: when it begins
+    begins_late: dict[str, int] = field(default_factory=dict)
     prometheus: str | None = None  # the Prometheus utilisation came from
 
     @property

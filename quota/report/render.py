@@ -325,6 +325,12 @@ def coverage_notes(report: Report) -> list[str]:
                 "replayed event): the period reaches past it, and allocations still open then "
                 "are counted up to that time only"
             )
+    for cluster, since in sorted(report.begins_late.items()):
+        out.append(
+            f"the data of cluster {cluster!r} begins at {_utc(since)} (the first time the store "
+            "knew it): before it the period is not covered; only allocations still running then "
+            "are counted, from their start"
+        )
     return out
 
 
