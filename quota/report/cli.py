@@ -297,7 +297,7 @@ class _Connect:
             if missing:
                 raise ReportError(f"database {safe_url(self.url)}: file {path} does not exist")
         try:
-            self.store = open_store(self.url)
+            self.store = open_store(self.url, read_only=True)
             self.conn = self.store.engine.connect()
             if self.conn.dialect.name == "postgresql":
                 # the report's queries are short aggregates: compiling them with LLVM (JIT)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-from collections.abc import Iterator, Sequence
+import os
+import sqlite3
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,12 +118,48 @@ def safe_url(url: str) -> str:
         return "<invalid URL>"
 
 
-def _engine(url: str) -> Engine:
+def _sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
+    """Connections that never write to a SQLite store: read-only (``mode=ro``), or, where the
+    folder cannot be written (a backup handed to finance, a read-only volume) and so WAL's
+    shared-memory file cannot be made, ``immutable=1`` (no locks, no -shm), which is safe only
+    when no write-ahead log holds data the main file lacks: else a clear refusal."""
+    uri = Path(path).resolve().as_uri()
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens WAL's -shm
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+            folder = Path(path).resolve().parent
+            if os.access(folder, os.W_OK):
+                raise
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise sqlite3.OperationalError(
+                f"its write-ahead log {wal} holds changes, and the folder {folder} is read-only: "
+                "copy the store with `gpuquota db backup` (one file, no log) and read the copy"
+            )
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+
+    return connect
+
+
+def _engine(url: str, *, read_only: bool = False) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise StoreError(f"invalid database URL {url!r}") from None
     kwargs: dict[str, Any] = {}
+    in_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (
+        None,
+        "",
+        ":memory:",
+    )
+    if read_only and in_file and not str(parsed.database).startswith("file:"):
+        assert parsed.database is not None
+        return create_engine("sqlite://", creator=_sqlite_reader(parsed.database))
     if parsed.get_backend_name() == "sqlite":
         # wait for a concurrent writer (the report, a second replay) instead of failing
         if "timeout" not in parsed.query:
@@ -179,10 +217,10 @@ def _require_existing_file(url: str) -> None:
 
 
 @contextmanager
-def _connected(url: str, *, create: bool = False) -> Iterator[Connection]:
+def _connected(url: str, *, create: bool = False, read_only: bool = False) -> Iterator[Connection]:
     if not create:
         _require_existing_file(url)
-    engine = _engine(url)
+    engine = _engine(url, read_only=read_only)
     try:
         try:
             connection = engine.connect()
@@ -243,13 +281,14 @@ def current(url: str) -> str | None:
 
     if _missing_file(url):
         return None  # as empty as it gets, and left uncreated
-    with _connected(url) as connection:
+    with _connected(url, read_only=True) as connection:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
+def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool = False) -> Store:
     """Connect to the store at ``url``; with ``migrate`` bring its schema to the latest
-    revision first, else refuse a database that is not at it."""
+    revision first, else refuse a database that is not at it. ``read_only``: never write
+    (a SQLite file is opened read-only, in a read-only folder too; see _sqlite_reader)."""
     if migrate:
         upgrade(url)
     else:
@@ -261,7 +300,7 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
         raise StoreError(
             f"database {safe_url(url)} has {found}, this version needs {head}: run `gpuquota db upgrade`"
         )
-    return Store(url, _engine(url))
+    return Store(url, _engine(url, read_only=read_only))
 
 
 # ---------------------------------------------------------------------------------------------
