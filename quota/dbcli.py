@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.quota.options import add_db_option
 from gpuquota.quota.store import db
 
@@ -14,10 +15,9 @@ examples:
   gpuquota db current --db sqlite:///gpuquota.db         # exit 1 when not at the latest
   gpuquota db downgrade base --db sqlite:///scratch.db   # drops every table
 
-exit status: 0 on success (current: at the latest revision); 1 from current when the store is
-empty or behind; 2 on bad input (an unknown revision, a bad URL) or an unreachable database.
 Only upgrade creates a SQLite file: current and downgrade never do.
-"""
+
+""" + exitcodes.help_text()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

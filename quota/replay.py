@@ -44,6 +44,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.quota import accounting as acc
 from gpuquota.quota.accounting.accountant import KINDS, Accountant
 from gpuquota.quota.accounting.rules.claims import check_dra
@@ -71,11 +72,9 @@ examples:
   python -m gpuquota.sim.workload --seed 1 --hours 48 | gpuquota replay - --migrate --cluster sim
   gpuquota replay events.jsonl --node-pool-label node-pool --cluster prod
 
-exit status: 0 when every event was stored; 2 on bad input (a malformed line, named with its
-line number, before anything is written; an unmigrated store without --migrate); 1 when the
-database does not answer (rerun the same command: nothing is counted twice); one line on
-stderr.
-"""
+After a database failure, rerun the same command: nothing is counted twice.
+
+""" + exitcodes.help_text()
 
 
 class ReplayError(ValueError):

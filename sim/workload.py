@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
 
 Obj = dict[str, Any]
@@ -1964,8 +1965,7 @@ examples:
   python -m gpuquota.sim.workload --seed 1 --hours 2 > events.jsonl
   python -m gpuquota.sim.workload --seed 7 --hours 48 --truth truth.json | gpuquota replay - --migrate
 
-exit status: 0; 2 on bad input (a flag, a span under 10 minutes), one line on stderr.
-"""
+""" + exitcodes.help_text()
 
 
 def _hours(text: str) -> float:

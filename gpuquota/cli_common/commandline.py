@@ -13,8 +13,10 @@ import argparse
 from importlib import metadata
 from typing import NoReturn
 
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 1
+from gpuquota.cli_common import exitcodes
+
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_ENVIRONMENT = exitcodes.ENVIRONMENT
 DISTRIBUTION = "gpuquota"
 
 

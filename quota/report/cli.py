@@ -15,6 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
 from gpuquota.quota.options import add_db_option
 from gpuquota.quota.report import period, query, ratecard, render
@@ -70,12 +71,9 @@ missing data is never shown as zero: a group Prometheus has no samples for, or a
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
 says how much of the allocated time Prometheus covers, and util % is over that part only.
 
-exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted period,
-malformed rate card, an unmigrated or missing store, an answer that is not Prometheus's) and
-when nothing matches (a cluster the store does not know, listing the known ones; a period
-after now or after the data ends); 1 when the database or Prometheus does not answer.
-Always one line on stderr and nothing on stdout.
-"""
+On an error nothing is printed on stdout: the report is computed before any of it is.
+
+""" + exitcodes.help_text()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import version
 from gpuquota.exporter import cli as exporter_cli
 from gpuquota.quota import cli as gpuquota_cli
@@ -25,6 +26,8 @@ from gpuquota.quota.store import db
 from gpuquota.sim import workload as sim_workload
 from gpuquota.sim.nvml import build as sim_build
 from gpuquota.sim.nvml import cli as sim_cli
+
+ROOT = Path(__file__).resolve().parents[2]
 
 HOSTILE = [
     "",
@@ -121,6 +124,29 @@ def test_help_has_examples(program: str, parser: argparse.ArgumentParser, argv: 
     text = parser.format_help()
     assert "examples:" in text, f"{parser.prog} --help has no examples"
     assert "exit status" in text, f"{parser.prog} --help does not say its exit status"
+
+
+@pytest.mark.parametrize(("program", "parser", "argv"), PARSERS, ids=IDS)
+def test_every_help_prints_the_one_exit_code_table(
+    program: str, parser: argparse.ArgumentParser, argv: list[str]
+) -> None:
+    """Issue 18 (fails on 6c36c52, where `gpuquota db --help` said an unreachable database is
+    2 and the CLI returned 1): the table is generated from one place into every --help."""
+    assert exitcodes.help_text() in parser.format_help(), f"{parser.prog} --help"
+
+
+def test_docs_hold_the_same_exit_code_table() -> None:
+    operations = ROOT / "docs" / "operations.md"
+    assert exitcodes.main(["--check", str(operations)]) == 0, (
+        "run `python -m gpuquota.cli_common.exitcodes --write docs/operations.md`"
+    )
+    # the codes the programs return are the table's
+    assert (gpuquota_cli.EXIT_ERROR, gpuquota_cli.EXIT_UNAVAILABLE) == (2, 1)
+    assert [code for code, _ in exitcodes.TABLE] == [0, 1, 2, 130]
+    for page in ("report.md", "operations.md"):  # no second, hand-written list of codes
+        text = (ROOT / "docs" / page).read_text()
+        assert "unreachable or unmigrated database" not in text
+        assert "give up (exit 2)" not in text
 
 
 @pytest.mark.parametrize("program", list(programs()))
