@@ -82,6 +82,8 @@ class Report:
     currency: str | None
     idle: list[IdleRow] | None = None
     unpriced_models: list[str] = field(default_factory=list)
+    # models the rate card prices that no usage in the window had (a typo, or a model gone)
+    unmatched_card_models: list[str] = field(default_factory=list)
     estimated_intervals: int = 0
     bucket_edges: list[int] = field(default_factory=list)
     # namespace -> BestEffort pods that held GPUs in the window (they escape scoped quotas)
@@ -132,7 +134,9 @@ def aggregate(
     # estimated intervals
     acc: dict[tuple[str | None, ...], list[Any]] = {}
     unpriced: set[str] = set()
+    seen_models: set[str | None] = set()
     for row in rows:
+        seen_models.add(row.gpu_model)
         a = acc.get(row.keys)
         if a is None:
             a = acc[row.keys] = [
@@ -181,6 +185,7 @@ def aggregate(
         card is not None,
         card.currency if card else None,
         unpriced_models=sorted(unpriced),
+        unmatched_card_models=sorted(set(card.models) - seen_models) if card else [],
         estimated_intervals=sum(g.estimated_intervals for g in groups),
         bucket_edges=buckets,
     )

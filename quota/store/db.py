@@ -30,6 +30,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     not_,
     or_,
     select,
@@ -255,11 +256,31 @@ def upgrade(url: str, revision: str = "head") -> None:
 
     _check_revision(revision)
     with _connected(url, create=True) as connection:
+        _refuse_foreign(connection, url)
         try:
             command.upgrade(_alembic_config(connection), revision)
             connection.commit()
         except SQLAlchemyError as exc:
             raise StoreError(f"migration of {safe_url(url)} failed: {_describe(exc)}") from None
+
+
+def _refuse_foreign(connection: Connection, url: str) -> None:
+    """StoreError for a database that holds tables but is no gpuquota store (no schema
+    revision of ours): upgrading it would add our tables to someone else's data."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    tables = sorted(inspect(connection).get_table_names())
+    revision = MigrationContext.configure(connection).get_current_revision()
+    ours = {r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+    if revision in ours or not tables:
+        return
+    shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+    why = f"its schema revision {revision!r} is not one of ours" if revision else "no revision"
+    raise StoreError(
+        f"database {safe_url(url)} is not a gpuquota store ({why}; it holds {shown}): refusing "
+        "to add gpuquota's tables to it; give an empty database or a gpuquota store"
+    )
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -573,3 +574,19 @@ def test_verbose_after_the_subcommand_and_version_everywhere(
             parser.parse_args([*argv, "--version"])
         assert info.value.code == 0
         assert capsys.readouterr().out.startswith(f"gpuquota {' '.join(argv)} ")
+
+
+def test_db_upgrade_refuses_a_foreign_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18 (fails on 6c36c52, which added its tables beside the foreign ones)."""
+    path = tmp_path / "finance.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+        conn.commit()
+    code, out, err = cli(capsys, "db", "upgrade", "--db", f"sqlite:///{path}")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "is not a gpuquota store" in err and "invoices" in err
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert tables == ["invoices"]
