@@ -8,6 +8,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         help="end: date or RFC 3339 time (exclusive; default now)",
     )
-    when.add_argument("--month", metavar="YYYY-MM", help="a calendar month in --tz")
+    when.add_argument(
+        "--month",
+        metavar="YYYY-MM",
+        help="a calendar month in --tz; 'previous' is the last whole month (a monthly job)",
+    )
     when.add_argument(
         "--last",
         metavar="DURATION",
@@ -155,6 +160,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", dest="format", action="store_const", const="json", help="same as --format json"
     )
     out.add_argument(
+        "--output",
+        metavar="FILE",
+        help="write the report to FILE instead of stdout, whole or not at all (written beside "
+        "it, then renamed); {month} in FILE becomes the period's first month, e.g. 2026-10",
+    )
+    out.add_argument(
         "--chart",
         metavar="FILE",
         type=Path,
@@ -187,8 +198,20 @@ def run(args: argparse.Namespace) -> int:
     except ReportError as exc:
         print(f"gpuquota report: error: {exc}", file=sys.stderr)
         return exc.status
-    sys.stdout.write(output)
-    sys.stdout.flush()
+    if args.output:
+        try:
+            written = write_atomically(args.output, output, args.output_month)
+        except OSError as exc:
+            print(
+                f"gpuquota report: error: --output: cannot write {args.output}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return exitcodes.ENVIRONMENT
+        print(f"gpuquota report: wrote {written}", file=sys.stderr)
+    else:
+        sys.stdout.write(output)
+        sys.stdout.flush()
     for note in stderr_notes:
         print(f"gpuquota report: note: {note}", file=sys.stderr)
     return 0
@@ -258,6 +281,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     with _Connect(args.db) as conn:
         report = build_report(conn, request)
     window = request.window
+    args.output_month = datetime.fromtimestamp(window.start, window.tz).strftime("%Y-%m")
     if args.format == "csv":
         output, notes = render.render_csv(report), render.notes(report)
     elif args.format == "json":
@@ -270,6 +294,16 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
         except OSError as exc:
             raise ReportError(f"--chart: cannot write {args.chart}: {exc.strerror or exc}") from exc
     return output, notes
+
+
+def write_atomically(target: str, text: str, month: str) -> Path:
+    """``text`` into ``target`` ({month} filled in) through a temporary file in the same folder
+    renamed over it: a reader (or a crash) never sees half a report."""
+    path = Path(target.replace("{month}", month))
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
 
 
 class _Connect:

@@ -133,6 +133,9 @@ def resolve(
     if len(chosen) > 1:
         raise PeriodError(f"choose one way to give the period, not {' and '.join(chosen)}")
     if month is not None:
+        if month.strip() == "previous":  # the last whole month: what a monthly job bills
+            first = datetime.fromtimestamp(now, tz).date().replace(day=1)
+            month = (first - timedelta(days=1)).strftime("%Y-%m")
         lo, hi = month_window(month, tz)
     elif last is not None:
         seconds = parse_duration(last) if isinstance(last, str) else int(last)
