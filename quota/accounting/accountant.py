@@ -78,6 +78,7 @@ class Accountant:
         self._resource_versions: dict[str, str] = {}
         self._heartbeat_at: int | None = None
         self._now = 0  # latest observation time seen
+        self._first_seen: int | None = None  # earliest observation time seen
         self.stats: dict[str, int] = {"events": 0, "flushes": 0, "rows_written": 0, "estimated": 0}
         self._load()
 
@@ -114,6 +115,7 @@ class Accountant:
             raise AccountingError("event object has no kind")
         self.stats["events"] += 1
         self._now = max(self._now, observed_at)
+        self._first_seen = min(self._first_seen or observed_at, observed_at)
         meta = obj.get("metadata")
         version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
         if isinstance(version, str) and version:
@@ -143,6 +145,7 @@ class Accountant:
         if tracker is None:
             raise AccountingError(f"cannot resync kind {kind!r}")
         self._now = max(self._now, observed_at)
+        self._first_seen = min(self._first_seen or observed_at, observed_at)
         objects = list(objects)
         for obj in objects:
             if obj.get("kind") is None:
@@ -205,7 +208,11 @@ class Accountant:
 
     def batch(self) -> Batch:
         """What the next flush writes."""
-        batch = Batch(heartbeat=self.pending_writes.heartbeat, observed_at=self._now)
+        batch = Batch(
+            heartbeat=self.pending_writes.heartbeat,
+            observed_at=self._now,
+            first_observed_at=self._first_seen,
+        )
         for tracker in self.trackers.values():
             tracker.collect(batch)
         return batch

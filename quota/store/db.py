@@ -375,7 +375,8 @@ class Store:
             ) from None
 
     def _write(self, conn: Connection, cluster: str, batch: Batch) -> None:
-        created = batch.observed_at
+        # the cluster's data begins at this writer's first observation (kept if known already)
+        created = batch.first_observed_at or batch.observed_at
         conn.execute(
             self._insert(Cluster.__table__)
             .values(name=cluster, created_at=created)
