@@ -194,6 +194,8 @@ def parse_keys(values: Sequence[str] | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.output is not None and not args.output.strip():
+            raise ReportError("--output: give a file name")
         output, stderr_notes = build(args)
     except ReportError as exc:
         print(f"gpuquota report: error: {exc}", file=sys.stderr)
@@ -207,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{exc.strerror or exc}",
                 file=sys.stderr,
             )
-            return exitcodes.ENVIRONMENT
+            return exitcodes.BAD_INPUT
         print(f"gpuquota report: wrote {written}", file=sys.stderr)
     else:
         sys.stdout.write(output)
@@ -301,8 +303,12 @@ def write_atomically(target: str, text: str, month: str) -> Path:
     renamed over it: a reader (or a crash) never sees half a report."""
     path = Path(target.replace("{month}", month))
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

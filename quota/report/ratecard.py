@@ -233,8 +233,10 @@ def _instant(value: Any, name: str, key: str, tz: dt.tzinfo) -> int:
         try:
             moment = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
         except ValueError as exc:
+            if re.match(r"\d{4}-\d{2}-\d{2}", value.strip()):  # shaped like one, but no date
+                raise RateCardError(name, key, f"invalid date {value!r}: {exc}") from None
             raise RateCardError(
-                name, key, f"expected a date (2026-10-15) or RFC 3339 time, got {value!r} ({exc})"
+                name, key, f"expected a date (2026-10-15) or RFC 3339 time, got {value!r}"
             ) from None
         else:
             moment = moment if moment.tzinfo else moment.replace(tzinfo=tz)

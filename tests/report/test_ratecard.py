@@ -116,7 +116,7 @@ def test_dates_follow_the_cards_timezone(tmp_path: Path) -> None:
         (
             "default_rate: 1\nmodels:\n  X:\n    - {rate: 1}\n    - {rate: 2, from: 2026-13-01}\n",
             "models.X[1].from",
-            "expected a date (2026-10-15) or RFC 3339 time, got '2026-13-01'",
+            "invalid date '2026-13-01': month must be in 1..12",
         ),
     ],
 )

@@ -211,3 +211,8 @@ def test_monthly_report_job_writes_the_previous_month_whole(tmp_path: Path) -> N
     assert sorted(p.name for p in out.iterdir()) == ["gpuquota-2026-01.csv"]
     same = gpuquota("report", "--db", url, *MONTH, "--format=csv")
     assert (out / "gpuquota-2026-01.csv").read_text() == same.stdout != ""
+    for bad in (f"{tmp_path}/no/such/folder/x.csv", str(out), ""):
+        refused = gpuquota("report", "--db", url, *MONTH, f"--output={bad}")
+        assert refused.returncode in (1, 2) and refused.stderr.count("\n") == 1, refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["gpuquota-2026-01.csv"]
