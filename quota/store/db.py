@@ -264,7 +264,9 @@ def upgrade(url: str, revision: str = "head") -> None:
             raise StoreError(f"migration of {safe_url(url)} failed: {_describe(exc)}") from None
 
 
-def _refuse_foreign(connection: Connection, url: str) -> None:
+def _refuse_foreign(
+    connection: Connection, url: str, doing: str = "refusing to add gpuquota's tables to it"
+) -> None:
     """StoreError for a database that holds tables but is no gpuquota store (no schema
     revision of ours): upgrading it would add our tables to someone else's data."""
     from alembic.runtime.migration import MigrationContext
@@ -278,8 +280,8 @@ def _refuse_foreign(connection: Connection, url: str) -> None:
     shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
     why = f"its schema revision {revision!r} is not one of ours" if revision else "no revision"
     raise StoreError(
-        f"database {safe_url(url)} is not a gpuquota store ({why}; it holds {shown}): refusing "
-        "to add gpuquota's tables to it; give an empty database or a gpuquota store"
+        f"database {safe_url(url)} is not a gpuquota store ({why}; it holds {shown}): {doing}; "
+        "give an empty database or a gpuquota store"
     )
 
 
@@ -318,6 +320,9 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool
     head = head_revision()
     if revision != head:
         found = "an empty database" if revision is None else f"revision {revision}"
+        if revision is None:
+            with _connected(url, read_only=True) as connection:
+                _refuse_foreign(connection, url, "nothing to read")  # tables, none ours
         raise StoreError(
             f"database {safe_url(url)} has {found}, this version needs {head}: run `gpuquota db upgrade`"
         )

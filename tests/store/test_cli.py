@@ -590,3 +590,6 @@ def test_db_upgrade_refuses_a_foreign_store(
     with contextlib.closing(sqlite3.connect(path)) as conn:
         tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
     assert tables == ["invoices"]
+    # a reading command says the same, not "an empty database, run gpuquota db upgrade"
+    code, out, err = cli(capsys, "report", "--db", f"sqlite:///{path}")
+    assert code == 2 and "is not a gpuquota store" in err and "nothing to read" in err
