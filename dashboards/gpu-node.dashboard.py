@@ -251,7 +251,7 @@ grid.add(
         minimum=0,
         description="Each pod's own share of its GPU's SM time, from its processes "
         "(nvmlDeviceGetProcessUtilization, mapped through their cgroups): who uses a "
-        "time-sliced or MPS GPU. Needs the exporter's --pod-usage (deploy/overlays/pod-usage).",
+        "time-sliced or MPS GPU. Needs the exporter's --pod-usage (deploy/components/pod-usage).",
     )
 )
 grid.add(

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
 from gpuquota.cli_common.durations import (
     Multiple,
@@ -65,10 +66,7 @@ examples:
                                                  # against the NVML stand-in (docs/sim.md)
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
-exit status: 0 after SIGTERM/SIGINT; 2 on bad input (a flag, the web config); 1 when the
-machine cannot run it (no NVML, no GPU, the port in use, no Kubernetes API for
---node-condition or --dra on); always one line on stderr.
-"""
+""" + exitcodes.help_text()
 
 
 class UsageError(Exception):

@@ -16,8 +16,8 @@ per pod and device, so time-sliced and MPS GPUs show who uses what:
    not (yet) on that list is owner ``unknown``.
 
 NVML reports PIDs in the exporter's PID namespace, and ``/proc`` shows only that namespace's
-processes: both need the host PID namespace (``hostPID: true``, the pod-usage overlay in
-deploy/overlays/pod-usage). The /proc root is a parameter (``--proc-root``), so tests can
+processes: both need the host PID namespace (``hostPID: true``, the pod-usage component in
+deploy/components/pod-usage). The /proc root is a parameter (``--proc-root``), so tests can
 point it at a proc tree they build.
 """
 

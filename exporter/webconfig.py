@@ -163,7 +163,9 @@ def load(path: str | Path) -> WebConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise WebConfigError(f"web config {path} is not valid YAML: {exc}") from None
+        from gpuquota.cli_common.yamltext import yaml_problem
+
+        raise WebConfigError(f"web config {path} is not valid YAML: {yaml_problem(exc)}") from None
     if data is None:
         return WebConfig(path=path, files=(path,))
     where = f"web config {path}"

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
 from gpuquota.quota.accounting import AccountingError
 from gpuquota.quota.store.db import StoreError, StoreUnavailableError
@@ -29,9 +30,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("report", "gpuquota.quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
 ]
 
-EXIT_ERROR = 2  # bad input: what the user can fix in the command or the files it names
-EXIT_UNAVAILABLE = 1  # the environment: a database or service that does not answer
-EXIT_UNEXPECTED = 1
+EXIT_ERROR = exitcodes.BAD_INPUT  # what the user can fix in the command or the files it names
+EXIT_UNAVAILABLE = exitcodes.ENVIRONMENT  # a database or service that does not answer
+EXIT_UNEXPECTED = exitcodes.ENVIRONMENT
+
+VERBOSE_HELP = "log debug messages, and show the traceback of an unexpected error"
 
 EXAMPLES = """\
 examples:
@@ -42,10 +45,7 @@ examples:
   gpuquota COMMAND --help
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds, in every flag.
-exit status: 0 on success; 2 on bad input (flags, files, URLs, an unmigrated or missing
-store, nothing matching); 1 when the environment fails (a database, API server or Prometheus
-that does not answer); always one line on stderr; see each command's --help.
-"""
+""" + exitcodes.help_text()
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
@@ -56,13 +56,18 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_version(parser)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     modules: dict[str, ModuleType] = {}
     for name, module_name, help_text in SUBCOMMANDS:
         module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=help_text, description=module.__doc__)
+        # also after the subcommand, where the error messages tell a user to add it
+        sub.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+        )
         module.add_arguments(sub)
+        add_version(sub)  # and on its own subcommands (db upgrade, ...)
         modules[name] = module
     return parser, modules
 
@@ -85,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuquota: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return exitcodes.INTERRUPTED
     except Exception as exc:  # never a traceback for a user, unless asked for (-v)
         if args.verbose:
             raise

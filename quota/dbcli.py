@@ -1,11 +1,17 @@
-"""`gpuquota db`: create or migrate the store's schema, and show its revision."""
+"""`gpuquota db`: create or migrate the store's schema, show its revision, back it up, and
+prune history older than a date (docs/operations.md, day two)."""
 
 from __future__ import annotations
 
 import argparse
+import time
+from datetime import UTC, datetime
+from pathlib import Path
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.quota.options import add_db_option
-from gpuquota.quota.store import db
+from gpuquota.quota.report import period
+from gpuquota.quota.store import daytwo, db
 
 EXAMPLES = """\
 examples:
@@ -13,11 +19,13 @@ examples:
   gpuquota db upgrade --db postgresql+psycopg://gpuquota@db.example/gpuquota
   gpuquota db current --db sqlite:///gpuquota.db         # exit 1 when not at the latest
   gpuquota db downgrade base --db sqlite:///scratch.db   # drops every table
+  gpuquota db backup --db sqlite:///gpuquota.db --to backup-2026-10-31.db  # online, consistent
+  gpuquota db prune --before 2025-11-01 --db sqlite:///gpuquota.db         # shows what goes
+  gpuquota db prune --before 2025-11-01 --db sqlite:///gpuquota.db --yes   # removes it
 
-exit status: 0 on success (current: at the latest revision); 1 from current when the store is
-empty or behind; 2 on bad input (an unknown revision, a bad URL) or an unreachable database.
 Only upgrade creates a SQLite file: current and downgrade never do.
-"""
+
+""" + exitcodes.help_text()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,9 +55,39 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_db_option(cur)
+    back = actions.add_parser(
+        "backup",
+        help="copy a SQLite store into one new file while the controller writes (online)",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    back.add_argument("--to", required=True, type=Path, metavar="FILE", help="the new file")
+    add_db_option(back)
+    prune = actions.add_parser(
+        "prune",
+        help="remove history that ended before a date; shows what it would remove unless --yes",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    prune.add_argument(
+        "--before",
+        required=True,
+        metavar="WHEN",
+        help="a date (midnight UTC) or an RFC 3339 time: what ended before it goes",
+    )
+    prune.add_argument(
+        "--yes", action="store_true", help="remove it (without: only say what would go)"
+    )
+    add_db_option(prune)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.db_action == "backup":
+        size = daytwo.backup(args.db, args.to)
+        print(f"{db.safe_url(args.db)}: backed up to {args.to} ({size} bytes)")
+        return 0
+    if args.db_action == "prune":
+        return _prune(args)
     if args.db_action == "upgrade":
         db.upgrade(args.db, args.revision)
         print(f"{db.safe_url(args.db)}: at revision {db.current(args.db)}")
@@ -66,3 +104,25 @@ def run(args: argparse.Namespace) -> int:
     state = "latest" if revision == head else f"behind, latest is {head}"
     print(f"{revision} ({state})")
     return 0 if revision == head else 1
+
+
+def _prune(args: argparse.Namespace) -> int:
+    try:
+        before = period.parse_instant(args.before, UTC, "--before")
+    except period.PeriodError as exc:
+        raise db.StoreError(str(exc)) from None
+    if before > time.time():
+        raise db.StoreError(f"--before: {args.before!r} is in the future: that would remove today")
+    found = daytwo.prune(args.db, before, apply=args.yes)
+    when = datetime.fromtimestamp(before, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    verb = "removed" if args.yes else "would remove"
+    for p in found:
+        print(f"{verb:>13} {p.rows:>9} {p.table}")
+    total = sum(p.rows for p in found)
+    if not args.yes:
+        print(f"history that ended before {when}: {total} rows; run again with --yes to remove it")
+    else:
+        print(
+            f"removed {total} rows; reports of periods before {when} now say they are not covered"
+        )
+    return 0

@@ -15,7 +15,12 @@ and never before the event above it. Pods, Nodes, Namespaces and ResourceQuotas 
 accounted; other kinds are counted and skipped.
 
 The whole file is read and checked first: a malformed line stops the command (exit 2) with
-its line number before anything is written. Like every gpuquota command that writes, it
+its line number before anything is written. That includes a time the recording cannot have
+seen: an ``observedAt`` later than now, or an object timestamp later than the line's
+``observedAt`` (without one: than now), each allowing CLOCK_SKEW (5 minutes) for clocks that
+disagree; a ``deletionTimestamp`` is a deadline (the delete request plus the grace period) and
+may be later by ``deletionGracePeriodSeconds``. One far-future time would otherwise move the
+recording's end, and every open allocation with it (docs/accounting.md, "Input ranges"). Like every gpuquota command that writes, it
 refuses a store that is not at the latest schema revision unless given ``--migrate``. At the
 end it records the cluster's heartbeat at the last replayed event: the report counts
 allocations still open in the recording up to there, not beyond. Events then go through the same Accountant as
@@ -39,6 +44,7 @@ from typing import IO, Any
 
 from tqdm import tqdm
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.quota import accounting as acc
 from gpuquota.quota.accounting.accountant import KINDS, Accountant
 from gpuquota.quota.accounting.rules.claims import check_dra
@@ -51,6 +57,8 @@ from gpuquota.quota.options import (
 from gpuquota.quota.store.db import open_store, safe_url
 
 DEFAULT_FLUSH_EVERY = 5000
+#: how far a recorded time may run ahead of the clock that recorded it (clocks disagree)
+CLOCK_SKEW = 300
 PROGRESS_MIN_BYTES = 1 << 20
 PROGRESS_LOG_SECONDS = 10.0  # without a terminal: one progress line in the log this often
 
@@ -64,11 +72,9 @@ examples:
   python -m gpuquota.sim.workload --seed 1 --hours 48 | gpuquota replay - --migrate --cluster sim
   gpuquota replay events.jsonl --node-pool-label node-pool --cluster prod
 
-exit status: 0 when every event was stored; 2 on bad input (a malformed line, named with its
-line number, before anything is written; an unmigrated store without --migrate); 1 when the
-database does not answer (rerun the same command: nothing is counted twice); one line on
-stderr.
-"""
+After a database failure, rerun the same command: nothing is counted twice.
+
+""" + exitcodes.help_text()
 
 
 class ReplayError(ValueError):
@@ -204,11 +210,40 @@ def events(stream: IO[str], name: str, progress: Progress | None = None) -> Iter
             )
 
 
+def too_late(event: Event, now: int) -> str | None:
+    """Why the event's times cannot have been recorded (later than its observedAt, or than
+    ``now`` without one, by more than CLOCK_SKEW), or None."""
+    if event.observed_at is not None and event.observed_at > now + CLOCK_SKEW:
+        return (
+            f"observedAt {acc.format_time(event.observed_at)} is in the future "
+            f"(now is {acc.format_time(now)}; {CLOCK_SKEW} s of clock skew allowed)"
+        )
+    seen, seen_as = (
+        (event.observed_at, "its observedAt") if event.observed_at is not None else (now, "now")
+    )
+    meta = event.obj.get("metadata")
+    grace = meta.get("deletionGracePeriodSeconds") if isinstance(meta, Mapping) else None
+    for path, at in acc.timestamps(event.obj):
+        allowed = seen + CLOCK_SKEW
+        if path == "metadata.deletionTimestamp" and isinstance(grace, int) and grace > 0:
+            allowed += grace  # a deadline: the request's time plus the grace period
+        if at > allowed:
+            return (
+                f"{path} {acc.format_time(at)} is later than {seen_as} "
+                f"({acc.format_time(seen)}) by more than the {CLOCK_SKEW} s of clock skew "
+                "allowed: the recording cannot have seen it"
+            )
+    return None
+
+
 def check(event: Event, name: str, config: acc.AccountingConfig) -> str | None:
     """Validate one event with the same rules the Accountant applies; returns its kind, or
     None for a kind that is not accounted."""
     kind = event.obj.get("kind")
     where = f"{name}:{event.line}"
+    late = too_late(event, int(time.time()))
+    if late is not None:
+        raise ReplayError(f"{where}: {late}")
     if event.type == "BOOKMARK":
         return None  # carries only a resourceVersion
     if not isinstance(kind, str) or not kind:
@@ -269,7 +304,15 @@ def validate(
     with source.open() as stream:
         try:
             for event in events(stream, source.name, progress):
-                kind = check(event, source.name, config)
+                try:
+                    kind = check(event, source.name, config)
+                except ReplayError:
+                    raise
+                except Exception as exc:  # a surprise still names its line
+                    raise ReplayError(
+                        f"{source.name}:{event.line}: cannot read this event "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from exc
                 if kind is None:
                     if event.type != "BOOKMARK":
                         summary.skipped[str(event.obj.get("kind"))] += 1

@@ -72,7 +72,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -82,7 +82,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from gpuquota.sim import realism
-from gpuquota.sim.workload import Workload, rfc3339
+from gpuquota.sim.clock import SimClock
+from gpuquota.sim.workload import Workload, quota_refusal, rfc3339
 
 Obj = dict[str, Any]
 
@@ -178,6 +179,62 @@ def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
 
 
 EVICTION = "EvictionInProgress"  # the DeviceTaintRule condition the server maintains
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def _requests(container: Obj) -> dict[str, int]:
+    resources = container.get("resources") or {}
+    # an extended resource's request defaults to its limit
+    merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+    out: dict[str, int] = {}
+    for key, value in merged.items():
+        with contextlib.suppress(ValueError):
+            out[key] = int(str(value))  # whole units only (GPUs); cpu/memory are not charged
+    return out
+
+
+def pod_quota_requests(pod: Obj) -> dict[str, int]:
+    """``requests.<resource>`` -> units a pod counts against a quota: the larger of its
+    containers' sum (sidecars included) and its init containers' peak, plus overhead."""
+    spec = pod.get("spec") or {}
+    app: dict[str, int] = {}
+    for c in spec.get("containers") or []:
+        for k, n in _requests(c).items():
+            app[k] = app.get(k, 0) + n
+    sidecars: dict[str, int] = {}
+    peak: dict[str, int] = {}
+    for c in spec.get("initContainers") or []:
+        own = _requests(c)
+        if c.get("restartPolicy") == "Always":
+            for k, n in own.items():
+                sidecars[k] = sidecars.get(k, 0) + n
+                app[k] = app.get(k, 0) + n
+        else:
+            for k, n in own.items():
+                peak[k] = max(peak.get(k, 0), n + sidecars.get(k, 0))
+    total = {k: max(app.get(k, 0), peak.get(k, 0)) for k in app.keys() | peak.keys()}
+    for k, v in (spec.get("overhead") or {}).items():
+        with contextlib.suppress(ValueError):
+            total[k] = total.get(k, 0) + int(str(v))
+    return {f"requests.{k}": n for k, n in total.items() if n}
+
+
+def _quota_matches(quota: Obj, pod: Obj) -> bool:
+    """Whether a quota's scopes select the pod (BestEffort: no cpu or memory anywhere)."""
+    scopes = quota.get("spec", {}).get("scopes") or []
+    containers = [
+        *(pod["spec"].get("containers") or []),
+        *(pod["spec"].get("initContainers") or []),
+    ]
+    best_effort = not any(
+        k in ("cpu", "memory")
+        for c in containers
+        for part in ("requests", "limits")
+        for k in ((c.get("resources") or {}).get(part) or {})
+    )
+    if "NotBestEffort" in scopes and best_effort:
+        return False
+    return not ("BestEffort" in scopes and not best_effort)
 
 
 def _defaults(res: Resource, body: Obj) -> None:
@@ -776,7 +833,40 @@ class ApiServer:
             body["kind"], body["apiVersion"] = res.kind, res.group_version
             _defaults(res, body)
             self._judge(res, "CREATE", body, None)
+            if res.plural == "pods":
+                self._charge_quotas(ns, name, body, +1)
             return self.apply("ADDED", body)
+
+    def _charge_quotas(self, ns: str, name: str, pod: Obj, sign: int) -> None:
+        """ResourceQuota admission (sign +1: a pod is created) and release (-1: deleted):
+        refuse a pod that a matching quota has no room for (403, the real message), else
+        update each matching quota's status.used at once, one write per pod, as the real
+        admission plugin does (several in one second when pods come that fast). Call with
+        the lock held."""
+        requested = pod_quota_requests(pod)
+        quotas = [q for (qns, _), q in self.state.objects["resourcequotas"].items() if qns == ns]
+        matching = [q for q in quotas if _quota_matches(q, pod)]
+        if sign > 0:
+            for quota in matching:
+                status = quota.get("status") or {}
+                hard = status.get("hard") or quota.get("spec", {}).get("hard", {})
+                why = quota_refusal(
+                    quota["metadata"]["name"], hard, status.get("used") or {}, requested
+                )
+                if why:
+                    raise ApiError(403, "Forbidden", f'pods "{name}" is forbidden: {why}')
+        for quota in matching:
+            hard = quota.get("spec", {}).get("hard", {})
+            counted = {k: n for k, n in requested.items() if k in hard}
+            if not counted:
+                continue
+            new = copy.deepcopy(quota)
+            status = new.setdefault("status", {})
+            status.setdefault("hard", dict(hard))
+            used = status.setdefault("used", {})
+            for key, n in counted.items():
+                used[key] = str(max(0, int(used.get(key, "0")) + sign * n))
+            self.apply("MODIFIED", new, copy_obj=False)
 
     def replace(self, res: Resource, ns: str, name: str, body: Obj) -> Obj:
         with self.state.lock:
@@ -832,6 +922,8 @@ class ApiServer:
             gone = copy.deepcopy(cur)
             gone["metadata"].setdefault("deletionTimestamp", rfc3339(int(time.time())))
             gone["metadata"].setdefault("deletionGracePeriodSeconds", 0)
+            if res.plural == "pods" and cur.get("status", {}).get("phase") not in _TERMINAL:
+                self._charge_quotas(ns, name, cur, -1)  # the quota controller's recount
             return self.apply("DELETED", gone)
 
     # -- watch
@@ -1178,10 +1270,28 @@ class Driver:
 
     ``speed`` None replays as fast as possible; otherwise simulated seconds per wall second.
     ``until`` stops before the first event at or after that simulated time.
+
+    ``clock`` (sim/clock.py) puts the watchers on the cluster's own clock: it is moved to each
+    event's time before the event is applied. A watcher stamps some facts with the time it
+    reads them (a namespace's labels, a node's deletion, a slice's devices): before the clock
+    moves past such an event, ``settle()`` is called to wait until the watchers have read it.
     """
 
-    def __init__(self, api: ApiServer, workload: Workload, speed: float | None = None):
+    #: kinds whose events a watcher dates by when it reads them, not by an object timestamp
+    OBSERVED_KINDS = frozenset({"Namespace", "Node", "ResourceSlice"})
+
+    def __init__(
+        self,
+        api: ApiServer,
+        workload: Workload,
+        speed: float | None = None,
+        *,
+        clock: SimClock | None = None,
+        settle: Callable[[], object] | None = None,
+    ):
         self.api, self.workload, self.speed = api, workload, speed
+        self.clock, self.settle = clock, settle
+        self._unsettled = False
         self.position = 0  # events applied so far
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -1200,8 +1310,18 @@ class Driver:
                 delay = t0 + (ev.at - first_at) / self.speed - time.monotonic()
                 if delay > 0 and self._stop.wait(delay):
                     return
+            if self.clock is not None and ev.at > self.clock.now:
+                self.settled()
+                self.clock.set(ev.at)
             self.api.apply(ev.type, ev.object)
+            self._unsettled |= ev.object["kind"] in self.OBSERVED_KINDS
             self.position += 1
+
+    def settled(self) -> None:
+        """Wait (``settle``) until the watchers have read the events dated by observation."""
+        if self._unsettled and self.settle is not None:
+            self.settle()
+        self._unsettled = False
 
     def start(self, until: int | None = None) -> Driver:
         def target() -> None:

@@ -35,17 +35,20 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 from gpuquota.kube.client import Kube
 from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG
 from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.sim.apiserver import ApiServer, Driver
+from gpuquota.sim.clock import SimClock
 from gpuquota.sim.harness import caught_up, poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.kubelet.registration import KubeletStandIn
 from gpuquota.sim.nvml.control import SimNode
-from gpuquota.sim.workload import generate
+from gpuquota.sim.workload import Workload, generate
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -100,12 +103,13 @@ def wait_until(what: str, check: Callable[[], bool], timeout: float = 30.0) -> f
 
 @contextmanager
 def process(
-    args: list[str], env: dict[str, str] | None, log: Path
+    args: list[str], env: dict[str, str] | None, log: Path, name: str | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """Run one of our programs in the background; stop it (SIGTERM) on the way out."""
+    name = name or Path(args[0]).name
     with log.open("wb") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
-        entry = (Path(args[0]).name, proc, log)
+        entry = (name, proc, log)
         RUNNING.append(entry)
         try:
             yield proc
@@ -113,7 +117,7 @@ def process(
             RUNNING.remove(entry)
             stop_process(proc)
     if proc.returncode not in (0, -signal.SIGTERM):
-        print(f"(log of {Path(args[0]).name} in {log})")
+        print(f"(log of {name} in {log})")
 
 
 def show_metrics(exposition: str, prefixes: tuple[str, ...], limit: int = 4) -> None:
@@ -229,12 +233,14 @@ def health_act(node: SimNode, kubelet: KubeletStandIn, base: str) -> None:
     everywhere("healthy")
 
 
-def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]:
+def cluster_act(stack: ExitStack, work: Path) -> Workload:
     title("3. A cluster: kube-apiserver stand-in, generated workload, gpuquota controller")
-    # The events are played in seconds, so the controller observes them "now": leave out the
-    # cases whose end exists only as the time a change was seen (gpuquota replay keeps those
-    # exact, from each line's observedAt).
+    # The events are played in seconds on the cluster's own clock (sim/clock.py), which the
+    # controller reads too; leave out the cases whose end exists only as the time a pod's
+    # change was seen, which a clock that jumps from event to event cannot place to the second
+    # (gpuquota replay keeps those exact, from each line's observedAt).
     workload = generate(seed=7, hours=8, pods_per_hour=40, observation_independent=True, dra=True)
+    clock = SimClock(work / "clock", workload.start)
     api = ApiServer()
     api.start()
     stack.callback(api.stop)
@@ -242,6 +248,11 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]
     db = f"sqlite:///{work / 'gpuquota.db'}"
     metrics_port = free_port()
     controller = [
+        sys.executable,
+        "-m",
+        "gpuquota.sim.clock",
+        str(clock.path),
+        "--",
         str(BIN / "gpuquota"),
         "controller",
         f"--kubeconfig={kubeconfig}",
@@ -257,18 +268,27 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]
         "$ gpuquota controller --kubeconfig=... --db=sqlite:///.../gpuquota.db --cluster=demo "
         "--node-pool-label=node-pool"
     )
-    with process(controller, None, work / "controller.log"):
+    print(f"(on the simulated cluster's clock, which starts at {_utc(workload.start)})")
+
+    def settle() -> float:
+        # versions are opaque: caught up is the server's own order of what it wrote since the
+        # versions the controller stored (gpuquota.sim.harness.caught_up)
+        return wait_until("the controller to catch up", lambda: _caught_up(api, work), timeout=60)
+
+    with process(controller, None, work / "controller.log", name="gpuquota controller"):
         wait_until("the controller's first heartbeat", lambda: _heartbeat(work) is not None)
         print(
             f"playing {len(workload.events)} watch events "
             f"({(workload.end - workload.start) / 3600:.0f} h of simulated time) into the API server"
         )
-        Driver(api, workload).run()
-        took = wait_until(
-            "the controller to catch up",
-            lambda: _caught_up(api, work),
-            timeout=60,
-        )
+        refused = len(workload.truth.refused)
+        print(f"(quota admission refused {refused} pod creations, as a real API server would)")
+        driver = Driver(api, workload, clock=clock, settle=settle)
+        driver.run()
+        driver.settled()
+        clock.set(workload.end)  # the span ends: the heartbeat, and the data, reach its end
+        took = settle()
+        wait_until("the heartbeat at the span's end", lambda: _heartbeat_at(work) >= workload.end)
         print(f"the store caught up with the API server {took:.1f} s after the last event")
         metrics = http_get(f"http://127.0.0.1:{metrics_port}/metrics")
     print("\nthe store (SQLite):")
@@ -291,13 +311,17 @@ def cluster_act(stack: ExitStack, work: Path) -> tuple[int, int, dict[str, int]]
             "gpuquota_namespace_dra_gpus_allocated",
         ),
     )
-    truth: dict[str, int] = {}
-    for (namespace, _resource), seconds in workload.truth.gpu_seconds().items():
-        truth[namespace] = truth.get(namespace, 0) + seconds
-    # DRA claims: each claim's time once, however many pods shared it
-    for (namespace, _class), seconds in workload.truth.dra_gpu_seconds().items():
-        truth[namespace] = truth.get(namespace, 0) + seconds
-    return workload.start, workload.end, truth
+    return workload
+
+
+def _utc(t: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _heartbeat_at(work: Path) -> int:
+    with sqlite3.connect(work / "gpuquota.db") as conn:
+        row = conn.execute("SELECT at FROM heartbeats").fetchone()
+    return int(row[0]) if row else 0
 
 
 def _heartbeat(work: Path) -> dict[str, str] | None:
@@ -334,19 +358,109 @@ def shown(path: Path) -> str:
         return str(path)
 
 
-def report_act(db_path: Path, start: int, end: int, truth: dict[str, int]) -> None:
+def report_json(args: list[str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(BIN / "gpuquota"), "report", *args, "--format=json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    doc: dict[str, Any] = json.loads(done.stdout)
+    return doc
+
+
+def hours(seconds: Fraction | int) -> str:
+    return f"{float(seconds) / 3600:.2f}"
+
+
+def near(reported: float | None, seconds: Fraction | int) -> bool:
+    """A GPU-hour figure printed to 2 decimals against exact seconds (the report apportions
+    its rounding so that rows add up to the total: one hundredth either way)."""
+    return reported is not None and abs(reported - float(seconds) / 3600) <= 0.0101
+
+
+def month_of(t: int) -> str:
+    return time.strftime("%Y-%m", time.gmtime(t))
+
+
+def check_views(db: str, workload: Workload) -> None:
+    """Every view of the calendar month that holds the workload against the generator's own
+    truth: raw (to the second) and physical GPU-hours per namespace, a label view across the
+    label change, the idle view and each quota's peaks. Exits naming the first that is off."""
+    truth = workload.truth
+    month = [db, f"--month={month_of(workload.start)}"]
+    off: list[str] = []
+    doc = report_json([*month, "--by=namespace", "--idle"])
+    rows = {row["group"]["namespace"]: row for row in doc["rows"]}
+    want = truth.namespace_totals()
+    print(f"\nthe month {month_of(workload.start)}, every view against the generator's truth:")
+    print(f"    {'namespace':<14} {'raw GPU-s':>10} {'truth':>10} {'phys GPU-h':>10} {'truth':>8}")
+    for ns in sorted(want.keys() | rows.keys()):
+        raw, phys = want.get(ns, (0, Fraction(0)))
+        row = rows.get(ns, {})
+        got_raw, got_phys = int(row.get("gpu_seconds_raw", 0)), row.get("gpu_hours_physical")
+        ok = got_raw == raw and near(got_phys, phys)
+        print(
+            f"    {ns:<14} {got_raw:>10} {raw:>10} {got_phys!s:>10} {hours(phys):>8}"
+            f"   {'exact' if ok else 'OFF'}"
+        )
+        if not ok:
+            off.append(f"namespace {ns}")
+    idle = {(r["model"], r["node_pool"]): r for r in doc.get("idle", {}).get("rows", [])}
+    allocatable, allocated = truth.allocatable_seconds(), truth.allocated_seconds()
+    print(
+        f"    {'idle: model / pool':<40} {'allocatable':>11} {'truth':>8} {'idle':>8} {'truth':>8}"
+    )
+    for key in sorted(allocatable.keys() | idle.keys()):
+        cap = allocatable.get(key, Fraction(0))
+        spare = cap - allocated.get(key, Fraction(0))
+        row = idle.get(key, {})
+        ok = near(row.get("allocatable_gpu_hours"), cap) and near(row.get("idle_gpu_hours"), spare)
+        print(
+            f"    {' / '.join(key):<40} {row.get('allocatable_gpu_hours')!s:>11} {hours(cap):>8}"
+            f" {row.get('idle_gpu_hours')!s:>8} {hours(spare):>8}   {'exact' if ok else 'OFF'}"
+        )
+        if not ok:
+            off.append(f"idle {key}")
+    labels = report_json([*month, "--by=label:cost-center"])
+    by_label = {r["group"]["label:cost-center"]: int(r["gpu_seconds_raw"]) for r in labels["rows"]}
+    want_label = {k or None: v for k, v in truth.label_totals("cost-center").items()}
+    for value in sorted(want_label.keys() | by_label.keys(), key=str):
+        got, exp = by_label.get(value, 0), want_label.get(value, 0)
+        print(
+            f"    cost-center {value or '(none)':<8} raw GPU-s {got:>10}   truth {exp:>10}"
+            f"   {'exact' if got == exp else 'OFF'}"
+        )
+        if got != exp:
+            off.append(f"label cost-center={value}")
+    peaks = truth.quota_peaks()
+    for row in doc.get("quota", {}).get("rows", []):
+        key = (row["group"]["namespace"], row["resource"])
+        used, hard = peaks.get((key[0], f"requests.{key[1]}"), peaks.get(key, (None, None)))
+        ok = (row["quota_peak_used"], row["quota_peak_hard"]) == (used, hard)
+        print(
+            f"    quota {key[0]:<12} {key[1]:<52} peak used {row['quota_peak_used']!s:>3} "
+            f"(truth {used}) of hard {row['quota_peak_hard']!s:>3} (truth {hard})"
+            f"   {'exact' if ok else 'OFF'}"
+        )
+        if not ok:
+            off.append(f"quota {key}")
+    if not doc.get("quota", {}).get("rows"):
+        off.append("quota (no figures)")
+    if off:
+        raise SystemExit("demo: the report does not match the generator's truth: " + ", ".join(off))
+
+
+def report_act(db_path: Path, workload: Workload) -> None:
     title("4. Chargeback: gpuquota report, with quota use")
     gpuquota = BIN / "gpuquota"
-    period = [
-        f"--from={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(start))}",
-        f"--to={time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(end))}",
-    ]
     store = f"--db=sqlite:///{shown(db_path)}"
+    month = f"--month={month_of(workload.start)}"
     commands = [
-        [store, *period, f"--rate-card={shown(RATE_CARD)}", "--idle"],
-        [store, *period, "--by=namespace,path"],
-        [store, *period, "--by=label:team,model"],
-        [store, *period, "--by=namespace,resource", "--format=csv"],
+        [store, month, f"--rate-card={shown(RATE_CARD)}", "--idle"],
+        [store, month, "--by=namespace,path"],
+        [store, month, "--by=label:cost-center,model"],
+        [store, month, "--by=namespace,resource", "--format=csv"],
     ]
 
     def typed(args: list[str]) -> str:
@@ -354,23 +468,7 @@ def report_act(db_path: Path, start: int, end: int, truth: dict[str, int]) -> No
 
     print(f"$ {typed(commands[0])}")
     subprocess.run([str(gpuquota), "report", *commands[0]], check=True)
-    as_json = subprocess.run(
-        [str(gpuquota), "report", *commands[0], "--format=json"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    doc = json.loads(as_json.stdout)
-    reported = {row["group"]["namespace"]: int(row["gpu_seconds_raw"]) for row in doc["rows"]}
-    print("\nraw GPU-seconds per namespace, the report against the generator's own truth:")
-    for namespace in sorted(truth.keys() | reported.keys()):
-        got, want = reported.get(namespace, 0), truth.get(namespace, 0)
-        verdict = "exact" if got == want else f"OFF BY {got - want:+d} s"
-        print(f"    {namespace:<16} report {got:>10}   truth {want:>10}   {verdict}")
-    if reported != truth:
-        raise SystemExit("demo: the report does not match the generator's truth")
-    if not doc.get("quota", {}).get("rows"):
-        raise SystemExit("demo: the report has no quota figures")
+    check_views(store, workload)
     print("\nDRA claims beside device-plugin requests (path: which way the GPUs came):")
     print(f"$ {typed(commands[1])}")
     subprocess.run([str(gpuquota), "report", *commands[1]], check=True)
@@ -400,8 +498,8 @@ def main(argv: list[str] | None = None) -> int:
         node, kubelet, base = node_act(stack, work)
         health_act(node, kubelet, base)
     with ExitStack() as stack:
-        start, end, truth = cluster_act(stack, work)
-    report_act(work / "gpuquota.db", start, end, truth)
+        workload = cluster_act(stack, work)
+    report_act(work / "gpuquota.db", workload)
     print(f"\ndemo finished; the store and the logs are in {shown(work)}/")
     return 0
 

@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
 
 Obj = dict[str, Any]
@@ -207,6 +208,36 @@ QUOTAS: dict[str, tuple[dict[str, str], list[str]]] = {
 }
 
 
+#: what the scripted pods of _Sim.run still need of each namespace's GPU quota late in the span
+#: (trainer-0 again, the pods on the doomed node): random pods leave it free, so quota
+#: admission never turns a scripted case away, whatever the seed
+SCRIPTED_HEADROOM: dict[str, int] = {"team-a": 2, "team-b": 1, "batch": 1}
+
+
+def quota_refusal(
+    quota: str, hard: dict[str, str], used: dict[str, str], requested: dict[str, int]
+) -> str | None:
+    """The ResourceQuota admission rule for one quota: None when ``requested`` (quota keys such
+    as ``requests.nvidia.com/gpu`` -> units) fits under ``hard`` beside ``used``, else the
+    real server's reason, e.g. ``exceeded quota: gpu, requested: requests.nvidia.com/gpu=1,
+    used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2``."""
+    over = sorted(
+        key
+        for key, n in requested.items()
+        if n and key in hard and int(used.get(key, "0")) + n > int(hard[key])
+    )
+    if not over:
+        return None
+
+    def listed(values: dict[str, int] | dict[str, str]) -> str:
+        return ",".join(f"{k}={values.get(k, 0)}" for k in over)
+
+    return (
+        f"exceeded quota: {quota}, requested: {listed(requested)}, used: {listed(used)}, "
+        f"limited: {listed(hard)}"
+    )
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     at: int  # simulated observation time, unix seconds
@@ -304,6 +335,74 @@ class Truth:
     dra_intervals: list[DraTruthInterval] = field(default_factory=list)
     #: the same time split among the pods holding each claim
     dra_pod_shares: list[DraPodShare] = field(default_factory=list)
+    #: every ResourceQuota status the quota controller wrote: (time, namespace, resource key
+    #: such as ``requests.nvidia.com/gpu``, used, hard)
+    quota_history: list[tuple[int, str, str, int, int]] = field(default_factory=list)
+    #: physical GPUs each node offered: (node, GPU model, node pool, GPUs, from, to or None)
+    capacity: list[tuple[str, str, str, Fraction, int, int | None]] = field(default_factory=list)
+    #: pod creations quota admission refused: (time, namespace, pod name, the server's message)
+    refused: list[tuple[int, str, str, str]] = field(default_factory=list)
+
+    def quota_peaks(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """(peak used, peak hard) per (namespace, quota resource key) over the span."""
+        out: dict[tuple[str, str], tuple[int, int]] = {}
+        for _t, ns, key, used, hard in self.quota_history:
+            peak_used, peak_hard = out.get((ns, key), (0, 0))
+            out[(ns, key)] = (max(peak_used, used), max(peak_hard, hard))
+        return out
+
+    def namespace_totals(self) -> dict[str, tuple[int, Fraction]]:
+        """(raw, physical) GPU-seconds per namespace, device-plugin requests and DRA claims
+        (each claim's time once, however many pods shared it)."""
+        out: dict[str, tuple[int, Fraction]] = {}
+        for ns, units, phys, seconds in self._held():
+            raw, physical = out.get(ns, (0, Fraction(0)))
+            out[ns] = (raw + units * seconds, physical + phys * seconds)
+        return out
+
+    def label_totals(self, key: str) -> dict[str, int]:
+        """Raw GPU-seconds per value of the namespace label ``key`` (``""``: no such label),
+        each second under the value the namespace had then."""
+        out: dict[str, int] = defaultdict(int)
+        spans = [(iv.namespace, iv.units, iv.start, iv.end) for iv in self.intervals] + [
+            (iv.namespace, iv.units, iv.start, iv.end) for iv in self.dra_intervals
+        ]
+        for namespace, units, start, end in spans:
+            stop = self.until if end is None else min(end, self.until)
+            for ns, labels, lo, hi in self.namespace_labels:
+                if ns == namespace:
+                    seconds = min(stop, self.until if hi is None else hi) - max(start, lo)
+                    out[labels.get(key, "")] += units * max(0, seconds)
+        return dict(out)
+
+    def allocated_seconds(self) -> dict[tuple[str, str], Fraction]:
+        """Physical GPU-seconds held per (GPU model, node pool), the idle view's allocated."""
+        where = {node: (model, pool) for node, model, pool, *_ in self.capacity}
+        out: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        for iv in self.intervals:
+            out[where[iv.node]] += iv.units * iv.factor * iv.seconds(self.until)
+        for dv in self.dra_intervals:
+            out[where[dv.node]] += dv.physical * dv.seconds(self.until)
+        return dict(out)
+
+    def _held(self) -> Iterator[tuple[str, int, Fraction, int]]:
+        for iv in self.intervals:
+            yield iv.namespace, iv.units, iv.units * iv.factor, iv.seconds(self.until)
+        for dv in self.dra_intervals:
+            yield dv.namespace, dv.units, dv.physical, dv.seconds(self.until)
+
+    def allocatable_seconds(
+        self, lo: int | None = None, hi: int | None = None
+    ) -> dict[tuple[str, str], Fraction]:
+        """Physical GPU-seconds the nodes offered per (GPU model, node pool) in ``[lo, hi)``
+        (default: the span), the idle view's allocatable figure."""
+        lo = lo if lo is not None else min((c[4] for c in self.capacity), default=0)
+        hi = hi if hi is not None else self.until
+        out: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+        for _node, model, pool, gpus, start, end in self.capacity:
+            seconds = max(0, min(hi, self.until if end is None else end) - max(lo, start))
+            out[(model, pool)] += gpus * seconds
+        return dict(out)
 
     def dra_split_seconds(
         self, key: Callable[[DraPodShare], str], until: int | None = None
@@ -577,6 +676,9 @@ class _Sim:
         self.pods: dict[str, _Pod] = {}  # by uid
         self.names: dict[tuple[str, str], int] = defaultdict(int)
         self.unreserve: list[tuple[_Claim, str]] = []
+        self.quota_history: list[tuple[int, str, str, int, int]] = []
+        self.capacity: list[tuple[str, str, str, Fraction, int, int | None]] = []
+        self.refused: list[tuple[int, str, str, str]] = []
 
     # -- plumbing
 
@@ -655,6 +757,18 @@ class _Sim:
         }
         self.nodes[spec.name] = obj
         self.node_alive[spec.name] = True
+        if spec.gpus or spec is DRA_NODE:
+            # what can be handed out, in physical GPUs: a MIG layout that leaves a compute
+            # slice unused (7 x 1g + 2 x 3g of 14 slices) offers less than its GPU count
+            model = DRA_MODEL if spec is DRA_NODE else spec.labels["nvidia.com/gpu.product"]
+            gpus = (
+                sum((d[2] for d in DRA_DEVICES.values()), Fraction(0))
+                if spec is DRA_NODE
+                else sum((n * f for n, f in spec.gpus.values()), Fraction(0))
+            )
+            self.capacity.append(
+                (spec.name, model.removesuffix("-SHARED"), spec.pool, gpus, self.now, None)
+            )
         self.emit("ADDED", obj)
 
     def add_namespace(self, name: str, labels: dict[str, str]) -> None:
@@ -906,6 +1020,7 @@ class _Sim:
             quota["status"]["used"] = new
             _written(quota, "kube-controller-manager", "status", self.now)
             self.emit("MODIFIED", quota)
+            self.record_quota(DRA_NAMESPACE, quota)
 
     def dra_pod(
         self,
@@ -939,6 +1054,8 @@ class _Sim:
             owner=owner,
             resource_claims=entries,
         )
+        if pod is None:
+            raise RuntimeError(f"quota admission refused the scripted DRA pod {name}")
         if owner == "ReplicaSet":
             template_hash = name.rsplit("-", 1)[0].rsplit("-", 1)[1]
             pod.obj["metadata"]["labels"]["pod-template-hash"] = template_hash
@@ -1143,6 +1260,32 @@ class _Sim:
         _written(obj, "kubectl-client-side-apply", None, self.now)
         _written(obj, "kube-controller-manager", "status", self.now)
         self.emit("ADDED", obj)
+        self.record_quota(ns, obj)
+
+    def record_quota(self, ns: str, quota: Obj) -> None:
+        """The quota's GPU figures as written now (the truth of quota history and peaks)."""
+        status = quota["status"]
+        for key, hard in status["hard"].items():
+            if key.startswith("requests.nvidia.com/") or key.endswith("/devices"):
+                used = int(status["used"].get(key, "0"))
+                self.quota_history.append((self.now, ns, key, used, int(hard)))
+
+    def refusal(
+        self, ns: str, name: str, units: dict[str, int], best_effort: bool, headroom: int = 0
+    ) -> str | None:
+        """Quota admission of a new pod: the server's message when a quota refuses it
+        (``headroom`` GPUs kept free of the quota's ``requests.nvidia.com/gpu``)."""
+        quota = self.quotas.get(ns)
+        if quota is None or not units:
+            return None
+        if best_effort and "NotBestEffort" in quota["spec"].get("scopes", []):
+            return None  # the scope does not match the pod: not counted, not limited
+        requested = {f"requests.{r}": n for r, n in units.items()}
+        hard = dict(quota["status"]["hard"])
+        if headroom and f"requests.{GPU}" in hard:
+            hard[f"requests.{GPU}"] = str(int(hard[f"requests.{GPU}"]) - headroom)
+        why = quota_refusal(quota["metadata"]["name"], hard, quota["status"]["used"], requested)
+        return f'pods "{name}" is forbidden: {why}' if why else None
 
     def refresh_quota(self, ns: str) -> None:
         """The quota controller: used = requests of the namespace's live, non-terminal pods."""
@@ -1166,6 +1309,7 @@ class _Sim:
             quota["status"]["used"] = new
             _written(quota, "kube-controller-manager", "status", self.now)
             self.emit("MODIFIED", quota)
+            self.record_quota(ns, quota)
 
     # -- pods
 
@@ -1243,11 +1387,18 @@ class _Sim:
         shape: str | None = None,
         owner: str = "Job",
         resource_claims: list[Obj] | None = None,
-    ) -> _Pod:
+        headroom: int = 0,
+    ) -> _Pod | None:
+        """The pod as created, or None where quota admission refused it (no object, no
+        event: the client got a 403). ``headroom`` GPUs of the quota are left unrequested."""
         shape = shape or self.rng.choice(
             ["plain", "plain", "limits-only", "two-containers", "init-peak", "sidecar", "overhead"]
         )
         cpu = self.rng.random() < 0.7
+        refused = self.refusal(ns, name, {r: n for r, n in units.items() if n}, not cpu, headroom)
+        if refused is not None:
+            self.refused.append((self.now, ns, name, refused))
+            return None
         meta = self.meta(name, ns, created=self.now)
         meta["labels"] = {"app": name.rsplit("-", 1)[0]}
         if owner:
@@ -1517,6 +1668,10 @@ class _Sim:
         """The node object goes; pod GC force-deletes its pods ``gc_lag`` seconds later."""
         self.node_alive[name] = False
         node = self.nodes[name]
+        self.capacity = [
+            (n, model, pool, gpus, lo, self.now if n == name and hi is None else hi)
+            for n, model, pool, gpus, lo, hi in self.capacity
+        ]
         self.emit("DELETED", node)
         doomed = [p for p in self.pods.values() if p.node == name and not p.deleted]
         for p in doomed:
@@ -1592,6 +1747,8 @@ class _Sim:
         run_for = kw.pop("run_for", None)
         after_delete = kw.pop("after_delete", None)
         pod = self.new_pod(ns, name, units, fate, **kw)
+        if pod is None:
+            return  # refused: a real Job controller would retry later; this one gives up
         pod.after_delete = after_delete
         self.lifecycle(pod, pinned=pinned, run_for=run_for)
 
@@ -1625,7 +1782,7 @@ class _Sim:
         base = rng.choice(["train", "eval", "infer", "notebook", "etl"])
         self.names[(ns, base)] += 1
         name = f"{base}-{self.names[(ns, base)]:04d}-{rng.randrange(16**5):05x}"
-        self.arrive(ns, name, units, fate)
+        self.arrive(ns, name, units, fate, headroom=SCRIPTED_HEADROOM.get(ns, 0))
 
     def run(self) -> None:
         rng = self.rng
@@ -1790,7 +1947,16 @@ def generate(
         start,
         end,
         sim.events,
-        Truth(end, sim.intervals, sim.ns_labels, sim.dra_intervals, sim.dra_pod_shares),
+        Truth(
+            end,
+            sim.intervals,
+            sim.ns_labels,
+            sim.dra_intervals,
+            sim.dra_pod_shares,
+            sim.quota_history,
+            sim.capacity,
+            sim.refused,
+        ),
     )
 
 
@@ -1799,8 +1965,7 @@ examples:
   python -m gpuquota.sim.workload --seed 1 --hours 2 > events.jsonl
   python -m gpuquota.sim.workload --seed 7 --hours 48 --truth truth.json | gpuquota replay - --migrate
 
-exit status: 0; 2 on bad input (a flag, a span under 10 minutes), one line on stderr.
-"""
+""" + exitcodes.help_text()
 
 
 def _hours(text: str) -> float:

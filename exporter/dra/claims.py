@@ -92,7 +92,7 @@ class AdminAccessClaims:
                         log.warning(
                             "cannot read ResourceClaims (%s): claims with adminAccess "
                             "(monitoring agents) are attributed like any other; grant get on "
-                            "resourceclaims (deploy/overlays/dra) to leave them out",
+                            "resourceclaims (deploy/components/dra) to leave them out",
                             exc,
                         )
                     self.enabled = False

@@ -6,7 +6,7 @@ health checker and starts/stops it. ``--dra auto`` (the default) turns attributi
 the exporter can reach the Kubernetes API (in a pod, or with --kubeconfig) and knows its node
 name; without RBAC for resourceslices it then says so once and attribution stays on the
 device-plugin path. DeviceTaintRules are opt-in (``--dra-device-taints``): they write
-cluster-scoped objects and need the deploy/overlays/dra RBAC.
+cluster-scoped objects and need the deploy/components/dra RBAC.
 """
 
 from __future__ import annotations

@@ -266,7 +266,7 @@ class SliceWatcher:
                         "the API server serves no resource.k8s.io ResourceSlices (v1, v1beta2)"
                         if exc.status == 404
                         else "no RBAC access to list resource.k8s.io resourceslices "
-                        "(deploy/overlays/dra grants it)"
+                        "(deploy/components/dra grants it)"
                     )
                     (log.warning if self.asked_for else log.info)(
                         "DRA attribution is off: %s (%s); device-plugin attribution continues, "

@@ -278,7 +278,9 @@ def _parse_yaml(text: str, source: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise HealthConfigError(f"{source}: not valid YAML: {exc}") from None
+        from gpuquota.cli_common.yamltext import yaml_problem
+
+        raise HealthConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
 
 
 def load_config(path: Path | None, quiet_period_s: float | None = None) -> HealthConfig:

@@ -5,7 +5,7 @@ exporter/nodestatus/updater.py applies them to the Node object (``--node-taint``
 (``gpuquota.io/gpu-unhealthy``) and its one condition (``GPUUnhealthy``). Every other taint
 and condition is handed back exactly as the API server gave it (``timeAdded`` of the
 node-lifecycle controller's taints included): the node admission policy
-(deploy/overlays/device-plugin) compares them, and they are other controllers' business.
+(deploy/components/device-plugin) compares them, and they are other controllers' business.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ while any device is unhealthy, removed on recovery. Both go through the Kubernet
 thread of their own, so a slow or absent API server never delays health checking; only the
 latest wanted state is applied (changes coalesce).
 
-The Node is written the way the node admission policy (deploy/overlays/device-plugin) lets
+The Node is written the way the node admission policy (deploy/components/device-plugin) lets
 it be: the taint list is the one just read with only our taint changed, every other taint
 handed back byte for byte (``timeAdded`` included), sent as a merge patch that carries the
 ``metadata.resourceVersion`` it was computed from, so a Node someone else changed in between

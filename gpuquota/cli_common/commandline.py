@@ -13,8 +13,10 @@ import argparse
 from importlib import metadata
 from typing import NoReturn
 
-EXIT_BAD_INPUT = 2
-EXIT_ENVIRONMENT = 1
+from gpuquota.cli_common import exitcodes
+
+EXIT_BAD_INPUT = exitcodes.BAD_INPUT
+EXIT_ENVIRONMENT = exitcodes.ENVIRONMENT
 DISTRIBUTION = "gpuquota"
 
 
@@ -35,9 +37,15 @@ def version() -> str:
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--version",
-        action="version",
-        version=f"%(prog)s {version()}",
-        help="print the version and exit",
-    )
+    """``--version`` on ``parser`` and on every subcommand below it that lacks one."""
+    if "--version" not in parser._option_string_actions:
+        parser.add_argument(
+            "--version",
+            action="version",
+            version=f"%(prog)s {version()}",
+            help="print the version and exit",
+        )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                add_version(sub)

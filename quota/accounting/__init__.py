@@ -80,6 +80,7 @@ from gpuquota.quota.accounting.rules.parse import (
     latest_timestamp,
     parse_quantity,
     parse_time,
+    timestamps,
 )
 from gpuquota.quota.accounting.rules.pods import (
     TERMINAL_PHASES,
@@ -158,4 +159,5 @@ __all__ = [
     "quota_facts",
     "quota_gpu_resource",
     "reason_rank",
+    "timestamps",
 ]

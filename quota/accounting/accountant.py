@@ -80,6 +80,7 @@ class Accountant:
         self._gaps: dict[tuple[str, int], GapRow] = {}  # unwritten, by (kind, start)
         self._started_from: int | None = None  # the stored heartbeat this run started from
         self._now = 0  # latest observation time seen
+        self._first_seen: int | None = None  # earliest observation time seen
         self.stats: dict[str, int] = {"events": 0, "flushes": 0, "rows_written": 0, "estimated": 0}
         self._load()
 
@@ -125,6 +126,7 @@ class Accountant:
             raise AccountingError("event object has no kind")
         self.stats["events"] += 1
         self._now = max(self._now, observed_at)
+        self._first_seen = min(self._first_seen or observed_at, observed_at)
         meta = obj.get("metadata")
         version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
         if from_watch and isinstance(version, str) and version:
@@ -162,6 +164,7 @@ class Accountant:
             # from the stored heartbeat: downtime the resumed watch could not replay
             reason = "restart" if gap_from == self._started_from else "gone"
             self.gap(kind, gap_from, observed_at, reason)
+        self._first_seen = min(self._first_seen or observed_at, observed_at)
         objects = list(objects)
         for obj in objects:
             if obj.get("kind") is None:
@@ -233,7 +236,11 @@ class Accountant:
 
     def batch(self) -> Batch:
         """What the next flush writes."""
-        batch = Batch(heartbeat=self.pending_writes.heartbeat, observed_at=self._now)
+        batch = Batch(
+            heartbeat=self.pending_writes.heartbeat,
+            observed_at=self._now,
+            first_observed_at=self._first_seen,
+        )
         batch.gaps.extend(self._gaps.values())
         for tracker in self.trackers.values():
             tracker.collect(batch)

@@ -149,9 +149,12 @@ class Batch:
     namespace_labels: list[NamespaceLabelsRow] = field(default_factory=list)
     quota_samples: list[QuotaSampleRow] = field(default_factory=list)
     heartbeat: HeartbeatRow | None = None
-    observed_at: int = 0  # the latest observation in the batch (first sight of the cluster)
+    observed_at: int = 0  # the latest observation in the batch
     claim_allocations: list[ClaimAllocationRow] = field(default_factory=list)
     gaps: list[GapRow] = field(default_factory=list)
+    # the first observation this writer made: where the store's data of the cluster begins
+    # when this is its first write (a replay's first event, a controller's first list)
+    first_observed_at: int | None = None
 
     def __len__(self) -> int:
         return (

@@ -22,6 +22,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag, whole_seconds_flag
 from gpuquota.kube import client as kubeapi
 from gpuquota.quota.accounting.accountant import Accountant
@@ -40,9 +41,9 @@ from gpuquota.quota.store.db import StoreError, StoreUnavailableError, open_stor
 
 log = logging.getLogger(__name__)
 
-EXIT_ERROR = 2
-EXIT_LOST_LEASE = 1
-EXIT_UNAVAILABLE = 1  # the API server or the database does not answer
+EXIT_ERROR = exitcodes.BAD_INPUT
+EXIT_LOST_LEASE = exitcodes.ENVIRONMENT
+EXIT_UNAVAILABLE = exitcodes.ENVIRONMENT  # the API server or the database does not answer
 
 
 EXAMPLES = """\
@@ -53,11 +54,7 @@ examples:
   gpuquota controller --flush-interval 10s --read-timeout 2m --node-pool-label node-pool
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
-exit status: 0 after SIGTERM/SIGINT (pending rows written first); 2 on bad input (flags,
-kubeconfig, database URL, an unmigrated store without --migrate); 1 when the environment
-fails: the API server or the database does not answer at start, or the Lease was lost.
-Always one line on stderr.
-"""
+""" + exitcodes.help_text()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -150,7 +147,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=duration_flag(),
         default=30.0,
         metavar="DURATION",
-        help="give up when the API server cannot be listed for this long (30s)",
+        help="give up (exit 1) when the API server cannot be listed for this long (30s)",
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
     add_accounting_options(parser)

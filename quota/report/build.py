@@ -5,9 +5,12 @@ Prometheus where the request names it) and returns a :class:`compute.Report`; it
 of flags or output formats. `gpuquota report` (quota/report/cli.py) parses its flags into a
 :class:`ReportRequest`, opens the store, calls this, and renders.
 
-Missing data is never shown as zero: a cluster the store does not know, or a window holding no
-data at all, raise ReportError naming what the store does hold; open intervals count only up
-to the last time the store knew their cluster (Report.coverage says where that is).
+Missing data is never shown as zero, and one rule says what is missing whatever its distance
+from the data: each cluster's data covers [the first time the store knew it, the last time it
+knew it] (its clusters row and its heartbeat). A window wholly outside that, for every cluster
+in scope, raises ReportError naming what the store does hold (before the data begins: unless
+allocations already running then reach into it); a window that reaches past either edge gets a
+note saying which part is not covered. Open intervals count only up to the data's end.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpuquota.quota.report import compute, period, query
 from gpuquota.quota.report.ratecard import RateCard
 
-# A live controller's heartbeat is a flush interval old (seconds): data ending less than this
-# before the window's end is the present, not a recording or a controller that stopped.
+# How old a live controller's heartbeat can be (a few flush intervals) in a report of the
+# present before the report notes that the data ends early.
 LIVE_GRACE_SECONDS = 600
 
 
@@ -71,6 +74,7 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
             )
         scope = query.Scope.of(conn, request.cluster)
         ends = dict(scope.known_until)
+        begins = query.data_begins(conn, scope.clusters)
         _check_window(window, now, ends, [c for c in scope.clusters if c in ends])
         # the latest any cluster in scope is known to (now, where one has no heartbeat)
         known_end = max(ends.values()) if ends and len(ends) == len(scope.clusters) else now
@@ -78,9 +82,17 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
         report = compute.aggregate(keys, rows, edges, card, buckets)
         report.coverage = {c: ends.get(c) for c in scope.clusters}
         report.window_end = min(window.end, now)
-        report.ends_early = {
-            c: at for c, at in ends.items() if at < report.window_end - LIVE_GRACE_SECONDS
-        }
+        # a report of the present may trail a live controller's heartbeat by a flush interval
+        # or so: that is now, not an end worth a note (the refusal above has no such grace)
+        grace = LIVE_GRACE_SECONDS if report.window_end >= now else 0
+        report.ends_early = {c: at for c, at in ends.items() if at < report.window_end - grace}
+        report.begins_late = {c: at for c, at in begins.items() if at > window.start}
+        if begins and all(at >= window.end for at in begins.values()) and not report.groups:
+            where = ", ".join(f"{c!r} from {_when(at, window)}" for c, at in sorted(begins.items()))
+            raise ReportError(
+                f"no data for the period {window.label()}: the store's data begins after it "
+                f"({where})"
+            )
         report.best_effort_pods = query.best_effort_pods(conn, scope, window.start, window.end, now)
         report.gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
         if query.quota_applies(keys):
@@ -143,9 +155,9 @@ def _check_window(
             f"the period {window.label()} starts after now ({_when(now, window)}): "
             "there is no data for it yet"
         )
-    # a cluster a live controller follows (heartbeat minutes old at most) has data up to now
-    ended = [c for c in clusters if ends[c] < now - LIVE_GRACE_SECONDS]
-    if clusters and ended == clusters and all(ends[c] <= window.start for c in clusters):
+    # the same rule however close the data's end is (a live controller's heartbeat is seconds
+    # old): a window that starts at or after it holds no data yet
+    if clusters and all(ends[c] <= window.start for c in clusters):
         where = ", ".join(f"{c!r} up to {_when(ends[c], window)}" for c in clusters)
         raise ReportError(
             f"no data for the period {window.label()}: the store's data ends before it ({where})"

@@ -8,6 +8,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import ArgumentError, SQLAlchemyError
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
 from gpuquota.quota.options import add_db_option
 from gpuquota.quota.report import period, query, ratecard, render
@@ -70,12 +72,9 @@ missing data is never shown as zero: a group Prometheus has no samples for, or a
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
 says how much of the allocated time Prometheus covers, and util % is over that part only.
 
-exit status: 0 on success; 2 on bad input (unknown group key, empty or inverted period,
-malformed rate card, an unmigrated or missing store, an answer that is not Prometheus's) and
-when nothing matches (a cluster the store does not know, listing the known ones; a period
-after now or after the data ends); 1 when the database or Prometheus does not answer.
-Always one line on stderr and nothing on stdout.
-"""
+On an error nothing is printed on stdout: the report is computed before any of it is.
+
+""" + exitcodes.help_text()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +94,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         help="end: date or RFC 3339 time (exclusive; default now)",
     )
-    when.add_argument("--month", metavar="YYYY-MM", help="a calendar month in --tz")
+    when.add_argument(
+        "--month",
+        metavar="YYYY-MM",
+        help="a calendar month in --tz; 'previous' is the last whole month (a monthly job)",
+    )
     when.add_argument(
         "--last",
         metavar="DURATION",
@@ -157,6 +160,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--json", dest="format", action="store_const", const="json", help="same as --format json"
     )
     out.add_argument(
+        "--output",
+        metavar="FILE",
+        help="write the report to FILE instead of stdout, whole or not at all (written beside "
+        "it, then renamed); {month} in FILE becomes the period's first month, e.g. 2026-10",
+    )
+    out.add_argument(
         "--chart",
         metavar="FILE",
         type=Path,
@@ -185,12 +194,26 @@ def parse_keys(values: Sequence[str] | None) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.output is not None and not args.output.strip():
+            raise ReportError("--output: give a file name")
         output, stderr_notes = build(args)
     except ReportError as exc:
         print(f"gpuquota report: error: {exc}", file=sys.stderr)
         return exc.status
-    sys.stdout.write(output)
-    sys.stdout.flush()
+    if args.output:
+        try:
+            written = write_atomically(args.output, output, args.output_month)
+        except OSError as exc:
+            print(
+                f"gpuquota report: error: --output: cannot write {args.output}: "
+                f"{exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return exitcodes.BAD_INPUT
+        print(f"gpuquota report: wrote {written}", file=sys.stderr)
+    else:
+        sys.stdout.write(output)
+        sys.stdout.flush()
     for note in stderr_notes:
         print(f"gpuquota report: note: {note}", file=sys.stderr)
     return 0
@@ -260,6 +283,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     with _Connect(args.db) as conn:
         report = build_report(conn, request)
     window = request.window
+    args.output_month = datetime.fromtimestamp(window.start, window.tz).strftime("%Y-%m")
     if args.format == "csv":
         output, notes = render.render_csv(report), render.notes(report)
     elif args.format == "json":
@@ -272,6 +296,20 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
         except OSError as exc:
             raise ReportError(f"--chart: cannot write {args.chart}: {exc.strerror or exc}") from exc
     return output, notes
+
+
+def write_atomically(target: str, text: str, month: str) -> Path:
+    """``text`` into ``target`` ({month} filled in) through a temporary file in the same folder
+    renamed over it: a reader (or a crash) never sees half a report."""
+    path = Path(target.replace("{month}", month))
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
 
 
 class _Connect:
@@ -297,7 +335,7 @@ class _Connect:
             if missing:
                 raise ReportError(f"database {safe_url(self.url)}: file {path} does not exist")
         try:
-            self.store = open_store(self.url)
+            self.store = open_store(self.url, read_only=True)
             self.conn = self.store.engine.connect()
             if self.conn.dialect.name == "postgresql":
                 # the report's queries are short aggregates: compiling them with LLVM (JIT)

@@ -82,6 +82,8 @@ class Report:
     currency: str | None
     idle: list[IdleRow] | None = None
     unpriced_models: list[str] = field(default_factory=list)
+    # models the rate card prices that no usage in the window had (a typo, or a model gone)
+    unmatched_card_models: list[str] = field(default_factory=list)
     estimated_intervals: int = 0
     bucket_edges: list[int] = field(default_factory=list)
     # namespace -> BestEffort pods that held GPUs in the window (they escape scoped quotas)
@@ -94,6 +96,8 @@ class Report:
     window_end: int = 0  # the window's end as computed (the earlier of its end and now)
     # clusters whose data ends inside the window, well before its end: the report says so
     ends_early: dict[str, int] = field(default_factory=dict)
+    # clusters whose data begins after the window's start: when it begins
+    begins_late: dict[str, int] = field(default_factory=dict)
     prometheus: str | None = None  # the Prometheus utilisation came from
     # spans the window overlaps in which a kind was not followed (pods created and deleted
     # inside one may be missing): said in every format
@@ -133,7 +137,9 @@ def aggregate(
     # estimated intervals
     acc: dict[tuple[str | None, ...], list[Any]] = {}
     unpriced: set[str] = set()
+    seen_models: set[str | None] = set()
     for row in rows:
+        seen_models.add(row.gpu_model)
         a = acc.get(row.keys)
         if a is None:
             a = acc[row.keys] = [
@@ -182,6 +188,7 @@ def aggregate(
         card is not None,
         card.currency if card else None,
         unpriced_models=sorted(unpriced),
+        unmatched_card_models=sorted(set(card.models) - seen_models) if card else [],
         estimated_intervals=sum(g.estimated_intervals for g in groups),
         bucket_edges=buckets,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from datetime import date, datetime, timedelta, tzinfo
+from datetime import UTC, date, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuquota.cli_common import durations
@@ -51,6 +51,28 @@ def midnight(day: date, tz: tzinfo) -> int:
     return int(datetime(day.year, day.month, day.day, tzinfo=tz).timestamp())
 
 
+def _wall_time(moment: datetime, tz: tzinfo, text: str, option: str) -> datetime:
+    """A local time in ``tz`` that names exactly one instant: one that a DST change skips
+    (02:30 on the morning clocks go forward) or repeats (02:30 when they go back) is refused
+    with the offsets to choose from, never moved silently."""
+    early, late = moment.replace(tzinfo=tz, fold=0), moment.replace(tzinfo=tz, fold=1)
+    if early.utcoffset() == late.utcoffset():
+        return early
+    naive = moment.replace(tzinfo=None)
+    # a wall time that exists reads back as itself through UTC; a skipped one does not
+    back = early.astimezone(UTC).astimezone(tz).replace(tzinfo=None)
+    if back != naive:
+        real = early.astimezone(UTC).astimezone(tz).isoformat()
+        raise PeriodError(
+            f"{option}: {text!r} does not exist in {tz} (the clocks skip it); give an offset, "
+            f"e.g. {real}"
+        )
+    raise PeriodError(
+        f"{option}: {text!r} happens twice in {tz} (the clocks go back); give its offset: "
+        f"{early.isoformat()} or {late.isoformat()}"
+    )
+
+
 def parse_instant(text: str, tz: tzinfo, option: str) -> int:
     """A date (midnight in ``tz``) or an RFC 3339 / ISO 8601 timestamp (no offset: ``tz``)."""
     value = text.strip()
@@ -67,7 +89,7 @@ def parse_instant(text: str, tz: tzinfo, option: str) -> int:
             "(2026-10-01T00:00:00Z)"
         ) from exc
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=tz)
+        moment = _wall_time(moment, tz, text, option)
     try:
         return int(moment.timestamp())
     except (OverflowError, ValueError, OSError) as exc:
@@ -111,6 +133,9 @@ def resolve(
     if len(chosen) > 1:
         raise PeriodError(f"choose one way to give the period, not {' and '.join(chosen)}")
     if month is not None:
+        if month.strip() == "previous":  # the last whole month: what a monthly job bills
+            first = datetime.fromtimestamp(now, tz).date().replace(day=1)
+            month = (first - timedelta(days=1)).strftime("%Y-%m")
         lo, hi = month_window(month, tz)
     elif last is not None:
         seconds = parse_duration(last) if isinstance(last, str) else int(last)

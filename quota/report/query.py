@@ -363,6 +363,17 @@ def gaps(conn: Connection, clusters: Sequence[str], lo: int, hi: int) -> list[Ga
     return [GapRecord(str(c), str(k), int(a), int(b), str(r)) for c, k, a, b, r in rows]
 
 
+def data_begins(conn: Connection, clusters: Sequence[str]) -> dict[str, int]:
+    """When each cluster's data begins: the first time the store knew it (its clusters row,
+    written with the first batch's observation time); clusters without a row are left out."""
+    return {
+        str(name): int(at)
+        for name, at in conn.execute(
+            select(Cluster.name, Cluster.created_at).where(Cluster.name.in_(list(clusters)))
+        )
+    }
+
+
 def known_clusters(conn: Connection) -> list[str]:
     """Every cluster the store holds anything of (its clusters table, and allocations)."""
     named = {str(r[0]) for r in conn.execute(select(Cluster.name))}

@@ -30,6 +30,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
+from gpuquota.cli_common.yamltext import yaml_position, yaml_problem
 from gpuquota.quota.accounting.rules.shares import mig_override
 
 _TOP_KEYS = {"currency", "default_rate", "timezone", "models", "mig_fractions"}
@@ -90,15 +91,48 @@ def load(path: str | Path) -> RateCard:
     except UnicodeDecodeError as exc:
         raise RateCardError(name, "", f"not a YAML text file: {exc.reason}") from exc
     try:
-        doc = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=_Loader)
+        if node is not None:
+            _no_duplicate_keys(node, name, "")
+        doc = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "document"
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise RateCardError(name, where, f"invalid YAML: {problem}") from exc
-    except ValueError as exc:  # a date-shaped scalar that is no date: from: 2026-13-01
-        raise RateCardError(name, "document", f"invalid date: {exc}") from exc
+        where = yaml_position(exc) or "document"
+        raise RateCardError(
+            name, where, f"invalid YAML: {yaml_problem(exc, position=False)}"
+        ) from exc
     return parse(doc, name)
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML's safe subset with dates left as text: `from: 2026-13-01` then reaches _instant,
+    which names its key path, instead of failing inside the YAML parser with no path."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
+def _no_duplicate_keys(node: yaml.Node, name: str, path: str) -> None:
+    """YAML lets a repeated key silently win; in a price list that is a wrong bill."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value_node in node.value:
+            key = str(key_node.value)
+            where = f"{path}.{key}" if path else key
+            if key in seen:
+                raise RateCardError(
+                    name,
+                    where,
+                    f"duplicate key (lines {seen[key]} and {key_node.start_mark.line + 1}): "
+                    "YAML would keep the last silently",
+                )
+            seen[key] = key_node.start_mark.line + 1
+            _no_duplicate_keys(value_node, name, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _no_duplicate_keys(item, name, f"{path}[{i}]")
 
 
 def parse(doc: Any, name: str = "<ratecard>") -> RateCard:
@@ -197,9 +231,13 @@ def _instant(value: Any, name: str, key: str, tz: dt.tzinfo) -> int:
         return int(dt.datetime(value.year, value.month, value.day, tzinfo=tz).timestamp())
     if isinstance(value, str):
         try:
-            moment = dt.datetime.fromisoformat(value.strip())
-        except ValueError:
-            pass
+            moment = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        except ValueError as exc:
+            if re.match(r"\d{4}-\d{2}-\d{2}", value.strip()):  # shaped like one, but no date
+                raise RateCardError(name, key, f"invalid date {value!r}: {exc}") from None
+            raise RateCardError(
+                name, key, f"expected a date (2026-10-15) or RFC 3339 time, got {value!r}"
+            ) from None
         else:
             moment = moment if moment.tzinfo else moment.replace(tzinfo=tz)
             return int(moment.timestamp())

@@ -285,6 +285,11 @@ def notes(report: Report) -> list[str]:
             "priced at the default rate (not in the rate card): "
             + ", ".join(report.unpriced_models)
         )
+    if report.unmatched_card_models:
+        out.append(
+            "rate card models that match no GPU used in this period (a misspelt model name "
+            "prices nothing): " + ", ".join(report.unmatched_card_models)
+        )
     if report.best_effort_pods:
         pods = sum(report.best_effort_pods.values())
         where = ", ".join(f"{ns} ({n})" for ns, n in sorted(report.best_effort_pods.items()))
@@ -325,6 +330,12 @@ def coverage_notes(report: Report) -> list[str]:
                 "replayed event): the period reaches past it, and allocations still open then "
                 "are counted up to that time only"
             )
+    for cluster, since in sorted(report.begins_late.items()):
+        out.append(
+            f"the data of cluster {cluster!r} begins at {_utc(since)} (the first time the store "
+            "knew it): before it the period is not covered; only allocations still running then "
+            "are counted, from their start"
+        )
     return out
 
 
@@ -546,6 +557,7 @@ def render_json(report: Report, period: Period) -> str:
         "notes": {
             "estimated_intervals": report.estimated_intervals,
             "unpriced_models": report.unpriced_models,
+            "unmatched_rate_card_models": report.unmatched_card_models,
             "best_effort_gpu_pods": report.best_effort_pods,
             "messages": notes(report),
         },

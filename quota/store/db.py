@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import os
+import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,7 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     not_,
     or_,
     select,
@@ -117,12 +120,48 @@ def safe_url(url: str) -> str:
         return "<invalid URL>"
 
 
-def _engine(url: str) -> Engine:
+def _sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
+    """Connections that never write to a SQLite store: read-only (``mode=ro``), or, where the
+    folder cannot be written (a backup handed to finance, a read-only volume) and so WAL's
+    shared-memory file cannot be made, ``immutable=1`` (no locks, no -shm), which is safe only
+    when no write-ahead log holds data the main file lacks: else a clear refusal."""
+    uri = Path(path).resolve().as_uri()
+
+    def connect() -> sqlite3.Connection:
+        conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, check_same_thread=False)
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens WAL's -shm
+            return conn
+        except sqlite3.OperationalError:
+            conn.close()
+            folder = Path(path).resolve().parent
+            if os.access(folder, os.W_OK):
+                raise
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise sqlite3.OperationalError(
+                f"its write-ahead log {wal} holds changes, and the folder {folder} is read-only: "
+                "copy the store with `gpuquota db backup` (one file, no log) and read the copy"
+            )
+        return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
+
+    return connect
+
+
+def _engine(url: str, *, read_only: bool = False) -> Engine:
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise StoreError(f"invalid database URL {url!r}") from None
     kwargs: dict[str, Any] = {}
+    in_file = parsed.get_backend_name() == "sqlite" and parsed.database not in (
+        None,
+        "",
+        ":memory:",
+    )
+    if read_only and in_file and not str(parsed.database).startswith("file:"):
+        assert parsed.database is not None
+        return create_engine("sqlite://", creator=_sqlite_reader(parsed.database))
     if parsed.get_backend_name() == "sqlite":
         # wait for a concurrent writer (the report, a second replay) instead of failing
         if "timeout" not in parsed.query:
@@ -180,10 +219,10 @@ def _require_existing_file(url: str) -> None:
 
 
 @contextmanager
-def _connected(url: str, *, create: bool = False) -> Iterator[Connection]:
+def _connected(url: str, *, create: bool = False, read_only: bool = False) -> Iterator[Connection]:
     if not create:
         _require_existing_file(url)
-    engine = _engine(url)
+    engine = _engine(url, read_only=read_only)
     try:
         try:
             connection = engine.connect()
@@ -218,11 +257,33 @@ def upgrade(url: str, revision: str = "head") -> None:
 
     _check_revision(revision)
     with _connected(url, create=True) as connection:
+        _refuse_foreign(connection, url)
         try:
             command.upgrade(_alembic_config(connection), revision)
             connection.commit()
         except SQLAlchemyError as exc:
             raise StoreError(f"migration of {safe_url(url)} failed: {_describe(exc)}") from None
+
+
+def _refuse_foreign(
+    connection: Connection, url: str, doing: str = "refusing to add gpuquota's tables to it"
+) -> None:
+    """StoreError for a database that holds tables but is no gpuquota store (no schema
+    revision of ours): upgrading it would add our tables to someone else's data."""
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    tables = sorted(inspect(connection).get_table_names())
+    revision = MigrationContext.configure(connection).get_current_revision()
+    ours = {r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+    if revision in ours or not tables:
+        return
+    shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
+    why = f"its schema revision {revision!r} is not one of ours" if revision else "no revision"
+    raise StoreError(
+        f"database {safe_url(url)} is not a gpuquota store ({why}; it holds {shown}): {doing}; "
+        "give an empty database or a gpuquota store"
+    )
 
 
 def downgrade(url: str, revision: str) -> None:
@@ -244,13 +305,14 @@ def current(url: str) -> str | None:
 
     if _missing_file(url):
         return None  # as empty as it gets, and left uncreated
-    with _connected(url) as connection:
+    with _connected(url, read_only=True) as connection:
         return MigrationContext.configure(connection).get_current_revision()
 
 
-def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
+def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool = False) -> Store:
     """Connect to the store at ``url``; with ``migrate`` bring its schema to the latest
-    revision first, else refuse a database that is not at it."""
+    revision first, else refuse a database that is not at it. ``read_only``: never write
+    (a SQLite file is opened read-only, in a read-only folder too; see _sqlite_reader)."""
     if migrate:
         upgrade(url)
     else:
@@ -259,10 +321,13 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False) -> Store:
     head = head_revision()
     if revision != head:
         found = "an empty database" if revision is None else f"revision {revision}"
+        if revision is None:
+            with _connected(url, read_only=True) as connection:
+                _refuse_foreign(connection, url, "nothing to read")  # tables, none ours
         raise StoreError(
             f"database {safe_url(url)} has {found}, this version needs {head}: run `gpuquota db upgrade`"
         )
-    return Store(url, _engine(url))
+    return Store(url, _engine(url, read_only=read_only))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +381,8 @@ class Store:
             ) from None
 
     def _write(self, conn: Connection, cluster: str, batch: Batch) -> None:
-        created = batch.observed_at
+        # the cluster's data begins at this writer's first observation (kept if known already)
+        created = batch.first_observed_at or batch.observed_at
         conn.execute(
             self._insert(Cluster.__table__)
             .values(name=cluster, created_at=created)

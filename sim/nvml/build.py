@@ -21,6 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
 
 CSRC = Path(__file__).resolve().parent
@@ -139,9 +140,7 @@ examples:
   python -m gpuquota.sim.nvml.build --out build/sim/libnvidia-ml.so.1 --cc clang
   NVML_H=/usr/include/nvml.h python -m gpuquota.sim.nvml.build      # another nvml.h
 
-exit status: 0 when built; 2 on a bad flag; 1 when it cannot be built (no nvml.h, no
-compiler, a compile error), with one line on stderr naming the cause.
-"""
+""" + exitcodes.help_text()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
 from gpuquota.sim.nvml.control import SimError, SimNode
 
@@ -37,8 +38,7 @@ examples:
   python -m gpuquota.sim.nvml /tmp/node.state process 0 411 8000000000
   python -m gpuquota.sim.nvml /tmp/node.state process-util 0 411 --sm 0.92 --memory 0.28
 
-exit status: 0 on success; 2 on bad input (flag, spec, field), one line on stderr.
-"""
+""" + exitcodes.help_text()
 
 
 def _parser() -> argparse.ArgumentParser:

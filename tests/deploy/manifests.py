@@ -16,17 +16,55 @@ DEPLOY = ROOT / "deploy"
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
 
-# every folder kustomize builds (``built`` makes tls-auth from a copy with its generated Secret files)
-OVERLAYS = [
-    "base",
-    "overlays/dcgm-compat",
-    "overlays/postgres",
-    "overlays/device-plugin",
-    "overlays/dra",
-    "overlays/restricted",
-    "overlays/tls-auth",
-    "overlays/pod-usage",
-]
+# The optional parts, each a kustomize Component, in the order a kustomization lists them
+# (dra after device-plugin and pod-usage: its --dra=on must be the exporter's last --dra flag).
+COMPONENTS = (
+    "report-cronjob",  # before postgres, which points the report at the database
+    "postgres",
+    "prometheus-operator",
+    "dcgm-compat",
+    "device-plugin",
+    "pod-usage",
+    "dra",
+    "tls-auth",
+    "grafana-dashboards",
+    "restricted",
+)
+# restricted takes the exporter's host folders away: it composes only with what needs none
+RESTRICTED_WITH = (
+    "report-cronjob",
+    "postgres",
+    "prometheus-operator",
+    "dcgm-compat",
+    "grafana-dashboards",
+)
+PRODUCTION = ("report-cronjob", "postgres", "prometheus-operator", "device-plugin", "dra",
+              "tls-auth", "grafana-dashboards")  # fmt: skip
+
+
+def _sensible() -> dict[str, tuple[str, ...]]:
+    """Every build the tests check: the base, each component alone, every sensible pair,
+    deploy/examples/production, and everything that composes at once."""
+    builds: dict[str, tuple[str, ...]] = {"base": ()}
+    for i, a in enumerate(COMPONENTS):
+        builds[f"components/{a}"] = (a,)
+        for b in COMPONENTS[i + 1 :]:
+            if "restricted" in (a, b) and not {a, b} - {"restricted"} <= set(RESTRICTED_WITH):
+                continue
+            builds[f"components/{a}+{b}"] = (a, b)
+    builds["components/all-but-restricted"] = tuple(c for c in COMPONENTS if c != "restricted")
+    builds["components/restricted-and-all-it-takes"] = (*RESTRICTED_WITH, "restricted")
+    builds["examples/production"] = PRODUCTION
+    return builds
+
+
+#: build name -> the components it composes with the base
+BUILDS = _sensible()
+OVERLAYS = list(BUILDS)  # every build the per-build tests run on
+
+
+def components_of(name: str) -> tuple[str, ...]:
+    return BUILDS[name]
 
 
 @functools.cache
@@ -50,20 +88,33 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 @functools.cache
 def generated_deploy() -> Path:
-    """A copy of deploy/ with overlays/tls-auth's Secret files generated (never in the tree)."""
+    """A copy of deploy/ with components/tls-auth's Secret files generated (never in the tree)."""
     import sys
     import tempfile
 
     copy = Path(tempfile.mkdtemp(prefix="deploy-")) / "deploy"
     shutil.copytree(DEPLOY, copy)
-    script = copy / "overlays" / "tls-auth" / "generate.py"
+    script = copy / "components" / "tls-auth" / "generate.py"
     made = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
     assert made.returncode == 0, made.stderr
     return copy
 
 
-def built(folder: str) -> list[dict[str, Any]]:
-    """kustomize of ``base`` or ``overlays/<name>``; tls-auth with generated Secret files."""
-    if folder == "overlays/tls-auth":
-        return kustomize(generated_deploy() / folder)
-    return kustomize(DEPLOY / folder)
+def built(name: str) -> list[dict[str, Any]]:
+    """kustomize of a build: ``base``, ``examples/<name>``, or the base composed with the
+    components a ``components/...`` name lists (BUILDS); made in a copy of deploy/ where
+    components/tls-auth's Secret files are generated."""
+    if name == "base":
+        return kustomize(DEPLOY / "base")
+    copy = generated_deploy()
+    if name.startswith("examples/"):
+        return kustomize(copy / name)
+    folder = copy / "builds" / name.replace("/", "_")
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        listed = "".join(f"  - ../../components/{c}\n" for c in BUILDS[name])
+        (folder / "kustomization.yaml").write_text(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+            "namespace: gpuquota\nresources:\n  - ../../base\ncomponents:\n" + listed
+        )
+    return kustomize(folder)

@@ -32,7 +32,9 @@ SERVER_SET = {"resourceVersion", "managedFields", "generation"}
 
 
 def _policy(overlay: str, name: str) -> Policy:
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "overlays" / overlay / name).read_text()) if d]
+    docs = [
+        d for d in yaml.safe_load_all((DEPLOY / "components" / overlay / name).read_text()) if d
+    ]
     policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
     binding = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]

@@ -1,4 +1,4 @@
-"""deploy/: every YAML parses, kustomize builds base and overlays, the manifests carry what the
+"""deploy/: every YAML parses, kustomize builds the base and every sensible composition of its components, the manifests carry what the
 exporter and controller need, and the alert rules are valid, tested and use known metrics."""
 
 from __future__ import annotations
@@ -7,12 +7,14 @@ import json
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from gpuquota.dashboards import configmaps
 from gpuquota.dashboards.known_metrics import known_metric_names
 from gpuquota.dashboards.promql import metric_names
 from tests.deploy.manifests import (
@@ -25,13 +27,13 @@ from tests.deploy.manifests import (
     needs_kubectl,
 )
 
-RULE = DEPLOY / "overlays" / "prometheus-operator" / "prometheusrule.yaml"
+RULE = DEPLOY / "components" / "prometheus-operator" / "prometheusrule.yaml"
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) missing")
 
 
-GENERATED = {"web-config.yml"}  # overlays/tls-auth/generate.py writes it; never committed
+GENERATED = {"web-config.yml"}  # components/tls-auth/generate.py writes it; never committed
 
 
 def yaml_files() -> list[Path]:
@@ -56,7 +58,9 @@ def test_every_yaml_parses_into_named_kubernetes_objects() -> None:
         for doc in docs:
             assert isinstance(doc, dict), f"{path}: a document is not a mapping"
             if path.name == "kustomization.yaml":
-                assert doc["kind"] == "Kustomization"
+                # every optional part is a Component, so any of them compose (issue 18)
+                kind = "Component" if path.parent.parent.name == "components" else "Kustomization"
+                assert doc["kind"] == kind, path
                 continue
             if isinstance(doc, dict) and "apiVersion" not in doc:
                 continue  # a strategic-merge patch fragment would still name its kind
@@ -74,7 +78,7 @@ def test_base_exporter_daemonset_reaches_the_kubelet_socket_on_gpu_nodes() -> No
     pod = find(docs, "DaemonSet", "gpu-exporter")["spec"]["template"]
     spec = pod["spec"]
     host_paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
-    # the device-plugins folder only where the device plugin runs (overlays/device-plugin)
+    # the device-plugins folder only where the device plugin runs (components/device-plugin)
     assert host_paths == {"/var/lib/kubelet/pod-resources"}
     assert spec["nodeSelector"]
     assert any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
@@ -133,20 +137,20 @@ def test_base_controller_is_two_replicas_with_the_rbac_it_needs() -> None:
 @needs_kubectl
 def test_overlays_build_and_change_what_they_say() -> None:
     base = kustomize(DEPLOY / "base")
-    dcgm = kustomize(DEPLOY / "overlays" / "dcgm-compat")
+    dcgm = built("components/dcgm-compat")
     args = find(dcgm, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]["containers"][0][
         "args"
     ]
     assert "--compat=dcgm" in args
 
-    postgres = kustomize(DEPLOY / "overlays" / "postgres")
+    postgres = built("components/postgres")
     assert not [d for d in postgres if d["kind"] == "PersistentVolumeClaim"]
     pod = find(postgres, "Deployment", "gpuquota-controller")["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["GPUQUOTA_DB"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
     assert "podAffinity" not in pod.get("affinity", {})
 
-    plugin = kustomize(DEPLOY / "overlays" / "device-plugin")
+    plugin = built("components/device-plugin")
     pod = find(plugin, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
     assert {"--device-plugin", "--node-condition", "--node-taint"} <= set(
         pod["containers"][0]["args"]
@@ -161,7 +165,7 @@ def test_overlays_build_and_change_what_they_say() -> None:
 
     build_parser().parse_args(pod["containers"][0]["args"])
 
-    dra = kustomize(DEPLOY / "overlays" / "dra")
+    dra = built("components/dra")
     pod = find(dra, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
     assert {"--dra=on", "--dra-device-taints"} <= set(pod["containers"][0]["args"])
     assert pod["automountServiceAccountToken"] is True
@@ -178,7 +182,7 @@ def test_overlays_build_and_change_what_they_say() -> None:
     binding = find(dra, "ClusterRoleBinding", "gpu-exporter-dra")
     assert binding["subjects"][0]["name"] == "gpu-exporter"
 
-    usage = kustomize(DEPLOY / "overlays" / "pod-usage")
+    usage = built("components/pod-usage")
     pod = find(usage, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
     assert pod["hostPID"] is True and "--pod-usage" in pod["containers"][0]["args"]
     assert pod["automountServiceAccountToken"] is True
@@ -192,7 +196,7 @@ def test_overlays_build_and_change_what_they_say() -> None:
     binding = find(usage, "ClusterRoleBinding", "gpu-exporter-pod-usage")
     assert binding["subjects"][0]["name"] == "gpu-exporter"
 
-    operator = kustomize(DEPLOY / "overlays" / "prometheus-operator")
+    operator = built("components/prometheus-operator")
     kinds = [d["kind"] for d in operator]
     assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
     assert len(operator) == len(base) + 3
@@ -209,6 +213,8 @@ def test_built_manifests_match_the_kubernetes_api_schemas(folder: str) -> None:
 
     version = kubernetes_validate.latest_version()
     for doc in built(folder):
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # the Prometheus Operator's CRDs: not built in (promtool checks the rules)
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -276,10 +282,9 @@ def container_commands(docs: list[dict[str, Any]]) -> list[tuple[str, list[str]]
     """(object name, command + args) of every container and init container."""
     found = []
     for doc in docs:
-        if doc["kind"] not in ("DaemonSet", "Deployment"):
+        if doc["kind"] not in ("DaemonSet", "Deployment", "CronJob"):
             continue
-        spec = doc["spec"]["template"]["spec"]
-        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+        for container in pod_containers(doc):
             found.append(
                 (doc["metadata"]["name"], [*container["command"], *container.get("args", [])])
             )
@@ -305,11 +310,11 @@ def test_every_container_command_parses_with_our_own_cli(folder: str) -> None:
             raise AssertionError(f"{name}: `{' '.join(argv)}` does not parse") from exc
 
 
-def test_the_prometheus_operator_overlay_says_it_needs_the_operators_crds() -> None:
+def test_the_prometheus_operator_component_says_it_needs_the_operators_crds() -> None:
     """Its kinds exist only where the operator's CRDs are installed; apply fails otherwise."""
     docs = [
         d
-        for p in (DEPLOY / "overlays" / "prometheus-operator").glob("*.yaml")
+        for p in (DEPLOY / "components" / "prometheus-operator").glob("*.yaml")
         if p.name != "kustomization.yaml"
         for d in yaml.safe_load_all(p.read_text())
         if d
@@ -318,16 +323,84 @@ def test_the_prometheus_operator_overlay_says_it_needs_the_operators_crds() -> N
     assert kinds == {"ServiceMonitor", "PrometheusRule"}
     readme = (DEPLOY / "README.md").read_text()
     row = next(
-        line for line in readme.splitlines() if line.startswith("| `overlays/prometheus-operator/`")
-    )
-    command = next(
         line
         for line in readme.splitlines()
-        if "apply -k deploy/overlays/prometheus-operator" in line
+        if line.startswith("| `components/prometheus-operator/`")
     )
+    command = next(line for line in readme.splitlines() if "-k deploy/examples/production" in line)
     for text in (
         row,
         command,
-        (DEPLOY / "overlays/prometheus-operator/kustomization.yaml").read_text(),
+        (DEPLOY / "components/prometheus-operator/kustomization.yaml").read_text(),
     ):
         assert "CRDs" in text, text
+
+
+@needs_kubectl
+def test_production_example_composes_every_part_and_names_the_image_once() -> None:
+    """Issue 18 (fails on 6c36c52: no components, no example; a kustomization listing the
+    postgres and prometheus-operator overlays failed with "already registered id")."""
+    docs = built("examples/production")
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    assert len(kinds) == len(docs)  # nothing twice
+    assert ("ServiceMonitor", "gpu-exporter") in kinds and ("PrometheusRule", "gpuquota") in kinds
+    claims = [d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    assert claims == ["gpuquota-reports"]  # postgres: no SQLite volume; the CSVs have theirs
+    report = find(docs, "CronJob", "gpuquota-report")["spec"]["jobTemplate"]["spec"]["template"]
+    assert "affinity" not in report["spec"]  # with PostgreSQL it runs on any node
+    env = report["spec"]["containers"][0]["env"]
+    assert env[0]["valueFrom"]["secretKeyRef"] == {"name": "gpuquota-db", "key": "url"}
+    assert [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    maps = [
+        d
+        for d in docs
+        if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {})
+    ]
+    assert sorted(m["metadata"]["name"] for m in maps) == [
+        "gpuquota-dashboard-gpu-node",
+        "gpuquota-dashboard-gpu-quota",
+    ]
+    assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
+    exporter = find(docs, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
+    args = exporter["containers"][0]["args"]
+    assert "--device-plugin" in args and "--dra-device-taints" in args
+    assert [a for a in args if a.startswith("--dra=")][-1] == "--dra=on"  # the last one wins
+    assert any(a.startswith("--web.config.file=") for a in args)
+    images = {
+        c["image"]
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment", "CronJob")
+        for c in pod_containers(d)
+    }
+    assert images == {"registry.example.com/platform/gpuquota:0.1.0"}
+    assert all(d["metadata"].get("namespace") in (None, "gpuquota") for d in docs)
+
+
+def pod_containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = doc.get("spec", {})
+    template = spec.get("jobTemplate", {}).get("spec", {}).get("template") or spec.get(
+        "template", {}
+    )
+    pod = template.get("spec", {})
+    return [*pod.get("initContainers", []), *pod.get("containers", [])]
+
+
+def test_the_image_is_named_in_one_place() -> None:
+    """Every container, the components' too, names the same image at the package's version,
+    so one `images:` entry in a kustomization points all of them at your registry."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    named = []
+    for path in yaml_files():
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") in ("DaemonSet", "Deployment", "CronJob"):
+                # (a patch fragment names no image: it keeps the one it patches)
+                named += [(path, c["image"]) for c in pod_containers(doc) if "image" in c]
+    assert len(named) >= 4
+    assert {image for _p, image in named} == {f"ghcr.io/gpuquota/gpuquota:{version}"}, named
+
+
+def test_dashboard_configmaps_are_fresh() -> None:
+    target = DEPLOY / "components" / "grafana-dashboards" / "dashboards.yaml"
+    assert configmaps.main(["--check", str(target)]) == 0, (
+        f"run `python -m gpuquota.dashboards.configmaps --write {target.relative_to(ROOT)}`"
+    )

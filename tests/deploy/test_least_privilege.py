@@ -27,7 +27,7 @@ from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServe
 from gpuquota.sim.nvml import spec
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.resourceslices import DRIVER, resource_slices
-from tests.deploy.manifests import DEPLOY, find, kustomize, needs_kubectl
+from tests.deploy.manifests import DEPLOY, built, find, kustomize, needs_kubectl
 from tests.kubelet.exporter_proc import Exporter
 
 Grant = tuple[str, str, str]  # (API group, resource[/subresource], verb)
@@ -76,7 +76,7 @@ def folder() -> Iterator[Path]:
 def run_exporter_through_an_unhealthy_gpu(overlay: str, folder: Path) -> set[Grant]:
     """gpu-exporter with the overlay's arguments on a DRA node with a claimed GPU: GPU 0 gets
     XID 79 with a pending reboot (taints, rules, condition), then recovers. Its calls."""
-    docs = kustomize(DEPLOY / "overlays" / overlay)
+    docs = built(f"components/{overlay}")
     plugin_dir = folder / "device-plugins"
     plugin_dir.mkdir()
     socket_path = folder / "kubelet.sock"
@@ -130,7 +130,7 @@ def _calls_settled(api: ApiServer) -> bool:
 @needs_kubectl
 @pytest.mark.parametrize("overlay", ["device-plugin", "dra"])
 def test_exporter_roles_grant_exactly_what_the_exporter_calls(overlay: str, folder: Path) -> None:
-    docs = kustomize(DEPLOY / "overlays" / overlay)
+    docs = built(f"components/{overlay}")
     granted = grants(docs, EXPORTER_SA)
     called = run_exporter_through_an_unhealthy_gpu(overlay, folder)
     assert called, "the exporter made no API call: the run proves nothing"
@@ -141,9 +141,12 @@ def test_exporter_roles_grant_exactly_what_the_exporter_calls(overlay: str, fold
 
 
 @needs_kubectl
-@pytest.mark.parametrize("folder_name", ["base", "overlays/restricted", "overlays/dcgm-compat"])
+@pytest.mark.parametrize(
+    "folder_name",
+    ["base", "components/restricted", "components/dcgm-compat", "components/grafana-dashboards"],
+)
 def test_exporters_without_api_flags_have_no_token_and_no_grant(folder_name: str) -> None:
-    docs = kustomize(DEPLOY / folder_name)
+    docs = built(folder_name)
     assert grants(docs, EXPORTER_SA) == set()
     pod = find(docs, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
@@ -192,7 +195,7 @@ def test_controller_roles_grant_exactly_what_the_controller_calls(folder: Path) 
 def test_every_resource_the_exporter_may_change_is_under_a_policy(
     overlay: str, kinds: set[str]
 ) -> None:
-    docs = kustomize(DEPLOY / "overlays" / overlay)
+    docs = built(f"components/{overlay}")
     writes = {r for _g, r, v in grants(docs, EXPORTER_SA) if v not in ("get", "list", "watch")}
     assert writes == kinds
     policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
@@ -209,8 +212,8 @@ def test_every_resource_the_exporter_may_change_is_under_a_policy(
 
 @needs_kubectl
 def test_pod_usage_role_grants_exactly_what_the_exporter_calls(folder: Path) -> None:
-    """overlays/pod-usage: the pod list that joins a process's pod UID to its name, nothing more."""
-    docs = kustomize(DEPLOY / "overlays" / "pod-usage")
+    """components/pod-usage: the pod list that joins a process's pod UID to its name, nothing more."""
+    docs = built("components/pod-usage")
     granted = grants(docs, EXPORTER_SA)
     socket_path = folder / "kubelet.sock"
     with (

@@ -10,7 +10,14 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.manifests import DEPLOY, OVERLAYS, built, needs_kubectl
+from tests.deploy.manifests import (
+    COMPONENTS,
+    DEPLOY,
+    OVERLAYS,
+    built,
+    components_of,
+    needs_kubectl,
+)
 
 README = DEPLOY / "README.md"
 
@@ -97,20 +104,27 @@ def documented_exceptions() -> dict[tuple[str, str], set[str]]:
     for check, workload, where in rows:
         where = where.strip()
         if where.startswith("all but "):
-            excluded = {f"overlays/{n.strip(' `')}" for n in where[8:].split(",")}
-            folders = [f for f in OVERLAYS if f not in excluded]
+            excluded = {n.strip(" `") for n in where[8:].split(",")}
+            folders = [f for f in OVERLAYS if not excluded & set(components_of(f))]
         else:
-            folders = [f"overlays/{n.strip(' `')}" if n.strip(" `") != "base" else "base"
-                       for n in where.split(",")]  # fmt: skip
+            named = {n.strip(" `") for n in where.split(",")}
+            assert named <= {"base", *COMPONENTS}, f"README names an unknown component {named}"
+            folders = [
+                f for f in OVERLAYS if named & {*components_of(f), "base" if f == "base" else ""}
+            ]
         for folder in folders:
-            assert folder in OVERLAYS, f"README names an unknown overlay {folder}"
             out.setdefault((workload, folder), set()).add(check)
     return out
 
 
 def workloads(folder: str) -> list[tuple[str, dict[str, Any]]]:
     return [
-        (d["metadata"]["name"], d["spec"]["template"])
+        (
+            d["metadata"]["name"],
+            d["spec"]["jobTemplate"]["spec"]["template"]
+            if d["kind"] == "CronJob"
+            else d["spec"]["template"],
+        )
         for d in built(folder)
         if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job", "CronJob")
     ]
@@ -156,10 +170,10 @@ def test_workloads_meet_the_restricted_profile_but_for_the_documented_exceptions
 
 @needs_kubectl
 def test_the_restricted_overlay_has_no_exception_and_enforces_the_profile() -> None:
-    assert all(not restricted_violations(pod) for _n, pod in workloads("overlays/restricted"))
-    namespace = next(d for d in built("overlays/restricted") if d["kind"] == "Namespace")
+    assert all(not restricted_violations(pod) for _n, pod in workloads("components/restricted"))
+    namespace = next(d for d in built("components/restricted") if d["kind"] == "Namespace")
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
-    exporter = dict(workloads("overlays/restricted"))["gpu-exporter"]
+    exporter = dict(workloads("components/restricted"))["gpu-exporter"]
     args = exporter["spec"]["containers"][0]["args"]
     assert "--pod-resources-socket=" in args  # attribution off: the socket is root-only
     from gpuquota.exporter.cli import build_parser
@@ -190,7 +204,7 @@ def test_beyond_the_profile_read_only_roots_and_host_folders(folder: str) -> Non
                 writable = host[mount["name"]] == "/var/lib/kubelet/device-plugins"
                 assert mount.get("readOnly", False) is not writable, (folder, mount)
         paths = set(host.values())
-        if folder != "overlays/device-plugin":
+        if "device-plugin" not in components_of(folder):
             assert "/var/lib/kubelet/device-plugins" not in paths, folder
         assert paths <= {"/var/lib/kubelet/pod-resources", "/var/lib/kubelet/device-plugins"}
 
@@ -223,10 +237,10 @@ def test_tls_auth_overlay_serves_with_its_generated_secret() -> None:
     from gpuquota.exporter.webconfig import load
     from tests.deploy.manifests import generated_deploy
 
-    docs = built("overlays/tls-auth")
+    docs = built("components/tls-auth")
     secret = next(d for d in docs if d["kind"] == "Secret")
     assert set(secret["data"]) == {"web-config.yml", "tls.crt", "tls.key"}
-    pod = dict(workloads("overlays/tls-auth"))["gpu-exporter"]
+    pod = dict(workloads("components/tls-auth"))["gpu-exporter"]
     container = pod["spec"]["containers"][0]
     flag = next(a for a in container["args"] if a.startswith("--web.config.file="))
     mount = next(m for m in container["volumeMounts"] if m["name"] == "web")
@@ -236,6 +250,6 @@ def test_tls_auth_overlay_serves_with_its_generated_secret() -> None:
     for probe in ("readinessProbe", "livenessProbe"):
         assert container[probe]["httpGet"]["scheme"] == "HTTPS"
     # what generate.py wrote is a web config the exporter accepts: TLS and a bcrypt user
-    config = load(generated_deploy() / "overlays" / "tls-auth" / "web-config.yml")
+    config = load(generated_deploy() / "components" / "tls-auth" / "web-config.yml")
     assert config.ssl_context is not None and list(config.users) == ["prometheus"]
     assert config.users["prometheus"].startswith(b"$2b$12$")

@@ -71,8 +71,11 @@ def test_tls_paths_are_relative_to_the_file(tmp_path: Path, tls_files: dict[str,
     ],
 )
 def test_bad_config_names_the_problem(tmp_path: Path, text: str, message: str) -> None:
-    with pytest.raises(WebConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        WebConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+    ) as info:
         load(write(tmp_path, text))
+    assert "\n" not in str(info.value)  # one line (issue 18: bad YAML gave five)
 
 
 def test_tls_settings_are_checked(tmp_path: Path, tls_files: dict[str, Path]) -> None:

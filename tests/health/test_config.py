@@ -101,8 +101,10 @@ def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("xids: {48: [unclosed")
-    with pytest.raises(HealthConfigError, match="not valid YAML"):
+    with pytest.raises(HealthConfigError, match="not valid YAML") as info:
         load_config(bad)
+    # issue 18 (fails on 6c36c52: PyYAML's five-line excerpt): one line, with the position
+    assert "\n" not in str(info.value) and "line 1, column " in str(info.value)
 
 
 def test_empty_file_is_defaults() -> None:

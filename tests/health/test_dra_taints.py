@@ -270,7 +270,7 @@ def test_gpu_exporter_taints_a_dra_device_on_xid_79_and_clears_it(tmp_path: Path
             wait_for(lambda: "gpuquota_exporter_dra_taint_rules 0" in scrape(exporter.port))
             assert "gpuquota_exporter_dra_taint_errors_total 0" in scrape(exporter.port)
             wait_for(lambda: "DeviceTaintRule gpuquota-node-a-gpu-0 deleted" in exporter.output())
-            # every call maps onto a verb deploy/overlays/dra grants (list/watch are GETs)
+            # every call maps onto a verb deploy/components/dra grants (list/watch are GETs)
             assert set(api.requests) == {
                 "GET resourceslices",
                 "GET devicetaintrules",

@@ -161,7 +161,7 @@ def test_a_restarted_exporter_keeps_the_fence_of_a_gpu_that_waits_for_a_reboot(
 
 
 def _policy(path: str) -> dict[str, Any]:
-    docs = yaml.safe_load_all((DEPLOY / "overlays" / path).read_text())
+    docs = yaml.safe_load_all((DEPLOY / "components" / path).read_text())
     return next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
 
 

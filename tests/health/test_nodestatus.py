@@ -257,7 +257,7 @@ def test_gpu_exporter_fences_and_unfences_a_node_another_controller_tainted(tmp_
     node, recovery removes the taint; the other taint stays byte for byte and no write is
     refused. On 6c36c52 every write was refused (timeAdded dropped) and the taint stayed."""
     docs = yaml.safe_load_all(
-        (DEPLOY / "overlays/device-plugin/node-admission-policy.yaml").read_text()
+        (DEPLOY / "components/device-plugin/node-admission-policy.yaml").read_text()
     )
     policy = next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
     user = {"username": "system:serviceaccount:gpuquota:gpu-exporter",

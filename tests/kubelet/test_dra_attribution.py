@@ -279,7 +279,7 @@ def test_gpu_exporter_attributes_dra_claims_end_to_end(
                 )
             )
             assert "no longer resolve" in exporter.output()
-            # every call maps onto a verb deploy/overlays/dra grants (list/watch/get are GETs;
+            # every call maps onto a verb deploy/components/dra grants (list/watch/get are GETs;
             # the claims are read by name)
             assert set(api.requests) == {"GET resourceslices", "GET resourceclaims"}
         finally:

@@ -198,3 +198,15 @@ def test_chart_draws_other_in_its_own_grey(tmp_path: Path) -> None:
     colours = [chart.colours_for(f"ns-{i:02d}", i) for i in range(10)]
     assert len(set(colours)) == 10  # ... and no two groups share a colour
     assert chart.colours_for(OTHER, 0) == chart.OTHER_COLOUR
+
+
+def test_rate_card_models_that_match_nothing_are_listed() -> None:
+    """Issue 18 (fails on 6c36c52): a misspelt model in the card priced nothing, silently."""
+    report = aggregate(["namespace"], [row(("ml",), (3600,), model="NVIDIA-L4")], [0, 3600], CARD)
+    assert report.unmatched_card_models == sorted(CARD.models)
+    used = aggregate(["namespace"], [row(("ml",), (3600,))], [0, 3600], CARD)
+    assert used.unmatched_card_models == sorted(set(CARD.models) - {used_model()})
+
+
+def used_model() -> str:
+    return row(("ml",), (1,)).gpu_model or ""

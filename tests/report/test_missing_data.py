@@ -206,5 +206,38 @@ def test_a_live_controllers_heartbeat_is_not_the_end_of_the_data(store: Store, r
     doc = doc_of(report, store, "--last", "1h")
     assert doc["rows"][0]["gpu_seconds_raw"] == H - 5  # counted to what the store knows
     assert not any("ends at" in m for m in doc["notes"]["messages"])  # but no alarm
+    # a window wholly after the heartbeat holds no data, however recent: issue 18 reversed
+    # this assertion (it was rc 0 with every namespace at 0.00), one rule whatever the distance
     recent = report("--last", "2s", "--json", "--now", NOW, db=store)  # after the heartbeat
-    assert recent.rc == 0, recent.err
+    assert_refused(recent, "data ends before it", "'c1' up to 2026-11-21T23:59:55")
+
+
+def test_one_rule_for_no_data_whatever_the_distance(store: Store, report: Any) -> None:
+    """Issue 18 (fails on 6c36c52): a period starting minutes after the data ends printed
+    every namespace at 0.00 with a false note that no quota was recorded, and a month before
+    the store's first data printed an empty table, both with exit 0."""
+    store.alloc("ml", OCT + H, None)
+    store.quota("ml", OCT + H, hard=8, used=1)
+    heartbeat(store, OCT + 10 * H)  # the data covers [OCT + 10 h, OCT + 10 h]: begins then
+    just_after = report(
+        "--from", rfc3339(OCT + 10 * H + 60), "--to", rfc3339(OCT + 11 * H),
+        "--now", rfc3339(OCT + 10 * H + 120), db=store,
+    )  # fmt: skip
+    assert_refused(just_after, "data ends before it", "'c1' up to 2026-10-01T10:00:00")
+    before = report("--month", "2026-09", "--now", NOW, db=store)
+    assert_refused(before, "the store's data begins after it", "'c1' from 2026-10-01T10:00:00")
+
+
+def test_a_period_reaching_before_the_data_begins_says_so(store: Store, report: Any) -> None:
+    store.alloc("ml", OCT + H, None)  # running when the store first knew the cluster
+    heartbeat(store, OCT + 10 * H)
+    with store.engine.begin() as conn:  # first known at OCT + 2 h, last at OCT + 10 h
+        conn.execute(Cluster.__table__.update().values(created_at=OCT + 2 * H))
+    doc = doc_of(report, store, "--month", "2026-10")
+    assert doc["rows"][0]["gpu_seconds_raw"] == 9 * H  # from the pod's own start
+    assert any(
+        "begins at 2026-10-01T02:00:00Z" in m and "not covered" in m
+        for m in doc["notes"]["messages"]
+    )
+    doc = doc_of(report, store, "--from", rfc3339(OCT + 2 * H), "--to", rfc3339(OCT + 3 * H))
+    assert not any("begins at" in m for m in doc["notes"]["messages"])

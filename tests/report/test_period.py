@@ -75,9 +75,21 @@ def test_default_is_this_month_so_far_in_zone() -> None:
         ({"end": "2026-10-01"}, "--to needs --from"),
         ({"month": "2026-10", "last": "7d"}, "choose one"),
         ({"month": "2026-10", "tz_name": "Mars/Olympus"}, "--tz"),
+        # issue 18 (fail on 6c36c52, which moved the first to 03:30 silently and took one of
+        # the two instants of the second)
+        (
+            {"start": "2026-03-29T02:30:00", "tz_name": "Europe/Berlin"},
+            r"--from: '2026-03-29T02:30:00' does not exist in Europe/Berlin .*"
+            r"e\.g\. 2026-03-29T03:30:00\+02:00",
+        ),
+        (
+            {"start": "2026-10-01", "end": "2026-10-25T02:30:00", "tz_name": "Europe/Berlin"},
+            r"--to: .* happens twice in Europe/Berlin .*\+02:00 or .*\+01:00",
+        ),
     ],
 )
 def test_bad_periods_are_refused(kwargs: dict[str, str], message: str) -> None:
+    """Each refusal is one line naming the option."""
     with pytest.raises(PeriodError, match=message):
         resolve(now=NOW, **kwargs)
 

@@ -105,6 +105,19 @@ def test_dates_follow_the_cards_timezone(tmp_path: Path) -> None:
         ("default_rate: 1\nmig_fractions:\n  1g.10gb: 1.5\n", "mig_fractions.1g.10gb", "(0, 1]"),
         ("default_rate: 1\ntimezone: Nowhere/Land\n", "timezone", "unknown time zone"),
         ("default_rate: [1\n", "line 2", "invalid YAML"),
+        # issue 18 (fail on 6c36c52: a duplicate was accepted, last wins; a bad date named
+        # "document", no key path)
+        (
+            "default_rate: 1\nmodels:\n  X: 1\n  Y: 2\n  X: 3\n",
+            "models.X",
+            "duplicate key (lines 3 and 5)",
+        ),
+        ("default_rate: 1\ndefault_rate: 2\n", "default_rate", "duplicate key"),
+        (
+            "default_rate: 1\nmodels:\n  X:\n    - {rate: 1}\n    - {rate: 2, from: 2026-13-01}\n",
+            "models.X[1].from",
+            "invalid date '2026-13-01': month must be in 1..12",
+        ),
     ],
 )
 def test_malformed_cards_name_file_key_and_problem(

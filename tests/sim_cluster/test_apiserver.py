@@ -238,3 +238,56 @@ def test_merge_patch_rules():
     )
     assert merged == {"conditions": [{"type": "Ready", "status": "False"}, {"type": "X"}]}
     assert merge_patch(conds, {"conditions": [{"type": "X"}]}) == {"conditions": [{"type": "X"}]}
+
+
+def gpu_pod(name: str, gpus: int, cpu: bool = True) -> dict:
+    extra = {"cpu": "1"} if cpu else {}
+    limits = {"nvidia.com/gpu": str(gpus), **extra}
+    return {
+        "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "x", "resources": {"limits": limits}}]},
+    }
+
+
+def test_quota_admission_refuses_past_hard_and_counts_every_pod(apiserver, kube):
+    """Issue 18 (fails on 6c36c52, whose stand-in admitted any pod and never touched a quota's
+    status.used): the real server's quota admission, as seen on kube-apiserver 1.36."""
+    core = client.CoreV1Api(kube)
+    core.create_namespace({"metadata": {"name": "qa"}})
+    quota = {
+        "metadata": {"name": "gpu"},
+        "spec": {"hard": {"requests.nvidia.com/gpu": "2"}},
+        "status": {"hard": {"requests.nvidia.com/gpu": "2"}, "used": {}},
+    }
+    core.create_namespaced_resource_quota("qa", quota)
+    seen: list[str] = []
+    for i in range(2):  # two pods in the same second: two quota updates
+        core.create_namespaced_pod("qa", gpu_pod(f"p{i}", 1))
+        used = core.read_namespaced_resource_quota("gpu", "qa").status.used
+        seen.append(used["requests.nvidia.com/gpu"])
+    assert seen == ["1", "2"]
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod("qa", gpu_pod("p2", 1))
+    assert refused.value.status == 403
+    assert json.loads(refused.value.body)["message"] == (
+        'pods "p2" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1, '
+        "used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2"
+    )
+    assert core.list_namespaced_pod("qa").items and len(core.list_namespaced_pod("qa").items) == 2
+    core.delete_namespaced_pod("p0", "qa")
+    used = core.read_namespaced_resource_quota("gpu", "qa").status.used
+    assert used["requests.nvidia.com/gpu"] == "1"
+    core.create_namespaced_pod("qa", gpu_pod("p2", 1))  # room again
+
+
+def test_quota_scopes_select_pods(apiserver, kube):
+    core = client.CoreV1Api(kube)
+    core.create_namespace({"metadata": {"name": "qb"}})
+    hard = {"requests.nvidia.com/gpu": "1"}
+    quota = {"metadata": {"name": "gpu"}, "spec": {"hard": hard, "scopes": ["NotBestEffort"]}}
+    core.create_namespaced_resource_quota("qb", quota)
+    core.create_namespaced_pod("qb", gpu_pod("be", 4, cpu=False))  # BestEffort: not counted
+    core.create_namespaced_pod("qb", gpu_pod("g", 1))
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod("qb", gpu_pod("g2", 1))
+    assert refused.value.status == 403

@@ -63,7 +63,7 @@ def test_with_the_node_policy_enforced_the_same_patch_is_refused_and_nothing_is_
     """The stand-in judges HTTP writes with deploy/'s policy, with the real server's CEL
     semantics (gpuquota.sim.admission): a 403 carrying the policy's own message."""
     docs = yaml.safe_load_all(
-        (DEPLOY / "overlays/device-plugin/node-admission-policy.yaml").read_text()
+        (DEPLOY / "components/device-plugin/node-admission-policy.yaml").read_text()
     )
     policy = next(d for d in docs if d and d["kind"] == "ValidatingAdmissionPolicy")
     with ApiServer(garbage_collector=True) as api:

@@ -207,3 +207,49 @@ def test_dra_workload_covers_every_claim_case(dra_wl):
     assert (ext.resource, ext.node) == (workload.GPU, workload.DRA_NODE.name)
     # no empty stretch: a claim's truth opens and closes only when its holders change
     assert all(iv.end is None or iv.end > iv.start for iv in dra_wl.truth.dra_intervals)
+
+
+@pytest.mark.parametrize("seed", [1, 7, 11])
+def test_quota_admission_keeps_used_under_hard(seed):
+    """Issue 18 (fails on 6c36c52, where team-a's quota showed used 53 of hard 24): the
+    generator admits a pod only where every matching quota has room, as the real quota
+    admission plugin does, so no ResourceQuota it writes has used above hard (hard is never
+    lowered here), and what it turned away carries the real server's message."""
+    wl = generate(seed, 8.0, pods_per_hour=60, dra=True)
+    quotas = [e.object for e in wl.events if e.object["kind"] == "ResourceQuota"]
+    assert quotas
+    for quota in quotas:
+        for key, hard in quota["status"]["hard"].items():
+            used = int(quota["status"]["used"].get(key, "0"))
+            assert used <= int(hard), (quota["metadata"]["namespace"], key, used, hard)
+    assert wl.truth.refused, "a busy span meets its quotas"
+    _t, ns, name, message = wl.truth.refused[0]
+    assert message.startswith(f'pods "{name}" is forbidden: exceeded quota: gpu-quota, ')
+    assert "requested: requests.nvidia.com/" in message and ", limited: " in message
+    refused = {(n, name) for _t, n, name, _m in wl.truth.refused}
+    created = {
+        (e.object["metadata"]["namespace"], e.object["metadata"]["name"])
+        for e in wl.events
+        if e.object["kind"] == "Pod"
+    }
+    assert not refused & created  # a refused create leaves no object and no event
+    # the truth's quota history is what the events say
+    peaks = wl.truth.quota_peaks()
+    for quota in quotas:
+        ns = quota["metadata"]["namespace"]
+        for key, used in quota["status"]["used"].items():
+            if (ns, key) in peaks:
+                assert int(used) <= peaks[(ns, key)][0]
+
+
+def test_quota_refusal_rule():
+    hard = {"requests.nvidia.com/gpu": "2", "requests.cpu": "10"}
+    assert workload.quota_refusal("gpu", hard, {"requests.nvidia.com/gpu": "1"}, {}) is None
+    fits = {"requests.nvidia.com/gpu": 1}
+    assert workload.quota_refusal("gpu", hard, {"requests.nvidia.com/gpu": "1"}, fits) is None
+    assert workload.quota_refusal("gpu", hard, {"requests.nvidia.com/gpu": "2"}, fits) == (
+        "exceeded quota: gpu, requested: requests.nvidia.com/gpu=1, "
+        "used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2"
+    )
+    # a resource the quota does not limit is never refused
+    assert workload.quota_refusal("gpu", hard, {}, {"requests.amd.com/gpu": 9}) is None

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -168,6 +169,44 @@ def test_replay_reads_kubectl_list_and_pretty_printed_watch_output(
         ),
         ('{"type": "ADDED", "object": {}, "observedAt": "soon"}', "observedAt"),
         ('{"hello": "world"}', "neither a watch event"),
+        # issue 18 (each accepted, or an unexpected OverflowError without a line, on 6c36c52):
+        # a time the recording cannot have seen would move its end and every open allocation
+        (
+            json.dumps({"type": "ADDED", "object": node(), "observedAt": "9999-12-31T23:59:59Z"}),
+            r"observedAt 9999-12-31T23:59:59Z is in the future \(now is 20\d\d-",
+        ),
+        (
+            json.dumps({"type": "ADDED", "object": pod("u9", start=253402300799)}),
+            r"status\.startTime 9999-12-31T23:59:59Z is later than now \(20\d\d-.*clock skew",
+        ),
+        (
+            json.dumps({"type": "ADDED", "object": pod("u9", start=7200), "observedAt": 3600}),
+            r"status\.startTime 1970-01-01T02:00:00Z is later than its observedAt "
+            r"\(1970-01-01T01:00:00Z\) by more than the 300 s",
+        ),
+        (
+            '{"type": "ADDED", "object": {}, "observedAt": 1e300}',
+            r"observedAt: 1e\+300 is out of range",
+        ),
+        (
+            json.dumps({"type": "ADDED", "object": pod("u9", gpus=10**23)}),
+            r"Pod: spec\.containers\[0\]\.resources\..*'nvidia.com/gpu'\]: quantity "
+            r"'10{23}' is out of range \(at most 2\^63-1\)",
+        ),
+        (
+            json.dumps({"type": "ADDED", "object": pod("u9", gpus=2_000_000)}),
+            r"'2000000' is out of range \(at most 1000000 units\)",
+        ),
+        (
+            json.dumps(
+                {
+                    "type": "ADDED",
+                    "object": quota(hard=4, used=0, created=10)
+                    | {"status": {"hard": {"requests.nvidia.com/gpu": "1e99999"}}},
+                }
+            ),
+            r"ResourceQuota: .*out of range",
+        ),
     ],
 )
 def test_malformed_line_names_line_and_cause_and_writes_nothing(
@@ -518,3 +557,39 @@ def test_dra_drivers_flag_decides_what_is_a_gpu(
         code, out, err = cli(capsys, *args, "--dra-drivers", bad)
         assert code == 2 and out == ""
         assert err.startswith("gpuquota replay: error: --dra-drivers: ") and err.count("\n") == 1
+
+
+def test_verbose_after_the_subcommand_and_version_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18 (fails on 6c36c52): the error message says "run with -v", and a user adds it
+    at the end; `gpuquota report --version` was refused although the README promises it."""
+    parser, _ = build_parser()
+    args = parser.parse_args(["replay", "x.jsonl", "-v"])
+    assert args.verbose is True
+    assert parser.parse_args(["-v", "replay", "x.jsonl"]).verbose is True
+    assert parser.parse_args(["replay", "x.jsonl"]).verbose is False
+    for argv in (["report"], ["db", "upgrade"], ["controller"], ["replay"], ["db"]):
+        with pytest.raises(SystemExit) as info:
+            parser.parse_args([*argv, "--version"])
+        assert info.value.code == 0
+        assert capsys.readouterr().out.startswith(f"gpuquota {' '.join(argv)} ")
+
+
+def test_db_upgrade_refuses_a_foreign_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 18 (fails on 6c36c52, which added its tables beside the foreign ones)."""
+    path = tmp_path / "finance.db"
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("CREATE TABLE invoices (id INTEGER)")
+        conn.commit()
+    code, out, err = cli(capsys, "db", "upgrade", "--db", f"sqlite:///{path}")
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "is not a gpuquota store" in err and "invoices" in err
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    assert tables == ["invoices"]
+    # a reading command says the same, not "an empty database, run gpuquota db upgrade"
+    code, out, err = cli(capsys, "report", "--db", f"sqlite:///{path}")
+    assert code == 2 and "is not a gpuquota store" in err and "nothing to read" in err

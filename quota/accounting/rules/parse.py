@@ -19,6 +19,15 @@ class AccountingError(ValueError):
     """A Kubernetes object that the rules cannot read; the message names the field."""
 
 
+# The documented ranges of every number the rules read (docs/accounting.md, "Input ranges"):
+#: a timestamp: 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z (unix seconds)
+MAX_TIME = 253402300799
+#: any resource quantity, Kubernetes' own limit (an int64 of its smallest unit)
+MAX_QUANTITY = Decimal(2**63 - 1)
+#: GPU units of an extended resource in one request, node or quota line
+MAX_GPU_UNITS = 1_000_000
+
+
 def parse_time(value: Any, where: str) -> int | None:
     """RFC 3339 timestamp (as Kubernetes serves it) -> unix seconds, floored; None stays None."""
     if value is None:
@@ -26,10 +35,17 @@ def parse_time(value: Any, where: str) -> int | None:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise AccountingError(f"{where}: expected an RFC 3339 timestamp, got {value!r}")
     if isinstance(value, int | float):
+        if not (isinstance(value, int) or math.isfinite(value)) or not 0 <= value <= MAX_TIME:
+            raise AccountingError(
+                f"{where}: {value!r} is out of range (unix seconds from 0 to {MAX_TIME}, "
+                "9999-12-31T23:59:59Z)"
+            )
         return math.floor(value)
     seconds = _parse_rfc3339(value)
     if seconds is None:
         raise AccountingError(f"{where}: not an RFC 3339 timestamp: {value!r}")
+    if not 0 <= seconds <= MAX_TIME:
+        raise AccountingError(f"{where}: {value!r} is before 1970-01-01T00:00:00Z")
     return seconds
 
 
@@ -81,19 +97,25 @@ def parse_quantity(value: Any, where: str) -> Decimal:
     if isinstance(value, bool):
         raise AccountingError(f"{where}: expected a quantity, got {value!r}")
     if isinstance(value, int):
-        return Decimal(value)
+        return _bounded(Decimal(value), value, where)
     if isinstance(value, float):
-        return Decimal(str(value))
+        return _bounded(Decimal(str(value)), value, where)
     if not isinstance(value, str):
         raise AccountingError(f"{where}: expected a quantity, got {value!r}")
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise AccountingError(f"{where}: not a Kubernetes quantity: {value!r}")
     try:
-        number = Decimal(match.group(1))
+        number = Decimal(match.group(1)) * _SUFFIXES[match.group(2)]
     except InvalidOperation:  # pragma: no cover - the regex admits only valid numbers
         raise AccountingError(f"{where}: not a Kubernetes quantity: {value!r}") from None
-    return number * _SUFFIXES[match.group(2)]
+    return _bounded(number, value, where)
+
+
+def _bounded(number: Decimal, value: Any, where: str) -> Decimal:
+    if not number.is_finite() or abs(number) > MAX_QUANTITY:
+        raise AccountingError(f"{where}: quantity {value!r} is out of range (at most 2^63-1)")
+    return number
 
 
 def units_of(value: Any, where: str) -> int:
@@ -102,6 +124,8 @@ def units_of(value: Any, where: str) -> int:
     quantity = parse_quantity(value, where)
     if quantity < 0:
         raise AccountingError(f"{where}: negative quantity {value!r}")
+    if quantity > MAX_GPU_UNITS:
+        raise AccountingError(f"{where}: {value!r} is out of range (at most {MAX_GPU_UNITS} units)")
     return math.ceil(quantity)
 
 
@@ -142,7 +166,7 @@ def int_label(labels: Mapping[str, str], key: str) -> int | None:
     return number if number > 0 else None
 
 
-def _walk_times(value: Any, keys: frozenset[str], out: list[int]) -> None:
+def _walk_times(value: Any, keys: frozenset[str], out: list[tuple[str, int]], path: str) -> None:
     if isinstance(value, Mapping):
         for key, item in value.items():
             if key in keys and isinstance(item, str):
@@ -151,12 +175,12 @@ def _walk_times(value: Any, keys: frozenset[str], out: list[int]) -> None:
                 except AccountingError:
                     continue
                 if parsed is not None:
-                    out.append(parsed)
+                    out.append((f"{path}{key}", parsed))
             elif key != "managedFields":
-                _walk_times(item, keys, out)
+                _walk_times(item, keys, out, f"{path}{key}.")
     elif isinstance(value, list):
-        for item in value:
-            _walk_times(item, keys, out)
+        for i, item in enumerate(value):
+            _walk_times(item, keys, out, f"{path.removesuffix('.')}[{i}].")
 
 
 _TIME_KEYS = frozenset(
@@ -192,6 +216,11 @@ def last_written(obj: Mapping[str, Any]) -> int | None:
 def latest_timestamp(obj: Mapping[str, Any]) -> int | None:
     """The latest timestamp an object carries: a lower bound of when it was observed, used by
     replay for lines without an explicit observation time."""
-    found: list[int] = []
-    _walk_times(obj, _TIME_KEYS, found)
-    return max(found) if found else None
+    return max((t for _, t in timestamps(obj)), default=None)
+
+
+def timestamps(obj: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """Every readable timestamp an object carries, with its path (``status.startTime``)."""
+    found: list[tuple[str, int]] = []
+    _walk_times(obj, _TIME_KEYS, found, "")
+    return found

@@ -1,7 +1,7 @@
-"""Writes the files of deploy/overlays/tls-auth's Secret: a web config with one basic-auth user,
+"""Writes the files of deploy/components/tls-auth's Secret: a web config with one basic-auth user,
 a self-signed certificate and its key. Prints the password once (keep it for Prometheus).
 
-    python3 deploy/overlays/tls-auth/generate.py [--user prometheus] [--out DIR]
+    python3 deploy/components/tls-auth/generate.py [--user prometheus] [--out DIR]
 
 The certificate names gpu-exporter.<namespace>.svc: Prometheus scrapes pod IPs, so it sets
 ``tls_config.server_name`` to that name and ``ca_file`` to tls.crt (docs/operations.md).

@@ -1,0 +1,145 @@
+"""Day-two operations on the store: an online backup of a SQLite store, and pruning history
+older than a date (what it removes shown first). `gpuquota db backup` and `gpuquota db prune`
+(quota/dbcli.py) call these; docs/operations.md walks through them.
+
+Pruning keeps every bill after the cut-off exact: it removes only what lies wholly before it
+(closed intervals, closed label and capacity spans, quota samples superseded before it, the
+last sample before it stays, since it holds into the period after), and moves each cluster's
+"data begins" to the cut-off, so a report of an older period says it is not covered instead
+of printing what is left as the whole truth (docs/report.md, "Missing is not zero").
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy.engine import Connection, make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url
+from gpuquota.quota.store.models import (
+    Allocation,
+    ClaimAllocation,
+    Cluster,
+    NamespaceLabels,
+    NodeCapacity,
+    QuotaSample,
+)
+
+
+def sqlite_path(url: str) -> Path:
+    """The file of a SQLite URL; StoreError for any other store."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        raise StoreError(
+            f"{safe_url(url)}: `gpuquota db backup` copies SQLite stores; back up PostgreSQL "
+            "with pg_dump (docs/operations.md, Backup and restore)"
+        )
+    return Path(str(parsed.database))
+
+
+def backup(url: str, target: Path) -> int:
+    """Copy the SQLite store at ``url`` into the new file ``target`` with SQLite's online
+    backup API: consistent while the controller writes, write-ahead log included, one
+    file. Returns its size in bytes."""
+    source = sqlite_path(url)
+    open_store(url, read_only=True).close()  # a gpuquota store at the latest revision
+    if target.exists():
+        raise StoreError(f"--to: {target} exists; give a new file (nothing is overwritten)")
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as src:
+            with sqlite3.connect(partial) as dst:
+                src.backup(dst)
+                dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
+            dst.close()
+        partial.replace(target)
+    except (sqlite3.Error, OSError) as exc:
+        partial.unlink(missing_ok=True)
+        raise StoreError(f"backup of {safe_url(url)} to {target} failed: {exc}") from None
+    return target.stat().st_size
+
+
+@dataclass(frozen=True)
+class Prunable:
+    table: str
+    rows: int
+
+
+def _closed_before(before: int) -> dict[str, tuple[Any, Any]]:
+    """table -> (model, condition) of the spans that ended at or before the cut-off."""
+    return {
+        "allocations": (
+            Allocation,
+            and_(Allocation.ended_at.is_not(None), Allocation.ended_at <= before),
+        ),
+        "claim_allocations": (
+            ClaimAllocation,
+            and_(ClaimAllocation.ended_at.is_not(None), ClaimAllocation.ended_at <= before),
+        ),
+        "node_capacity": (
+            NodeCapacity,
+            and_(NodeCapacity.ended_at.is_not(None), NodeCapacity.ended_at <= before),
+        ),
+        "namespace_labels": (
+            NamespaceLabels,
+            and_(NamespaceLabels.valid_to.is_not(None), NamespaceLabels.valid_to <= before),
+        ),
+    }
+
+
+def _superseded_samples(before: int) -> Any:
+    """Quota samples before the cut-off that a later sample, also before it, replaced: the
+    last one before the cut-off stays, it is the value in force at the cut-off."""
+    later = QuotaSample.__table__.alias("later")
+    q = QuotaSample.__table__
+    newer_before = (
+        select(func.count())
+        .select_from(later)
+        .where(
+            later.c.cluster == q.c.cluster,
+            later.c.namespace == q.c.namespace,
+            later.c.quota_name == q.c.quota_name,
+            later.c.resource_name == q.c.resource_name,
+            later.c.observed_at > q.c.observed_at,
+            later.c.observed_at < before,
+        )
+        .scalar_subquery()
+    )
+    return and_(q.c.observed_at < before, newer_before > 0)
+
+
+def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
+    """What pruning history older than ``before`` removes, per table; with ``apply`` it is
+    removed, in one transaction, and each cluster's data begins at ``before`` from then on."""
+    store = open_store(url, read_only=not apply)
+    try:
+        with store.engine.begin() as conn:
+            found = _count(conn, before)
+            if apply and any(p.rows for p in found):
+                for model, cond in _closed_before(before).values():
+                    conn.execute(delete(model).where(cond))
+                conn.execute(delete(QuotaSample).where(_superseded_samples(before)))
+                conn.execute(
+                    update(Cluster).where(Cluster.created_at < before).values(created_at=before)
+                )
+            return found
+    except SQLAlchemyError as exc:
+        raise StoreError(f"prune of {safe_url(url)} failed: {_describe(exc)}") from None
+    finally:
+        store.close()
+
+
+def _count(conn: Connection, before: int) -> list[Prunable]:
+    found = []
+    for table, (model, cond) in _closed_before(before).items():
+        n = conn.execute(select(func.count()).select_from(model).where(cond)).scalar_one()
+        found.append(Prunable(table, int(n)))
+    superseded = select(func.count()).select_from(QuotaSample.__table__)
+    n = conn.execute(superseded.where(_superseded_samples(before))).scalar_one()
+    found.append(Prunable("quota_samples", int(n)))
+    return found
