@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
-from gpuquota.exporter.collect import Collector
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
 from gpuquota.sim.harness import stop_process
 from gpuquota.sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from gpuquota.sim.nvml.control import SimNode
@@ -162,7 +162,7 @@ def full_round_ms(node: SimNode, rounds: int = 5) -> tuple[float, float]:
     api = NvmlApi()
     api.init()
     try:
-        collector = Collector(api, interval=1.0)
+        collector = CollectLoop(api, interval=1.0)
         started = time.perf_counter()
         collector.collect_once()
         first = time.perf_counter() - started
@@ -433,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "by the cost-modelled stand-in (its nvmlDeviceGetPcieThroughput calls / 2 / GPUs: "
             "it falls behind the interval when NVML costs what it costs); on an instant "
             "stand-in (*) they are window / interval.",
-            "- Full round: one `Collector.collect_once()` reading every tier (fast and slow) "
+            "- Full round: one `CollectLoop.collect_once()` reading every tier (fast and slow) "
             "of every GPU, GPM and per-process utilisation included (every GPU busy: GPM "
             "activity and one process with utilisation samples each; rounds 1 s apart so "
             "each computes a GPM sample pair and asks for per-process utilisation, which the "

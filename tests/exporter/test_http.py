@@ -17,10 +17,10 @@ from typing import Any
 import bcrypt
 import pytest
 
-from gpuquota.exporter.http import ExporterServer
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.render import Renderer
-from gpuquota.exporter.webconfig import ReloadingWebConfig, load
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.server import ExporterServer
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, load
 from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.scrape import get
 

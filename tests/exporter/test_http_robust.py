@@ -17,12 +17,12 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuquota.exporter import authguard
+from gpuquota.exporter.expose import authguard
+from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.server import ExporterServer
+from gpuquota.exporter.expose.webconfig import bcrypt_cost, load
 from gpuquota.exporter.health.verdict import NodeHealth
-from gpuquota.exporter.http import ExporterServer
-from gpuquota.exporter.render import Renderer
 from gpuquota.exporter.snapshot import NodeSnapshot
-from gpuquota.exporter.webconfig import bcrypt_cost, load
 from tests.exporter.scrape import get
 
 HELD = 1000
@@ -288,7 +288,7 @@ def test_a_rotated_certificate_is_served_to_new_connections(
     import os
     import ssl
 
-    from gpuquota.exporter.webconfig import ReloadingWebConfig
+    from gpuquota.exporter.expose.webconfig import ReloadingWebConfig
 
     config_file = tmp_path / "web.yml"
 

@@ -11,18 +11,18 @@ from typing import Any
 
 import pytest
 
-from gpuquota.exporter import podusage
 from gpuquota.exporter.cli import main as exporter_main
-from gpuquota.exporter.collect import Collector
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.podusage import (
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.enrich import podusage
+from gpuquota.exporter.enrich.podusage import (
     CgroupPod,
     PodDirectory,
     PodUsageEnricher,
     ProcReader,
     parse_cgroup,
 )
-from gpuquota.exporter.render import Renderer
+from gpuquota.exporter.expose.render import Renderer
 from gpuquota.exporter.wiring import core_api
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import wait_for
@@ -131,7 +131,7 @@ def test_time_sliced_gpu_shows_each_pod_and_the_host(nvml_on: NvmlOn, tmp_path: 
         enricher = PodUsageEnricher(ProcReader(proc), PodDirectory(lister))
         enricher.start()
         try:
-            collector = Collector(api, hostname="sim")
+            collector = CollectLoop(api, hostname="sim")
             collector.add_enricher(enricher)
             snapshot = collector.collect_once()
         finally:
@@ -206,7 +206,7 @@ def test_mig_processes_count_on_their_instance_only(nvml_on: NvmlOn, tmp_path: P
     node, api = nvml_on(spec)
     proc = tmp_path / "proc"
     _proc(proc, 77, "0::/system.slice/infer.service\n")
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     mig = collector.collect_once().devices[2].mig
     assert mig is not None
     node.add_process(0, 77, 3 * 2**30, gpu_instance_id=mig.gpu_instance_id, compute_instance_id=0)

@@ -17,11 +17,11 @@ previous snapshot, so a scraper that keeps coming finds its bytes ready while on
 costs at most one more render. A default Prometheus scrapes every 15-30 s and collection runs
 every second: most snapshots are never rendered.
 
-TLS and basic auth come from an exporter-toolkit web config (exporter/webconfig.py); the
+TLS and basic auth come from an exporter-toolkit web config (exporter/expose/webconfig.py); the
 certificate in force is the current one on every handshake, so rotated certificates apply
 without a restart. Basic auth guards every route except /healthz and /readyz, which kubelet
 probes call without credentials and which reveal nothing but "up"; its checks are timed and
-throttled as exporter/authguard.py says.
+throttled as exporter/expose/authguard.py says.
 
 /healthz (liveness) fails when the collector thread died or has published no snapshot for
 ``liveness_timeout`` seconds (an NVML call that hangs), so the kubelet restarts the pod;
@@ -40,16 +40,22 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from gpuquota.exporter.collect.loop import CollectLoop
+
 # aiohttp's low-level server only: neither ``aiohttp.web`` (application, routing and
 # middleware layers) nor aiohttp's client, which its package ``__init__`` would import
-from gpuquota.exporter.aiohttp_server import BaseRequest, RequestHandler, Server, StreamResponse
-from gpuquota.exporter.aiohttp_server import Response as WebResponse
-from gpuquota.exporter.authguard import AuthGuard, Verdict
-from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.expose.aiohttp_lowlevel import (
+    BaseRequest,
+    RequestHandler,
+    Server,
+    StreamResponse,
+)
+from gpuquota.exporter.expose.aiohttp_lowlevel import Response as WebResponse
+from gpuquota.exporter.expose.authguard import AuthGuard, Verdict
+from gpuquota.exporter.expose.render import CONTENT_TYPE, Renderer
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfig
 from gpuquota.exporter.health.verdict import NodeHealth
-from gpuquota.exporter.render import CONTENT_TYPE, Renderer
 from gpuquota.exporter.snapshot import NodeSnapshot
-from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +201,7 @@ class ExporterServer:
 
     def __init__(
         self,
-        collector: Collector,
+        collector: CollectLoop,
         renderer: Renderer,
         *,
         host: str = "",
@@ -437,7 +443,7 @@ class ExporterServer:
             loop.call_soon_threadsafe(self._rendering.pop, key, None)
 
     def _render_ahead(self, snapshot: NodeSnapshot) -> None:
-        """Collector subscriber (collect thread): render the new snapshot in the encodings
+        """CollectLoop subscriber (collect thread): render the new snapshot in the encodings
         scraped since the previous one, so a steady scraper finds its bytes ready."""
         wanted, self._wanted = self._wanted, set()
         if not wanted:

@@ -429,7 +429,7 @@ class NvmlApi:
     def event_set_free(self, event_set: EventSet) -> None:
         self._call("nvmlEventSetFree", event_set)
 
-    # --- profiling: GPM and per-process utilisation (read by exporter/profiling.py) ----------
+    # --- profiling: GPM and per-process utilisation (read by exporter/collect/profiling.py) ----------
     def gpm_supported(self, handle: Handle) -> bool:
         """Whether the GPU does GPM (Hopper and later); False also where the driver lacks the
         call."""

@@ -14,7 +14,7 @@ How NVIDIA's device plugin names devices, and how they map back:
   are not resolved: use the plugin's default uuid strategy with MIG).
 
 On DRA nodes the same List answer carries ``dynamic_resources``; a ``dra`` resolver
-(exporter/dra/attribution.py) turns them into UUIDs through the node's ResourceSlices, and
+(exporter/enrich/dra.py) turns them into UUIDs through the node's ResourceSlices, and
 they join the mapping exactly like device-plugin ids, with the claims kept beside it.
 
 Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuquota.exporter.dra.attribution import (
+from gpuquota.exporter.enrich.dra import (
     PARTITION_PREFIX,
     DraAttribution,
     ordered_claims,
@@ -272,7 +272,7 @@ class PodResourcesWatcher:
             return self._mapping
 
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in
+        """CollectLoop enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in
         (and ``claims`` and ``dra`` with DRA attribution on)."""
         mapping = self.mapping()
         enriched = attach_pods(snapshot, mapping)

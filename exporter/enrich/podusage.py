@@ -1,7 +1,7 @@
 """Per-pod GPU usage: which pod each GPU process belongs to, and what each pod uses.
 
 NVML lists the processes on each GPU (framebuffer per process) and their SM and memory
-utilisation (exporter/profiling.py). This enricher maps each process to its pod and sums
+utilisation (exporter/collect/profiling.py). This enricher maps each process to its pod and sums
 per pod and device, so time-sliced and MPS GPUs show who uses what:
 
 1. ``/proc/<pid>/cgroup`` names the pod: the kubelet puts every container in a cgroup under
@@ -178,7 +178,7 @@ class PodDirectory:
 
 
 class PodUsageEnricher:
-    """Collector enricher: fills ``NodeSnapshot.pod_usage``."""
+    """CollectLoop enricher: fills ``NodeSnapshot.pod_usage``."""
 
     def __init__(self, procs: ProcReader, directory: PodDirectory) -> None:
         self.procs = procs

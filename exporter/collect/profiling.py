@@ -1,6 +1,6 @@
 """Profiling reads: GPM metrics per GPU and per MIG instance, and per-process utilisation.
 
-The collector calls ``ProfilingReader.read`` once per GPU per round (exporter/collect.py);
+The collector calls ``ProfilingReader.read`` once per GPU per round (exporter/collect/loop.py);
 every NVML call goes through ``NvmlApi`` and its errors propagate to the collector's usual
 handling (counted, the device marked lost...).
 
@@ -33,7 +33,7 @@ from typing import Any
 
 import pynvml
 
-from gpuquota.exporter.nvml import GpmSample, Handle, NvmlApi
+from gpuquota.exporter.collect.nvml import GpmSample, Handle, NvmlApi
 from gpuquota.exporter.snapshot import GpmMetrics, ProcessUtilization
 
 # Seconds between the two samples of a pair: 100 ms is the hardware's floor, plus margin for
@@ -67,7 +67,7 @@ GPM_FIELDS: dict[str, tuple[int, float]] = {
 _METRIC_IDS = tuple(metric for metric, _factor in GPM_FIELDS.values())
 
 # How the collector runs a read: ``reads(fn, *args)`` returns fn's result, or None after
-# recording an NVML error (exporter/collect.py _Reads).
+# recording an NVML error (exporter/collect/loop.py _Reads).
 Reads = Callable[..., Any]
 
 

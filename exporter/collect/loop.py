@@ -9,7 +9,7 @@ calls, and on a real GPU some calls take milliseconds). A round hands every idle
 GPU's reads and waits for them until ``read_timeout``; a GPU whose call hangs keeps its last
 reading (its ``gpuquota_exporter_read_age_seconds`` grows) and holds up no other GPU.
 
-Cadence: each NVML value is read at the tier its metric rows declare in exporter/metrics.py
+Cadence: each NVML value is read at the tier its metric rows declare in exporter/expose/metrics.py
 (fast: every round; slow: every ``slow_interval``; once: with the identity). ``collect_once``
 reads every tier; the background loop only what is due. Counters replace samples where NVML
 has them: PCIe bytes/s is the rate between two readings of the cumulative byte counters.
@@ -40,8 +40,7 @@ from typing import Any
 
 import pynvml
 
-from gpuquota.exporter.metrics import Tier, field_tiers
-from gpuquota.exporter.nvml import (
+from gpuquota.exporter.collect.nvml import (
     FI_CLOCK_EVENT_TIME,
     FI_ENERGY,
     FI_GPU_RECOVERY_ACTION,
@@ -56,7 +55,9 @@ from gpuquota.exporter.nvml import (
     NvmlApi,
     NvmlError,
 )
-from gpuquota.exporter.profiling import ProfilingReader
+from gpuquota.exporter.collect.profiling import ProfilingReader
+from gpuquota.exporter.collect.tiers import TIER_RANK, Tier, tier_of
+from gpuquota.exporter.collect.xid import XidWatcher
 from gpuquota.exporter.snapshot import (
     DeviceSnapshot,
     DeviceState,
@@ -65,7 +66,6 @@ from gpuquota.exporter.snapshot import (
     NvLinkCounters,
     ProcessUsage,
 )
-from gpuquota.exporter.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 
@@ -76,16 +76,14 @@ MIG_RESCAN_COLLECTIONS = 60  # re-enumerate MIG instances this often even withou
 SLOW_INTERVALS = 5  # default slow_interval: this many collection intervals
 WORKER_IDLE_S = 120.0  # a GPU worker thread idle this long ends (a new one starts on demand)
 STALL_ROUNDS = 3  # a GPU whose read is this many read timeouts late is published as ERROR
-_TIERS = field_tiers()
 
 
 @functools.cache
 def _tier(*fields: str) -> Tier:
-    """The tier the metric table gives these snapshot fields (the fastest of them)."""
-    return min((_TIERS[f] for f in fields), key=lambda t: _TIER_RANK[t])
+    """The tier exporter/collect/tiers.py gives these snapshot fields (the fastest of them)."""
+    return tier_of(fields)
 
 
-_TIER_RANK = {Tier.FAST: 0, Tier.SLOW: 1, Tier.ONCE: 2, Tier.NONE: 3}
 # Scalar field values: snapshot field, field id, scale. Read in one batched call per round
 # with whichever of them are due.
 _SCALAR_FIELDS: tuple[tuple[str, int, float], ...] = (
@@ -234,7 +232,7 @@ class _GpuWorker:
                     self._cv.notify_all()
 
 
-class Collector:
+class CollectLoop:
     """Reads NVML in a background thread; one immutable NodeSnapshot per interval."""
 
     def __init__(
@@ -486,7 +484,7 @@ class Collector:
             errors=tuple(reads.errors),
             read_at=tuple(
                 (t.value, at)
-                for t, at in sorted(cache.read_at.items(), key=lambda i: _TIER_RANK[i[0]])
+                for t, at in sorted(cache.read_at.items(), key=lambda i: TIER_RANK[i[0]])
             ),
             **identity,
             **cache.values,
