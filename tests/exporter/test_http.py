@@ -80,7 +80,9 @@ def test_concurrent_scrapes_share_one_render(serve) -> None:
     assert len(set(bodies)) == 1 and bodies[0]
     snapshot = collector.latest()
     assert snapshot is not None
-    assert server.renderer.exposition(snapshot) is server.renderer.exposition(snapshot)
+    assert server.source.renderer.exposition(snapshot) is server.source.renderer.exposition(
+        snapshot
+    )
 
 
 def test_slow_client_does_not_block_others(serve) -> None:
