@@ -101,7 +101,7 @@ class ProcessUtilization:
 
 @dataclass(frozen=True, slots=True)
 class PodUsage:
-    """What one pod's (or the host's) processes use of one device (exporter/enrich/podusage.py)."""
+    """What one pod's (or the host's) processes use of one device (exporter/enrich/usage.py)."""
 
     owner: str  # "pod", "host" (a process in no pod) or "unknown" (a pod not on this node's list)
     namespace: str

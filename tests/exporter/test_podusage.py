@@ -14,14 +14,10 @@ import pytest
 from gpuquota.exporter.cli import main as exporter_main
 from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import NvmlApi
-from gpuquota.exporter.enrich import podusage
-from gpuquota.exporter.enrich.podusage import (
-    CgroupPod,
-    PodDirectory,
-    PodUsageEnricher,
-    ProcReader,
-    parse_cgroup,
-)
+from gpuquota.exporter.enrich.cgroup import CgroupPod, parse_cgroup
+from gpuquota.exporter.enrich.poddirectory import PodDirectory, lister_for_node
+from gpuquota.exporter.enrich.procfs import ProcReader
+from gpuquota.exporter.enrich.usage import PodUsageEnricher
 from gpuquota.exporter.expose.render import Renderer
 from gpuquota.exporter.wiring import core_api
 from gpuquota.sim.apiserver import ApiServer
@@ -127,7 +123,7 @@ def test_time_sliced_gpu_shows_each_pod_and_the_host(nvml_on: NvmlOn, tmp_path: 
         server.apply("ADDED", _pod("trainer", "team-a", UID_A, {"main": CID, "sidecar": None}))
         server.apply("ADDED", _pod("notebook", "team-b", UID_B, {"jupyter": CID2}))
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        lister = podusage.lister_for_node(core_api(kubeconfig), NODE)
+        lister = lister_for_node(core_api(kubeconfig), NODE)
         enricher = PodUsageEnricher(ProcReader(proc), PodDirectory(lister))
         enricher.start()
         try:

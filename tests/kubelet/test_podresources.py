@@ -9,8 +9,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpuquota.exporter.enrich.podresources import (
-    PodResourcesWatcher,
+from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
+from gpuquota.exporter.enrich.pods import (
     attach_pods,
     device_pods,
     physical_device_id,
