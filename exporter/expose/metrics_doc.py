@@ -24,11 +24,12 @@ exporter/expose/metrics.py; edit the table there, not this file. -->
 
 `gpu-exporter` reads NVML in the background and serves the latest reading at `/metrics`
 (a scrape never waits for NVML). Each GPU is read by its own thread, and each value at the
-cadence in the **Read** column, declared with the metric in exporter/expose/metrics.py:
+cadence in the **Read** column (the collector's table, exporter/collect/tiers.py):
 
 - **every collection**: each `--interval` (default 1 s): cheap, quickly changing values.
 - **slow**: each `--slow-interval` (default 5 x `--interval`): counters (which lose nothing
-  when read less often) and slowly changing state.
+  when read less often) and slowly changing state. Each GPU has its turn in that cycle, so a
+  round reads the slow values of a few GPUs, not of all of them at once.
 - **once**: when the device is first seen, and again after it was lost or reset.
 
 A GPU whose NVML call hangs holds up no other GPU: it keeps its last reading (its
