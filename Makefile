@@ -45,7 +45,7 @@ image: $(BIN)/.installed $(SIMLIB)
 	tools/image smoke
 
 docs: $(BIN)/.installed
-	$(BIN)/python -m gpuquota.exporter.metrics_doc --write docs/metrics.md
+	$(BIN)/python -m gpuquota.exporter.expose.metrics_doc --write docs/metrics.md
 	$(BIN)/python -m gpuquota.quota.controller.metrics_doc --write docs/controller-metrics.md
 
 bench: $(BIN)/.installed $(SIMLIB)

@@ -9,7 +9,7 @@ the other, with the same collection interval. For each node shape and exporter:
 * scrape latency p50/p99 under concurrent scrapers, measured with Debian's ``wrk`` (a C load
   generator, so the client shares no GIL with anything) while collection runs.
 * resident memory: VmRSS at the end and the peak VmHWM, from /proc/<pid>/status.
-* one full collection round (every tier) on the same node, timed in this process.
+* the worst round of the collect loop running on the same node, timed in this process.
 
 Shapes: ``h100x8`` (8 GPUs, one pod each) and ``a100-mig`` (4 GPUs x 7 MIG instances, 28
 pods), pods attributed through the kubelet pod-resources stand-in. ``SHAPE@gpu`` and
@@ -37,9 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
-from gpuquota.exporter.collect import Collector
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
+from gpuquota.exporter.snapshot import NodeSnapshot
 from gpuquota.sim.harness import stop_process
 from gpuquota.sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from gpuquota.sim.nvml.control import SimNode
@@ -75,7 +76,8 @@ class Result:
     hwm_mb: float
     errors: int
     requests: int = 0
-    collect_ms: float | None = None  # one full round, median (gpu-exporter only)
+    collect_ms: float | None = None  # the worst round the loop ran (gpu-exporter only)
+    median_collect_ms: float | None = None  # its median round
     first_collect_ms: float | None = None  # the first round, identity included
 
     @property
@@ -153,32 +155,31 @@ def busy(node: SimNode) -> None:
             node.set_process_utilization(i, 4000 + i, sm=0.9, memory=0.3)
 
 
-def full_round_ms(node: SimNode, rounds: int = 5) -> tuple[float, float]:
-    """(first round, median of later full rounds) in ms: every tier of every GPU, in this
-    process through the real pynvml on `node`. The rounds are PROCESS_SAMPLE_PERIOD apart
-    (not timed), so each timed round takes a GPM sample, computes its metrics and asks for
-    per-process utilisation (at most once a second): the costliest round the exporter does."""
+def round_times_ms(node: SimNode, interval: float, seconds: float) -> tuple[float, float, float]:
+    """(first round, worst later round, median later round) in ms of the collect loop as it
+    runs (every --interval, each GPU's slow tier on its turn), in this process through the
+    real pynvml on `node`. Every GPU is busy, so each round takes a GPM sample pair and the
+    per-process utilisation questions (at most once a second per GPU) fall in these rounds
+    too. The first round (``collect_once`` at start: identity and every tier of every GPU) is
+    reported apart."""
     node.preload()
     api = NvmlApi()
     api.init()
+    seen: list[NodeSnapshot] = []
     try:
-        collector = Collector(api, interval=1.0)
-        started = time.perf_counter()
-        collector.collect_once()
-        first = time.perf_counter() - started
-        times = []
-        for _ in range(rounds):
-            time.sleep(max(MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD))
-            started = time.perf_counter()
-            snapshot = collector.collect_once()
-            times.append(time.perf_counter() - started)
-        for device in snapshot.devices:
-            hopper = int((device.compute_capability or "0").split(".")[0]) >= 9
-            if device.mig is None and hopper and device.gpm is None:
-                raise RuntimeError(f"GPU {device.index}: a full round without GPM")
+        loop = CollectLoop(api, interval=interval)
+        loop.subscribe(seen.append)
+        loop.start()
+        time.sleep(max(seconds, MIN_GPM_GAP + PROCESS_SAMPLE_PERIOD))
+        loop.stop()
     finally:
         api.shutdown()
-    return first * 1000, statistics.median(times) * 1000
+    for device in seen[-1].devices:
+        hopper = int((device.compute_capability or "0").split(".")[0]) >= 9
+        if device.mig is None and hopper and device.gpm is None:
+            raise RuntimeError(f"GPU {device.index}: rounds without GPM")
+    later = [s.collection_seconds * 1000 for s in seen[1:]]
+    return seen[0].collection_seconds * 1000, max(later), statistics.median(later)
 
 
 def pods_attributed(port: int) -> int:
@@ -294,7 +295,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
     kubelet = PodResourcesServer(socket_path, held)
     kubelet.start()
     busy(node)
-    first_ms, round_ms = full_round_ms(node)
+    first_ms, round_ms, median_ms = round_times_ms(node, args.interval, args.rounds_seconds)
     results = []
     try:
         port = free_port()
@@ -309,6 +310,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
             shape, "gpu-exporter", node, ours, port, expect, args, len(held), devices, work
         )
         ours_result.collect_ms, ours_result.first_collect_ms = round_ms, first_ms
+        ours_result.median_collect_ms = median_ms
         results.append(ours_result)
         port = free_port()
         nvitop = [
@@ -339,13 +341,17 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
 def table(results: list[Result]) -> str:
     lines = [
         "| node (NVML costs) | exporter | devices | pods attributed | CPU s / 1,000 collections "
-        "| full round | scrape p50 | scrape p99 | CPU / scrape | VmRSS | VmHWM | scrape size |",
+        "| worst round (median) | scrape p50 | scrape p99 | CPU / scrape | VmRSS | VmHWM | scrape size |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         preset, _, queueing = r.shape.partition("@")
         node = f"{preset} ({f'H100, {queueing} queues' if queueing else 'instant'})"
-        full = f"{r.collect_ms:.1f} ms" if r.collect_ms is not None else "-"
+        full = (
+            f"{r.collect_ms:.1f} ms ({r.median_collect_ms or 0:.1f})"
+            if r.collect_ms is not None
+            else "-"
+        )
         lines.append(
             f"| {node} | {r.exporter} | {r.devices} | {r.pods} | {r.cpu_per_1000:.2f}"
             f"{'' if r.counted else ' *'} | {full} | {r.p50_ms:.2f} ms | {r.p99_ms:.2f} ms "
@@ -370,6 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.25, help="collection interval, s")
     parser.add_argument("--window", type=float, default=20.0, help="CPU window, s")
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--rounds-seconds", type=float, default=10.0, help="collect loop timed in-process, s"
+    )
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--scrape-seconds", type=float, default=10.0, help="wrk duration, s")
     parser.add_argument("--no-write", action="store_true", help="print, leave docs alone")
@@ -388,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for r in results[-2:]:
                 print(
                     f"{r.shape:17} {r.exporter:16} cpu/1000={r.cpu_per_1000:.2f}s "
-                    f"full_round={r.collect_ms or 0:.1f}ms "
+                    f"worst_round={r.collect_ms or 0:.1f}ms median_round={r.median_collect_ms or 0:.1f}ms "
                     f"p50={r.p50_ms:.2f}ms p99={r.p99_ms:.2f}ms cpu/scrape={r.scrape_cpu_ms:.2f}ms "
                     f"rss={r.rss_mb:.1f}MB hwm={r.hwm_mb:.1f}MB "
                     f"requests={r.requests} errors={r.errors}",
@@ -405,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for shape, (ratio, _line) in lines.items():
         r = ours[shape]
         verdicts.append(
-            f"**{shape}**: full round {r.collect_ms or 0:.1f} ms "
+            f"**{shape}**: worst round {r.collect_ms or 0:.1f} ms "
             f"({'met' if (r.collect_ms or 0) < 100 else 'missed'} < 100 ms); CPU ratio "
             f"{ratio:.2f} ({'met' if ratio <= 0.5 else 'missed'} <= 0.5); scrape p99 "
             f"{r.p99_ms:.1f} ms ({'met' if r.p99_ms < 5 else 'missed'} < 5 ms); peak RSS "
@@ -433,12 +442,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "by the cost-modelled stand-in (its nvmlDeviceGetPcieThroughput calls / 2 / GPUs: "
             "it falls behind the interval when NVML costs what it costs); on an instant "
             "stand-in (*) they are window / interval.",
-            "- Full round: one `Collector.collect_once()` reading every tier (fast and slow) "
-            "of every GPU, GPM and per-process utilisation included (every GPU busy: GPM "
-            "activity and one process with utilisation samples each; rounds 1 s apart so "
-            "each computes a GPM sample pair and asks for per-process utilisation, which the "
-            "exporter does at most once a second), wall time, median of 5 after the first "
-            "(identity) round, timed in the benchmark process on the same stand-in.",
+            f"- Worst round: the collect loop (`CollectLoop`) running for {args.rounds_seconds:g} s "
+            f"at {args.interval} s in the benchmark process on the same stand-in, every GPU "
+            "busy (GPM activity and one process with utilisation samples each, so every round "
+            "computes a GPM sample pair and per-process utilisation is asked once a second "
+            "per GPU); the slowest round it ran (its `collection_seconds`), the median in "
+            "brackets. Each GPU reads its slow tier on its turn (a few GPUs per round, "
+            "exporter/collect/schedule.py); the first round (identity and every tier of every "
+            "GPU, at start) is left out.",
             f"- Scrapes: `wrk -c{args.concurrency} -d{args.scrape_seconds:g}s --latency` "
             "(C, keep-alive) on /metrics while collection runs; CPU / scrape is the "
             "exporter's CPU during them per request.",

@@ -2,7 +2,7 @@
 errors and health, and which pods hold which GPU (through the pod attribution join metric).
 
 Generated into gpu-node.json by ``python -m gpuquota.dashboards.generate``; metric names come from
-exporter/metrics.py only (a test checks).
+exporter/expose/metrics.py only (a test checks).
 """
 
 from grafanalib.core import Dashboard, Templating, Time

@@ -1,6 +1,6 @@
 """The metric names dashboards and alert rules may use, each from its owner's own definition.
 
-* gpu-exporter: every family in the one metric table, exporter/metrics.py.
+* gpu-exporter: every family in the one metric table, exporter/expose/metrics.py.
 * gpuquota controller: the families it registers, quota/controller/metrics.py.
 * Prometheus itself: ``up`` and the other per-target series (gpuquota.dashboards.promql).
 """
@@ -12,7 +12,7 @@ from gpuquota.dashboards.promql import PROMETHEUS_SERIES
 
 def exporter_metric_names() -> frozenset[str]:
     """Every metric the exporter emits natively (--compat rows are for foreign dashboards)."""
-    from gpuquota.exporter.metrics import rows
+    from gpuquota.exporter.expose.metrics import rows
 
     return frozenset(spec.name for spec in rows())
 

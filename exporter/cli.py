@@ -27,18 +27,23 @@ from gpuquota.cli_common.durations import (
     duration_or_multiple_flag,
     format_duration,
 )
-from gpuquota.exporter import metrics, podusage
-from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.collect.loop import CollectLoop as Collector
+from gpuquota.exporter.collect.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
+from gpuquota.exporter.collect.xid import XidWatcher
 from gpuquota.exporter.deviceplugin.nvmltopology import CachedTopology
 from gpuquota.exporter.dra import service as dra_service
-from gpuquota.exporter.http import READY_AFTER_INTERVALS, ExporterServer, default_liveness_timeout
-from gpuquota.exporter.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
-from gpuquota.exporter.podresources import DEFAULT_SOCKET, PodResourcesWatcher
-from gpuquota.exporter.render import Renderer, RenderOptions
-from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfigError
+from gpuquota.exporter.enrich import podusage
+from gpuquota.exporter.enrich.podresources import DEFAULT_SOCKET, PodResourcesWatcher
+from gpuquota.exporter.expose import metrics
+from gpuquota.exporter.expose.render import Renderer, RenderOptions
+from gpuquota.exporter.expose.server import (
+    READY_AFTER_INTERVALS,
+    ExporterServer,
+    default_liveness_timeout,
+)
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfigError
 from gpuquota.exporter.wiring import HealthWiring, KubeConfigUnavailableError, core_api
 from gpuquota.exporter.wiring import add_arguments as add_health_arguments
-from gpuquota.exporter.xid import XidWatcher
 
 log = logging.getLogger("gpu-exporter")
 

@@ -101,7 +101,7 @@ class ProcessUtilization:
 
 @dataclass(frozen=True, slots=True)
 class PodUsage:
-    """What one pod's (or the host's) processes use of one device (exporter/podusage.py)."""
+    """What one pod's (or the host's) processes use of one device (exporter/enrich/usage.py)."""
 
     owner: str  # "pod", "host" (a process in no pod) or "unknown" (a pod not on this node's list)
     namespace: str
@@ -175,7 +175,7 @@ class DeviceSnapshot:
     # NVML function name -> error string for the calls that failed this collection
     # (NOT_SUPPORTED is not an error and never appears here).
     errors: tuple[tuple[str, str], ...] = ()
-    # Profiling (exporter/profiling.py): None where the device has no GPM (before Hopper)
+    # Profiling (exporter/collect/profiling.py): None where the device has no GPM (before Hopper)
     # or the first sample pair is not complete yet.
     gpm: GpmMetrics | None = None
     # Per-process utilisation; None where NVML has none (MIG instances, MIG-enabled GPUs).
@@ -225,7 +225,7 @@ class ApiWriterStatus:
 
 @dataclass(frozen=True, slots=True)
 class PodAttributionStatus:
-    """How pod attribution from the kubelet pod-resources API is doing (exporter/podresources.py)."""
+    """How pod attribution from the kubelet pod-resources API is doing (exporter/enrich/podresources.py)."""
 
     socket_present: bool
     up: bool  # the last List call succeeded

@@ -12,9 +12,9 @@ import threading
 import time
 from itertools import combinations
 
+from gpuquota.exporter.collect.nvml import NVLINK_MAX_LINKS, NvmlApi, NvmlError
 from gpuquota.exporter.deviceplugin.preferred import Topology
 from gpuquota.exporter.deviceplugin.topology import LINK_GPU, LINK_SWITCH, GpuLinks, build_topology
-from gpuquota.exporter.nvml import NVLINK_MAX_LINKS, NvmlApi, NvmlError
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,10 @@ import logging
 import os
 from typing import Any, Protocol
 
-from gpuquota.exporter.dra.attribution import DraAttribution
-from gpuquota.exporter.dra.claims import AdminAccessClaims
 from gpuquota.exporter.dra.slices import DEFAULT_DRIVERS, KINDS, SliceIndex, SliceWatcher
 from gpuquota.exporter.dra.taints import EFFECTS, DeviceTaintPublisher
+from gpuquota.exporter.enrich.dra import DraAttribution
+from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
 from gpuquota.exporter.health.engine import Fence
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,6 @@ from gpuquota.quota.store.db import StoreError
 log = logging.getLogger(__name__)
 
 
-ALLOCATION_METRICS_EVERY = 5.0  # seconds
 QUEUE_SIZE = 2000  # messages between the watch loops and the Accountant
 
 
@@ -98,13 +97,9 @@ class Controller:
         self._next_flush = 0.0
         self._last_ok = clock()
         self._db_backoff = Backoff(base=0.5, cap=30.0)
-        self._quota_series: set[tuple[str, str, str]] = set()
-        self._quota_generation = -1
-        self._alloc_series: set[tuple[str, str, str]] = set()
-        self._best_effort_namespaces: set[str] = set()
-        self._alloc_metrics_at = 0.0
-        self._dra_series: set[tuple[str, str, str]] = set()
-        self._dra_problems_seen: dict[str, int] = {}
+        # held while this thread changes the Accountant: a scrape reads its facts meanwhile
+        self.facts_lock = threading.Lock()
+        metrics.facts.read_from(accountant, self.facts_lock)
         self.watched: tuple[str, ...] = Kube.KINDS
 
     def stop(self) -> None:
@@ -193,9 +188,11 @@ class Controller:
                     self.synced.set()
                     self.metrics.sync_seconds.set(elapsed)
                     log.info("synced in %.1fs", elapsed)
-                    self._flush()
+                    with self.facts_lock:
+                        self._flush()
                 else:
-                    self._handle(msg)
+                    with self.facts_lock:
+                        self._handle(msg)
                 if (
                     self._since_flush >= self.settings.flush_every
                     or time.monotonic() >= self._next_flush
@@ -205,10 +202,12 @@ class Controller:
                     msg = self.queue.get_nowait()
                 except queue.Empty:
                     msg = None
-            self._maybe_flush()
+            with self.facts_lock:
+                self._maybe_flush()
         if self._startup_error is not None:
             raise self._startup_error
-        self._flush()
+        with self.facts_lock:
+            self._flush()
 
     def _handle(self, msg: Listed | Resync | Event) -> None:
         try:
@@ -228,7 +227,6 @@ class Controller:
         except acc.AccountingError as exc:
             self.metrics.accounting_errors.labels(msg.kind).inc()
             log.warning("%s skipped: %s", msg.kind, exc)
-        self._quota_metrics()
 
     # -- flushing
 
@@ -278,75 +276,3 @@ class Controller:
         self._last_ok = self.clock()
         self.metrics.last_flush.set(self._last_ok)
         self.metrics.pending_rows.set(0)
-        self._allocation_metrics()
-
-    # -- namespace metrics
-
-    def _allocation_metrics(self) -> None:
-        # walks every open allocation: under load at most every few seconds
-        now = time.monotonic()
-        busy = self.queue.qsize() > QUEUE_SIZE // 20
-        if busy and now - self._alloc_metrics_at < ALLOCATION_METRICS_EVERY:
-            return
-        self._alloc_metrics_at = now
-        raw: dict[tuple[str, str], float] = {}
-        phys: dict[tuple[str, str], float] = {}
-        for row in self.acct.open_allocations():
-            key = (row.namespace, row.resource_name)
-            raw[key] = raw.get(key, 0) + row.raw_units
-            phys[key] = phys.get(key, 0.0) + row.physical_gpus
-        series = set()
-        for (ns, res), v in raw.items():
-            self.metrics.allocated.labels(ns, res, "raw").set(v)
-            self.metrics.allocated.labels(ns, res, "physical").set(phys[(ns, res)])
-            series |= {(ns, res, "raw"), (ns, res, "physical")}
-        for gone in self._alloc_series - series:
-            self.metrics.allocated.remove(*gone)
-        self._alloc_series = series
-        self._dra_metrics()
-        best_effort: dict[str, int] = {}
-        for namespace, _pod in self.acct.best_effort_gpu_pods():
-            best_effort[namespace] = best_effort.get(namespace, 0) + 1
-        for namespace in self._best_effort_namespaces - best_effort.keys():
-            self.metrics.best_effort.remove(namespace)
-        for namespace, count in best_effort.items():
-            self.metrics.best_effort.labels(namespace).set(count)
-        self._best_effort_namespaces = set(best_effort)
-
-    def _dra_metrics(self) -> None:
-        held: dict[tuple[str, str, str], float] = {}
-        for row in self.acct.claims.open_rows():
-            for kind, value in (("raw", float(row.raw_units)), ("physical", row.physical_gpus)):
-                key = (row.namespace, row.resource_name, kind)
-                held[key] = held.get(key, 0.0) + value
-        for gone in self._dra_series - held.keys():
-            self.metrics.dra_allocated.remove(*gone)
-        for key, value in held.items():
-            self.metrics.dra_allocated.labels(*key).set(value)
-        self._dra_series = set(held)
-        for reason, count in self.acct.claims.problems.items():
-            new = count - self._dra_problems_seen.get(reason, 0)
-            if new > 0:
-                self.metrics.dra_problems.labels(reason).inc(new)
-            self._dra_problems_seen[reason] = count
-
-    def _quota_metrics(self) -> None:
-        """The live quotas' figures as the Accountant read them, re-rendered when they change."""
-        if self.acct.quota_generation == self._quota_generation:
-            return
-        self._quota_generation = self.acct.quota_generation
-        series = set()
-        for facts in self.acct.quota_figures():
-            for fig in facts.figures:
-                labels = (facts.namespace, fig.resource_name, facts.name)
-                self.metrics.quota_hard.labels(*labels).set(
-                    fig.hard if fig.hard is not None else float("nan")
-                )
-                self.metrics.quota_used.labels(*labels).set(
-                    fig.used if fig.used is not None else 0.0
-                )
-                series.add(labels)
-        for gone in self._quota_series - series:
-            self.metrics.quota_hard.remove(*gone)
-            self.metrics.quota_used.remove(*gone)
-        self._quota_series = series

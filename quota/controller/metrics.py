@@ -3,14 +3,27 @@
 One table (:data:`METRICS`) says every metric's name, type, labels, meaning and where and how
 often its value comes from; :class:`ControllerMetrics` builds the collectors from it and
 quota/controller/metrics_doc.py generates docs/controller-metrics.md from it.
+
+Two kinds of rows. The controller's own health (events, flushes, watches) is pushed where it
+happens. The quota, allocation and DRA rows (``scraped``) are facts the Accountant already
+keeps: :class:`AccountantFacts`, a prometheus_client custom collector, reads them when
+Prometheus scrapes (client_python's pattern for state that lives elsewhere), so a quota or a
+namespace that goes away has no series to remove and nothing is kept twice.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:  # the type only: nothing here calls into the accounting but through it
+    from gpuquota.quota.accounting.accountant import Accountant
 
 
 @dataclass(frozen=True)
@@ -21,8 +34,10 @@ class ControllerMetric:
     help: str
     labels: tuple[str, ...]
     source: str  # where the value comes from, and how often it is set
+    scraped: bool = False  # read from the Accountant at each scrape (AccountantFacts)
 
 
+_SCRAPED = "read from the Accountant at each scrape"
 _AFTER_FLUSH = "after each successful flush (every --flush-interval, or --flush-every events)"
 
 METRICS: tuple[ControllerMetric, ...] = (
@@ -33,7 +48,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "ResourceQuota hard limit of a GPU resource (status.hard)",
         ("namespace", "resource", "quota"),
         "The Accountant's reading of each live ResourceQuota (status.hard, else spec.hard; "
-        "NaN where unset), when a quota event or list changes it",
+        "NaN where unset), " + _SCRAPED,
+        scraped=True,
     ),
     ControllerMetric(
         "quota_used",
@@ -42,7 +58,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "ResourceQuota use of a GPU resource as the quota controller counts it (status.used)",
         ("namespace", "resource", "quota"),
         "The Accountant's reading of each live ResourceQuota (status.used; 0 where unset), "
-        "when a quota event or list changes it",
+        + _SCRAPED,
+        scraped=True,
     ),
     ControllerMetric(
         "allocated",
@@ -50,8 +67,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "gauge",
         "GPUs bound to the namespace's running pods now: raw units, or physical-GPU equivalents",
         ("namespace", "resource", "kind"),
-        "The Accountant's open allocations, " + _AFTER_FLUSH + "; at most every 5 s while "
-        "the event queue is busy",
+        "The Accountant's open allocations (as the next flush would write them), " + _SCRAPED,
+        scraped=True,
     ),
     ControllerMetric(
         "best_effort",
@@ -60,7 +77,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "Live pods that request GPUs but are BestEffort (QoS looks only at cpu and memory), "
         "so NotBestEffort-scoped quotas do not count them",
         ("namespace",),
-        "The Accountant's live pods, with gpuquota_namespace_gpus_allocated",
+        "The Accountant's live pods, " + _SCRAPED,
+        scraped=True,
     ),
     ControllerMetric(
         "events",
@@ -159,7 +177,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "GPUs the namespace's DRA ResourceClaims hold for running pods now, per device class: "
         "raw devices, or physical-GPU equivalents (a claim shared by several pods once)",
         ("namespace", "device_class", "kind"),
-        "The claim tracker's open claim rows, with gpuquota_namespace_gpus_allocated",
+        "The claim tracker's open claim rows, " + _SCRAPED,
+        scraped=True,
     ),
     ControllerMetric(
         "dra_watched",
@@ -178,8 +197,8 @@ METRICS: tuple[ControllerMetric, ...] = (
         "driver (driver), naming a device no slice lists (device), a slice gone under held "
         "claims (slice_gone)",
         ("reason",),
-        "The claim tracker's counts (once per claim and reason), "
-        + _AFTER_FLUSH.replace("after", "read after"),
+        "The claim tracker's counts (once per claim and reason), " + _SCRAPED,
+        scraped=True,
     ),
     ControllerMetric(
         "accounting_errors",
@@ -192,13 +211,94 @@ METRICS: tuple[ControllerMetric, ...] = (
 )
 
 
+Sample = tuple[tuple[str, ...], float]  # label values, value
+
+
+def facts_samples(acct: Accountant) -> dict[str, list[Sample]]:
+    """The scraped rows' samples (by table attr) from the Accountant's facts: pure reads."""
+    out: dict[str, list[Sample]] = {s.attr: [] for s in METRICS if s.scraped}
+    for facts in acct.quota_figures():
+        for fig in facts.figures:
+            labels = (facts.namespace, fig.resource_name, facts.name)
+            out["quota_hard"].append((labels, fig.hard if fig.hard is not None else float("nan")))
+            out["quota_used"].append((labels, fig.used if fig.used is not None else 0.0))
+    out["allocated"] = _per_kind(acct.open_allocations())
+    out["dra_allocated"] = _per_kind(acct.claims.open_rows())
+    best_effort: dict[str, int] = {}
+    for namespace, _pod in acct.best_effort_gpu_pods():
+        best_effort[namespace] = best_effort.get(namespace, 0) + 1
+    out["best_effort"] = [((ns,), float(n)) for ns, n in sorted(best_effort.items())]
+    out["dra_problems"] = [((r,), float(n)) for r, n in sorted(acct.claims.problems.items())]
+    return out
+
+
+class _Held(Protocol):
+    """An open allocation row: a pod's (AllocationRow) or a claim's (ClaimAllocationRow)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def resource_name(self) -> str: ...
+    @property
+    def raw_units(self) -> int: ...
+    @property
+    def physical_gpus(self) -> float: ...
+
+
+def _per_kind(rows: Iterable[_Held]) -> list[Sample]:
+    """(namespace, resource, raw|physical) sums over open allocation rows."""
+    raw: dict[tuple[str, str], float] = {}
+    physical: dict[tuple[str, str], float] = {}
+    for row in rows:
+        key = (row.namespace, row.resource_name)
+        raw[key] = raw.get(key, 0.0) + row.raw_units
+        physical[key] = physical.get(key, 0.0) + row.physical_gpus
+    return [
+        sample
+        for (ns, res), units in sorted(raw.items())
+        for sample in (((ns, res, "raw"), units), ((ns, res, "physical"), physical[(ns, res)]))
+    ]
+
+
+class AccountantFacts(Collector):
+    """The scraped rows, read from the controller's Accountant whenever the registry is
+    collected. The controller thread holds ``lock`` while it changes the Accountant; a scrape
+    that cannot have it within LOCK_WAIT_S (a store write that hangs) answers the facts of
+    the previous scrape rather than hang or drop the series."""
+
+    LOCK_WAIT_S = 1.0
+
+    def __init__(self) -> None:
+        self._source: tuple[Accountant, threading.Lock] | None = None
+        self._last: dict[str, list[Sample]] = {}
+
+    def read_from(self, acct: Accountant, lock: threading.Lock) -> None:
+        """Scrapes read `acct` from now on (the Accountant of this lease term)."""
+        self._source, self._last = (acct, lock), {}
+
+    def collect(self) -> Iterator[Metric]:
+        source = self._source
+        if source is not None and source[1].acquire(timeout=self.LOCK_WAIT_S):
+            try:
+                self._last = facts_samples(source[0])
+            finally:
+                source[1].release()
+        for spec in METRICS:
+            if not spec.scraped:
+                continue
+            family: GaugeMetricFamily | CounterMetricFamily = (
+                GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+                if spec.type == "gauge"
+                else CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+            )
+            for labels, value in self._last.get(spec.attr, ()):
+                family.add_metric(list(labels), value)
+            yield family
+
+
 class ControllerMetrics:
     """Every metric the controller exposes, on its own registry (built from METRICS)."""
 
-    quota_hard: Gauge
-    quota_used: Gauge
-    allocated: Gauge
-    best_effort: Gauge
     events: Counter
     watch_restarts: Counter
     relists: Counter
@@ -210,14 +310,16 @@ class ControllerMetrics:
     synced: Gauge
     sync_seconds: Gauge
     ignored: Counter
-    dra_allocated: Gauge
     dra_watched: Gauge
-    dra_problems: Counter
     accounting_errors: Counter
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        self.facts = AccountantFacts()
+        self.registry.register(self.facts)
         for spec in METRICS:
+            if spec.scraped:
+                continue
             collector = Gauge if spec.type == "gauge" else Counter
             setattr(
                 self,

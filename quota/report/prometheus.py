@@ -1,6 +1,6 @@
 """Measured utilisation from Prometheus: busy GPU-seconds per namespace or pod over a window.
 
-The exporter (exporter/metrics.py) publishes ``gpu_utilization_ratio`` per device, the
+The exporter (exporter/expose/metrics.py) publishes ``gpu_utilization_ratio`` per device, the
 attribution join metric ``gpu_pod_info{gpu, uuid, namespace, pod, container}`` (value 1, one
 series per container holding the device) and, with ``--pod-usage``,
 ``gpu_pod_sm_utilization_ratio{uuid, namespace, pod, container, owner}``: each pod's own share

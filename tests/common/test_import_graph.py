@@ -289,3 +289,70 @@ def test_the_program_checks_can_fail() -> None:
     # the checker sees the controller's imports of the accounting where they are
     quota = _imports_of("gpuquota.quota.controller")
     assert _reaching(quota, "gpuquota.quota.accounting")
+
+
+# --- the node agent: collect -> enrich -> expose (issue 20) -------------------------------------
+
+EXPORTER = "gpuquota.exporter"
+# The exporter's pure rules: no threads, sockets, files, clocks or processes.
+PURE_EXPORTER_MODULES = (
+    "collect.tiers",
+    "collect.schedule",
+    "collect.units",
+    "enrich.cgroup",
+    "enrich.podnames",
+    "enrich.pods",
+    "enrich.usage",
+)
+
+
+def _exporter_graph() -> Graph:
+    return import_graph(_modules(["exporter"]))
+
+
+def _importers(graph: Mapping[str, set[str]], source: str, target: str) -> dict[str, list[str]]:
+    """Modules under `source` that import something under `target`, and what."""
+    under = lambda m, p: m == p or m.startswith(p + ".")  # noqa: E731
+    return {
+        m: sorted(t for t in targets if under(t, target))
+        for m, targets in sorted(graph.items())
+        if under(m, source) and any(under(t, target) for t in targets)
+    }
+
+
+def test_collect_imports_neither_enrich_nor_expose() -> None:
+    graph = _exporter_graph()
+    assert f"{EXPORTER}.collect.loop" in graph and f"{EXPORTER}.expose.server" in graph
+    for later in ("enrich", "expose", "health", "dra", "deviceplugin", "nodestatus"):
+        assert _importers(graph, f"{EXPORTER}.collect", f"{EXPORTER}.{later}") == {}, later
+    # the checker sees the arrows that do exist
+    assert _importers(graph, f"{EXPORTER}.expose", f"{EXPORTER}.collect")
+
+
+def test_enrich_does_not_import_expose_and_the_server_only_transports() -> None:
+    graph = _exporter_graph()
+    assert _importers(graph, f"{EXPORTER}.enrich", f"{EXPORTER}.expose") == {}
+    assert _importers(graph, f"{EXPORTER}.enrich", f"{EXPORTER}.dra") == {}  # dra/ imports enrich/
+    server = graph[f"{EXPORTER}.expose.server"]
+    assert not {m for m in server if m.startswith(f"{EXPORTER}.collect")}
+    assert f"{EXPORTER}.expose.scrape" in server
+
+
+def test_only_collect_nvml_names_pynvml() -> None:
+    users = {
+        module
+        for module, path in _modules(["exporter"]).items()
+        if any(n.split(".")[0] == "pynvml" for n in _top_level_imports(path))
+    }
+    assert users == {f"{EXPORTER}.collect.nvml"}
+
+
+def test_the_exporters_pure_rules_do_no_io() -> None:
+    modules = _modules(["exporter"])
+    found = {}
+    for name in PURE_EXPORTER_MODULES:
+        imported = _top_level_imports(modules[f"{EXPORTER}.{name}"])
+        bad = sorted(n for n in imported if n.split(".")[0] in NOT_IN_ACCOUNTING | {"logging"})
+        if bad:
+            found[name] = bad
+    assert found == {}

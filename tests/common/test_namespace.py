@@ -86,7 +86,7 @@ def test_no_module_uses_a_folder_by_its_bare_name() -> None:
 
 def test_modules_are_named_under_gpuquota() -> None:
     from gpuquota.cli_common import durations
-    from gpuquota.exporter import collect
+    from gpuquota.exporter.collect import loop
 
-    assert collect.__name__ == "gpuquota.exporter.collect"
+    assert loop.__name__ == "gpuquota.exporter.collect.loop"
     assert durations.__name__ == "gpuquota.cli_common.durations"

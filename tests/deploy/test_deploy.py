@@ -189,7 +189,7 @@ def test_overlays_build_and_change_what_they_say() -> None:
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not find(base, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"].get("hostPID")
     build_parser().parse_args(pod["containers"][0]["args"])
-    # the one call exporter/podusage.py makes (tests/exporter/test_podusage.py runs it)
+    # the one call exporter/enrich/poddirectory.py makes (tests/exporter/test_podusage.py runs it)
     assert find(usage, "ClusterRole", "gpu-exporter-pod-usage")["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
     ]

@@ -234,7 +234,7 @@ def test_only_prometheus_reaches_the_metrics_ports(folder: str) -> None:
 
 @needs_kubectl
 def test_tls_auth_overlay_serves_with_its_generated_secret() -> None:
-    from gpuquota.exporter.webconfig import load
+    from gpuquota.exporter.expose.webconfig import load
     from tests.deploy.manifests import generated_deploy
 
     docs = built("components/tls-auth")

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from gpuquota.exporter.collect import Collector
-from gpuquota.exporter.http import ExporterServer
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.render import Renderer
-from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfig
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.server import ExporterServer
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfig
 from gpuquota.sim.harness import stop_process
 from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
@@ -108,16 +108,16 @@ def start_exporter(
 
 
 @pytest.fixture
-def serve(nvml_on: NvmlOn) -> Iterator[Callable[..., tuple[SimNode, Collector, ExporterServer]]]:
-    running: list[tuple[Collector, ExporterServer]] = []
+def serve(nvml_on: NvmlOn) -> Iterator[Callable[..., tuple[SimNode, CollectLoop, ExporterServer]]]:
+    running: list[tuple[CollectLoop, ExporterServer]] = []
 
     def start(
         spec: str = "l4x2",
         web_config: WebConfig | ReloadingWebConfig | None = None,
         interval: float = 0.1,
-    ) -> tuple[SimNode, Collector, ExporterServer]:
+    ) -> tuple[SimNode, CollectLoop, ExporterServer]:
         node, api = nvml_on(spec)
-        collector = Collector(api, interval=interval)
+        collector = CollectLoop(api, interval=interval)
         server = ExporterServer(
             collector, Renderer(), host="127.0.0.1", port=0, web_config=web_config
         )

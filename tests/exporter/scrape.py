@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuquota.exporter.http import ExporterServer
+from gpuquota.exporter.expose.server import ExporterServer
 
 
 def get(

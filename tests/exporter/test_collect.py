@@ -3,6 +3,7 @@ NVML stand-in (node.preload())."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -12,14 +13,15 @@ from typing import Any
 
 import pytest
 
-from gpuquota.exporter.collect import REPROBE_COLLECTIONS, Collector
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
+from gpuquota.exporter.collect.reader import REPROBE_COLLECTIONS
+from gpuquota.exporter.collect.xid import XidEvent, XidWatcher
+from gpuquota.exporter.expose.render import Renderer, RenderOptions
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import HealthTracker
 from gpuquota.exporter.health.verdict import State
-from gpuquota.exporter.nvml import GPU_IS_LOST, NOT_SUPPORTED, NvmlApi
-from gpuquota.exporter.render import Renderer, RenderOptions
 from gpuquota.exporter.snapshot import DeviceState, NodeSnapshot, PodRef
-from gpuquota.exporter.xid import XidEvent, XidWatcher
 from gpuquota.sim.harness import wait_for
 from gpuquota.sim.nvml.build import implemented_functions
 from gpuquota.sim.nvml.control import SimNode
@@ -174,7 +176,7 @@ def test_every_metric_on_every_preset(nvml_on: NvmlOn, sim_library, preset: str)
         for gpu in spec.gpus:
             node.inject_xid(gpu.index, 31)
         wait_for(lambda: sum(sum(c.values()) for c in xid.counts().values()) == len(spec.gpus))
-        collector = Collector(api, hostname="sim", xid=xid)
+        collector = CollectLoop(api, hostname="sim", xid=xid)
         snapshot = collector.collect_once()
     finally:
         xid.stop()
@@ -234,7 +236,7 @@ def test_values_follow_the_stand_in(nvml_on: NvmlOn, sim_library) -> None:
             performance_state=2 if i == 5 else 0,
         )
     node.set_nvlink_errors(2, 5, replay=3, crc_flit=7)
-    snapshot = Collector(api).collect_once()
+    snapshot = CollectLoop(api).collect_once()
     samples = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
     for i in range(node.gpu_count):
         labels = {"gpu": str(i), "uuid": node.uuid(i)}
@@ -261,7 +263,7 @@ def test_values_follow_the_stand_in(nvml_on: NvmlOn, sim_library) -> None:
 def test_energy_counter_rises_with_power(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("l4x2")
     node.set(0, power_watts=70.0, energy_joules=1000.0)
-    collector = Collector(api)
+    collector = CollectLoop(api)
     first = collector.collect_once().devices[0].energy_joules
     time.sleep(0.2)
     second = collector.collect_once().devices[0].energy_joules
@@ -274,7 +276,7 @@ def test_energy_counter_rises_with_power(nvml_on: NvmlOn) -> None:
 
 def test_gpu_lost_mid_run_leaves_the_others_reporting(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
-    collector = Collector(api)
+    collector = CollectLoop(api)
     before = collector.collect_once()
     assert all(d.state is DeviceState.OK for d in before.devices)
 
@@ -304,7 +306,7 @@ def test_gpu_lost_mid_run_leaves_the_others_reporting(nvml_on: NvmlOn) -> None:
 
 def test_reset_required_is_flagged(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("l4x2")
-    collector = Collector(api)
+    collector = CollectLoop(api)
     collector.collect_once()
     node.set_reset_required(1)
     snapshot = collector.collect_once()
@@ -315,7 +317,7 @@ def test_reset_required_is_flagged(nvml_on: NvmlOn) -> None:
 def test_one_failing_function_hides_only_its_value(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.fail_call(1, "nvmlDeviceGetPowerUsage", NVML_ERROR_UNKNOWN)
-    collector = Collector(api)
+    collector = CollectLoop(api)
     snapshot = collector.collect_once()
     snapshot = collector.collect_once()
     gpu1 = snapshot.devices[1]
@@ -342,7 +344,7 @@ def test_one_failing_function_hides_only_its_value(nvml_on: NvmlOn) -> None:
 def test_not_supported_is_omitted_and_not_an_error(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("l4x2")
     node.fail_call(0, "nvmlDeviceGetTemperature", NOT_SUPPORTED)
-    snapshot = Collector(api).collect_once()
+    snapshot = CollectLoop(api).collect_once()
     assert snapshot.devices[0].gpu_temperature_celsius is None
     assert snapshot.devices[1].gpu_temperature_celsius is not None
     assert snapshot.nvml_errors_total == {}
@@ -356,7 +358,7 @@ def test_not_supported_is_asked_again_only_every_reprobe_period(nvml_on: NvmlOn)
     node, api = nvml_on("l4x2")
     for gpu in (0, 1):
         node.fail_call(gpu, "nvmlDeviceGetFanSpeed", NOT_SUPPORTED)
-    collector = Collector(api)
+    collector = CollectLoop(api)
     rounds = 3 * REPROBE_COLLECTIONS + 5
     for _ in range(rounds):
         collector.collect_once()
@@ -367,7 +369,7 @@ def test_not_supported_is_asked_again_only_every_reprobe_period(nvml_on: NvmlOn)
 def test_lost_identity_read_keeps_other_gpus(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("l4x2")
     node.set_lost(0)
-    snapshot = Collector(api).collect_once()  # GPU 0 lost before its identity was ever read
+    snapshot = CollectLoop(api).collect_once()  # GPU 0 lost before its identity was ever read
     assert snapshot.devices[0].state is DeviceState.LOST
     assert snapshot.devices[1].state is DeviceState.OK
     # Renders without a UUID it never learned; the lost flag is still visible.
@@ -410,7 +412,7 @@ def test_xid_watcher_counts_and_notifies(nvml_on: NvmlOn, sim_library) -> None:
 
 def test_background_loop_enrichers_and_subscribers(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("l4x2")
-    collector = Collector(api, interval=0.1)
+    collector = CollectLoop(api, interval=0.1)
     uuid0 = node.uuid(0)
 
     def add_pods(snapshot: NodeSnapshot) -> NodeSnapshot:
@@ -447,7 +449,7 @@ def test_background_loop_enrichers_and_subscribers(nvml_on: NvmlOn) -> None:
 
 def test_nvlink_counters_follow_changes_between_collections(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
-    collector = Collector(api)
+    collector = CollectLoop(api)
     first = collector.collect_once().devices[4].nvlinks
     assert len(first) == 18 and all(c.crc_data_errors == 0 for c in first)
     unchanged = collector.collect_once().devices[4].nvlinks
@@ -459,7 +461,7 @@ def test_nvlink_counters_follow_changes_between_collections(nvml_on: NvmlOn) -> 
 
 
 def test_xid_registration_failure_leaves_one_gpu_out(nvml_on: NvmlOn, sim_library, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="gpuquota.exporter.xid")
+    caplog.set_level(logging.INFO, logger="gpuquota.exporter.collect.xid")
     node, api = nvml_on("l4x2")
     node.fail_call(0, "nvmlDeviceRegisterEvents", NOT_SUPPORTED)
     xid = XidWatcher(api)
@@ -482,7 +484,7 @@ def test_mig_processes_and_memory_belong_to_their_instance(nvml_on: NvmlOn) -> N
     node, api = nvml_on("a100-mig")
     node.add_process(0, 4242, 2**30, gpu_instance_id=2, compute_instance_id=0)
     node.set_mig_memory_used(0, 1, 3 * 2**30)
-    snapshot = Collector(api).collect_once()
+    snapshot = CollectLoop(api).collect_once()
     instance = next(d for d in snapshot.devices if d.mig and d.mig.gpu_instance_id == 2)
     assert instance.uuid == node.mig_uuids(0)[1]
     assert [(p.pid, p.used_memory_bytes) for p in instance.processes] == [(4242, 2**30)]
@@ -494,7 +496,7 @@ def test_mig_processes_and_memory_belong_to_their_instance(nvml_on: NvmlOn) -> N
 
 def test_a_round_without_nvml_is_flagged_and_recovers(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("l4x2")
-    collector = Collector(api)
+    collector = CollectLoop(api)
     good = collector.collect_once()
     node.fail_call(None, "nvmlDeviceGetCount", NVML_ERROR_UNKNOWN)
     bad = collector.collect_once()
@@ -516,7 +518,7 @@ def test_partial_failure_stays_partial(nvml_on: NvmlOn) -> None:
     """nvmlDeviceGetCount failing for several rounds: every GPU still readable keeps its
     readings and stays healthy; only the GPU that really cannot be read is marked."""
     node, api = nvml_on("h100x8")
-    collector = Collector(api)
+    collector = CollectLoop(api)
     tracker = HealthTracker(parse_config(None, quiet_period_s=0.5))
     tracker.observe_snapshot(collector.collect_once(), now=1)
     node.fail_call(None, "nvmlDeviceGetCount", NVML_ERROR_UNKNOWN)
@@ -545,7 +547,7 @@ def test_a_failed_recovery_action_read_leaves_the_verdict_as_it_was(nvml_on: Nvm
     snapshot does not know the recovery action (None, the error counted), which the health
     rules must not take for NONE: the verdict stays as it was until a reading says NONE."""
     node, api = nvml_on("h100x8")
-    collector = Collector(api)
+    collector = CollectLoop(api)
     tracker = HealthTracker(parse_config(None, quiet_period_s=0.5))
     node.set(0, recovery_action=2)
     asking = tracker.observe_snapshot(collector.collect_once(), now=1)
@@ -569,7 +571,7 @@ def test_a_failed_recovery_action_read_leaves_the_verdict_as_it_was(nvml_on: Nvm
 
 def test_each_value_is_read_at_its_metrics_tier(nvml_on: NvmlOn) -> None:
     node, api = nvml_on({"model": "H100-SXM5-80GB", "count": 2})
-    collector = Collector(api, interval=0.1, slow_interval=60.0)
+    collector = CollectLoop(api, interval=0.1, slow_interval=60.0)
     collector.start()
     try:
         ecc_reads = api.call_stats()["nvmlDeviceGetTotalEccErrors"][0]
@@ -603,7 +605,7 @@ def test_counters_replace_samples(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set(3, pcie_tx_bytes_per_second=2e9, pcie_rx_bytes_per_second=0.0,
              clock_event_reasons=0x4)  # fmt: skip
-    collector = Collector(api)
+    collector = CollectLoop(api)
     first = collector.collect_once().devices[3]
     time.sleep(0.2)
     second = collector.collect_once().devices[3]
@@ -623,7 +625,7 @@ def test_counters_replace_samples(nvml_on: NvmlOn) -> None:
 
 def test_a_hung_call_on_one_gpu_holds_up_no_other(nvml_on: NvmlOn) -> None:
     node, api = nvml_on({"model": "H100-SXM5-80GB", "count": 4, "nvml_costs": {"mode": "modelled"}})
-    collector = Collector(api, interval=0.1, read_timeout=0.3)
+    collector = CollectLoop(api, interval=0.1, read_timeout=0.3)
     collector.collect_once()
     node.set_call_cost(2, "nvmlDeviceGetPowerUsage", 2500)  # GPU 2's power call hangs 2.5 s
     node.set(1, power_watts=400.0)
@@ -647,3 +649,29 @@ def test_a_hung_call_on_one_gpu_holds_up_no_other(nvml_on: NvmlOn) -> None:
     assert late.devices[2].uuid == node.uuid(2)
     assert late.devices[2].errors[0][1].startswith("NVML has not answered for")
     wait_for(lambda: collector.collect_once().devices[2].power_watts == 500.0, timeout=10)
+
+
+def test_the_running_loop_spreads_the_slow_tier_over_rounds(nvml_on: NvmlOn) -> None:
+    # issue 20: 8 GPUs, a slow cycle of 4 rounds: each round reads the slow tier of 2 GPUs
+    # (6c36c52 read all 8 in the same round, 164-168 ms with one NVML queue for the library)
+    _node, api = nvml_on("h100x8")
+    collector = CollectLoop(api, interval=0.2, slow_interval=0.8)
+    seen: list[NodeSnapshot] = []
+    collector.subscribe(seen.append)
+    collector.start()
+    try:
+        wait_for(lambda: len(seen) >= 10, timeout=30)
+    finally:
+        collector.stop()
+    rounds = seen[:10]  # the first is collect_once: every tier of every GPU
+
+    def slow_at(snapshot: NodeSnapshot) -> list[float]:
+        return [dict(d.read_at)["slow"] for d in snapshot.devices if d.mig is None]
+
+    assert len(set(slow_at(rounds[0]))) == 8  # each GPU's own reader
+    per_round = [
+        sum(a != b for a, b in zip(slow_at(before), slow_at(after), strict=True))
+        for before, after in itertools.pairwise(rounds)
+    ]
+    assert max(per_round) <= 2, per_round
+    assert sum(per_round) >= 8  # and every GPU's slow tier was read again (2 x 4 rounds)

@@ -17,10 +17,10 @@ from typing import Any
 import bcrypt
 import pytest
 
-from gpuquota.exporter.http import ExporterServer
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.render import Renderer
-from gpuquota.exporter.webconfig import ReloadingWebConfig, load
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.server import ExporterServer
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, load
 from gpuquota.sim.nvml.control import SimNode
 from tests.exporter.scrape import get
 
@@ -80,7 +80,9 @@ def test_concurrent_scrapes_share_one_render(serve) -> None:
     assert len(set(bodies)) == 1 and bodies[0]
     snapshot = collector.latest()
     assert snapshot is not None
-    assert server.renderer.exposition(snapshot) is server.renderer.exposition(snapshot)
+    assert server.source.renderer.exposition(snapshot) is server.source.renderer.exposition(
+        snapshot
+    )
 
 
 def test_slow_client_does_not_block_others(serve) -> None:

@@ -17,12 +17,12 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuquota.exporter import authguard
+from gpuquota.exporter.expose import authguard
+from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.server import ExporterServer
+from gpuquota.exporter.expose.webconfig import bcrypt_cost, load
 from gpuquota.exporter.health.verdict import NodeHealth
-from gpuquota.exporter.http import ExporterServer
-from gpuquota.exporter.render import Renderer
 from gpuquota.exporter.snapshot import NodeSnapshot
-from gpuquota.exporter.webconfig import bcrypt_cost, load
 from tests.exporter.scrape import get
 
 HELD = 1000
@@ -81,7 +81,7 @@ def test_half_sent_headers_and_idle_connections_are_closed_at_their_deadlines(
 ) -> None:
     _node, collector, default = serve()
     server = ExporterServer(
-        collector, default.renderer, host="127.0.0.1", port=0, header_timeout=0.3,
+        collector, default.source.renderer, host="127.0.0.1", port=0, header_timeout=0.3,
         idle_timeout=1.0,
     )  # fmt: skip
     server.start()
@@ -133,7 +133,7 @@ def test_no_interpreter_or_library_version_in_any_answer(serve) -> None:
 def test_liveness_fails_when_the_collector_makes_no_progress(serve) -> None:
     _node, collector, default = serve(interval=0.1)
     server = ExporterServer(
-        collector, default.renderer, host="127.0.0.1", port=0, liveness_timeout=0.5
+        collector, default.source.renderer, host="127.0.0.1", port=0, liveness_timeout=0.5
     )
     server.start()
     gate, stuck = threading.Event(), threading.Event()
@@ -259,7 +259,7 @@ class _RecordingRenderer(Renderer):
 
 def test_snapshots_render_once_when_scraped_and_never_on_the_event_loop(serve) -> None:
     _node, collector, server = serve(interval=0.1)
-    recording = server.renderer = _RecordingRenderer()
+    recording = server.source.renderer = _RecordingRenderer()
     first = collector.latest()
     time.sleep(0.5)  # about five collections
     assert collector.latest() is not first
@@ -288,7 +288,7 @@ def test_a_rotated_certificate_is_served_to_new_connections(
     import os
     import ssl
 
-    from gpuquota.exporter.webconfig import ReloadingWebConfig
+    from gpuquota.exporter.expose.webconfig import ReloadingWebConfig
 
     config_file = tmp_path / "web.yml"
 
@@ -319,7 +319,7 @@ def test_a_rotated_certificate_is_served_to_new_connections(
 def test_beyond_the_connection_limit_the_oldest_idle_connection_makes_room(serve) -> None:
     _node, collector, default = serve()
     server = ExporterServer(
-        collector, default.renderer, host="127.0.0.1", port=0, max_connections=20
+        collector, default.source.renderer, host="127.0.0.1", port=0, max_connections=20
     )
     server.start()
     try:

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuquota.exporter import metrics, metrics_doc
+from gpuquota.exporter.expose import metrics, metrics_doc
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def test_committed_reference_matches_the_table() -> None:
     assert DOC.read_text() == metrics_doc.render(), (
-        "docs/metrics.md is stale: run `python -m gpuquota.exporter.metrics_doc --write docs/metrics.md`"
+        "docs/metrics.md is stale: run `python -m gpuquota.exporter.expose.metrics_doc --write docs/metrics.md`"
     )
 
 

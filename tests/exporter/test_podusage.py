@@ -11,18 +11,14 @@ from typing import Any
 
 import pytest
 
-from gpuquota.exporter import podusage
 from gpuquota.exporter.cli import main as exporter_main
-from gpuquota.exporter.collect import Collector
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.podusage import (
-    CgroupPod,
-    PodDirectory,
-    PodUsageEnricher,
-    ProcReader,
-    parse_cgroup,
-)
-from gpuquota.exporter.render import Renderer
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.enrich.cgroup import CgroupPod, parse_cgroup
+from gpuquota.exporter.enrich.poddirectory import PodDirectory, lister_for_node
+from gpuquota.exporter.enrich.procfs import ProcReader
+from gpuquota.exporter.enrich.usage import PodUsageEnricher
+from gpuquota.exporter.expose.render import Renderer
 from gpuquota.exporter.wiring import core_api
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import wait_for
@@ -127,11 +123,11 @@ def test_time_sliced_gpu_shows_each_pod_and_the_host(nvml_on: NvmlOn, tmp_path: 
         server.apply("ADDED", _pod("trainer", "team-a", UID_A, {"main": CID, "sidecar": None}))
         server.apply("ADDED", _pod("notebook", "team-b", UID_B, {"jupyter": CID2}))
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
-        lister = podusage.lister_for_node(core_api(kubeconfig), NODE)
+        lister = lister_for_node(core_api(kubeconfig), NODE)
         enricher = PodUsageEnricher(ProcReader(proc), PodDirectory(lister))
         enricher.start()
         try:
-            collector = Collector(api, hostname="sim")
+            collector = CollectLoop(api, hostname="sim")
             collector.add_enricher(enricher)
             snapshot = collector.collect_once()
         finally:
@@ -206,7 +202,7 @@ def test_mig_processes_count_on_their_instance_only(nvml_on: NvmlOn, tmp_path: P
     node, api = nvml_on(spec)
     proc = tmp_path / "proc"
     _proc(proc, 77, "0::/system.slice/infer.service\n")
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     mig = collector.collect_once().devices[2].mig
     assert mig is not None
     node.add_process(0, 77, 3 * 2**30, gpu_instance_id=mig.gpu_instance_id, compute_instance_id=0)

@@ -10,11 +10,12 @@ from typing import Any
 
 import pytest
 
-from gpuquota.exporter.collect import Collector
-from gpuquota.exporter.metrics import METRICS, Tier, field_tiers
-from gpuquota.exporter.nvml import NvmlApi
-from gpuquota.exporter.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
-from gpuquota.exporter.render import Renderer, RenderOptions
+from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.nvml import NvmlApi
+from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
+from gpuquota.exporter.collect.tiers import FIELD_TIERS, Tier
+from gpuquota.exporter.expose.metrics import METRICS
+from gpuquota.exporter.expose.render import Renderer, RenderOptions
 from gpuquota.exporter.snapshot import DeviceState
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.spec import load
@@ -65,7 +66,7 @@ NATIVE_PROF = {
 }
 
 
-def _two_rounds(collector: Collector):
+def _two_rounds(collector: CollectLoop):
     collector.collect_once()
     time.sleep(MIN_GPM_GAP + 0.03)
     return collector.collect_once()
@@ -74,7 +75,7 @@ def _two_rounds(collector: Collector):
 def test_gpm_values_native_and_dcgm(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set_gpm(3, **UNDER_LOAD)
-    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    snapshot = _two_rounds(CollectLoop(api, hostname="sim"))
     uuid = node.uuid(3)
     native = parse(Renderer().render(snapshot))
     at = {"gpu": "3", "uuid": uuid}
@@ -106,7 +107,7 @@ def test_pcie_traffic_has_one_native_metric_the_byte_counters_rate(nvml_on: Nvml
     node, api = nvml_on("h100x8")
     node.set(3, pcie_tx_bytes_per_second=2e9, pcie_rx_bytes_per_second=5e8)
     node.set_gpm(3, pcie_tx_bytes_per_second=6.18 * MIB)  # what GPM would say: not native
-    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    snapshot = _two_rounds(CollectLoop(api, hostname="sim"))
     native = parse(Renderer().render(snapshot))
     pcie_traffic = {name for name in native if name.startswith("gpu_pcie_") and "bytes" in name}
     assert pcie_traffic == {
@@ -126,7 +127,7 @@ def test_gpus_before_hopper_omit_profiling_never_zero(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("mixed")
     for i in range(node.gpu_count):
         node.set_gpm(i, sm_activity=0.5)  # stored, but only Hopper answers GPM
-    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    snapshot = _two_rounds(CollectLoop(api, hostname="sim"))
     native = parse(Renderer().render(snapshot))
     dcgm = parse(Renderer(RenderOptions(compat=frozenset({"dcgm"}))).render(snapshot))
     spec = load("mixed")
@@ -146,7 +147,7 @@ def test_samples_closer_than_100ms_are_never_published(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set_gpm(0, sm_activity=0.96)
     now = [1000.0]
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     collector.profiling = ProfilingReader(api, clock=lambda: now[0])
     collector.collect_once()
     now[0] += 0.05  # the GPU would answer zeros for this pair: it is not even asked
@@ -167,7 +168,7 @@ def test_gpm_per_mig_instance(nvml_on: NvmlOn) -> None:
     node.set_gpm(0, mig=0, sm_activity=0.25, dram_activity=0.5)
     node.set_gpm(0, mig=1, sm_activity=0.75)
     node.set_gpm(0, sm_activity=0.5)
-    snapshot = _two_rounds(Collector(api, hostname="sim"))
+    snapshot = _two_rounds(CollectLoop(api, hostname="sim"))
     gpu, mig0, mig1 = snapshot.devices
     assert gpu.gpm is not None and gpu.gpm.sm_active == pytest.approx(0.5)
     assert mig0.gpm is not None and mig0.gpm.sm_active == pytest.approx(0.25)
@@ -190,7 +191,7 @@ def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
     node.add_process(0, 411, 8 * 2**30)
     node.add_process(0, 412, 2 * 2**30)
     node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     first = collector.collect_once()
     assert [
         (p.pid, p.sm_ratio, p.memory_ratio) for p in first.devices[0].process_utilization or ()
@@ -213,7 +214,7 @@ def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: Nvm
     node.add_process(0, 411, 8 * 2**30)
     node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
     now = [1000.0]
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     collector.profiling = ProfilingReader(api, clock=lambda: now[0])
     calls = lambda: node.call_count("nvmlDeviceGetProcessUtilization")  # noqa: E731
     before = calls()
@@ -236,7 +237,7 @@ def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: Nvm
 def test_no_gpm_pair_spans_a_lost_gpu(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set_gpm(3, sm_activity=0.9)
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     before = _two_rounds(collector).devices[3]
     assert before.gpm is not None and before.gpm.sm_active == pytest.approx(0.9)
     node.set_lost(3)
@@ -258,7 +259,7 @@ def test_a_failed_support_query_is_asked_again(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set_gpm(0, sm_activity=0.5)
     node.fail_call(0, "nvmlGpmQueryDeviceSupport", 999)
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     failed = collector.collect_once()
     assert failed.devices[0].gpm is None
     assert failed.nvml_errors_total == {"nvmlGpmQueryDeviceSupport": 1}
@@ -285,7 +286,7 @@ def test_profiling_is_read_by_each_gpus_reader_at_its_rows_tier(nvml_on: NvmlOn)
     for i in range(8):
         node.set_gpm(i, sm_activity=0.1 * (i + 1))
     node.set_process_utilization(3, 411, sm=0.5, memory=0.25)
-    collector = Collector(api, hostname="sim")
+    collector = CollectLoop(api, hostname="sim")
     reader = _ThreadRecordingReader(api)
     collector.profiling = reader
     snapshot = _two_rounds(collector)
@@ -295,7 +296,7 @@ def test_profiling_is_read_by_each_gpus_reader_at_its_rows_tier(nvml_on: NvmlOn)
         [0.1 * (i + 1) for i in range(8)]
     )
     # the metric table says how often: every collection, as the collector reads them
-    tiers = field_tiers()
+    tiers = FIELD_TIERS
     assert tiers["gpm"] is Tier.FAST and tiers["process_utilization"] is Tier.FAST
     assert {s.tier for s in METRICS if s.accessor.startswith("DeviceSnapshot.gpm")} == {Tier.FAST}
     # not due: the last values come back and NVML is not asked

@@ -8,11 +8,11 @@ from dataclasses import fields, replace
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuquota.exporter import metrics
+from gpuquota.exporter.expose import metrics
+from gpuquota.exporter.expose.metrics import METRICS, MetricSpec, Scope
+from gpuquota.exporter.expose.promcollector import SnapshotCollector
+from gpuquota.exporter.expose.render import Renderer, RenderOptions, escape_label_value
 from gpuquota.exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
-from gpuquota.exporter.metrics import METRICS, MetricSpec, Scope
-from gpuquota.exporter.promcollector import SnapshotCollector
-from gpuquota.exporter.render import Renderer, RenderOptions, escape_label_value
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, GpmMetrics, PodRef
 from tests.exporter.factories import GIB, gpu, mig, node
 from tests.exporter.scrape import parse, value

@@ -9,7 +9,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
-from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfigError, load
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfigError, load
 
 HASH = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from gpuquota.exporter.collect.xid import XidEvent
 from gpuquota.exporter.health.checker import HealthChecker
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.verdict import NodeHealth, State
-from gpuquota.exporter.xid import XidEvent
 from tests.health.factory import gpus, node
 
 

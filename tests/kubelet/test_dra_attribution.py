@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.exporter.dra.attribution import DraAttribution
-from gpuquota.exporter.dra.claims import AdminAccessClaims
 from gpuquota.exporter.dra.slices import KINDS, SliceIndex, SliceWatcher, apply_message
-from gpuquota.exporter.podresources import PodResourcesWatcher
-from gpuquota.exporter.render import Renderer, RenderOptions
+from gpuquota.exporter.enrich.dra import DraAttribution
+from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
+from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
+from gpuquota.exporter.expose.render import Renderer, RenderOptions
 from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
 from gpuquota.kube.client import Kube, load
 from gpuquota.kube.messages import Event, Listed, Resync, Synced

@@ -9,14 +9,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
-from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-from gpuquota.exporter.podresources import (
-    PodResourcesWatcher,
+from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
+from gpuquota.exporter.enrich.pods import (
     attach_pods,
     device_pods,
     physical_device_id,
 )
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
 from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
 from gpuquota.sim.harness import wait_for
 from gpuquota.sim.kubelet.podresources import (
@@ -190,7 +190,7 @@ def test_watcher_attributes_time_sliced_gpus_and_mig_devices(
 def test_no_socket_logs_once_then_attributes_when_the_socket_appears(
     socket_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="gpuquota.exporter.podresources")
+    caplog.set_level(logging.INFO, logger="gpuquota.exporter.enrich.podresources")
     watcher = PodResourcesWatcher(socket_path, interval=0.05, timeout=1.0)
     watcher.start()
     try:

@@ -292,7 +292,7 @@ def _iso(t: int) -> str:
 
 def test_query_uses_the_exporters_metric_names() -> None:
     """The PromQL joins what the exporter's metric table (the one source of names) exposes."""
-    from gpuquota.exporter import metrics
+    from gpuquota.exporter.expose import metrics
     from gpuquota.quota.report.prometheus import (
         DEVICE_LABEL,
         JOIN_METRIC,

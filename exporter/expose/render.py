@@ -9,7 +9,7 @@ same table walk (``series``):
 * ``Renderer.exposition(snapshot, verdict)``: text format 0.0.4 bytes for /metrics. Each
   device's label string is built once per snapshot and reused by every row, and the bytes are
   cached per (snapshot, verdict generation), so concurrent scrapes render once.
-* ``series``: the same families as (spec, rows), which exporter/promcollector.py's
+* ``series``: the same families as (spec, rows), which exporter/expose/promcollector.py's
   ``SnapshotCollector`` hands to another prometheus_client registry (its own module, so the
   exporter itself never imports prometheus_client: about 2 MB resident it does not use).
 
@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from gpuquota.exporter import metrics
+from gpuquota.exporter.expose import metrics
+from gpuquota.exporter.expose.metrics import MetricSpec, Scope
 from gpuquota.exporter.health.verdict import NodeHealth
-from gpuquota.exporter.metrics import MetricSpec, Scope
 from gpuquota.exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,6 +1,6 @@
 """Basic auth that an attacker can neither time nor flood.
 
-``WebConfig.authorized`` (exporter/webconfig.py) checks one credential with bcrypt, in the
+``WebConfig.authorized`` (exporter/expose/webconfig.py) checks one credential with bcrypt, in the
 same time for known and unknown users, and remembers its verdict briefly. This module decides
 whether and where that check may run, for the HTTP server's event loop:
 
@@ -22,7 +22,7 @@ import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 
-from gpuquota.exporter.webconfig import WebConfig
+from gpuquota.exporter.expose.webconfig import WebConfig
 
 FAILURE_BURST = 10  # failed attempts an address may make at once ...
 FAILURE_REFILL_PER_S = 0.5  # ... and one more every 2 s after that

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuquota.exporter.nvml import XID_EVENT, EventSet, NvmlApi, NvmlError, handle_key
+from gpuquota.exporter.collect.nvml import XID_EVENT, EventSet, NvmlApi, NvmlError, handle_key
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The only module that calls NVML (through nvidia-ml-py's pynvml).
+"""The only module that calls NVML (through nvidia-ml-py's pynvml) or names its constants.
 
 Every call goes through ``NvmlApi._call``, which turns pynvml's exceptions into one shape:
 NOT_SUPPORTED (and FUNCTION_NOT_FOUND: a driver too old for the function) becomes ``None``,
@@ -61,6 +61,40 @@ FI_CLOCK_EVENT_TIME: tuple[tuple[str, int], ...] = (
     ("hw_thermal_slowdown", 270),  # NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN
     ("hw_power_brake_slowdown", 271),  # ..._HW_POWER_BRAKE_SLOWDOWN
 )
+# Arguments of the per-device calls, so no other module needs pynvml's names.
+CLOCK_SM = pynvml.NVML_CLOCK_SM
+CLOCK_MEM = pynvml.NVML_CLOCK_MEM
+ECC_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+ECC_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+ECC_VOLATILE = pynvml.NVML_VOLATILE_ECC
+ECC_AGGREGATE = pynvml.NVML_AGGREGATE_ECC
+RETIRED_SINGLE_BIT = pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+RETIRED_DOUBLE_BIT = pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+# Per-link NVLink error counters, in NvLinkCounters field order (snapshot field -> counter).
+NVLINK_ERROR_COUNTERS: tuple[tuple[str, int], ...] = (
+    ("replay_errors", pynvml.NVML_NVLINK_ERROR_DL_REPLAY),
+    ("recovery_errors", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+    ("crc_flit_errors", pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT),
+    ("crc_data_errors", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA),
+)
+# GPM metric ids (nvmlGpmMetricId_t) the profiling reader asks for.
+GPM_GRAPHICS_UTIL = pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL
+GPM_SM_UTIL = pynvml.NVML_GPM_METRIC_SM_UTIL
+GPM_SM_OCCUPANCY = pynvml.NVML_GPM_METRIC_SM_OCCUPANCY
+GPM_DRAM_BW_UTIL = pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL
+GPM_ANY_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+GPM_HMMA_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL
+GPM_IMMA_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL
+GPM_DFMA_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_DFMA_TENSOR_UTIL
+GPM_DMMA_TENSOR_UTIL = pynvml.NVML_GPM_METRIC_DMMA_TENSOR_UTIL
+GPM_FP64_UTIL = pynvml.NVML_GPM_METRIC_FP64_UTIL
+GPM_FP32_UTIL = pynvml.NVML_GPM_METRIC_FP32_UTIL
+GPM_FP16_UTIL = pynvml.NVML_GPM_METRIC_FP16_UTIL
+GPM_INTEGER_UTIL = pynvml.NVML_GPM_METRIC_INTEGER_UTIL
+GPM_PCIE_TX_PER_SEC = pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC
+GPM_PCIE_RX_PER_SEC = pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC
+GPM_NVLINK_TOTAL_TX_PER_SEC = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC
+GPM_NVLINK_TOTAL_RX_PER_SEC = pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC
 _NO_INSTANCE = 0xFFFFFFFF  # eventData gpuInstanceId/computeInstanceId when not MIG
 
 
@@ -429,7 +463,7 @@ class NvmlApi:
     def event_set_free(self, event_set: EventSet) -> None:
         self._call("nvmlEventSetFree", event_set)
 
-    # --- profiling: GPM and per-process utilisation (read by exporter/profiling.py) ----------
+    # --- profiling: GPM and per-process utilisation (read by exporter/collect/profiling.py) ----------
     def gpm_supported(self, handle: Handle) -> bool:
         """Whether the GPU does GPM (Hopper and later); False also where the driver lacks the
         call."""

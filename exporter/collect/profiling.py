@@ -1,6 +1,6 @@
 """Profiling reads: GPM metrics per GPU and per MIG instance, and per-process utilisation.
 
-The collector calls ``ProfilingReader.read`` once per GPU per round (exporter/collect.py);
+The collector calls ``ProfilingReader.read`` once per GPU per round (exporter/collect/loop.py);
 every NVML call goes through ``NvmlApi`` and its errors propagate to the collector's usual
 handling (counted, the device marked lost...).
 
@@ -31,9 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import pynvml
-
-from gpuquota.exporter.nvml import GpmSample, Handle, NvmlApi
+from gpuquota.exporter.collect import nvml
+from gpuquota.exporter.collect.nvml import GpmSample, Handle, NvmlApi
 from gpuquota.exporter.snapshot import GpmMetrics, ProcessUtilization
 
 # Seconds between the two samples of a pair: 100 ms is the hardware's floor, plus margin for
@@ -41,33 +40,36 @@ from gpuquota.exporter.snapshot import GpmMetrics, ProcessUtilization
 MIN_GPM_GAP = 0.12
 PROCESS_SAMPLE_TTL = 5.0  # seconds
 PROCESS_SAMPLE_PERIOD = 1.0  # seconds: the driver's per-process sampling period
+# The loop asks on a GPU's turn, a whole number of rounds >= the period apart: a round that
+# starts a few milliseconds early must not miss its turn (and wait a whole cycle more).
+PROCESS_ASK_SLACK = 0.05  # seconds
 
 _PERCENT = 0.01
 _MIB = 1024.0 * 1024.0
 # GpmMetrics field -> (NVML_GPM_METRIC_* id, factor from NVML's unit to ours)
 GPM_FIELDS: dict[str, tuple[int, float]] = {
-    "graphics_active": (pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL, _PERCENT),
-    "sm_active": (pynvml.NVML_GPM_METRIC_SM_UTIL, _PERCENT),
-    "sm_occupancy": (pynvml.NVML_GPM_METRIC_SM_OCCUPANCY, _PERCENT),
-    "dram_active": (pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL, _PERCENT),
-    "tensor_active": (pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL, _PERCENT),
-    "tensor_hmma_active": (pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL, _PERCENT),
-    "tensor_imma_active": (pynvml.NVML_GPM_METRIC_IMMA_TENSOR_UTIL, _PERCENT),
-    "tensor_dfma_active": (pynvml.NVML_GPM_METRIC_DFMA_TENSOR_UTIL, _PERCENT),
-    "tensor_dmma_active": (pynvml.NVML_GPM_METRIC_DMMA_TENSOR_UTIL, _PERCENT),
-    "fp64_active": (pynvml.NVML_GPM_METRIC_FP64_UTIL, _PERCENT),
-    "fp32_active": (pynvml.NVML_GPM_METRIC_FP32_UTIL, _PERCENT),
-    "fp16_active": (pynvml.NVML_GPM_METRIC_FP16_UTIL, _PERCENT),
-    "integer_active": (pynvml.NVML_GPM_METRIC_INTEGER_UTIL, _PERCENT),
-    "pcie_tx_bytes_per_second": (pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC, _MIB),
-    "pcie_rx_bytes_per_second": (pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, _MIB),
-    "nvlink_tx_bytes_per_second": (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_TX_PER_SEC, _MIB),
-    "nvlink_rx_bytes_per_second": (pynvml.NVML_GPM_METRIC_NVLINK_TOTAL_RX_PER_SEC, _MIB),
+    "graphics_active": (nvml.GPM_GRAPHICS_UTIL, _PERCENT),
+    "sm_active": (nvml.GPM_SM_UTIL, _PERCENT),
+    "sm_occupancy": (nvml.GPM_SM_OCCUPANCY, _PERCENT),
+    "dram_active": (nvml.GPM_DRAM_BW_UTIL, _PERCENT),
+    "tensor_active": (nvml.GPM_ANY_TENSOR_UTIL, _PERCENT),
+    "tensor_hmma_active": (nvml.GPM_HMMA_TENSOR_UTIL, _PERCENT),
+    "tensor_imma_active": (nvml.GPM_IMMA_TENSOR_UTIL, _PERCENT),
+    "tensor_dfma_active": (nvml.GPM_DFMA_TENSOR_UTIL, _PERCENT),
+    "tensor_dmma_active": (nvml.GPM_DMMA_TENSOR_UTIL, _PERCENT),
+    "fp64_active": (nvml.GPM_FP64_UTIL, _PERCENT),
+    "fp32_active": (nvml.GPM_FP32_UTIL, _PERCENT),
+    "fp16_active": (nvml.GPM_FP16_UTIL, _PERCENT),
+    "integer_active": (nvml.GPM_INTEGER_UTIL, _PERCENT),
+    "pcie_tx_bytes_per_second": (nvml.GPM_PCIE_TX_PER_SEC, _MIB),
+    "pcie_rx_bytes_per_second": (nvml.GPM_PCIE_RX_PER_SEC, _MIB),
+    "nvlink_tx_bytes_per_second": (nvml.GPM_NVLINK_TOTAL_TX_PER_SEC, _MIB),
+    "nvlink_rx_bytes_per_second": (nvml.GPM_NVLINK_TOTAL_RX_PER_SEC, _MIB),
 }
 _METRIC_IDS = tuple(metric for metric, _factor in GPM_FIELDS.values())
 
 # How the collector runs a read: ``reads(fn, *args)`` returns fn's result, or None after
-# recording an NVML error (exporter/collect.py _Reads).
+# recording an NVML error (exporter/collect/loop.py _Reads).
 Reads = Callable[..., Any]
 
 
@@ -194,7 +196,7 @@ class ProfilingReader:
     ) -> tuple[ProcessUtilization, ...] | None:
         now = self._clock()
         asked = state.processes_asked_at
-        if asked is not None and now - asked < PROCESS_SAMPLE_PERIOD:
+        if asked is not None and now - asked < PROCESS_SAMPLE_PERIOD - PROCESS_ASK_SLACK:
             return state.last_processes  # the driver has no newer sample yet
         state.processes_asked_at = now
         samples = reads(self.api.process_utilization, handle, state.seen_us)

@@ -1,7 +1,7 @@
 """``SnapshotCollector``: the exporter's metric families as a prometheus_client custom
 collector, for embedding them in another prometheus_client registry.
 
-Apart from exporter/render.py so that the exporter process, which writes its exposition itself,
+Apart from exporter/expose/render.py so that the exporter process, which writes its exposition itself,
 never imports prometheus_client.
 """
 
@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpuquota.exporter import metrics
+from gpuquota.exporter.expose import metrics
+from gpuquota.exporter.expose.render import RenderOptions, series
 from gpuquota.exporter.health.verdict import NodeHealth
-from gpuquota.exporter.render import RenderOptions, series
 from gpuquota.exporter.snapshot import NodeSnapshot
 
 DEFAULT_OPTIONS = RenderOptions()

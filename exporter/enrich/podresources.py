@@ -4,18 +4,10 @@ A background thread calls ``List`` on the kubelet's unix socket every few second
 deadline) and turns the answer into ``dict[device_uuid, tuple[PodRef, ...]]``; the collector's
 enricher joins that mapping onto each snapshot, so a scrape never waits on the kubelet.
 
-How NVIDIA's device plugin names devices, and how they map back:
-
-* ``nvidia.com/gpu`` (or a renamed ``nvidia.com/gpu.shared``): GPU UUIDs; with time-slicing
-  a replica id ``GPU-...::N``, so several pods share one GPU and every one of them is listed.
-* ``nvidia.com/mig-<profile>``: MIG device UUIDs (``MIG-...``).
-* With ``deviceIDStrategy: index`` the ids are NVML indices; the enricher resolves a plain
-  number through the snapshot's own index -> UUID table (MIG devices named by index pairs
-  are not resolved: use the plugin's default uuid strategy with MIG).
-
-On DRA nodes the same List answer carries ``dynamic_resources``; a ``dra`` resolver
-(exporter/dra/attribution.py) turns them into UUIDs through the node's ResourceSlices, and
-they join the mapping exactly like device-plugin ids, with the claims kept beside it.
+The join itself is pure and lives in exporter/enrich/pods.py (device ids, replicas, index
+strategy, DRA partitions); this module is its I/O. On DRA nodes the same List answer carries
+``dynamic_resources``, which exporter/enrich/dra.py resolves through the node's
+ResourceSlices.
 
 Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
 logged once, and the refresher keeps looking so attribution starts when the socket appears.
@@ -29,86 +21,28 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
 
-from gpuquota.exporter.dra.attribution import (
-    PARTITION_PREFIX,
-    DraAttribution,
-    ordered_claims,
-    resolve_partition,
+from gpuquota.exporter.enrich.dra import DraAttribution
+from gpuquota.exporter.enrich.pods import (
+    DeviceMap,
+    attach_claims,
+    attach_pods,
+    device_pods,
+    ordered_pods,
 )
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
-from gpuquota.exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus, PodRef
+from gpuquota.exporter.snapshot import ClaimRef, NodeSnapshot, PodAttributionStatus
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-GPU_RESOURCE_PREFIX = "nvidia.com/gpu"  # nvidia.com/gpu and renamed nvidia.com/gpu.shared
-MIG_RESOURCE_PREFIX = "nvidia.com/mig-"
-REPLICA_SEPARATOR = "::"  # time-slicing replica ids: "<GPU UUID>::<replica>"
 # A node with hundreds of pods can exceed gRPC's default 4 MiB receive limit.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-
-DeviceMap = dict[str, tuple[PodRef, ...]]
-
-
-def is_gpu_resource(resource_name: str) -> bool:
-    """True for the resource names NVIDIA's device plugin advertises GPUs and MIG devices as."""
-    return resource_name.startswith((GPU_RESOURCE_PREFIX, MIG_RESOURCE_PREFIX))
-
-
-def physical_device_id(device_id: str) -> str:
-    """Strip a time-slicing replica suffix: ``GPU-abc::3`` -> ``GPU-abc``."""
-    return device_id.split(REPLICA_SEPARATOR, 1)[0]
-
-
-def device_pods(response: pb.ListPodResourcesResponse) -> DeviceMap:
-    """Map each GPU/MIG device id in a List response to the containers holding it.
-
-    Replica ids collapse onto their GPU; a container holding two replicas of one GPU is
-    listed once. Each tuple is sorted, so equal assignments give equal mappings.
-    """
-    holders: dict[str, set[PodRef]] = {}
-    for pod in response.pod_resources:
-        for container in pod.containers:
-            ref = PodRef(namespace=pod.namespace, pod=pod.name, container=container.name)
-            for devices in container.devices:
-                if not is_gpu_resource(devices.resource_name):
-                    continue
-                for device_id in devices.device_ids:
-                    holders.setdefault(physical_device_id(device_id), set()).add(ref)
-    return {device: _ordered(refs) for device, refs in holders.items()}
-
-
-def _ordered(refs: Iterable[PodRef]) -> tuple[PodRef, ...]:
-    return tuple(sorted(set(refs), key=lambda r: (r.namespace, r.pod, r.container)))
-
-
-def attach_pods(snapshot: NodeSnapshot, mapping: Mapping[str, tuple[PodRef, ...]]) -> NodeSnapshot:
-    """Return ``snapshot`` with ``pods`` keyed by the UUIDs of the devices it contains.
-
-    Ids that are UUIDs are used as they are; plain numbers (the device plugin's index
-    strategy) are resolved through the snapshot's physical GPUs. Devices no pod holds are
-    left out.
-    """
-    if not mapping:
-        return snapshot if not snapshot.pods else dataclasses.replace(snapshot, pods={})
-    by_index = {d.index: d.uuid for d in snapshot.devices if d.mig is None}
-    pods: dict[str, tuple[PodRef, ...]] = {}
-    known = {d.uuid for d in snapshot.devices}
-    for device_id, refs in mapping.items():
-        uuid = device_id
-        if device_id.isdigit():
-            uuid = by_index.get(int(device_id), device_id)
-        elif device_id.startswith(PARTITION_PREFIX):  # a DRA MIG device made on allocation
-            uuid = resolve_partition(device_id, snapshot) or device_id
-        if uuid in known:
-            pods[uuid] = _ordered({*pods.get(uuid, ()), *refs})
-    return dataclasses.replace(snapshot, pods=pods)
 
 
 class PodResourcesWatcher:
@@ -172,7 +106,7 @@ class PodResourcesWatcher:
             resolved = self._dra.resolve(response)
             claims = resolved.claims
             for uuid, refs in resolved.devices.items():
-                mapping[uuid] = _ordered({*mapping.get(uuid, ()), *refs})
+                mapping[uuid] = ordered_pods({*mapping.get(uuid, ()), *refs})
         with self._lock:
             self._mapping = mapping
             self._claims = claims
@@ -272,7 +206,7 @@ class PodResourcesWatcher:
             return self._mapping
 
     def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in
+        """CollectLoop enricher: the snapshot with ``pods`` and ``pod_attribution`` filled in
         (and ``claims`` and ``dra`` with DRA attribution on)."""
         mapping = self.mapping()
         enriched = attach_pods(snapshot, mapping)
@@ -280,16 +214,10 @@ class PodResourcesWatcher:
             return dataclasses.replace(enriched, pod_attribution=self.status())
         with self._lock:
             claims = self._claims if mapping else {}  # stale together with the mapping
-        known = {d.uuid for d in snapshot.devices}
-        resolved: dict[str, tuple[ClaimRef, ...]] = {}
-        for key, refs in claims.items():
-            uuid = resolve_partition(key, snapshot) or key
-            if uuid in known:
-                resolved[uuid] = ordered_claims({*resolved.get(uuid, ()), *refs})
         return dataclasses.replace(
             enriched,
             pod_attribution=self.status(),
-            claims=resolved,
+            claims=attach_claims(snapshot, claims),
             dra=self._dra.status(),
         )
 

@@ -12,7 +12,7 @@ snapshot by parent GPU and profile (the only MIG device of that profile on that 
 attributes the parent GPU.
 
 Devices a claim holds with ``adminAccess`` (monitoring agents) are left out where the claim
-could be read (exporter/dra/claims.py).
+could be read (exporter/enrich/dra_claims.py).
 
 Results that cannot be resolved are never fatal: a device of a driver not in the configured
 GPU drivers (``unknown_driver``: NICs and other DRA devices are not GPUs) and a device no
@@ -24,17 +24,41 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from gpuquota.exporter.dra.claims import AdminAccessClaims
-from gpuquota.exporter.dra.slices import SliceIndex
+from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
 from gpuquota.exporter.snapshot import ClaimRef, DraStatus, NodeSnapshot, PodRef
 
 log = logging.getLogger(__name__)
 
 PROBLEM_REASONS = ("unknown_driver", "unknown_device", "bad_slice")
+
+
+class SlicedDevice(Protocol):
+    """One device a ResourceSlice lists, as far as attribution needs it."""
+
+    @property
+    def uuid(self) -> str | None: ...
+    @property
+    def parent_uuid(self) -> str | None: ...
+    @property
+    def profile(self) -> str | None: ...
+
+
+class SliceIndex(Protocol):
+    """The node's ResourceSlices as a lookup (exporter/dra/slices.py keeps one up to date
+    from the API server; attribution only reads it, so it imports nothing from there)."""
+
+    drivers: frozenset[str]
+    synced: bool
+
+    def lookup(self, driver: str, pool: str, device: str) -> SlicedDevice | None: ...
+    def devices(self) -> Sequence[object]: ...
+
+
 PARTITION_PREFIX = "dra-partition:"
 
 
@@ -148,7 +172,7 @@ class DraAttribution:
         self._slices_up = slices_up  # a SliceWatcher (its ``up``), or None: always up
         # a DeviceTaintPublisher (its ``published`` and ``errors_total``), or None: taints off
         self.taints: object = None
-        # which claimed devices are adminAccess (exporter/dra/claims.py), or None: not read
+        # which claimed devices are adminAccess (exporter/enrich/dra_claims.py), or None: not read
         self.admin: AdminAccessClaims | None = None
         self._lock = threading.Lock()
         self._problems: dict[str, int] = dict.fromkeys(PROBLEM_REASONS, 0)

@@ -8,24 +8,21 @@ than ``idle_timeout`` is closed. TLS handshakes run on the loop too, bounded by
 ``HANDSHAKE_TIMEOUT_S``. At most ``max_connections`` are open: beyond that the oldest one not
 serving a request makes room, so file descriptors never run out.
 
-A scrape only returns the collector's latest snapshot, rendered once per snapshot by the
-Renderer, so it never waits on NVML, and the collector never waits on scrapes. Nothing is
-rendered for nobody: a snapshot is rendered when a scrape asks for it, in the ``render``
-worker thread (concurrent scrapes of one snapshot share that one render; the event loop never
-renders), or ahead in the collect thread, but only in the encodings asked for since the
-previous snapshot, so a scraper that keeps coming finds its bytes ready while one that stopped
-costs at most one more render. A default Prometheus scrapes every 15-30 s and collection runs
-every second: most snapshots are never rendered.
+Transport only: what /metrics, /healthz and /readyz answer comes from the ScrapeSource
+(exporter/expose/scrape.py: the latest snapshot, the verdict of the moment, the cached bytes
+and the render thread); the server hands a scrape's bytes over and never renders, reads NVML
+or joins a verdict itself.
 
-TLS and basic auth come from an exporter-toolkit web config (exporter/webconfig.py); the
+TLS and basic auth come from an exporter-toolkit web config (exporter/expose/webconfig.py); the
 certificate in force is the current one on every handshake, so rotated certificates apply
 without a restart. Basic auth guards every route except /healthz and /readyz, which kubelet
 probes call without credentials and which reveal nothing but "up"; its checks are timed and
-throttled as exporter/authguard.py says.
+throttled as exporter/expose/authguard.py says.
 
-/healthz (liveness) fails when the collector thread died or has published no snapshot for
-``liveness_timeout`` seconds (an NVML call that hangs), so the kubelet restarts the pod;
-/readyz fails when the newest snapshot is older than READY_AFTER_INTERVALS intervals.
+The probes (the scrape source's): /healthz (liveness) fails when the collect thread died or
+has published no snapshot for ``liveness_timeout`` seconds (an NVML call that hangs), so the
+kubelet restarts the pod; /readyz fails when the newest snapshot is older than
+READY_AFTER_INTERVALS intervals.
 """
 
 from __future__ import annotations
@@ -35,33 +32,37 @@ import logging
 import socket
 import ssl
 import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 # aiohttp's low-level server only: neither ``aiohttp.web`` (application, routing and
 # middleware layers) nor aiohttp's client, which its package ``__init__`` would import
-from gpuquota.exporter.aiohttp_server import BaseRequest, RequestHandler, Server, StreamResponse
-from gpuquota.exporter.aiohttp_server import Response as WebResponse
-from gpuquota.exporter.authguard import AuthGuard, Verdict
-from gpuquota.exporter.collect import Collector
+from gpuquota.exporter.expose.aiohttp_lowlevel import (
+    BaseRequest,
+    RequestHandler,
+    Server,
+    StreamResponse,
+)
+from gpuquota.exporter.expose.aiohttp_lowlevel import Response as WebResponse
+from gpuquota.exporter.expose.authguard import AuthGuard, Verdict
+from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.scrape import (
+    READY_AFTER_INTERVALS,
+    Response,
+    ScrapeSource,
+    Snapshots,
+    default_liveness_timeout,
+)
+from gpuquota.exporter.expose.scrape import text as _text
+from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfig
 from gpuquota.exporter.health.verdict import NodeHealth
-from gpuquota.exporter.render import CONTENT_TYPE, Renderer
-from gpuquota.exporter.snapshot import NodeSnapshot
-from gpuquota.exporter.webconfig import ReloadingWebConfig, WebConfig
 
 log = logging.getLogger(__name__)
 
-# A route answers (status, content type, body).
-Response = tuple[int, str, bytes]
-Route = Callable[[], Response]
-RenderKey = tuple[int, int | None, bool]  # id(snapshot), verdict generation, gzipped
+Route = Callable[[], Response]  # answers (status, content type, body)
+__all__ = ["READY_AFTER_INTERVALS", "ExporterServer", "Route", "default_liveness_timeout"]
 
 UNAUTHENTICATED = frozenset({"/healthz", "/readyz"})
-READY_AFTER_INTERVALS = 3  # /readyz fails when the newest snapshot is older than this
-LIVENESS_INTERVALS = 10  # default: /healthz fails after this many intervals without progress
-LIVENESS_MIN_S = 10.0  # ... but never sooner than this (a short interval is no reason to die)
 HANDSHAKE_TIMEOUT_S = 10.0
 HEADER_TIMEOUT_S = 10.0  # from a request's first byte (or the connection's start) to its headers
 IDLE_TIMEOUT_S = 120.0  # longer than any sensible scrape interval, so keep-alive is kept
@@ -70,16 +71,8 @@ MAX_CONNECTIONS = 4096  # open at once; the oldest idle one makes room for a new
 SERVER_HEADER = "gpu-exporter"  # no interpreter or library versions
 
 
-def default_liveness_timeout(interval: float) -> float:
-    return max(LIVENESS_INTERVALS * interval, LIVENESS_MIN_S)
-
-
 def _accepts_gzip(header: str) -> bool:
     return any(part.split(";")[0].strip() == "gzip" for part in header.lower().split(","))
-
-
-def _text(status: int, body: str) -> Response:
-    return status, "text/plain; charset=utf-8", body.encode()
 
 
 class _Connection(RequestHandler):
@@ -195,7 +188,7 @@ class ExporterServer:
 
     def __init__(
         self,
-        collector: Collector,
+        snapshots: Snapshots,
         renderer: Renderer,
         *,
         host: str = "",
@@ -206,39 +199,23 @@ class ExporterServer:
         idle_timeout: float = IDLE_TIMEOUT_S,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
-        self.collector = collector
-        self.renderer = renderer
+        # everything a scrape answers comes from here; the server only carries the bytes
+        self.source = ScrapeSource(snapshots, renderer, liveness_timeout=liveness_timeout)
         self._web_config = web_config
-        self.liveness_timeout = (
-            liveness_timeout
-            if liveness_timeout is not None
-            else default_liveness_timeout(collector.interval)
-        )
         self.header_timeout = header_timeout
         self.idle_timeout = idle_timeout
         self.max_connections = max_connections
         self.routes: dict[str, Route] = {
             "/": self._index,
-            "/metrics": self.metrics,
-            "/healthz": self._healthz,
-            "/readyz": self._readyz,
+            "/metrics": self.source.metrics,
+            "/healthz": self.source.healthz,
+            "/readyz": self.source.readyz,
         }
-        # The health verdict rendered beside the latest snapshot (None: no health checking).
-        self._verdict_source: Callable[[], NodeHealth | None] | None = None
         self._guard = AuthGuard()
         # Binding here (not in start) makes "port in use" an error at construction.
         self._socket = _listen(host, port)
         initial = self.web_config
         self._ssl_context = _rotating_context(self) if initial and initial.ssl_context else None
-        self._created = time.time()
-        # The encodings (gzipped or not) scraped since the last snapshot: rendered ahead next.
-        self._wanted: set[bool] = set()
-        # One render thread: the event loop only hands bytes over. Renders in flight, by key,
-        # are touched only on the event loop: concurrent scrapes await the same one.
-        self._render_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="render")
-        # Keyed by the snapshot's id (snapshots are unhashable) with the snapshot kept beside it.
-        self._rendering: dict[RenderKey, tuple[NodeSnapshot, Future[bytes]]] = {}
-        collector.subscribe(self._render_ahead)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._web_server: _WebServer | None = None
@@ -267,7 +244,7 @@ class ExporterServer:
 
     def set_verdict_source(self, source: Callable[[], NodeHealth | None]) -> None:
         """``source()`` gives the health verdict of this moment on every scrape."""
-        self._verdict_source = source
+        self.source.set_verdict_source(source)
 
     def start(self) -> None:
         """Serve from a thread of its own; returns once the socket accepts connections."""
@@ -308,7 +285,7 @@ class ExporterServer:
         else:
             self._socket.close()
         self._guard.close()
-        self._render_pool.shutdown(wait=False, cancel_futures=True)
+        self.source.close()
 
     async def _open(self) -> None:
         self._web_server = _WebServer(
@@ -369,9 +346,9 @@ class ExporterServer:
         route = self.routes.get(path)
         if route is None:
             return self._response(*_text(404, f"{path} not found\n"))
-        if route == self.metrics:
+        if route == self.source.metrics:
             gzipped = _accepts_gzip(request.headers.get("Accept-Encoding", ""))
-            status, content_type, body = await self._scrape(gzipped)
+            status, content_type, body = await self.source.scrape(gzipped)
             extra = {"Content-Encoding": "gzip"} if status == 200 and gzipped else None
             return self._response(status, content_type, body, extra)
         try:
@@ -394,82 +371,6 @@ class ExporterServer:
         return WebResponse(status=status, body=body, headers=headers)
 
     # --- routes ------------------------------------------------------------------------------
-    def metrics(self, *, gzipped: bool = False) -> Response:
-        """/metrics: the latest snapshot and the health verdict of this moment, rendered in
-        the calling thread (the server itself scrapes through ``_scrape``)."""
-        snapshot = self.collector.latest()
-        if snapshot is None:
-            return _text(503, "no collection yet\n")
-        verdict = self._verdict_source() if self._verdict_source is not None else None
-        return 200, CONTENT_TYPE, self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
-
-    async def _scrape(self, gzipped: bool) -> Response:
-        """/metrics on the event loop: the cached bytes, or a render in the render thread
-        shared by every scrape of the same snapshot, verdict and encoding."""
-        snapshot = self.collector.latest()
-        if snapshot is None:
-            return _text(503, "no collection yet\n")
-        self._wanted.add(gzipped)
-        verdict = self._verdict_source() if self._verdict_source is not None else None
-        body = self.renderer.peek(snapshot, verdict, gzipped=gzipped)
-        if body is None:
-            key = (id(snapshot), verdict.generation if verdict is not None else None, gzipped)
-            inflight = self._rendering.get(key)
-            if inflight is not None and inflight[0] is snapshot:
-                pending = inflight[1]
-            else:
-                pending = self._render_pool.submit(
-                    self.renderer.exposition, snapshot, verdict, gzipped=gzipped
-                )
-                self._rendering[key] = (snapshot, pending)
-                pending.add_done_callback(lambda _done: self._forget(key))
-            try:
-                body = await asyncio.wrap_future(pending)
-            except Exception:
-                log.exception("rendering /metrics failed")
-                return _text(500, "internal error\n")
-        return 200, CONTENT_TYPE, body
-
-    def _forget(self, key: RenderKey) -> None:
-        """A render finished (in the render thread): drop it from the map on the loop."""
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self._rendering.pop, key, None)
-
-    def _render_ahead(self, snapshot: NodeSnapshot) -> None:
-        """Collector subscriber (collect thread): render the new snapshot in the encodings
-        scraped since the previous one, so a steady scraper finds its bytes ready."""
-        wanted, self._wanted = self._wanted, set()
-        if not wanted:
-            return
-        verdict = self._verdict_source() if self._verdict_source is not None else None
-        for gzipped in sorted(wanted):
-            self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
-
-    def _healthz(self) -> Response:
-        if not self.collector.is_alive():
-            return _text(503, "collector thread is not running\n")
-        snapshot = self.collector.latest()
-        since = snapshot.collected_at if snapshot is not None else self._created
-        stalled = time.time() - since
-        if stalled > self.liveness_timeout:
-            return _text(
-                503,
-                f"collector made no progress for {stalled:.1f}s "
-                f"(limit {self.liveness_timeout:.1f}s): an NVML call may hang\n",
-            )
-        return _text(200, "ok\n")
-
-    def _readyz(self) -> Response:
-        snapshot = self.collector.latest()
-        if snapshot is None:
-            return _text(503, "no collection yet\n")
-        age = time.time() - snapshot.collected_at
-        limit = READY_AFTER_INTERVALS * self.collector.interval
-        if age > limit:
-            return _text(503, f"newest snapshot is {age:.1f}s old (limit {limit:.1f}s)\n")
-        return _text(200, "ready\n")
-
     def _index(self) -> Response:
         links = "".join(f'<li><a href="{p}">{p}</a></li>' for p in sorted(self.routes) if p != "/")
         page = f"<html><head><title>gpu-exporter</title></head><body><h1>gpu-exporter</h1><ul>{links}</ul></body></html>"

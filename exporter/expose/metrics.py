@@ -3,13 +3,12 @@
 Each row names a metric, its Prometheus type and base unit, its help text, the labels it adds
 to the device labels, the NVML function its value comes from and how to read that value from
 a snapshot (the ``gpu_health_*`` rows: from the health verdict the renderer gets beside the
-snapshot). The renderer (exporter/render.py) and docs/metrics.md (exporter/metrics_doc.py)
+snapshot). The renderer (exporter/expose/render.py) and docs/metrics.md (exporter/expose/metrics_doc.py)
 are both generated from this table, so a metric exists exactly when it has a row here.
 
-Each row also says how often its value is read from NVML (``tier``: every collection, every
-slow interval, once per device) and which snapshot fields it shows (``fields``): the
-collector (exporter/collect.py) reads each NVML value at the fastest tier of the rows that
-show it, so the cadence is declared here, with the metric, and nowhere else.
+Each row also says which snapshot fields it shows (``fields``); how often those are read
+from NVML (``tier``: every collection, every slow interval, once per device) is the
+collector's own table (exporter/collect/tiers.py), which docs/metrics.md shows per row.
 
 Rows with ``compat="dcgm"`` reproduce dcgm-exporter's default counters (names, units, labels)
 and are emitted only with ``--compat dcgm``. A reader returns no sample when the snapshot
@@ -21,10 +20,11 @@ from __future__ import annotations
 
 import importlib.metadata
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from operator import attrgetter
 
+from gpuquota.exporter.collect.tiers import Tier, tier_of
 from gpuquota.exporter.health.verdict import DeviceHealth, State
 from gpuquota.exporter.snapshot import (
     CLOCK_EVENT_REASONS,
@@ -44,18 +44,6 @@ NodeReader = Callable[[NodeSnapshot], Iterable[Sample]]
 # Per-device rows read from the health verdict (exporter/health/verdict.py), which the
 # renderer gets beside the snapshot; a device without a verdict has no series.
 VerdictReader = Callable[[DeviceHealth], Iterable[Sample]]
-
-
-class Tier(Enum):
-    """How often the NVML values behind a row are read (docs/metrics.md says it per row)."""
-
-    FAST = "fast"  # every collection (--interval): cheap and quickly changing
-    SLOW = "slow"  # every --slow-interval: counters and slowly changing state
-    ONCE = "once"  # once per device, again after it was lost, reset or re-identified
-    NONE = "none"  # not an NVML reading (exporter state, kubelet, events, health verdicts)
-
-
-TIER_ORDER = (Tier.FAST, Tier.SLOW, Tier.ONCE)
 
 
 class Scope(Enum):
@@ -107,12 +95,14 @@ class MetricSpec:
     read_node: NodeReader | None = None
     read_verdict: VerdictReader | None = None
     compat: str | None = None  # "dcgm": only emitted with --compat dcgm
-    tier: Tier = Tier.NONE  # how often the NVML values behind it are read
     fields: tuple[str, ...] = ()  # the DeviceSnapshot fields it shows (NVML readings)
+    tier: Tier = field(init=False)  # how often they are read: the collector's table says
 
     def __post_init__(self) -> None:
-        if (self.tier is Tier.NONE) != (not self.fields):
-            raise ValueError(f"{self.name}: NVML-read rows name their fields and their tier")
+        try:
+            object.__setattr__(self, "tier", tier_of(self.fields))
+        except KeyError as missing:
+            raise ValueError(f"{self.name}: the collector reads no field {missing}") from None
         if self.type not in ("gauge", "counter"):
             raise ValueError(f"{self.name}: type must be gauge or counter, not {self.type}")
         needs_node = self.scope is Scope.NODE
@@ -146,7 +136,6 @@ def device_row(
     *,
     scale: float = 1.0,
     compat: str | None = None,
-    tier: Tier = Tier.FAST,
 ) -> MetricSpec:
     """A row with one series per device, read from one DeviceSnapshot field."""
     shown = attr if scale == 1.0 else f"{attr} * {scale:g}"
@@ -160,7 +149,6 @@ def device_row(
         accessor=f"DeviceSnapshot.{shown}",
         read_device=_scalar(attr, scale),
         compat=compat,
-        tier=tier,
         fields=(attr,),
     )
 
@@ -323,7 +311,6 @@ def gpm_row(
         accessor=f"DeviceSnapshot.gpm.{attr}",
         read_device=_gpm(attr),
         compat=compat,
-        tier=Tier.FAST,
         fields=("gpm",),
     )
 
@@ -472,7 +459,6 @@ METRICS: list[MetricSpec] = [
         "mig_mode_enabled, NodeSnapshot.driver_version",
         scope=Scope.IDENTITY,
         read_device=_read_info,
-        tier=Tier.ONCE,
         fields=(
             "name",
             "serial",
@@ -494,7 +480,6 @@ METRICS: list[MetricSpec] = [
         accessor="DeviceSnapshot.mig",
         scope=Scope.IDENTITY,
         read_device=_read_mig_info,
-        tier=Tier.ONCE,
         fields=("mig",),
     ),
     MetricSpec(
@@ -632,7 +617,6 @@ METRICS: list[MetricSpec] = [
         "Enforced power limit.",
         "nvmlDeviceGetEnforcedPowerLimit",
         "power_limit_watts",
-        tier=Tier.SLOW,
     ),
     device_row(
         f"{P}energy_joules_total",
@@ -641,7 +625,6 @@ METRICS: list[MetricSpec] = [
         "Energy consumed since the driver was loaded.",
         "nvmlDeviceGetFieldValues(NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)",
         "energy_joules",
-        tier=Tier.SLOW,
     ),
     device_row(
         f"{P}fan_speed_ratio",
@@ -686,7 +669,6 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetCurrentClocksEventReasons",
         accessor="DeviceSnapshot.clock_event_reasons (bitmask)",
         read_device=_read_clock_events,
-        tier=Tier.FAST,
         fields=("clock_event_reasons",),
     ),
     MetricSpec(
@@ -702,7 +684,6 @@ METRICS: list[MetricSpec] = [
         "NVML_FI_DEV_CLOCKS_EVENT_REASON_* 269-271), nanoseconds",
         accessor="DeviceSnapshot.clock_event_time_ns * 1e-9",
         read_device=_read_clock_event_time,
-        tier=Tier.SLOW,
         fields=("clock_event_time_ns",),
     ),
     # --- PCIe -----------------------------------------------------------------------------
@@ -747,7 +728,6 @@ METRICS: list[MetricSpec] = [
         "PCIe replay (retransmission) events.",
         "nvmlDeviceGetPcieReplayCounter",
         "pcie_replay_total",
-        tier=Tier.SLOW,
     ),
     # --- memory errors --------------------------------------------------------------------
     device_row(
@@ -757,7 +737,6 @@ METRICS: list[MetricSpec] = [
         "1 when ECC is enabled; absent on boards without ECC.",
         "nvmlDeviceGetEccMode",
         "ecc_mode_enabled",
-        tier=Tier.ONCE,
     ),
     MetricSpec(
         name=f"{P}ecc_volatile_errors_total",
@@ -770,7 +749,6 @@ METRICS: list[MetricSpec] = [
         read_device=_pair(
             "ecc_corrected_volatile", "ecc_uncorrected_volatile", ("corrected", "uncorrected")
         ),
-        tier=Tier.SLOW,
         fields=("ecc_corrected_volatile", "ecc_uncorrected_volatile"),
     ),
     MetricSpec(
@@ -784,7 +762,6 @@ METRICS: list[MetricSpec] = [
         read_device=_pair(
             "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", ("corrected", "uncorrected")
         ),
-        tier=Tier.SLOW,
         fields=("ecc_corrected_aggregate", "ecc_uncorrected_aggregate"),
     ),
     MetricSpec(
@@ -800,7 +777,6 @@ METRICS: list[MetricSpec] = [
             "remapped_rows_uncorrectable",
             ("correctable", "uncorrectable"),
         ),
-        tier=Tier.SLOW,
         fields=("remapped_rows_correctable", "remapped_rows_uncorrectable"),
     ),
     device_row(
@@ -810,7 +786,6 @@ METRICS: list[MetricSpec] = [
         "1 when a row remap is pending (takes effect at the next GPU reset).",
         "nvmlDeviceGetRemappedRows",
         "remap_pending",
-        tier=Tier.SLOW,
     ),
     device_row(
         f"{P}row_remap_failure",
@@ -819,7 +794,6 @@ METRICS: list[MetricSpec] = [
         "1 when a row remap failed (no spare rows left): the GPU needs servicing.",
         "nvmlDeviceGetRemappedRows",
         "remap_failure",
-        tier=Tier.SLOW,
     ),
     MetricSpec(
         name=f"{P}retired_pages_total",
@@ -834,7 +808,6 @@ METRICS: list[MetricSpec] = [
             "retired_pages_double_bit",
             ("single_bit_ecc", "double_bit_ecc"),
         ),
-        tier=Tier.SLOW,
         fields=("retired_pages_single_bit", "retired_pages_double_bit"),
     ),
     device_row(
@@ -844,7 +817,6 @@ METRICS: list[MetricSpec] = [
         "1 when pages are waiting to be retired at the next reboot.",
         "nvmlDeviceGetRetiredPagesPendingStatus",
         "retired_pages_pending",
-        tier=Tier.SLOW,
     ),
     # --- interconnect and driver events ---------------------------------------------------
     MetricSpec(
@@ -857,7 +829,6 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetFieldValues change)",
         accessor="DeviceSnapshot.nvlinks",
         read_device=_read_nvlink,
-        tier=Tier.SLOW,
         fields=("nvlinks",),
     ),
     MetricSpec(
@@ -895,7 +866,6 @@ METRICS: list[MetricSpec] = [
         accessor="NodeHealth[uuid].reasons",
         scope=Scope.IDENTITY,
         read_verdict=_read_health_reasons,
-        tier=Tier.FAST,
         fields=("recovery_action",),  # the other inputs come with their own rows
     ),
     MetricSpec(
@@ -919,7 +889,6 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetComputeRunningProcesses_v3, nvmlDeviceGetGraphicsRunningProcesses_v3",
         accessor="DeviceSnapshot.processes",
         read_device=_read_processes,
-        tier=Tier.SLOW,
         fields=("processes",),
     ),
     # --- profiling: GPM (Hopper and later; left out on older GPUs) --------------------------
@@ -959,7 +928,6 @@ METRICS: list[MetricSpec] = [
         source="nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet",
         accessor="DeviceSnapshot.gpm.*_active",
         read_device=_read_pipes,
-        tier=Tier.FAST,
         fields=("gpm",),
     ),
     # PCIe traffic has one native source, the byte counters' rate (gpu_pcie_*_bytes_per_second
@@ -976,7 +944,6 @@ METRICS: list[MetricSpec] = [
         source="nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC)",
         accessor="DeviceSnapshot.gpm.nvlink_*_bytes_per_second",
         read_device=_gpm_pair("nvlink_tx_bytes_per_second", "nvlink_rx_bytes_per_second"),
-        tier=Tier.FAST,
         fields=("gpm",),
     ),
     # --- per-process and per-pod utilisation ----------------------------------------------
@@ -991,7 +958,6 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].sm_ratio",
         read_device=_read_process_util("sm_ratio"),
-        tier=Tier.FAST,
         fields=("process_utilization",),
     ),
     MetricSpec(
@@ -1004,7 +970,6 @@ METRICS: list[MetricSpec] = [
         source="nvmlDeviceGetProcessUtilization",
         accessor="DeviceSnapshot.process_utilization[].memory_ratio",
         read_device=_read_process_util("memory_ratio"),
-        tier=Tier.FAST,
         fields=("process_utilization",),
     ),
     MetricSpec(
@@ -1019,7 +984,6 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pod_usage[uuid].sm_ratio",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("sm_ratio"),
-        tier=Tier.FAST,
         fields=("process_utilization",),
     ),
     MetricSpec(
@@ -1033,7 +997,6 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pod_usage[uuid].memory_ratio",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_ratio"),
-        tier=Tier.FAST,
         fields=("process_utilization",),
     ),
     MetricSpec(
@@ -1047,7 +1010,6 @@ METRICS: list[MetricSpec] = [
         accessor="NodeSnapshot.pod_usage[uuid].memory_used_bytes",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_used_bytes"),
-        tier=Tier.SLOW,
         fields=("processes",),
     ),
     # --- the node and the exporter itself -------------------------------------------------
@@ -1273,7 +1235,7 @@ METRICS: list[MetricSpec] = [
         unit="",
         help="NVML calls made, by NVML function (failed ones included).",
         labels=("function",),
-        source="exporter (exporter/nvml.py times every call)",
+        source="exporter (exporter/collect/nvml.py times every call)",
         accessor="NodeSnapshot.nvml_calls[function][0]",
         scope=Scope.NODE,
         read_node=_read_nvml_calls(0),
@@ -1285,7 +1247,7 @@ METRICS: list[MetricSpec] = [
         help="Wall time spent in NVML calls, by NVML function; divided by "
         "gpuquota_exporter_nvml_calls_total it is the mean latency per call.",
         labels=("function",),
-        source="exporter (exporter/nvml.py times every call)",
+        source="exporter (exporter/collect/nvml.py times every call)",
         accessor="NodeSnapshot.nvml_calls[function][1]",
         scope=Scope.NODE,
         read_node=_read_nvml_calls(1),
@@ -1382,7 +1344,6 @@ METRICS: list[MetricSpec] = [
         "energy_joules",
         scale=1000.0,
         compat="dcgm",
-        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_PCIE_TX_THROUGHPUT",
@@ -1412,7 +1373,6 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetPcieReplayCounter",
         "pcie_replay_total",
         compat="dcgm",
-        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_GPU_UTIL",
@@ -1493,7 +1453,6 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetRemappedRows",
         "remapped_rows_uncorrectable",
         compat="dcgm",
-        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
@@ -1503,7 +1462,6 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetRemappedRows",
         "remapped_rows_correctable",
         compat="dcgm",
-        tier=Tier.SLOW,
     ),
     device_row(
         "DCGM_FI_DEV_ROW_REMAP_FAILURE",
@@ -1513,7 +1471,6 @@ METRICS: list[MetricSpec] = [
         "nvmlDeviceGetRemappedRows",
         "remap_failure",
         compat="dcgm",
-        tier=Tier.SLOW,
     ),
     # dcgm-exporter's profiling (DCP) fields, from GPM: ratios 0-1 and bytes per second as
     # DCGM reports them; PCIe/NVLink typed counter as in dcgm-exporter's counters files.
@@ -1658,25 +1615,12 @@ def rows(compat: frozenset[str] = frozenset()) -> list[MetricSpec]:
 
 
 def check_table(table: Iterable[MetricSpec] = METRICS) -> None:
-    """Raise ValueError when two rows share a name (the table must stay one-per-metric) or
-    give one snapshot field two different tiers."""
+    """Raise ValueError when two rows share a name (the table must stay one-per-metric)."""
     seen: set[str] = set()
-    tiers: dict[str, tuple[Tier, str]] = {}
     for spec in table:
         if spec.name in seen:
             raise ValueError(f"metric {spec.name} is defined twice")
         seen.add(spec.name)
-        for name in spec.fields:
-            tier, other = tiers.setdefault(name, (spec.tier, spec.name))
-            if tier is not spec.tier:
-                raise ValueError(
-                    f"{spec.name} reads {name} {spec.tier.value}, {other} reads it {tier.value}"
-                )
-
-
-def field_tiers(table: Iterable[MetricSpec] = METRICS) -> dict[str, Tier]:
-    """DeviceSnapshot field -> how often the collector reads it (from the rows showing it)."""
-    return {name: spec.tier for spec in table for name in spec.fields}
 
 
 check_table()

@@ -7,7 +7,7 @@ package is entered as a bare module of its real spec (its ``__path__``, so submo
 as usual) and its ``__init__`` runs on the first attribute the bare module lacks (a later
 ``aiohttp.ClientSession``): nothing changes for any other user of aiohttp in the process.
 The server modules need nothing from ``__init__`` but ``__version__`` (for their ``Server``
-header, which exporter/http.py replaces anyway), taken from the installed distribution.
+header, which exporter/expose/server.py replaces anyway), taken from the installed distribution.
 """
 
 from __future__ import annotations

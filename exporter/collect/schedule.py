@@ -1,0 +1,58 @@
+"""Which readings each GPU makes in which round: the cadence rules, pure (no NVML, no threads).
+
+The slow tier (ECC, row remapping, retired pages, processes, energy, throttle-time counters,
+NVLink errors: about 7 ms of NVML time per H100) is due once per ``--slow-interval``. Were it
+due for every GPU in the same round, that round would read eight GPUs' slow tiers at once:
+164-168 ms on 8 H100s when NVML serves the whole library through one queue. So each GPU has a
+turn in the slow cycle (GPU ``i`` in the rounds where ``round % cycle == i % cycle``): a round
+reads the slow tier of at most ``ceil(gpus / cycle)`` GPUs. Per-process utilisation (2.2 ms
+per GPU, asked at most once per driver sampling period) takes turns the same way.
+
+A GPU whose turn passed without a reading (its reader was still busy with a hung call) is read
+as soon as its slow reading is two slow intervals old; ``collect_once`` reads every tier.
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpuquota.exporter.collect.tiers import Tier
+
+FAST_ONLY = frozenset((Tier.FAST,))
+FAST_AND_SLOW = frozenset((Tier.FAST, Tier.SLOW))
+OVERDUE_CYCLES = 2  # a slow reading this many slow intervals old is read whatever the turn
+
+
+def cycle_rounds(period: float, interval: float) -> int:
+    """Rounds in one cycle of `period` seconds at `interval` (at least 1): the slow tier's
+    (``--slow-interval`` rounded to whole rounds, as the old half-interval slack did)."""
+    return max(1, round(period / interval))
+
+
+def ask_cycle_rounds(period: float, interval: float) -> int:
+    """Rounds between two questions that must be at least `period` apart (rounded up): per-
+    process utilisation, whose driver samples once per period."""
+    return max(1, math.ceil(period / interval - 1e-9))
+
+
+def on_turn(index: int, round_no: int, cycle: int) -> bool:
+    """Whether GPU `index` has its turn in round `round_no` of a `cycle`-round cycle."""
+    return round_no % cycle == index % cycle
+
+
+def tiers_due(
+    index: int,
+    round_no: int,
+    cycle: int,
+    slow_age: float | None,
+    slow_interval: float,
+    *,
+    full: bool = False,
+) -> frozenset[Tier]:
+    """The tiers GPU `index` reads in round `round_no`. `slow_age`: seconds since its last
+    complete slow reading (None: never read, so everything is due)."""
+    if full or slow_age is None or on_turn(index, round_no, cycle):
+        return FAST_AND_SLOW
+    if slow_age >= OVERDUE_CYCLES * slow_interval:
+        return FAST_AND_SLOW
+    return FAST_ONLY

@@ -1,0 +1,86 @@
+"""The pods on this node by UID, listed from the API server in a background thread.
+
+``lister_for_node`` is the one API call (pods by ``spec.nodeName``: what the pod-usage RBAC
+overlay grants); ``PodDirectory`` keeps the answer fresh and turns it into names through
+exporter/enrich/podnames.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from gpuquota.exporter.enrich.podnames import PodName, pod_names
+
+log = logging.getLogger(__name__)
+
+PodLister = Callable[[], Iterable[Any]]  # returns V1Pod-like objects of this node
+
+
+def lister_for_node(core_api: Any, node_name: str) -> PodLister:
+    """Lists the pods bound to `node_name` through a kubernetes CoreV1Api."""
+
+    def pods() -> Iterable[Any]:
+        answer = core_api.list_pod_for_all_namespaces(
+            field_selector=f"spec.nodeName={node_name}", _request_timeout=10
+        )
+        return list(answer.items)
+
+    return pods
+
+
+class PodDirectory:
+    """The pods on this node by UID, refreshed in the background from the API server.
+
+    A UID that is not on the list (a pod started since the last refresh) asks for an early
+    refresh, at most every ``min_refresh`` seconds.
+    """
+
+    def __init__(self, lister: PodLister, interval: float = 30.0, min_refresh: float = 5.0):
+        self._lister = lister
+        self.interval = interval
+        self.min_refresh = min_refresh
+        self._names: dict[str, PodName] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors_total = 0
+
+    def refresh(self) -> bool:
+        try:
+            self._names = pod_names(self._lister())
+        except Exception as exc:  # an API failure keeps the last list
+            self.errors_total += 1
+            log.warning("listing this node's pods for per-pod usage failed: %s", exc)
+            return False
+        return True
+
+    def lookup(self, uid: str) -> PodName | None:
+        found = self._names.get(uid)
+        if found is None:
+            self._wake.set()
+        return found
+
+    def start(self) -> None:
+        self.refresh()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="pod-directory", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            self.refresh()
+            self._stop.wait(self.min_refresh)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None

@@ -1,0 +1,98 @@
+"""Per-pod GPU usage as a pure join: each GPU process -> its pod, summed per pod and device.
+
+NVML lists the processes on each GPU (framebuffer per process) and their SM and memory
+utilisation (exporter/collect/profiling.py). The enricher maps each process to its owner
+(``pod``, ``host``: a cgroup with no pod, or ``unknown``: a process /proc does not show us, or
+a pod UID not (yet) in the directory) and sums per owner and device, so time-sliced and MPS
+GPUs show who uses what. Its inputs are read elsewhere: /proc (exporter/enrich/procfs.py) and
+the API server's pods (exporter/enrich/poddirectory.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Protocol
+
+from gpuquota.exporter.enrich.cgroup import CgroupPod
+from gpuquota.exporter.enrich.podnames import PodName
+from gpuquota.exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodUsage
+
+OWNER_POD = "pod"
+OWNER_HOST = "host"
+OWNER_UNKNOWN = "unknown"
+
+
+class Processes(Protocol):
+    def pod_of(self, pid: int) -> tuple[bool, CgroupPod | None]: ...
+
+
+class Pods(Protocol):
+    def lookup(self, uid: str) -> PodName | None: ...
+    def start(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class PodUsageEnricher:
+    """CollectLoop enricher: fills ``NodeSnapshot.pod_usage``."""
+
+    def __init__(self, procs: Processes, directory: Pods) -> None:
+        self.procs = procs
+        self.directory = directory
+
+    def owner(self, pid: int) -> tuple[str, str, str, str]:
+        """(owner, namespace, pod, container) of one process."""
+        visible, cgroup = self.procs.pod_of(pid)
+        if not visible:
+            return OWNER_UNKNOWN, "", "", ""
+        if cgroup is None:
+            return OWNER_HOST, "", "", ""
+        name = self.directory.lookup(cgroup.pod_uid)
+        if name is None:
+            return OWNER_UNKNOWN, "", "", ""
+        container = name.containers.get(cgroup.container_id or "", name.only_container)
+        return OWNER_POD, name.namespace, name.pod, container
+
+    def usage(self, device: DeviceSnapshot) -> tuple[PodUsage, ...]:
+        if device.mig is None and device.mig_mode_enabled:
+            return ()  # a MIG-enabled GPU's processes are its instances', counted there
+        memory: dict[int, int | None] = {}
+        for proc in device.processes:  # a pid listed as compute and graphics: one allocation
+            prev, used = memory.get(proc.pid), proc.used_memory_bytes
+            memory[proc.pid] = used if prev is None else prev if used is None else max(prev, used)
+        utilization = {u.pid: u for u in device.process_utilization or ()}
+        groups: dict[tuple[str, str, str, str], list[int]] = {}
+        for pid in sorted(set(memory) | set(utilization)):
+            groups.setdefault(self.owner(pid), []).append(pid)
+        out = []
+        for (owner, namespace, pod, container), pids in sorted(groups.items()):
+            known = [m for m in (memory.get(p) for p in pids) if m is not None]
+            has_util = device.process_utilization is not None
+            sm = sum(utilization[p].sm_ratio for p in pids if p in utilization)
+            mem = sum(utilization[p].memory_ratio for p in pids if p in utilization)
+            out.append(
+                PodUsage(
+                    owner=owner,
+                    namespace=namespace,
+                    pod=pod,
+                    container=container,
+                    processes=sum(1 for p in pids if p in memory),
+                    memory_used_bytes=sum(known) if known else None,
+                    sm_ratio=min(sm, 1.0) if has_util else None,
+                    memory_ratio=min(mem, 1.0) if has_util else None,
+                )
+            )
+        return tuple(out)
+
+    def start(self) -> None:
+        self.directory.start()
+
+    def stop(self) -> None:
+        self.directory.stop()
+
+    def __call__(self, snapshot: NodeSnapshot) -> NodeSnapshot:
+        usage = {}
+        for device in snapshot.devices:
+            found = self.usage(device)
+            if found:
+                usage[device.uuid] = found
+        return replace(snapshot, pod_usage=usage)
