@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuquota.exporter.expose.metrics import METRICS
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import Fence, HealthTracker
 from gpuquota.exporter.health.verdict import Action
-from gpuquota.exporter.metrics import METRICS
 from gpuquota.exporter.nodestatus.status import (
     CONDITION_TYPE,
     TAINT_KEY,
