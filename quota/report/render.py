@@ -340,18 +340,27 @@ def coverage_notes(report: Report) -> list[str]:
 
 
 def gap_notes(report: Report) -> list[str]:
-    """One note per stored gap the period overlaps: the figures are lower bounds there."""
-    out = []
+    """One note per stored gap span the period overlaps: the figures are lower bounds there.
+    The kinds of one span (a restart's downtime leaves one gap per watched kind) share a note,
+    pods named last."""
+    spans: dict[tuple[str, int, int, str], list[str]] = {}
     for gap in report.gaps:
+        spans.setdefault((gap.cluster, gap.started_at, gap.ended_at, gap.reason), []).append(
+            gap.kind
+        )
+    out = []
+    for (cluster, started_at, ended_at, reason), kinds in spans.items():
         why = (
             "the controller was down and its resumed watch could not replay the events"
-            if gap.reason == "restart"
+            if reason == "restart"
             else "its watch expired (410 Gone) and it relisted"
         )
+        named = ", ".join(sorted(set(kinds), key=lambda kind: (kind == "Pod", kind)))
+        what = f"{named} objects" if len(set(kinds)) == 1 else "objects of these kinds"
         out.append(
-            f"gap in the record of cluster {gap.cluster!r}: {gap.kind} not followed from "
-            f"{_utc(gap.started_at)} to {_utc(gap.ended_at)} ({_duration(gap.seconds)}; {why}): "
-            f"{gap.kind} objects created and deleted inside it may be missing, so figures "
+            f"gap in the record of cluster {cluster!r}: {named} not followed from "
+            f"{_utc(started_at)} to {_utc(ended_at)} ({_duration(ended_at - started_at)}; "
+            f"{why}): {what} created and deleted inside it may be missing, so figures "
             "over it are lower bounds"
         )
     return out

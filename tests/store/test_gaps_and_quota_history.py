@@ -166,3 +166,24 @@ def test_a_relist_after_410_is_a_gap_named_by_every_report_format(
     table, csv_text, doc, _ = _report(store, cluster, T0 + 400, T0 + 500)
     assert "not followed" not in table and json.loads(doc)["gaps"] == []
     assert "gap" not in {r["row"] for r in csv.DictReader(io.StringIO(csv_text))}
+
+
+def test_one_note_per_downtime_not_per_kind() -> None:
+    # a restart leaves one gap per watched kind with the same span: one note names them all
+    # (pods last); another span gets its own note, with the kind's own wording
+    from types import SimpleNamespace
+
+    from gpuquota.quota.report.query import GapRecord
+    from gpuquota.quota.report.render import gap_notes
+
+    down = [
+        GapRecord("c", kind, T0, T0 + 44, "restart")
+        for kind in ("Pod", "Node", "Namespace", "ResourceClaim")
+    ]
+    relist = GapRecord("c", "Pod", T0 + 600, T0 + 639, "gone")
+    notes = gap_notes(SimpleNamespace(gaps=[*down, relist]))  # type: ignore[arg-type]
+    assert len(notes) == 2
+    assert "Namespace, Node, ResourceClaim, Pod not followed from" in notes[0]
+    assert "(44s; the controller was down" in notes[0] and "objects of these kinds" in notes[0]
+    assert "Pod not followed from" in notes[1] and "Pod objects created and deleted" in notes[1]
+    assert "410 Gone" in notes[1]
