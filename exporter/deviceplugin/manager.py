@@ -12,7 +12,6 @@ Stopping the manager stops every server and removes their sockets.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -23,8 +22,7 @@ import grpc
 from gpuquota.exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, PluginConfig, plugin_devices
 from gpuquota.exporter.deviceplugin.preferred import Topology
 from gpuquota.exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
-from gpuquota.exporter.health.board import HealthBoard
-from gpuquota.exporter.snapshot import NodeSnapshot
+from gpuquota.exporter.health.board import VerdictBoard
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 class DevicePluginManager:
     def __init__(
         self,
-        board: HealthBoard,
+        board: VerdictBoard,
         config: PluginConfig,
         plugin_dir: Path = DEFAULT_PLUGIN_DIR,
         topology: Callable[[], Topology] = Topology,
@@ -85,17 +83,14 @@ class DevicePluginManager:
                 log.exception("device plugin reconcile failed")
 
     def registrations(self) -> dict[str, bool]:
-        """resource -> whether its plugin is registered with the kubelet running now."""
+        """resource -> whether its plugin is registered with the kubelet running now (read at
+        scrape time: exporter/health/publishing.py)."""
         kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
         with self._lock:
             return {
                 resource: kubelet is not None and self._registered.get(resource) == kubelet
                 for resource in self.servers
             }
-
-    def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: the snapshot with ``device_plugin`` filled in."""
-        return dataclasses.replace(snapshot, device_plugin=self.registrations())
 
     def resources(self) -> list[str]:
         return sorted(plugin_devices(self.board.current(), self.config))

@@ -274,7 +274,7 @@ def _reaching(imports: dict[str, set[str]], forbidden: str) -> dict[str, list[st
 def test_exporter_imports_nothing_from_quota() -> None:
     # one Kubernetes corner (gpuquota/kube/): the node agent never loads the controller's code
     exporter = _imports_of("gpuquota.exporter")
-    assert "gpuquota.exporter.dra.slices" in exporter
+    assert "gpuquota.exporter.enrich.slicewatcher" in exporter
     assert _reaching(exporter, "gpuquota.quota") == {}
 
 
