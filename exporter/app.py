@@ -31,12 +31,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpuquota.cli_common.durations import Multiple, format_duration
+from gpuquota.exporter.collect.interconnect import read_interconnect
 from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
 from gpuquota.exporter.collect.xid import XidWatcher
 from gpuquota.exporter.deviceplugin.devices import PluginConfig
-from gpuquota.exporter.deviceplugin.nvmltopology import CachedTopology
 from gpuquota.exporter.deviceplugin.preferred import Topology
+from gpuquota.exporter.deviceplugin.topologycache import CachedTopology
 from gpuquota.exporter.dra.taints import DeviceTaintPublisher
 from gpuquota.exporter.enrich.dra import DraAttribution
 from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
@@ -315,7 +316,9 @@ def _build_on(
     )
     xid = XidWatcher(api)
     collector.xid = xid
-    health = build_health(args, topology=CachedTopology(api), hostname=collector.hostname)
+    health = build_health(
+        args, topology=CachedTopology(lambda: read_interconnect(api)), hostname=collector.hostname
+    )
     dra = build_dra(args)  # after health: its errors are reported first
     pods = None
     if args.pod_resources_socket:

@@ -255,3 +255,28 @@ class NodeSnapshot:
     pod_usage: dict[str, tuple[PodUsage, ...]] = field(default_factory=dict)
     # NVML function -> (calls, seconds spent in them) since the exporter started
     nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
+# --- the GPU interconnect (collect/interconnect.py reads it, the device plugin's
+# GetPreferredAllocation ranks with it: exporter/deviceplugin/topology.py)
+
+LINK_GPU = "gpu"
+LINK_SWITCH = "switch"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLinks:
+    uuid: str
+    pci_bus_id: str
+    # One entry per active link: (far end's PCI bus ID, LINK_GPU or LINK_SWITCH).
+    links: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    """What NVML says about how this node's GPUs are wired (read rarely: it rarely changes)."""
+
+    gpus: tuple[GpuLinks, ...] = ()
+    # (uuid, uuid) -> NVML's topology level of the pair's PCIe common ancestor
+    pcie_levels: dict[tuple[str, str], int] = field(default_factory=dict)
+    numa_nodes: dict[str, int] = field(default_factory=dict)  # uuid -> NUMA node
