@@ -87,7 +87,7 @@ class KubeConfigUnavailableError(SetupError):
 
 
 @dataclass
-class HealthParts:
+class CheckerAndPublishers:
     """The checker thread, its board, and the publishers the flags turned on."""
 
     checker: CheckerThread
@@ -100,7 +100,7 @@ def build_health(
     args: argparse.Namespace,
     topology: Callable[[], Topology] = Topology,
     hostname: str | None = None,
-) -> HealthParts:
+) -> CheckerAndPublishers:
     """UsageError (naming the flag or file) on bad settings; KubeConfigUnavailableError when
     node status needs an API it cannot configure."""
     try:
@@ -141,7 +141,7 @@ def build_health(
         )
         checker.add_listener(node_status)
     route = HealthRoute(checker.board, args.node_name or hostname or socket.gethostname())
-    return HealthParts(checker, route, manager, node_status)
+    return CheckerAndPublishers(checker, route, manager, node_status)
 
 
 # --- DRA: slices and claims for attribution, the verdict as DeviceTaintRules -----------------
@@ -228,7 +228,7 @@ class App:
     api: NvmlApi
     collector: CollectLoop
     xid: XidWatcher
-    health: HealthParts
+    health: CheckerAndPublishers
     server: ExporterServer
     dra: DraParts | None = None
     pods: PodResourcesWatcher | None = None
