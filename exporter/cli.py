@@ -1,19 +1,17 @@
-"""``gpu-exporter``: the per-node agent's command line.
+"""``gpu-exporter``: the per-node agent's command line: its flags, parsing, start, stop, exit codes.
 
-Wires collect -> enrich -> render: NVML (NvmlApi) -> Collector (+ XidWatcher) -> enrichers ->
-Renderer -> ExporterServer. Every problem the exporter cannot run with (a bad flag, a bad web
-config, the port in use, no NVML library, no GPUs) ends it with one line on stderr naming the
-problem and a non-zero exit status: 2 for bad input, 1 for the environment.
+exporter/app.py builds the program from the parsed flags. Every problem the exporter cannot run
+with (a bad flag, a bad web config, the port in use, no NVML library, no GPUs) ends it with one
+line on stderr naming the problem and a non-zero exit status: 2 for bad input (``UsageError``),
+1 for the environment (``SetupError``).
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from collections.abc import Sequence
@@ -21,43 +19,23 @@ from pathlib import Path
 
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.commandline import OneLineParser, add_version
-from gpuquota.cli_common.durations import (
-    Multiple,
-    duration_flag,
-    duration_or_multiple_flag,
-    format_duration,
-)
-from gpuquota.exporter.collect.loop import CollectLoop as Collector
-from gpuquota.exporter.collect.nvml import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, NvmlApi, NvmlError
-from gpuquota.exporter.collect.xid import XidWatcher
-from gpuquota.exporter.deviceplugin.nvmltopology import CachedTopology
-from gpuquota.exporter.dra import service as dra_service
-from gpuquota.exporter.enrich import podusage
-from gpuquota.exporter.enrich.podresources import DEFAULT_SOCKET, PodResourcesWatcher
+from gpuquota.cli_common.durations import duration_flag, duration_or_multiple_flag, format_duration
+from gpuquota.exporter import app as program
+from gpuquota.exporter.app import SetupError, UsageError, liveness_timeout
+from gpuquota.exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, DEFAULT_RESOURCE
+from gpuquota.exporter.dra.taintrules import EFFECTS
+from gpuquota.exporter.enrich.podresources import DEFAULT_SOCKET
+from gpuquota.exporter.enrich.slices import DEFAULT_DRIVERS
 from gpuquota.exporter.expose import metrics
-from gpuquota.exporter.expose.render import Renderer, RenderOptions
-from gpuquota.exporter.expose.server import (
-    READY_AFTER_INTERVALS,
-    ExporterServer,
-    default_liveness_timeout,
-)
-from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfigError
-from gpuquota.exporter.wiring import HealthWiring, KubeConfigUnavailableError, core_api
-from gpuquota.exporter.wiring import add_arguments as add_health_arguments
+from gpuquota.exporter.nodestatus.status import TAINT_EFFECT, TAINT_EFFECTS
+
+__all__ = ["SetupError", "UsageError", "build_parser", "liveness_timeout", "main", "run"]
 
 log = logging.getLogger("gpu-exporter")
 
 PROG = "gpu-exporter"
 MIN_INTERVAL_S = 0.1
 SWITCH_INTERVAL_S = 0.0005
-
-NO_LIBRARY = (
-    "cannot load libnvidia-ml.so.1 (NVML): install the NVIDIA driver; on a GPU node in "
-    "Kubernetes, mount the driver into the container (NVIDIA container toolkit / GPU "
-    "operator); for the demo, `make demo` builds the NVML stand-in "
-    "(build/sim/libnvidia-ml.so.1) and runs against it"
-)
-
 
 EXAMPLES = """\
 examples:
@@ -72,14 +50,6 @@ examples:
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 """ + exitcodes.help_text()
-
-
-class UsageError(Exception):
-    """Bad input on the command line or in a file it names (exit 2)."""
-
-
-class SetupError(Exception):
-    """The machine cannot run the exporter as asked (exit 1)."""
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -169,8 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "downward API sets it, else this host's name)",
     )
     add_health_arguments(parser)
-    dra_service.add_arguments(parser)
-    podusage.add_arguments(parser)
+    add_dra_arguments(parser)
+    add_pod_usage_arguments(parser)
     parser.add_argument(
         "--pod-resources-socket",
         default=str(DEFAULT_SOCKET),
@@ -217,95 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    compat = frozenset().union(*args.compat) if args.compat else frozenset()
-    renderer = Renderer(RenderOptions(compat=compat, pod_labels=args.pod_labels))
-    web_config: ReloadingWebConfig | None = None
-    if args.web_config_file:
-        try:
-            web_config = ReloadingWebConfig(args.web_config_file)
-        except WebConfigError as exc:
-            raise UsageError(str(exc)) from None
-
-    if args.slow_interval is not None and args.slow_interval < args.interval:
-        raise UsageError(
-            f"--slow-interval {format_duration(args.slow_interval)} is shorter than "
-            f"--interval {format_duration(args.interval)}"
-        )
-    liveness = liveness_timeout(args.liveness_timeout, args.interval)
-    api = NvmlApi()
-    start_nvml(api)
-    collector = Collector(
-        api,
-        interval=args.interval,
-        slow_interval=args.slow_interval,
-        hostname=args.hostname or os.environ.get("NODE_NAME") or socket.gethostname(),
-    )
-    xid = XidWatcher(api)
-    collector.xid = xid
-    try:
-        health = HealthWiring.from_args(
-            args, topology=CachedTopology(api), hostname=collector.hostname
-        )
-    except ValueError as exc:
-        api.shutdown()
-        raise UsageError(str(exc)) from None
-    except KubeConfigUnavailableError as exc:
-        api.shutdown()
-        raise SetupError(str(exc)) from None
-    # after health: its errors (the node-status flags' API access) are reported first
-    try:
-        dra = dra_service.DraService.from_args(args)
-    except ValueError as exc:
-        api.shutdown()
-        raise UsageError(str(exc)) from None
-    except dra_service.DraKubeConfigError as exc:
-        api.shutdown()
-        raise SetupError(str(exc)) from None
-    pods: PodResourcesWatcher | None = None
-    if args.pod_resources_socket:
-        pods = PodResourcesWatcher(
-            Path(args.pod_resources_socket),
-            interval=args.pod_resources_interval,
-            dra=dra.attribution if dra is not None else None,
-        )
-        collector.add_enricher(pods.enrich)
-    try:  # after pod attribution: per-pod usage reads the same round's processes
-        pod_usage = podusage.from_args(args, core_api)
-    except ValueError as exc:
-        api.shutdown()
-        raise UsageError(str(exc)) from None
-    except KubeConfigUnavailableError as exc:
-        api.shutdown()
-        reason = str(exc).partition(": ")[2]
-        raise SetupError(f"--pod-usage needs the Kubernetes API: {reason}") from None
-    if pod_usage is not None:
-        collector.add_enricher(pod_usage)
-    host, port = args.listen
-    try:
-        server = ExporterServer(
-            collector,
-            renderer,
-            host=host,
-            port=port,
-            web_config=web_config,
-            liveness_timeout=liveness,
-        )
-    except OSError as exc:
-        api.shutdown()
-        where = f"{host or '*'}:{port}"
-        if exc.errno == errno.EADDRINUSE:
-            raise SetupError(f"cannot listen on {where}: the port is already in use") from None
-        raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
-
-    health.attach(collector, xid, server)
-    if health.plugin_manager is not None:  # its kubelet registration, for an alert
-        collector.add_enricher(health.plugin_manager.enrich)
-    if dra is not None:
-        dra.attach(health.service.checker)
-    for writer in (health.node_status, dra.publisher if dra is not None else None):
-        if writer is not None:  # its API writes (failures, last success) as metrics
-            collector.add_enricher(writer.enrich)
-
+    """Builds the exporter (exporter/app.py), runs it until SIGTERM or SIGINT, stops it."""
+    exporter = program.build(args)
     stopping = threading.Event()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -314,78 +197,152 @@ def run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-
-    xid.start()
-    health.start()
-    if dra is not None:
-        dra.start()
-    if pods is not None:
-        pods.start()  # before the first collection, so it is attributed
-    if pod_usage is not None:
-        pod_usage.start()
-    collector.start()
-    server.start()
-    bound_host, bound_port = server.address
-    log.info(
-        "serving %s://%s:%d/metrics for %d GPU(s), collecting every %s",
-        server.scheme,
-        bound_host or "*",
-        bound_port,
-        api.device_count(),
-        format_duration(collector.interval),
-    )
     try:
+        exporter.start()
+        bound_host, bound_port = exporter.server.address
+        log.info(
+            "serving %s://%s:%d/metrics for %d GPU(s), collecting every %s",
+            exporter.server.scheme,
+            bound_host or "*",
+            bound_port,
+            exporter.api.device_count(),
+            format_duration(exporter.collector.interval),
+        )
         stopping.wait()
     finally:
-        server.stop()
-        health.stop()
-        if dra is not None:
-            dra.stop()
-        collector.stop()
-        if pods is not None:
-            pods.stop()
-        if pod_usage is not None:
-            pod_usage.stop()
-        xid.stop()
-        api.shutdown()
+        exporter.stop()
     return 0
 
 
-def liveness_timeout(value: float | Multiple | None, interval: float) -> float:
-    """--liveness-timeout in seconds; it must leave room for the readiness limit."""
-    if value is None:
-        return default_liveness_timeout(interval)
-    seconds = value.of(interval) if isinstance(value, Multiple) else value
-    shortest = READY_AFTER_INTERVALS * interval
-    if seconds < shortest:
-        raise UsageError(
-            f"--liveness-timeout {format_duration(seconds)} is shorter than "
-            f"{READY_AFTER_INTERVALS} x --interval ({format_duration(shortest)}): "
-            "the exporter would be restarted between two healthy collections"
-        )
-    return seconds
+def _replicas(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
-def start_nvml(api: NvmlApi) -> None:
-    """nvmlInit and check there is a GPU, turning failures into one clear message."""
-    try:
-        api.init()
-    except NvmlError as exc:
-        if exc.code == LIBRARY_NOT_FOUND:
-            raise SetupError(NO_LIBRARY) from None
-        if exc.code == DRIVER_NOT_LOADED:
-            raise SetupError(
-                "NVML is installed but the NVIDIA kernel driver is not loaded on this node"
-            ) from None
-        raise SetupError(f"NVML failed to initialise: {exc.message}") from None
-    try:
-        count = api.device_count()
-    except NvmlError as exc:
-        api.shutdown()
-        raise SetupError(f"NVML cannot count GPUs: {exc.message}") from None
-    if count == 0:
-        api.shutdown()
-        raise SetupError("NVML reports no GPUs on this node; nothing to export")
+def add_health_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("GPU health and kubelet device plugin (docs/health.md)")
+    group.add_argument(
+        "--health-config",
+        type=Path,
+        metavar="FILE",
+        help="YAML overrides of the XID and condition tables",
+    )
+    group.add_argument(
+        "--health-quiet-period",
+        type=duration_flag(),
+        metavar="DURATION",
+        help="an XID or error-counter increase stops counting against a device after "
+        "this long without a repeat, e.g. 5m (default 5m, or the config file's)",
+    )
+    group.add_argument(
+        "--device-plugin",
+        action="store_true",
+        help="serve the kubelet device plugin API (v1beta1) with this health as its source",
+    )
+    group.add_argument(
+        "--device-plugin-dir",
+        type=Path,
+        default=DEFAULT_PLUGIN_DIR,
+        metavar="DIR",
+        help="folder holding kubelet.sock and the plugin sockets (default %(default)s)",
+    )
+    group.add_argument(
+        "--resource-name",
+        default=DEFAULT_RESOURCE,
+        help="extended resource for full GPUs (default %(default)s); MIG instances are "
+        "<domain>/mig-<profile>",
+    )
+    group.add_argument(
+        "--time-slicing-replicas",
+        type=_replicas,
+        default=1,
+        metavar="N",
+        help="advertise each full GPU N times (<UUID>::<n>) for time-slicing",
+    )
+    group.add_argument(
+        "--cdi",
+        action="store_true",
+        help="Allocate answers with CDI device names (nvidia.com/gpu=<uuid>)",
+    )
+    group.add_argument(
+        "--node-taint",
+        action="store_true",
+        help="taint the node gpuquota.io/gpu-unhealthy:NoSchedule while a GPU is unhealthy",
+    )
+    group.add_argument(
+        "--node-taint-effect",
+        choices=TAINT_EFFECTS,
+        default=TAINT_EFFECT,
+        help="effect of that taint; NoExecute also evicts the pods on the node and needs "
+        "'NoExecute' in the node admission policy's allowedEffects (docs/health.md) "
+        "(default %(default)s)",
+    )
+    group.add_argument(
+        "--node-condition",
+        action="store_true",
+        help="set the node condition GPUUnhealthy while a GPU is unhealthy",
+    )
+    group.add_argument(
+        "--node-name",
+        default=os.environ.get("NODE_NAME"),
+        help="this node's name in Kubernetes (default $NODE_NAME) for --node-taint/--node-condition "
+        "and --dra",
+    )
+    group.add_argument("--kubeconfig", type=Path, default=None,
+                       help="kubeconfig for --node-taint/--node-condition and --dra (default: in-cluster config)")  # fmt: skip
+
+
+def add_dra_arguments(parser: argparse.ArgumentParser) -> None:
+    """DRA flags; --node-name and --kubeconfig are shared with the health group."""
+    group = parser.add_argument_group("Dynamic Resource Allocation (docs/operations.md)")
+    group.add_argument(
+        "--dra",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="attribute GPUs held through DRA ResourceClaims by following this node's "
+        "ResourceSlices; auto: when the Kubernetes API and the node name are known "
+        "(default %(default)s)",
+    )
+    group.add_argument(
+        "--dra-drivers",
+        default=",".join(sorted(DEFAULT_DRIVERS)),
+        metavar="NAME[,NAME]",
+        help="DRA drivers whose devices are GPUs (default %(default)s)",
+    )
+    group.add_argument(
+        "--dra-device-taints",
+        action="store_true",
+        help="publish the health verdict as DeviceTaintRules on unhealthy DRA devices",
+    )
+    group.add_argument(
+        "--dra-taint-effect",
+        choices=EFFECTS,
+        default="NoSchedule",
+        help="effect of those taints; NoExecute also evicts the pods using the device "
+        "(default %(default)s)",
+    )
+
+
+def add_pod_usage_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("per-pod usage (needs the host PID namespace)")
+    group.add_argument(
+        "--pod-usage",
+        action="store_true",
+        help="publish SM/memory utilisation and framebuffer use per pod per GPU "
+        "(gpu_pod_*): needs hostPID, --node-name and read access to this node's pods",
+    )
+    group.add_argument(
+        "--proc-root",
+        type=Path,
+        default=Path("/proc"),
+        metavar="PATH",
+        help="where processes' cgroups are read for --pod-usage (default /proc)",
+    )
 
 
 if __name__ == "__main__":

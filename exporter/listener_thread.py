@@ -5,7 +5,8 @@ the checker's thread (which must never wait on the API server) and apply it on a
 their own, woken through one condition. This is that shared life cycle (start, wake, stop)
 and the shared way a write that fails is handled: one log line per failure, a jittered,
 bounded back-off (gpuquota/kube/backoff.py), and the streak of failures and the time of the
-last success as metrics (``gpuquota_exporter_api_write_*``, alert GPUExporterCannotWriteToApi).
+last success as metrics (``gpuquota_exporter_api_write_*``, alert GPUExporterCannotWriteToApi),
+read at scrape time through ``status()`` (exporter/health/publishing.py).
 """
 
 from __future__ import annotations
@@ -13,11 +14,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-from gpuquota.exporter.snapshot import ApiWriterStatus, NodeSnapshot
+from gpuquota.exporter.health.publishing import ApiWriterStatus
 from gpuquota.kube.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,3 @@ class ListenerThread:
 
     def status(self) -> ApiWriterStatus:
         return ApiWriterStatus(self.consecutive_failures, self.failures_total, self.last_success)
-
-    def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: this writer's status beside the others'."""
-        return replace(snapshot, api_writers={**snapshot.api_writers, self.name: self.status()})

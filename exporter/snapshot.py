@@ -210,17 +210,6 @@ class DraStatus:
     slices_up: bool  # the node's ResourceSlices are listed and watched
     devices: int  # GPU/MIG devices the slices list
     problems_total: dict[str, int]  # reason -> unresolved results and bad slices seen
-    taint_rules: int | None = None  # DeviceTaintRules published now (None: taints off)
-    taint_errors_total: int | None = None  # failed attempts to update them
-
-
-@dataclass(frozen=True, slots=True)
-class ApiWriterStatus:
-    """How one of the exporter's Kubernetes API writers is doing (exporter/listener_thread.py)."""
-
-    consecutive_failures: int  # failed writes since the last success (0: fine)
-    failures_total: int  # failed writes since the exporter started
-    last_success: float | None  # unix time of the last successful write (None: none yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,7 +255,28 @@ class NodeSnapshot:
     pod_usage: dict[str, tuple[PodUsage, ...]] = field(default_factory=dict)
     # NVML function -> (calls, seconds spent in them) since the exporter started
     nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)
-    # resource -> registered with the running kubelet (None: no --device-plugin)
-    device_plugin: dict[str, bool] | None = None
-    # API writer ("node-status", "dra-taints") -> how its writes go; empty when none is on
-    api_writers: dict[str, ApiWriterStatus] = field(default_factory=dict)
+
+
+# --- the GPU interconnect (collect/interconnect.py reads it, the device plugin's
+# GetPreferredAllocation ranks with it: exporter/deviceplugin/topology.py)
+
+LINK_GPU = "gpu"
+LINK_SWITCH = "switch"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuLinks:
+    uuid: str
+    pci_bus_id: str
+    # One entry per active link: (far end's PCI bus ID, LINK_GPU or LINK_SWITCH).
+    links: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    """What NVML says about how this node's GPUs are wired (read rarely: it rarely changes)."""
+
+    gpus: tuple[GpuLinks, ...] = ()
+    # (uuid, uuid) -> NVML's topology level of the pair's PCIe common ancestor
+    pcie_levels: dict[tuple[str, str], int] = field(default_factory=dict)
+    numa_nodes: dict[str, int] = field(default_factory=dict)  # uuid -> NUMA node

@@ -12,7 +12,6 @@ Stopping the manager stops every server and removes their sockets.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -23,8 +22,7 @@ import grpc
 from gpuquota.exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, PluginConfig, plugin_devices
 from gpuquota.exporter.deviceplugin.preferred import Topology
 from gpuquota.exporter.deviceplugin.server import KUBELET_SOCKET, DevicePluginServer
-from gpuquota.exporter.health.board import HealthBoard
-from gpuquota.exporter.snapshot import NodeSnapshot
+from gpuquota.exporter.health.board import VerdictBoard
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +38,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 class DevicePluginManager:
     def __init__(
         self,
-        board: HealthBoard,
+        board: VerdictBoard,
         config: PluginConfig,
         plugin_dir: Path = DEFAULT_PLUGIN_DIR,
         topology: Callable[[], Topology] = Topology,
@@ -54,6 +52,10 @@ class DevicePluginManager:
         self.servers: dict[str, DevicePluginServer] = {}
         self._registered: dict[str, tuple[int, int]] = {}  # resource -> kubelet.sock identity
         self._failed: dict[str, tuple[int, int]] = {}  # resource -> identity that refused it
+        # (resources served, resource -> kubelet.sock identity registered with), replaced
+        # whole after each reconcile: a scrape reads it without the lock, which a registration
+        # (a gRPC call to the kubelet) may hold for seconds
+        self._view: tuple[tuple[str, ...], dict[str, tuple[int, int]]] = ((), {})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -76,6 +78,7 @@ class DevicePluginManager:
             for server in self.servers.values():
                 server.stop()
             self.servers.clear()
+            self._view = ((), {})
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -85,17 +88,14 @@ class DevicePluginManager:
                 log.exception("device plugin reconcile failed")
 
     def registrations(self) -> dict[str, bool]:
-        """resource -> whether its plugin is registered with the kubelet running now."""
+        """resource -> whether its plugin is registered with the kubelet running now (read at
+        scrape time: exporter/health/publishing.py)."""
         kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
-        with self._lock:
-            return {
-                resource: kubelet is not None and self._registered.get(resource) == kubelet
-                for resource in self.servers
-            }
-
-    def enrich(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        """Collector enricher: the snapshot with ``device_plugin`` filled in."""
-        return dataclasses.replace(snapshot, device_plugin=self.registrations())
+        resources, registered = self._view
+        return {
+            resource: kubelet is not None and registered.get(resource) == kubelet
+            for resource in resources
+        }
 
     def resources(self) -> list[str]:
         return sorted(plugin_devices(self.board.current(), self.config))
@@ -105,40 +105,47 @@ class DevicePluginManager:
         if not self.board.ready:  # no verdict yet: advertising nothing would be a lie
             return
         with self._lock:
-            wanted = self.resources()
-            for resource in [r for r in self.servers if r not in wanted]:
-                self.servers.pop(resource).stop()
+            try:
+                self._reconcile()
+            finally:
+                self._view = (tuple(self.servers), dict(self._registered))
+
+    def _reconcile(self) -> None:
+        """reconcile's round, under the lock."""
+        wanted = self.resources()
+        for resource in [r for r in self.servers if r not in wanted]:
+            self.servers.pop(resource).stop()
+            self._registered.pop(resource, None)
+        for resource in wanted:
+            server = self.servers.get(resource)
+            if server is None:
+                server = DevicePluginServer(
+                    resource, self.plugin_dir, self.board, self.config, self.topology
+                )
+                self.servers[resource] = server
+            if not server.serving or not server.socket_is_ours():
+                if server.serving:
+                    log.warning("socket %s was removed; serving again", server.socket_path)
+                server.start()
                 self._registered.pop(resource, None)
-            for resource in wanted:
-                server = self.servers.get(resource)
-                if server is None:
-                    server = DevicePluginServer(
-                        resource, self.plugin_dir, self.board, self.config, self.topology
-                    )
-                    self.servers[resource] = server
-                if not server.serving or not server.socket_is_ours():
-                    if server.serving:
-                        log.warning("socket %s was removed; serving again", server.socket_path)
-                    server.start()
-                    self._registered.pop(resource, None)
-            kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
-            if kubelet is None:
-                return
-            for resource, server in self.servers.items():
-                if self._registered.get(resource) == kubelet:
-                    continue
-                try:
-                    server.register()
-                except grpc.RpcError as exc:
-                    # Retried every round; say it loudly once per kubelet socket, then quietly.
-                    first = self._failed.get(resource) != kubelet
-                    self._failed[resource] = kubelet
-                    log.log(
-                        logging.WARNING if first else logging.DEBUG,
-                        "cannot register %s with the kubelet (will retry): %s",
-                        resource,
-                        exc.code(),
-                    )
-                    continue
-                self._failed.pop(resource, None)
-                self._registered[resource] = kubelet
+        kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
+        if kubelet is None:
+            return
+        for resource, server in self.servers.items():
+            if self._registered.get(resource) == kubelet:
+                continue
+            try:
+                server.register()
+            except grpc.RpcError as exc:
+                # Retried every round; say it loudly once per kubelet socket, then quietly.
+                first = self._failed.get(resource) != kubelet
+                self._failed[resource] = kubelet
+                log.log(
+                    logging.WARNING if first else logging.DEBUG,
+                    "cannot register %s with the kubelet (will retry): %s",
+                    resource,
+                    exc.code(),
+                )
+                continue
+            self._failed.pop(resource, None)
+            self._registered[resource] = kubelet

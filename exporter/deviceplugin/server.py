@@ -23,7 +23,7 @@ from gpuquota.exporter.deviceplugin.devices import (
     plugin_devices,
 )
 from gpuquota.exporter.deviceplugin.preferred import PreferenceError, Topology, preferred_allocation
-from gpuquota.exporter.health.board import HealthBoard
+from gpuquota.exporter.health.board import VerdictBoard
 from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 
@@ -143,7 +143,7 @@ class DevicePluginServer:
         self,
         resource: str,
         plugin_dir: Path,
-        board: HealthBoard,
+        board: VerdictBoard,
         config: PluginConfig,
         topology: Callable[[], Topology] = Topology,
     ) -> None:

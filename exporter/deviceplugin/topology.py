@@ -11,12 +11,9 @@ the NUMA node of each GPU goes to the kubelet's topology manager in ListAndWatch
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from gpuquota.exporter.deviceplugin.preferred import Topology
-
-LINK_GPU = "gpu"
-LINK_SWITCH = "switch"
+from gpuquota.exporter.snapshot import LINK_SWITCH, GpuLinks, Interconnect
 
 
 def normalize_bus_id(bus_id: str) -> str:
@@ -29,14 +26,6 @@ def normalize_bus_id(bus_id: str) -> str:
         return f"{int(domain, 16):04x}:{int(bus, 16):02x}:{devfn}"
     except ValueError:
         return bus_id.strip().lower()
-
-
-@dataclass(frozen=True, slots=True)
-class GpuLinks:
-    uuid: str
-    pci_bus_id: str
-    # One entry per active link: (far end's PCI bus ID, LINK_GPU or LINK_SWITCH).
-    links: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
 
 def build_topology(
@@ -65,3 +54,7 @@ def build_topology(
             nvlinks[(a, b)] = nvlinks.get((a, b), 0) + min(to_switch[a], to_switch[b])
     levels = {(a, b) if a <= b else (b, a): level for (a, b), level in pcie_levels.items()}
     return Topology(nvlinks=nvlinks, pcie_level=levels, numa_node=dict(numa_nodes or {}))
+
+
+def topology_of(interconnect: Interconnect) -> Topology:
+    return build_topology(interconnect.gpus, interconnect.pcie_levels, interconnect.numa_nodes)

@@ -1,1 +1,3 @@
-"""Dynamic Resource Allocation on the node: ResourceSlices, claim attribution, DeviceTaintRules."""
+"""A publisher of the health verdict on DRA nodes: DeviceTaintRules (taintrules.py, pure; taints.py,
+the API). ResourceSlices and claim attribution are enrichment: exporter/enrich/slices.py,
+slicewatcher.py, dra.py and dra_claims.py."""

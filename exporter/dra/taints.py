@@ -25,7 +25,7 @@ Kubernetes 1.37, else ``v1beta2`` as 1.36 serves, else ``v1alpha3``), found thro
 and found again after a 404. An update is a PUT of the rule as listed (its
 ``resourceVersion``, the server's ``timeAdded`` and status kept) with only our spec and
 annotations changed; a 409 (changed meanwhile) lists again and retries at once, a few times.
-:func:`wanted_rules` is pure; :class:`DeviceTaintPublisher` is the I/O, on its own thread,
+:func:`wanted_rules` (exporter/dra/taintrules.py) is pure; :class:`DeviceTaintPublisher` here is the I/O, on its own thread,
 coalescing changes and retrying with jittered back-off (one log line per failure, metrics
 ``gpuquota_exporter_api_write_*{writer="dra-taints"}``), so a slow API server never delays
 health. It calls the API only when the wanted rules change, and while there are rules, once
@@ -35,116 +35,32 @@ a minute to repair them.
 from __future__ import annotations
 
 import copy
-import hashlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from gpuquota.exporter.dra.slices import DraDevice, SliceIndex
+from gpuquota.exporter.dra.taintrules import (
+    EFFECTS,
+    GROUP,
+    MANAGED_BY,
+    MANAGER,
+    NODE_LABEL,
+    REASONS_ANNOTATION,
+    VERSIONS,
+    Obj,
+    fences_of,
+    same_rule,
+    wanted_rules,
+)
+from gpuquota.exporter.enrich.slices import SliceIndex
 from gpuquota.exporter.health.engine import Fence
-from gpuquota.exporter.health.verdict import NodeHealth, State, parse_action
-from gpuquota.exporter.listener_thread import ListenerThread, parse_time
-from gpuquota.exporter.nodestatus.status import TAINT_KEY
+from gpuquota.exporter.health.verdict import NodeHealth
+from gpuquota.exporter.listener_thread import ListenerThread
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
-GROUP = "resource.k8s.io"
-VERSIONS = ("v1", "v1beta2", "v1alpha3")  # newest first
-MANAGED_BY = "app.kubernetes.io/managed-by"
-MANAGER = "gpuquota-exporter"
-NODE_LABEL = "gpuquota.io/node"
-EFFECTS = ("NoSchedule", "NoExecute")
 CONFLICT_RETRIES = 5  # a rule changed between our list and our update: list again this often
-UUID_ANNOTATION = "gpuquota.io/device-uuid"
-REASONS_ANNOTATION = "gpuquota.io/reasons"
-ACTION_ANNOTATION = "gpuquota.io/action"
-
-
-def fences_of(rules: list[Obj]) -> list[Fence]:
-    """Pure: the fences our listed rules stand for (a rule without a readable device UUID or
-    action is left out: nothing to hold)."""
-    fences = []
-    for rule in rules:
-        meta = rule.get("metadata") or {}
-        notes = meta.get("annotations") or {}
-        uuid = notes.get(UUID_ANNOTATION)
-        try:
-            action = parse_action(str(notes.get(ACTION_ANNOTATION, "")))
-        except ValueError:
-            continue
-        if not uuid:
-            continue
-        taint = (rule.get("spec") or {}).get("taint") or {}
-        since = (
-            parse_time(taint.get("timeAdded")) or parse_time(meta.get("creationTimestamp")) or 0.0
-        )
-        fences.append(Fence(str(uuid), action, str(notes.get(REASONS_ANNOTATION, "")), since))
-    return fences
-
-
-def rule_name(node: str, device: str) -> str:
-    """``gpuquota-<node>-<device>``; a DNS subdomain of at most 253 characters."""
-    name = f"gpuquota-{node}-{device}".lower()
-    if len(name) <= 253:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:242]}-{digest}"
-
-
-def owner_labels(node: str) -> dict[str, str]:
-    return {MANAGED_BY: MANAGER, NODE_LABEL: node}
-
-
-def wanted_rules(
-    health: NodeHealth, devices: list[DraDevice], node: str, effect: str = "NoSchedule"
-) -> dict[str, Obj]:
-    """Pure: rule name -> rule body (without apiVersion) for every unhealthy DRA device."""
-    if effect not in EFFECTS:
-        raise ValueError(f"taint effect must be one of {', '.join(EFFECTS)}, not {effect!r}")
-    verdicts = health.by_uuid()
-    rules: dict[str, Obj] = {}
-    for device in devices:
-        verdict = verdicts.get(device.uuid)
-        if (verdict is None or verdict.state is not State.UNHEALTHY) and device.parent_uuid:
-            verdict = verdicts.get(device.parent_uuid)  # the GPU's verdict covers its MIG
-        if verdict is None or verdict.state is not State.UNHEALTHY:
-            continue
-        codes = sorted({r.code for r in verdict.reasons if r.state is State.UNHEALTHY})
-        name = rule_name(node, device.name)
-        rules[name] = {
-            "kind": "DeviceTaintRule",
-            "metadata": {
-                "name": name,
-                "labels": owner_labels(node),
-                "annotations": {
-                    UUID_ANNOTATION: device.uuid,
-                    REASONS_ANNOTATION: ",".join(codes),
-                    ACTION_ANNOTATION: verdict.action.label,
-                },
-            },
-            "spec": {
-                "deviceSelector": {
-                    "driver": device.driver,
-                    "pool": device.pool,
-                    "device": device.name,
-                },
-                "taint": {"key": TAINT_KEY, "value": verdict.action.label, "effect": effect},
-            },
-        }
-    return rules
-
-
-def _same(have: Obj, want: Obj) -> bool:
-    hm, wm = have.get("metadata") or {}, want["metadata"]
-    return bool(
-        have.get("spec", {}).get("deviceSelector") == want["spec"]["deviceSelector"]
-        and {k: v for k, v in (have.get("spec", {}).get("taint") or {}).items() if k != "timeAdded"}
-        == want["spec"]["taint"]
-        and (hm.get("annotations") or {}) == wm["annotations"]
-        and (hm.get("labels") or {}) == wm["labels"]
-    )
 
 
 class DeviceTaintPublisher(ListenerThread):
@@ -332,7 +248,7 @@ class DeviceTaintPublisher(ListenerThread):
                     sel["device"],
                     want["metadata"]["annotations"][REASONS_ANNOTATION],
                 )
-            elif not _same(have, want):
+            elif not same_rule(have, want):
                 # the rule as listed (resourceVersion: a 409 if it changed since; status and
                 # the server's fields kept), with our labels, annotations and spec: the rule
                 # is ours, and the admission policy allows exactly these

@@ -49,7 +49,7 @@ class SlicedDevice(Protocol):
 
 
 class SliceIndex(Protocol):
-    """The node's ResourceSlices as a lookup (exporter/dra/slices.py keeps one up to date
+    """The node's ResourceSlices as a lookup (exporter/enrich/slicewatcher.py keeps one up to date
     from the API server; attribution only reads it, so it imports nothing from there)."""
 
     drivers: frozenset[str]
@@ -170,8 +170,6 @@ class DraAttribution:
     def __init__(self, index: SliceIndex, slices_up: object = None) -> None:
         self.index = index
         self._slices_up = slices_up  # a SliceWatcher (its ``up``), or None: always up
-        # a DeviceTaintPublisher (its ``published`` and ``errors_total``), or None: taints off
-        self.taints: object = None
         # which claimed devices are adminAccess (exporter/enrich/dra_claims.py), or None: not read
         self.admin: AdminAccessClaims | None = None
         self._lock = threading.Lock()
@@ -210,11 +208,6 @@ class DraAttribution:
         up = getattr(self._slices_up, "up", True) if self._slices_up is not None else True
         with self._lock:
             problems = dict(self._problems)
-        taints = self.taints
         return DraStatus(
-            slices_up=bool(up),
-            devices=len(self.index.devices()),
-            problems_total=problems,
-            taint_rules=getattr(taints, "published", None),
-            taint_errors_total=getattr(taints, "errors_total", None),
+            slices_up=bool(up), devices=len(self.index.devices()), problems_total=problems
         )

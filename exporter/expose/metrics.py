@@ -25,10 +25,10 @@ from enum import Enum
 from operator import attrgetter
 
 from gpuquota.exporter.collect.tiers import Tier, tier_of
+from gpuquota.exporter.health.publishing import ApiWriterStatus, PublisherStatus
 from gpuquota.exporter.health.verdict import DeviceHealth, State
 from gpuquota.exporter.snapshot import (
     CLOCK_EVENT_REASONS,
-    ApiWriterStatus,
     DeviceSnapshot,
     DeviceState,
     NodeSnapshot,
@@ -44,6 +44,9 @@ NodeReader = Callable[[NodeSnapshot], Iterable[Sample]]
 # Per-device rows read from the health verdict (exporter/health/verdict.py), which the
 # renderer gets beside the snapshot; a device without a verdict has no series.
 VerdictReader = Callable[[DeviceHealth], Iterable[Sample]]
+# Node rows read from the verdict's publishers' own state (exporter/health/publishing.py),
+# which the renderer also gets beside the snapshot; None (not given) has no series.
+PublisherReader = Callable[[PublisherStatus], Iterable[Sample]]
 
 
 class Scope(Enum):
@@ -94,6 +97,7 @@ class MetricSpec:
     read_device: DeviceReader | None = None
     read_node: NodeReader | None = None
     read_verdict: VerdictReader | None = None
+    read_publishers: PublisherReader | None = None
     compat: str | None = None  # "dcgm": only emitted with --compat dcgm
     fields: tuple[str, ...] = ()  # the DeviceSnapshot fields it shows (NVML readings)
     tier: Tier = field(init=False)  # how often they are read: the collector's table says
@@ -106,10 +110,12 @@ class MetricSpec:
         if self.type not in ("gauge", "counter"):
             raise ValueError(f"{self.name}: type must be gauge or counter, not {self.type}")
         needs_node = self.scope is Scope.NODE
+        per_node = (self.read_node is not None) + (self.read_publishers is not None)
         per_device = (self.read_device is not None) + (self.read_verdict is not None)
-        if needs_node != (self.read_node is not None) or per_device != (0 if needs_node else 1):
+        if per_node != (1 if needs_node else 0) or per_device != (0 if needs_node else 1):
             raise ValueError(
-                f"{self.name}: give read_node for NODE rows, read_device or read_verdict otherwise"
+                f"{self.name}: give read_node or read_publishers for NODE rows, read_device "
+                "or read_verdict otherwise"
             )
         if self.compat is None and self.type == "counter" and not self.name.endswith("_total"):
             raise ValueError(f"{self.name}: counter names end in _total")
@@ -407,15 +413,24 @@ def _version() -> str:
 VERSION = _version()
 
 
-def _read_device_plugin(node: NodeSnapshot) -> Iterator[Sample]:
-    for resource, registered in sorted((node.device_plugin or {}).items()):
+def _read_device_plugin(status: PublisherStatus) -> Iterator[Sample]:
+    for resource, registered in sorted((status.device_plugin or {}).items()):
         yield (resource,), float(registered)
 
 
-def _api_writer_reader(get: Callable[[ApiWriterStatus], float | None]) -> NodeReader:
-    def read(node: NodeSnapshot) -> Iterator[Sample]:
-        for writer, status in sorted(node.api_writers.items()):
-            value = get(status)
+def _publisher_value(get: Callable[[PublisherStatus], float | None]) -> PublisherReader:
+    def read(status: PublisherStatus) -> Iterator[Sample]:
+        value = get(status)
+        if value is not None:
+            yield (), float(value)
+
+    return read
+
+
+def _api_writer_reader(get: Callable[[ApiWriterStatus], float | None]) -> PublisherReader:
+    def read(status: PublisherStatus) -> Iterator[Sample]:
+        for writer, writes in sorted(status.api_writers.items()):
+            value = get(writes)
             if value is not None:
                 yield (writer,), float(value)
 
@@ -1119,9 +1134,9 @@ METRICS: list[MetricSpec] = [
         "absent without --dra-device-taints.",
         labels=(),
         source="resource.k8s.io DeviceTaintRules",
-        accessor="NodeSnapshot.dra.taint_rules",
+        accessor="PublisherStatus.dra_taint_rules",
         scope=Scope.NODE,
-        read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_rules),
+        read_publishers=_publisher_value(lambda p: p.dra_taint_rules),
     ),
     MetricSpec(
         name=f"{S}dra_taint_errors_total",
@@ -1131,9 +1146,9 @@ METRICS: list[MetricSpec] = [
         "(retried with back-off).",
         labels=(),
         source="resource.k8s.io DeviceTaintRules",
-        accessor="NodeSnapshot.dra.taint_errors_total",
+        accessor="PublisherStatus.dra_taint_errors_total",
         scope=Scope.NODE,
-        read_node=_node_value(lambda n: None if n.dra is None else n.dra.taint_errors_total),
+        read_publishers=_publisher_value(lambda p: p.dra_taint_errors_total),
     ),
     MetricSpec(
         name=f"{S}api_write_consecutive_failures",
@@ -1144,9 +1159,9 @@ METRICS: list[MetricSpec] = [
         "succeed. Retried with jittered back-off up to 30s; absent when the writer is off.",
         labels=("writer",),
         source="Kubernetes API (Node, DeviceTaintRules)",
-        accessor="NodeSnapshot.api_writers[].consecutive_failures",
+        accessor="PublisherStatus.api_writers[].consecutive_failures",
         scope=Scope.NODE,
-        read_node=_api_writer_reader(lambda w: w.consecutive_failures),
+        read_publishers=_api_writer_reader(lambda w: w.consecutive_failures),
     ),
     MetricSpec(
         name=f"{S}api_write_failures_total",
@@ -1156,9 +1171,9 @@ METRICS: list[MetricSpec] = [
         "(each is also one log line).",
         labels=("writer",),
         source="Kubernetes API (Node, DeviceTaintRules)",
-        accessor="NodeSnapshot.api_writers[].failures_total",
+        accessor="PublisherStatus.api_writers[].failures_total",
         scope=Scope.NODE,
-        read_node=_api_writer_reader(lambda w: w.failures_total),
+        read_publishers=_api_writer_reader(lambda w: w.failures_total),
     ),
     MetricSpec(
         name=f"{S}api_write_last_success_timestamp_seconds",
@@ -1168,9 +1183,9 @@ METRICS: list[MetricSpec] = [
         "before the first.",
         labels=("writer",),
         source="Kubernetes API (Node, DeviceTaintRules)",
-        accessor="NodeSnapshot.api_writers[].last_success",
+        accessor="PublisherStatus.api_writers[].last_success",
         scope=Scope.NODE,
-        read_node=_api_writer_reader(lambda w: w.last_success),
+        read_publishers=_api_writer_reader(lambda w: w.last_success),
     ),
     MetricSpec(
         name=f"{S}device_plugin_registered",
@@ -1181,9 +1196,9 @@ METRICS: list[MetricSpec] = [
         "absent without --device-plugin.",
         labels=("resource",),
         source="kubelet device plugin Register",
-        accessor="NodeSnapshot.device_plugin",
+        accessor="PublisherStatus.device_plugin",
         scope=Scope.NODE,
-        read_node=_read_device_plugin,
+        read_publishers=_read_device_plugin,
     ),
     MetricSpec(
         name=f"{S}collection_duration_seconds",

@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpuquota.exporter.expose import metrics
 from gpuquota.exporter.expose.render import RenderOptions, series
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import NodeSnapshot
 
@@ -29,9 +30,11 @@ class SnapshotCollector(Collector):
         source: Callable[[], NodeSnapshot | None],
         options: RenderOptions = DEFAULT_OPTIONS,
         verdict_source: Callable[[], NodeHealth | None] | None = None,
+        publisher_source: Callable[[], PublisherStatus] | None = None,
     ) -> None:
         self._source = source
         self._verdict_source = verdict_source
+        self._publisher_source = publisher_source
         self._options = options
         self._table = metrics.rows(options.compat)
 
@@ -40,7 +43,8 @@ class SnapshotCollector(Collector):
         if snapshot is None:
             return
         verdict = self._verdict_source() if self._verdict_source is not None else None
-        for spec, rows in series(snapshot, verdict, self._options, self._table):
+        publishers = self._publisher_source() if self._publisher_source is not None else None
+        for spec, rows in series(snapshot, verdict, self._options, self._table, publishers):
             name = spec.name
             if spec.type == "counter" and name.endswith("_total"):
                 name = name[: -len("_total")]

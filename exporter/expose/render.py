@@ -1,9 +1,10 @@
-"""Turns a NodeSnapshot (and the health verdict beside it) into the Prometheus text exposition,
-following the metric table.
+"""Turns a NodeSnapshot (and the health verdict and publishers' state beside it) into the
+Prometheus text exposition, following the metric table.
 
-The render step of collect -> enrich -> render. The snapshot and the verdict come from two
-independent producers (the collector, the health checker) and are never merged: the table's
-verdict rows read the ``NodeHealth``, every other row the snapshot. Two outputs come from the
+The render step of collect -> enrich -> render. The snapshot, the verdict and the publishers'
+own state (exporter/health/publishing.py) come from independent producers (the collector, the
+health checker, the verdict's publishers) and are never merged: the table's verdict rows read
+the ``NodeHealth``, its publisher rows the ``PublisherStatus``, every other row the snapshot. Two outputs come from the
 same table walk (``series``):
 
 * ``Renderer.exposition(snapshot, verdict)``: text format 0.0.4 bytes for /metrics. Each
@@ -29,12 +30,15 @@ from typing import Generic, TypeVar
 
 from gpuquota.exporter.expose import metrics
 from gpuquota.exporter.expose.metrics import MetricSpec, Scope
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import DeviceSnapshot, NodeSnapshot, PodRef
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 LabelPairs = tuple[tuple[str, str], ...]
+# What a rendering is for: the snapshot, the verdict's generation, the publishers' state.
+CacheKey = tuple[NodeSnapshot, int | None, PublisherStatus | None]
 L = TypeVar("L")  # how label prefixes are held: pairs, or pre-rendered text
 
 
@@ -168,17 +172,24 @@ def walk(
     options: RenderOptions,
     table: list[MetricSpec],
     convert: Callable[[LabelPairs], L],
+    publishers: PublisherStatus | None = None,
 ) -> Iterator[tuple[MetricSpec, RowSamples[L]]]:
     """The transformation step: every row of ``table`` with its samples, in table order.
 
     Each device's label prefixes are built (and passed through ``convert``) once per
     snapshot; a sample is emitted once per prefix (one per pod holder with --pod-labels).
-    Verdict rows have series only for devices the verdict (None: no health checking) names.
+    Verdict rows have series only for devices the verdict (None: no health checking) names,
+    publisher rows only with the publishers' state (None: not given).
     """
     labels = [_device_labels(d, snapshot, options, convert) for d in snapshot.devices]
     no_prefix = [convert(())]
 
     def row(spec: MetricSpec) -> RowSamples[L]:
+        if spec.read_publishers is not None:
+            if publishers is not None:
+                for values, value in spec.read_publishers(publishers):
+                    yield no_prefix, values, value
+            return
         if spec.scope is Scope.NODE:
             assert spec.read_node is not None
             for values, value in spec.read_node(snapshot):
@@ -210,6 +221,7 @@ def series(
     verdict: NodeHealth | None,
     options: RenderOptions,
     table: list[MetricSpec],
+    publishers: PublisherStatus | None = None,
 ) -> Iterator[tuple[MetricSpec, Iterator[tuple[LabelPairs, float]]]]:
     """Every row with its series as full label pairs and value, in table order."""
 
@@ -221,7 +233,7 @@ def series(
             for prefix in prefixes:
                 yield prefix + extra, value
 
-    for spec, samples in walk(snapshot, verdict, options, table, _identity):
+    for spec, samples in walk(snapshot, verdict, options, table, _identity, publishers):
         yield spec, pairs(spec, samples)
 
 
@@ -241,12 +253,17 @@ class Renderer:
         self.options = options
         self.table = metrics.rows(options.compat) if table is None else table
         self._lock = threading.Lock()
-        self._cached_for: tuple[NodeSnapshot, int | None] | None = None
+        self._cached_for: CacheKey | None = None
         self._cached: bytes = b""
         self._cached_gzip: bytes | None = None
 
     def exposition(
-        self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None, *, gzipped: bool = False
+        self,
+        snapshot: NodeSnapshot,
+        verdict: NodeHealth | None = None,
+        *,
+        gzipped: bool = False,
+        publishers: PublisherStatus | None = None,
     ) -> bytes:
         """The text exposition of ``snapshot`` with ``verdict`` (or its gzip); rendered (and
         compressed) once however many scrapes ask.
@@ -255,13 +272,14 @@ class Renderer:
         collection, never a changed one) and the verdict's generation (the health board
         publishes a new generation on every change): no value comparison. A renderer serves
         the verdicts of one health checker, whose generations never repeat. Bytes already
-        rendered for a newer snapshot answer a request for an older one (``_covers``).
+        rendered for a newer snapshot answer a request for an older one (``_covers``). The
+        publishers' state is compared by value (a few numbers; it changes rarely).
         """
-        key = (snapshot, None if verdict is None else verdict.generation)
+        key = (snapshot, None if verdict is None else verdict.generation, publishers)
         with self._lock:
             cached = self._cached_for
-            if not _covers(cached, snapshot, key[1]):
-                self._cached = self.render(snapshot, verdict)
+            if not _covers(cached, key):
+                self._cached = self.render(snapshot, verdict, publishers=publishers)
                 self._cached_gzip = None
                 self._cached_for = key
             if not gzipped:
@@ -271,7 +289,12 @@ class Renderer:
             return self._cached_gzip
 
     def peek(
-        self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None, *, gzipped: bool = False
+        self,
+        snapshot: NodeSnapshot,
+        verdict: NodeHealth | None = None,
+        *,
+        gzipped: bool = False,
+        publishers: PublisherStatus | None = None,
     ) -> bytes | None:
         """The cached bytes ``exposition`` would return, or None where it would have to render
         or compress (or another thread is rendering now): never renders, never waits."""
@@ -279,16 +302,23 @@ class Renderer:
             return None
         try:
             generation = None if verdict is None else verdict.generation
-            if not _covers(self._cached_for, snapshot, generation):
+            if not _covers(self._cached_for, (snapshot, generation, publishers)):
                 return None
             return self._cached_gzip if gzipped else self._cached
         finally:
             self._lock.release()
 
-    def render(self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None) -> bytes:
+    def render(
+        self,
+        snapshot: NodeSnapshot,
+        verdict: NodeHealth | None = None,
+        *,
+        publishers: PublisherStatus | None = None,
+    ) -> bytes:
         out: list[str] = []
         extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
-        for spec, samples in walk(snapshot, verdict, self.options, self.table, _pairs_text):
+        rows = walk(snapshot, verdict, self.options, self.table, _pairs_text, publishers)
+        for spec, samples in rows:
             name = spec.name
             lines: list[str] = []
             for prefixes, values, value in samples:
@@ -310,17 +340,19 @@ class Renderer:
         return "".join(out).encode()
 
 
-def _covers(
-    cached: tuple[NodeSnapshot, int | None] | None, snapshot: NodeSnapshot, generation: int | None
-) -> bool:
-    """Whether the bytes rendered for ``cached`` (snapshot, verdict generation) answer a scrape
-    of ``snapshot`` with that generation: the same pair, or a newer one. A scrape that took the
+def _covers(cached: CacheKey | None, wanted: CacheKey) -> bool:
+    """Whether the bytes rendered for ``cached`` (snapshot, verdict generation, publishers'
+    state) answer a scrape of ``wanted``: the same snapshot and generation or newer ones, with
+    the same publishers' state. A scrape that took the
     latest snapshot just before the collector published the next one gets the newer bytes
     already rendered instead of rendering an older snapshot again (and pushing the newer one
     out of the one-slot cache)."""
     if cached is None:
         return False
-    have, have_generation = cached
+    have, have_generation, have_publishers = cached
+    snapshot, generation, publishers = wanted
+    if have_publishers != publishers:
+        return False
     if have is not snapshot and have.collected_at <= snapshot.collected_at:
         return False
     if have_generation == generation:

@@ -1,8 +1,9 @@
 """What answers a scrape: the latest snapshot, the health verdict of the moment, the bytes.
 
 ``ScrapeSource`` owns the join the HTTP server must not make: it reads the collect loop's
-latest snapshot and the verdict source, asks the Renderer for the bytes (cached per snapshot
-identity, verdict generation and encoding) and decides where a render runs: in its ``render``
+latest snapshot, the verdict source and the publishers' state source (exporter/health/
+publishing.py), asks the Renderer for the bytes (cached per snapshot identity, verdict
+generation, publishers' state and encoding) and decides where a render runs: in its ``render``
 worker thread when a scrape finds no bytes (concurrent scrapes of one snapshot share that one
 render; the event loop never renders), or ahead in the collect thread, in the encodings
 scraped since the previous snapshot, so a steady scraper finds its bytes ready while an
@@ -20,6 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
 
 from gpuquota.exporter.expose.render import CONTENT_TYPE, Renderer
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import NodeSnapshot
 
@@ -71,6 +73,8 @@ class ScrapeSource:
         )
         # The health verdict rendered beside the latest snapshot (None: no health checking).
         self._verdict_source: Callable[[], NodeHealth | None] | None = None
+        # The publishers' own state, read on every scrape (None: no source, no such rows).
+        self._publisher_source: Callable[[], PublisherStatus] | None = None
         self._created = time.time()
         # The encodings (gzipped or not) scraped since the last snapshot: rendered ahead next.
         self._wanted: set[bool] = set()
@@ -84,6 +88,13 @@ class ScrapeSource:
     def set_verdict_source(self, source: Callable[[], NodeHealth | None]) -> None:
         """``source()`` gives the health verdict of this moment on every scrape."""
         self._verdict_source = source
+
+    def set_publisher_source(self, source: Callable[[], PublisherStatus]) -> None:
+        """``source()`` gives the verdict's publishers' own state on every scrape."""
+        self._publisher_source = source
+
+    def _publishers(self) -> PublisherStatus | None:
+        return self._publisher_source() if self._publisher_source is not None else None
 
     def close(self) -> None:
         self._render_pool.shutdown(wait=False, cancel_futures=True)
@@ -101,7 +112,9 @@ class ScrapeSource:
         return (
             200,
             CONTENT_TYPE,
-            self.renderer.exposition(snapshot, self._verdict(), gzipped=gzipped),
+            self.renderer.exposition(
+                snapshot, self._verdict(), gzipped=gzipped, publishers=self._publishers()
+            ),
         )
 
     async def scrape(self, gzipped: bool) -> Response:
@@ -112,15 +125,22 @@ class ScrapeSource:
             return text(503, "no collection yet\n")
         self._wanted.add(gzipped)
         verdict = self._verdict()
-        body = self.renderer.peek(snapshot, verdict, gzipped=gzipped)
+        publishers = self._publishers()
+        body = self.renderer.peek(snapshot, verdict, gzipped=gzipped, publishers=publishers)
         if body is None:
+            # a render of this snapshot and verdict already under way is shared even when the
+            # publishers' state changed meanwhile: it is the state of a moment before
             key = (id(snapshot), verdict.generation if verdict is not None else None, gzipped)
             inflight = self._rendering.get(key)
             if inflight is not None and inflight[0] is snapshot:
                 pending = inflight[1]
             else:
                 pending = self._render_pool.submit(
-                    self.renderer.exposition, snapshot, verdict, gzipped=gzipped
+                    self.renderer.exposition,
+                    snapshot,
+                    verdict,
+                    gzipped=gzipped,
+                    publishers=publishers,
                 )
                 self._rendering[key] = (snapshot, pending)
                 loop = asyncio.get_running_loop()
@@ -143,9 +163,9 @@ class ScrapeSource:
         wanted, self._wanted = self._wanted, set()
         if not wanted:
             return
-        verdict = self._verdict()
+        verdict, publishers = self._verdict(), self._publishers()
         for gzipped in sorted(wanted):
-            self.renderer.exposition(snapshot, verdict, gzipped=gzipped)
+            self.renderer.exposition(snapshot, verdict, gzipped=gzipped, publishers=publishers)
 
     # --- probes ------------------------------------------------------------------------------
     def healthz(self) -> Response:

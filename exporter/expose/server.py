@@ -55,7 +55,6 @@ from gpuquota.exporter.expose.scrape import (
 )
 from gpuquota.exporter.expose.scrape import text as _text
 from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfig
-from gpuquota.exporter.health.verdict import NodeHealth
 
 log = logging.getLogger(__name__)
 
@@ -241,10 +240,6 @@ class ExporterServer:
         if not path.startswith("/"):
             raise ValueError(f"route path must start with '/': {path!r}")
         self.routes[path] = route
-
-    def set_verdict_source(self, source: Callable[[], NodeHealth | None]) -> None:
-        """``source()`` gives the health verdict of this moment on every scrape."""
-        self.source.set_verdict_source(source)
 
     def start(self) -> None:
         """Serve from a thread of its own; returns once the socket accepts connections."""

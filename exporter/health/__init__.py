@@ -1,2 +1,5 @@
-"""GPU health: the verdict types, the tables (data) and their loader, the pure state machine,
-the checker thread that feeds it, and the board and views that publish its verdict."""
+"""GPU health: the rules as data (defaults.yaml, table.py, config.py), the pure state machine
+(engine.py), the checker thread that feeds it (checker.py), the board holding its verdict
+(board.py, verdict.py), the /health route and the publishers' own state (route.py,
+publishing.py). The other publishers (exporter/deviceplugin/, nodestatus/, dra/) read the
+verdict from the board; exporter/app.py connects them."""

@@ -1,7 +1,8 @@
 """The one place the current ``NodeHealth`` lives; readers wait on it for changes.
 
-The checker publishes into it; the device plugin's ListAndWatch streams, the HTTP endpoint
-and the metrics read from it. Waiting is a condition variable, so a change reaches a waiting
+The checker thread publishes into it; every publisher of the verdict reads from it: the
+metrics (exporter/expose/scrape.py), /health (route.py), the device plugin's ListAndWatch
+streams, and through the checker's listeners node status and DeviceTaintRules. Waiting is a condition variable, so a change reaches a waiting
 stream at once instead of at the next poll.
 """
 
@@ -12,7 +13,7 @@ import threading
 from gpuquota.exporter.health.verdict import NodeHealth
 
 
-class HealthBoard:
+class VerdictBoard:
     def __init__(self, initial: NodeHealth | None = None) -> None:
         self._cond = threading.Condition()
         self._health = initial or NodeHealth((), 0, 0.0)
@@ -27,6 +28,11 @@ class HealthBoard:
     def current(self) -> NodeHealth:
         with self._cond:
             return self._health
+
+    def verdict(self) -> NodeHealth | None:
+        """The verdict of this moment, None before the first (what a scrape renders)."""
+        with self._cond:
+            return self._health if self._ready else None
 
     @property
     def ready(self) -> bool:

@@ -2,9 +2,9 @@
 
 The collector's subscribe() callback, the XID watcher's listener and ``restore`` (the
 fences the API writers read back at start) only put the input on a queue, so neither the collection loop nor the NVML event thread ever waits on health work.
-The worker applies each input to the ``HealthTracker`` (exporter/health/engine.py), wakes up
+The worker applies each input to the ``DeviceTracker`` (exporter/health/engine.py), wakes up
 by itself when an event reason's quiet period runs out, and publishes every new
-``NodeHealth`` on the ``HealthBoard`` that the metrics, the HTTP endpoint and the device
+``NodeHealth`` on the ``VerdictBoard`` that the metrics, the HTTP endpoint and the device
 plugin read.
 """
 
@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from gpuquota.exporter.health.board import HealthBoard
-from gpuquota.exporter.health.engine import Fence, HealthTracker
-from gpuquota.exporter.health.table import HealthConfig
+from gpuquota.exporter.health.board import VerdictBoard
+from gpuquota.exporter.health.engine import DeviceTracker, Fence
+from gpuquota.exporter.health.table import RulesConfig
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import NodeSnapshot
 
@@ -66,16 +66,16 @@ def boot_time(stat: str = "/proc/stat") -> float | None:
     return None
 
 
-class HealthChecker:
+class CheckerThread:
     def __init__(
         self,
-        config: HealthConfig,
-        board: HealthBoard | None = None,
+        config: RulesConfig,
+        board: VerdictBoard | None = None,
         clock: Callable[[], float] = time.time,
         booted_at: float | None = None,
     ) -> None:
-        self.tracker = HealthTracker(config, boot_time=booted_at)
-        self.board = board or HealthBoard()
+        self.tracker = DeviceTracker(config, boot_time=booted_at)
+        self.board = board or VerdictBoard()
         self._clock = clock
         self._inputs: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._listeners: list[HealthListener] = []

@@ -25,13 +25,13 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from gpuquota.exporter.health.table import ConditionRule, HealthConfig, XidRule
+from gpuquota.exporter.health.table import ConditionRule, RulesConfig, XidRule
 from gpuquota.exporter.health.verdict import Action, State, parse_action, parse_state
 
 DEFAULTS_FILE = "defaults.yaml"  # next to this module
 
 
-class HealthConfigError(ValueError):
+class RulesConfigError(ValueError):
     """The configuration file is unusable; the message names the file and the key."""
 
 
@@ -48,14 +48,14 @@ Verdict = tuple[State | None, Action | None]
 
 def _mapping(value: Any, where: str) -> dict[Any, Any]:
     if not isinstance(value, dict):
-        raise HealthConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+        raise RulesConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
     return value
 
 
 def _keys(row: dict[Any, Any], allowed: set[str], where: str) -> None:
     unknown = set(map(str, row)) - allowed
     if unknown:
-        raise HealthConfigError(
+        raise RulesConfigError(
             f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(allowed)})"
         )
 
@@ -67,12 +67,12 @@ def _verdict(row: dict[Any, Any], where: str) -> Verdict:
         if "state" in row:
             state = parse_state(str(row["state"]))
     except ValueError as exc:
-        raise HealthConfigError(f"{where}.state: {exc}") from None
+        raise RulesConfigError(f"{where}.state: {exc}") from None
     try:
         if "action" in row:
             action = parse_action(str(row["action"]))
     except ValueError as exc:
-        raise HealthConfigError(f"{where}.action: {exc}") from None
+        raise RulesConfigError(f"{where}.action: {exc}") from None
     return state, action
 
 
@@ -87,13 +87,13 @@ def _resolve(named: Verdict, base: tuple[State, Action]) -> tuple[State, Action]
 def _full_verdict(row: Any, where: str) -> tuple[State, Action]:
     state, action = _verdict(_mapping(row, where), where)
     if state is None or action is None:
-        raise HealthConfigError(f"{where}: needs both state and action")
+        raise RulesConfigError(f"{where}: needs both state and action")
     return state, action
 
 
 def _text(row: dict[Any, Any], key: str, where: str) -> str:
     if key not in row or not str(row[key]).strip():
-        raise HealthConfigError(f"{where}: {key} is missing")
+        raise RulesConfigError(f"{where}: {key} is missing")
     return str(row[key])
 
 
@@ -101,9 +101,9 @@ def _xid(key: Any, where: str) -> int:
     try:
         xid = int(key)
     except (TypeError, ValueError):
-        raise HealthConfigError(f"{where}: an XID must be an integer") from None
+        raise RulesConfigError(f"{where}: an XID must be an integer") from None
     if not 0 < xid < 1 << 32:
-        raise HealthConfigError(f"{where}: XID {xid} is out of range")
+        raise RulesConfigError(f"{where}: XID {xid} is out of range")
     return xid
 
 
@@ -113,12 +113,12 @@ def _quiet_period(data: dict[Any, Any], source: str, default: float) -> float:
     try:
         return float(data["quiet_period_seconds"])
     except (TypeError, ValueError):
-        raise HealthConfigError(f"{source}: quiet_period_seconds: not a number") from None
+        raise RulesConfigError(f"{source}: quiet_period_seconds: not a number") from None
 
 
 def _check_quiet_period(quiet: float, source: str) -> None:
     if not quiet > 0:
-        raise HealthConfigError(
+        raise RulesConfigError(
             f"{source}: quiet period must be > 0 seconds (0 would drop every XID at once), got {quiet}"
         )
 
@@ -131,7 +131,7 @@ def _catalog_actions(data: dict[Any, Any], source: str) -> dict[str, tuple[State
     }
 
 
-def parse_defaults(data: Any, source: str = DEFAULTS_FILE) -> HealthConfig:
+def parse_defaults(data: Any, source: str = DEFAULTS_FILE) -> RulesConfig:
     """Build the default tables from the parsed defaults file (see defaults.yaml)."""
     data = _mapping(data, source)
     _keys(data, _DEFAULT_TOP_KEYS, source)
@@ -149,12 +149,12 @@ def parse_defaults(data: Any, source: str = DEFAULTS_FILE) -> HealthConfig:
         bucket = buckets.get(catalog)
         named = _verdict(row, where)
         if bucket is None and None in named:
-            raise HealthConfigError(
+            raise RulesConfigError(
                 f"{where}: catalog bucket {catalog} has no verdict in catalog_actions: "
                 "name both state and action"
             )
         if bucket is not None and named != (None, None) and _resolve(named, bucket) == bucket:
-            raise HealthConfigError(
+            raise RulesConfigError(
                 f"{where}: state/action repeat what catalog_actions gives {catalog}: leave them out"
             )
         state, action = _resolve(named, bucket or (State.HEALTHY, Action.NONE))
@@ -170,15 +170,15 @@ def parse_defaults(data: Any, source: str = DEFAULTS_FILE) -> HealthConfig:
         state, action = _full_verdict(row, where)
         kind = _text(row, "kind", where)
         if kind not in _KINDS:
-            raise HealthConfigError(f"{where}.kind: {kind!r} is not one of {sorted(_KINDS)}")
+            raise RulesConfigError(f"{where}.kind: {kind!r} is not one of {sorted(_KINDS)}")
         description = _text(row, "description", where)
         conditions[str(code)] = ConditionRule(str(code), description, state, action, _KINDS[kind])
 
     if "quiet_period_seconds" not in data:
-        raise HealthConfigError(f"{source}: quiet_period_seconds is missing")
+        raise RulesConfigError(f"{source}: quiet_period_seconds is missing")
     quiet = _quiet_period(data, source, 0.0)
     _check_quiet_period(quiet, source)
-    return HealthConfig(
+    return RulesConfig(
         xid_rules=xids, unknown_xid=unknown_xid, conditions=conditions, quiet_period_s=quiet
     )
 
@@ -190,7 +190,7 @@ def _defaults_data() -> Any:
 
 
 @functools.cache
-def defaults() -> HealthConfig:
+def defaults() -> RulesConfig:
     """The shipped tables (read once)."""
     return parse_defaults(_defaults_data(), DEFAULTS_FILE)
 
@@ -210,7 +210,7 @@ def _override(base_state: State, base_action: Action, row: Any, where: str) -> t
 
 def parse_config(
     data: Any, source: str = "health config", quiet_period_s: float | None = None
-) -> HealthConfig:
+) -> RulesConfig:
     """The default tables with parsed override YAML on top (None = defaults only)."""
     base = defaults()
     if data is None:
@@ -226,7 +226,7 @@ def parse_config(
         if rule is None:
             row_map = _mapping(row, where)
             if "state" not in row_map or "action" not in row_map:
-                raise HealthConfigError(f"{where}: a new XID needs both state and action")
+                raise RulesConfigError(f"{where}: a new XID needs both state and action")
             rule = XidRule(
                 xid,
                 "CONFIGURED",
@@ -255,7 +255,7 @@ def parse_config(
     for code, row in _mapping(data.get("conditions") or {}, f"{source}: conditions").items():
         where = f"{source}: conditions.{code}"
         if code not in conditions:
-            raise HealthConfigError(
+            raise RulesConfigError(
                 f"{where}: unknown condition (known: {', '.join(sorted(conditions))})"
             )
         condition = conditions[code]
@@ -267,7 +267,7 @@ def parse_config(
     if quiet_period_s is not None:  # the command-line flag wins over the file
         quiet = quiet_period_s
     _check_quiet_period(quiet, source)
-    return HealthConfig(
+    return RulesConfig(
         xid_rules=xids, unknown_xid=unknown_xid, conditions=conditions, quiet_period_s=quiet
     )
 
@@ -280,17 +280,17 @@ def _parse_yaml(text: str, source: str) -> Any:
     except yaml.YAMLError as exc:
         from gpuquota.cli_common.yamltext import yaml_problem
 
-        raise HealthConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
+        raise RulesConfigError(f"{source}: not valid YAML: {yaml_problem(exc)}") from None
 
 
-def load_config(path: Path | None, quiet_period_s: float | None = None) -> HealthConfig:
+def load_config(path: Path | None, quiet_period_s: float | None = None) -> RulesConfig:
     """Read ``path`` (None: defaults) and overlay it on the default tables."""
     if path is None:
         return parse_config(None, quiet_period_s=quiet_period_s)
     try:
         text = path.read_text()
     except OSError as exc:
-        raise HealthConfigError(
+        raise RulesConfigError(
             f"{path}: cannot read health config: {exc.strerror or exc}"
         ) from None
     return parse_config(

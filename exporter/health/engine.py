@@ -1,7 +1,7 @@
 """The health state machine: snapshots, XID events and the time in, one ``NodeHealth`` out.
 
 Pure: no NVML, gRPC, HTTP, file or clock. exporter/health/checker.py feeds it from its own
-thread; the tables it applies come in as a ``HealthConfig`` (exporter/health/table.py, read
+thread; the tables it applies come in as a ``RulesConfig`` (exporter/health/table.py, read
 from data by exporter/health/config.py), and what it concludes is a verdict
 (exporter/health/verdict.py) that every publication channel renders.
 
@@ -17,7 +17,7 @@ from data by exporter/health/config.py), and what it concludes is a verdict
   reading would raise it again (a NoExecute taint removed and put back, pods evicted twice,
   a broken GPU handed out in between).
 * Fences survive restarts: the fences this exporter put up before it (re)started (its
-  DeviceTaintRules, its Node condition) come back in through :meth:`HealthTracker.restore`
+  DeviceTaintRules, its Node condition) come back in through :meth:`DeviceTracker.restore`
   as the level reason ``fence_restored``, with the action they were put up for. NVML's
   persistent state (recovery action, pending row remaps, retired pages pending) raises its
   own reasons anyway; the restored one is what holds a GPU whose XID the new process never
@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from gpuquota.exporter.health.table import HealthConfig, XidRule
+from gpuquota.exporter.health.table import RulesConfig, XidRule
 from gpuquota.exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
 
@@ -111,13 +111,13 @@ def _nvlink_total(device: DeviceSnapshot) -> int:
     return total
 
 
-class HealthTracker:
+class DeviceTracker:
     """The state machine: inputs (snapshots, XIDs, time) in, ``NodeHealth`` out.
 
     Not thread-safe; exporter/health/checker.py serialises calls from one worker thread.
     """
 
-    def __init__(self, config: HealthConfig, boot_time: float | None = None) -> None:
+    def __init__(self, config: RulesConfig, boot_time: float | None = None) -> None:
         self.config = config
         self.boot_time = boot_time  # unix time this node booted (None: unknown)
         # uuid -> (a restored fence, when it was restored)

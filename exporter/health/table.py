@@ -2,7 +2,7 @@
 
 The rows themselves are data (exporter/health/defaults.yaml, overlaid by ``--health-config``)
 read by exporter/health/config.py; the state machine (exporter/health/engine.py) only reads
-a ``HealthConfig``.
+a ``RulesConfig``.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ConditionRule:
 
 
 @dataclass(frozen=True, slots=True)
-class HealthConfig:
+class RulesConfig:
     xid_rules: Mapping[int, XidRule]
     unknown_xid: XidRule  # the verdict for XIDs not in ``xid_rules``
     conditions: Mapping[str, ConditionRule]

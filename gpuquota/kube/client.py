@@ -153,7 +153,7 @@ PATHS = {
     "Node": "/api/v1/nodes",
     "Namespace": "/api/v1/namespaces",
     "ResourceQuota": "/api/v1/resourcequotas",
-    # the exporter follows its node's slices (exporter/dra/slices.py); v1beta2 (Kubernetes
+    # the exporter follows its node's slices (exporter/enrich/slicewatcher.py); v1beta2 (Kubernetes
     # 1.33) has the same shape
     "ResourceSlice": "/apis/resource.k8s.io/v1/resourceslices",
     "ResourceClaim": "/apis/resource.k8s.io/v1/resourceclaims",

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only: importers (exporter/dra/slices.py) skip the client
+if TYPE_CHECKING:  # annotations only: importers (exporter/enrich/slicewatcher.py) skip the client
     from gpuquota.kube.client import Obj
 
 

@@ -1,7 +1,7 @@
 """One list+watch loop per kind, in its own thread, feeding a queue its consumer drains.
 
 Both programs use it: the controller for every kind it accounts, the exporter for its node's
-ResourceSlices (exporter/dra/slices.py). What the loop counts goes to a :class:`WatchMetrics`
+ResourceSlices (exporter/enrich/slicewatcher.py). What the loop counts goes to a :class:`WatchMetrics`
 the caller passes in (the controller's Prometheus counters; nothing for the exporter), so this
 package imports nothing from either program.
 

@@ -274,7 +274,7 @@ def _reaching(imports: dict[str, set[str]], forbidden: str) -> dict[str, list[st
 def test_exporter_imports_nothing_from_quota() -> None:
     # one Kubernetes corner (gpuquota/kube/): the node agent never loads the controller's code
     exporter = _imports_of("gpuquota.exporter")
-    assert "gpuquota.exporter.dra.slices" in exporter
+    assert "gpuquota.exporter.enrich.slicewatcher" in exporter
     assert _reaching(exporter, "gpuquota.quota") == {}
 
 
@@ -356,3 +356,49 @@ def test_the_exporters_pure_rules_do_no_io() -> None:
         if bad:
             found[name] = bad
     assert found == {}
+
+
+# The verdict's publishers (issue 20, phase 2): consumers of the health verdict, each beside
+# the others, none a step of collect -> enrich -> expose.
+PUBLISHERS = ("deviceplugin", "nodestatus", "dra", "health.route", "listener_thread")
+# health/'s own core: the rules, the state machine, its thread, the board, the values
+HEALTH_CORE = ("verdict", "table", "config", "engine", "checker", "board", "publishing", "view")
+
+
+def test_enrich_and_expose_never_import_a_publisher() -> None:
+    graph = _exporter_graph()
+    assert f"{EXPORTER}.deviceplugin.manager" in graph and f"{EXPORTER}.dra.taints" in graph
+    for step in ("enrich", "expose"):
+        for publisher in PUBLISHERS:
+            found = _importers(graph, f"{EXPORTER}.{step}", f"{EXPORTER}.{publisher}")
+            assert found == {}, (step, publisher)
+    # what expose/ does read beside the snapshot: the verdict and the publishers' own state
+    assert _importers(graph, f"{EXPORTER}.expose", f"{EXPORTER}.health.verdict")
+    assert _importers(graph, f"{EXPORTER}.expose", f"{EXPORTER}.health.publishing")
+
+
+def test_publishers_read_the_verdict_never_collect() -> None:
+    graph = _exporter_graph()
+    for publisher in PUBLISHERS:
+        assert _importers(graph, f"{EXPORTER}.{publisher}", f"{EXPORTER}.collect") == {}, publisher
+        # a publisher is handed the verdict (board or listener): it never drives the checker
+        checker = _importers(graph, f"{EXPORTER}.{publisher}", f"{EXPORTER}.health.checker")
+        assert checker == {}, publisher
+    # the checker sees the arrows that do exist: the device plugin reads the board
+    assert _importers(graph, f"{EXPORTER}.deviceplugin", f"{EXPORTER}.health.board")
+
+
+def test_health_core_imports_no_publisher_and_only_app_wires_them() -> None:
+    graph = _exporter_graph()
+    for module in HEALTH_CORE:
+        for publisher in PUBLISHERS:
+            found = _importers(graph, f"{EXPORTER}.health.{module}", f"{EXPORTER}.{publisher}")
+            assert found == {}, (module, publisher)
+    # the one place the checker and its publishers meet
+    wiring = {
+        m
+        for m, targets in graph.items()
+        if f"{EXPORTER}.health.checker" in targets
+        and any(t.startswith(f"{EXPORTER}.{p}") for p in PUBLISHERS for t in targets)
+    }
+    assert wiring == {f"{EXPORTER}.app"}

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gpuquota.exporter.dra.taints import rule_name
+from gpuquota.exporter.dra.taintrules import rule_name
 from gpuquota.sim.admission import Decision, Policy, request
 from gpuquota.sim.nvml.resourceslices import DRIVER
 from tests.deploy.manifests import DEPLOY

@@ -17,14 +17,14 @@ from gpuquota.exporter.deviceplugin.devices import (
     plugin_devices,
 )
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import DeviceState
 from tests.health.factory import gpu, gpus, mig, node
 
 
 def health_of(*devices, xids=()) -> NodeHealth:
-    t = HealthTracker(parse_config(None))
+    t = DeviceTracker(parse_config(None))
     h = t.observe_snapshot(node(*devices), now=0)
     for uuid, xid in xids:
         h = t.observe_xid(uuid, xid, at=1)

@@ -25,8 +25,8 @@ from typing import Any
 import grpc
 import pytest
 
+from gpuquota.exporter.app import build_health
 from gpuquota.exporter.cli import build_parser
-from gpuquota.exporter.wiring import HealthWiring
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll, stop_process
 from gpuquota.sim.kubelet.registration import KubeletStandIn, PluginClient
@@ -340,7 +340,7 @@ def test_bad_flag_values_exit_2(
 def test_bad_settings_are_refused(flags: list[str], message: str) -> None:
     args = build_parser().parse_args(["--device-plugin", "--device-plugin-dir", "/tmp", *flags])
     with pytest.raises(ValueError) as err:
-        HealthWiring.from_args(args)
+        build_health(args)
     assert message in str(err.value)
 
 

@@ -1,6 +1,6 @@
 """The device plugin over real gRPC on unix sockets, driven by the kubelet stand-in.
 
-The health source is the real HealthTracker + HealthBoard fed with hand-made snapshots and
+The health source is the real DeviceTracker + VerdictBoard fed with hand-made snapshots and
 XIDs (tests/deviceplugin/test_end_to_end.py drives the same path from the NVML stand-in).
 """
 
@@ -18,9 +18,9 @@ import pytest
 from gpuquota.exporter.deviceplugin.devices import PluginConfig
 from gpuquota.exporter.deviceplugin.manager import DevicePluginManager
 from gpuquota.exporter.deviceplugin.preferred import Topology
-from gpuquota.exporter.health.board import HealthBoard
+from gpuquota.exporter.health.board import VerdictBoard
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpuquota.sim.kubelet.registration import KubeletStandIn
@@ -37,8 +37,8 @@ class Node:
     """Health tracker + board: what the checker does, minus NVML."""
 
     def __init__(self, *devices) -> None:
-        self.tracker = HealthTracker(parse_config(None, quiet_period_s=1000))
-        self.board = HealthBoard()
+        self.tracker = DeviceTracker(parse_config(None, quiet_period_s=1000))
+        self.board = VerdictBoard()
         self.now = 0.0
         self.snapshot(*devices)
 

@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-from gpuquota.exporter.deviceplugin.topology import (
-    LINK_GPU,
-    LINK_SWITCH,
-    GpuLinks,
-    build_topology,
-    normalize_bus_id,
-)
+from gpuquota.exporter.deviceplugin.topology import build_topology, normalize_bus_id
+from gpuquota.exporter.snapshot import LINK_GPU, LINK_SWITCH, GpuLinks
 
 
 def bus(i: int) -> str:

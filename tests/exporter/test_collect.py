@@ -19,7 +19,7 @@ from gpuquota.exporter.collect.reader import REPROBE_COLLECTIONS
 from gpuquota.exporter.collect.xid import XidEvent, XidWatcher
 from gpuquota.exporter.expose.render import Renderer, RenderOptions
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.verdict import State
 from gpuquota.exporter.snapshot import DeviceState, NodeSnapshot, PodRef
 from gpuquota.sim.harness import wait_for
@@ -519,7 +519,7 @@ def test_partial_failure_stays_partial(nvml_on: NvmlOn) -> None:
     readings and stays healthy; only the GPU that really cannot be read is marked."""
     node, api = nvml_on("h100x8")
     collector = CollectLoop(api)
-    tracker = HealthTracker(parse_config(None, quiet_period_s=0.5))
+    tracker = DeviceTracker(parse_config(None, quiet_period_s=0.5))
     tracker.observe_snapshot(collector.collect_once(), now=1)
     node.fail_call(None, "nvmlDeviceGetCount", NVML_ERROR_UNKNOWN)
     node.set_lost(5)
@@ -548,7 +548,7 @@ def test_a_failed_recovery_action_read_leaves_the_verdict_as_it_was(nvml_on: Nvm
     rules must not take for NONE: the verdict stays as it was until a reading says NONE."""
     node, api = nvml_on("h100x8")
     collector = CollectLoop(api)
-    tracker = HealthTracker(parse_config(None, quiet_period_s=0.5))
+    tracker = DeviceTracker(parse_config(None, quiet_period_s=0.5))
     node.set(0, recovery_action=2)
     asking = tracker.observe_snapshot(collector.collect_once(), now=1)
     node.fail_call(0, "nvmlDeviceGetFieldValues", NVML_ERROR_UNKNOWN)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.exporter.app import KubeConfigUnavailableError, build_dra
 from gpuquota.exporter.cli import build_parser
-from gpuquota.exporter.dra.service import DraKubeConfigError, DraService
 from gpuquota.sim.apiserver import ApiServer
 
 
@@ -17,12 +17,12 @@ def args(*argv: str):
 
 def test_dra_support_is_off_without_an_api_server_or_when_told(monkeypatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert DraService.from_args(args("--node-name=n")) is None  # auto, no API server
-    assert DraService.from_args(args("--dra=off", "--node-name=n")) is None
+    assert build_dra(args("--node-name=n")) is None  # auto, no API server
+    assert build_dra(args("--dra=off", "--node-name=n")) is None
     # in a pod without a service account token (the base DaemonSet): off, not fatal
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    assert DraService.from_args(args("--node-name=n")) is None
+    assert build_dra(args("--node-name=n")) is None
 
 
 @pytest.mark.parametrize(
@@ -36,12 +36,14 @@ def test_dra_support_is_off_without_an_api_server_or_when_told(monkeypatch) -> N
 def test_bad_dra_settings_name_the_flag(argv: tuple[str, ...], message: str, monkeypatch) -> None:
     monkeypatch.delenv("NODE_NAME", raising=False)
     with pytest.raises(ValueError, match=message):
-        DraService.from_args(args(*argv))
+        build_dra(args(*argv))
 
 
 def test_an_unusable_kubeconfig_is_an_environment_error() -> None:
-    with pytest.raises(DraKubeConfigError, match=r"--dra needs the Kubernetes API: .*nonexistent"):
-        DraService.from_args(args("--dra=on", "--node-name=n", "--kubeconfig=/nonexistent"))
+    with pytest.raises(
+        KubeConfigUnavailableError, match=r"--dra needs the Kubernetes API: .*nonexistent"
+    ):
+        build_dra(args("--dra=on", "--node-name=n", "--kubeconfig=/nonexistent"))
 
 
 def test_bad_taint_effect_is_a_usage_error(capsys) -> None:
@@ -54,8 +56,6 @@ def test_bad_taint_effect_is_a_usage_error(capsys) -> None:
 def test_dra_on_with_a_kubeconfig_builds_the_node_side(tmp_path: Path) -> None:
     with ApiServer() as api:
         kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-        service = DraService.from_args(
-            args("--node-name=n", f"--kubeconfig={kubeconfig}", "--dra-device-taints")
-        )
-        assert service is not None and service.publisher is not None
-        assert set(service.watcher.kube.field_selectors.values()) == {"spec.nodeName=n"}
+        dra = build_dra(args("--node-name=n", f"--kubeconfig={kubeconfig}", "--dra-device-taints"))
+        assert dra is not None and dra.taints is not None
+        assert set(dra.watcher.kube.field_selectors.values()) == {"spec.nodeName=n"}

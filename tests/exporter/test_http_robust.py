@@ -21,6 +21,7 @@ from gpuquota.exporter.expose import authguard
 from gpuquota.exporter.expose.render import Renderer
 from gpuquota.exporter.expose.server import ExporterServer
 from gpuquota.exporter.expose.webconfig import bcrypt_cost, load
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.exporter.snapshot import NodeSnapshot
 from tests.exporter.scrape import get
@@ -251,10 +252,16 @@ class _RecordingRenderer(Renderer):
         super().__init__()
         self.renders: list[tuple[NodeSnapshot, int | None, str]] = []
 
-    def render(self, snapshot: NodeSnapshot, verdict: NodeHealth | None = None) -> bytes:
+    def render(
+        self,
+        snapshot: NodeSnapshot,
+        verdict: NodeHealth | None = None,
+        *,
+        publishers: PublisherStatus | None = None,
+    ) -> bytes:
         generation = verdict.generation if verdict is not None else None
         self.renders.append((snapshot, generation, threading.current_thread().name))
-        return super().render(snapshot, verdict)
+        return super().render(snapshot, verdict, publishers=publishers)
 
 
 def test_snapshots_render_once_when_scraped_and_never_on_the_event_loop(serve) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from gpuquota.exporter.app import core_api
 from gpuquota.exporter.cli import main as exporter_main
 from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import NvmlApi
@@ -19,7 +20,6 @@ from gpuquota.exporter.enrich.poddirectory import PodDirectory, lister_for_node
 from gpuquota.exporter.enrich.procfs import ProcReader
 from gpuquota.exporter.enrich.usage import PodUsageEnricher
 from gpuquota.exporter.expose.render import Renderer
-from gpuquota.exporter.wiring import core_api
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import wait_for
 from gpuquota.sim.nvml.control import SimNode

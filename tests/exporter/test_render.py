@@ -12,6 +12,7 @@ from gpuquota.exporter.expose import metrics
 from gpuquota.exporter.expose.metrics import METRICS, MetricSpec, Scope
 from gpuquota.exporter.expose.promcollector import SnapshotCollector
 from gpuquota.exporter.expose.render import Renderer, RenderOptions, escape_label_value
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import Action, DeviceHealth, NodeHealth, Reason, State
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, GpmMetrics, PodRef
 from tests.exporter.factories import GIB, gpu, mig, node
@@ -399,10 +400,9 @@ def test_promtool_only_objects_to_dcgm_exporters_own_names(promtool: str) -> Non
 def test_device_plugin_registration_per_resource() -> None:
     off = parse(Renderer().render(node(gpu(0))))
     assert "gpuquota_exporter_device_plugin_registered" not in off
+    registered = {"nvidia.com/gpu": True, "nvidia.com/mig-1g.5gb": False}
     samples = parse(
-        Renderer().render(
-            node(gpu(0), device_plugin={"nvidia.com/gpu": True, "nvidia.com/mig-1g.5gb": False})
-        )
+        Renderer().render(node(gpu(0)), publishers=PublisherStatus(device_plugin=registered))
     )
     name = "gpuquota_exporter_device_plugin_registered"
     assert value(samples, name, resource="nvidia.com/gpu") == 1.0

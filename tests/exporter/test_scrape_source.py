@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.expose.render import CONTENT_TYPE, Renderer
 from gpuquota.exporter.expose.scrape import ScrapeSource
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
 from gpuquota.sim.nvml.control import SimNode
 
@@ -50,5 +52,28 @@ def test_the_source_answers_from_the_latest_snapshot_and_verdict(nvml_on: NvmlOn
         assert second is not first
         assert renderer.peek(second) is not None
         assert renderer.peek(second, gzipped=True) is None
+    finally:
+        source.close()
+
+
+def test_the_publishers_state_is_read_when_scraped_not_carried_by_a_snapshot(
+    nvml_on: NvmlOn,
+) -> None:
+    """A kubelet restart unregisters the device plugin between two collections: the next scrape
+    shows it, from the publishers' state, on the same snapshot (issue 20: no publisher writes
+    into a snapshot)."""
+    _node, api = nvml_on("h100x8")
+    loop = CollectLoop(api, interval=1.0)
+    source = ScrapeSource(loop, Renderer())
+    try:
+        snapshot = loop.collect_once()
+        assert not {"device_plugin", "api_writers"} & {f.name for f in fields(snapshot)}
+        registered = {"nvidia.com/gpu": True}
+        source.set_publisher_source(lambda: PublisherStatus(device_plugin=dict(registered)))
+        name = b"gpuquota_exporter_device_plugin_registered"
+        assert name + b'{resource="nvidia.com/gpu"} 1\n' in asyncio.run(source.scrape(False))[2]
+        registered["nvidia.com/gpu"] = False  # no new collection in between
+        assert loop.latest() is snapshot
+        assert name + b'{resource="nvidia.com/gpu"} 0\n' in asyncio.run(source.scrape(False))[2]
     finally:
         source.close()

@@ -8,21 +8,21 @@ from collections.abc import Iterator
 import pytest
 
 from gpuquota.exporter.collect.xid import XidEvent
-from gpuquota.exporter.health.checker import HealthChecker
+from gpuquota.exporter.health.checker import CheckerThread
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.verdict import NodeHealth, State
 from tests.health.factory import gpus, node
 
 
 @pytest.fixture
-def checker() -> Iterator[HealthChecker]:
-    c = HealthChecker(parse_config(None, quiet_period_s=0.3))
+def checker() -> Iterator[CheckerThread]:
+    c = CheckerThread(parse_config(None, quiet_period_s=0.3))
     c.start()
     yield c
     c.stop()
 
 
-def wait_state(c: HealthChecker, uuid: str, state: State, timeout: float = 2.0) -> NodeHealth:
+def wait_state(c: CheckerThread, uuid: str, state: State, timeout: float = 2.0) -> NodeHealth:
     generation = -1
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -34,7 +34,7 @@ def wait_state(c: HealthChecker, uuid: str, state: State, timeout: float = 2.0) 
     raise AssertionError(f"{uuid} never became {state.label}")
 
 
-def test_xid_marks_then_the_quiet_period_heals(checker: HealthChecker) -> None:
+def test_xid_marks_then_the_quiet_period_heals(checker: CheckerThread) -> None:
     seen: list[tuple[int, int]] = []
     checker.add_listener(lambda before, after: seen.append((before.generation, after.generation)))
     assert not checker.board.ready
@@ -49,7 +49,7 @@ def test_xid_marks_then_the_quiet_period_heals(checker: HealthChecker) -> None:
     assert len(seen) >= 3 and all(b < a for b, a in seen)
 
 
-def test_bad_inputs_do_not_stop_the_checker(checker: HealthChecker) -> None:
+def test_bad_inputs_do_not_stop_the_checker(checker: CheckerThread) -> None:
     def broken(before: NodeHealth, after: NodeHealth) -> None:
         raise RuntimeError("listener bug")
 

@@ -8,13 +8,13 @@ import pytest
 import yaml
 
 from gpuquota.exporter.health.config import (
-    HealthConfigError,
+    RulesConfigError,
     defaults,
     load_config,
     parse_config,
     parse_defaults,
 )
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.verdict import Action, State
 from tests.health.factory import gpu, node
 
@@ -53,7 +53,7 @@ def test_file_overrides_and_adds(tmp_path: Path) -> None:
 def test_overrides_drive_the_state_machine(tmp_path: Path) -> None:
     path = tmp_path / "health.yaml"
     path.write_text(YAML)
-    t = HealthTracker(load_config(path))
+    t = DeviceTracker(load_config(path))
     t.observe_snapshot(node(gpu(0)), now=0)
     assert t.observe_xid("GPU-00000000", 13, at=1).devices[0].state is State.HEALTHY
     h = t.observe_xid("GPU-00000000", 999, at=2)
@@ -90,18 +90,18 @@ def test_flag_wins_over_file(tmp_path: Path) -> None:
 def test_bad_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "health.yaml"
     path.write_text(text)
-    with pytest.raises(HealthConfigError) as err:
+    with pytest.raises(RulesConfigError) as err:
         load_config(path)
     assert message in str(err.value)
     assert str(path) in str(err.value)
 
 
 def test_unreadable_and_invalid_yaml(tmp_path: Path) -> None:
-    with pytest.raises(HealthConfigError, match="cannot read health config"):
+    with pytest.raises(RulesConfigError, match="cannot read health config"):
         load_config(tmp_path / "missing.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("xids: {48: [unclosed")
-    with pytest.raises(HealthConfigError, match="not valid YAML") as info:
+    with pytest.raises(RulesConfigError, match="not valid YAML") as info:
         load_config(bad)
     # issue 18 (fails on 6c36c52: PyYAML's five-line excerpt): one line, with the position
     assert "\n" not in str(info.value) and "line 1, column " in str(info.value)
@@ -136,7 +136,7 @@ def test_the_defaults_name_a_verdict_only_where_it_differs_from_the_bucket(
     rows: str, message: str
 ) -> None:
     data = yaml.safe_load(DEFAULTS_HEAD + "xids:\n  " + rows + "\n")
-    with pytest.raises(HealthConfigError) as err:
+    with pytest.raises(RulesConfigError) as err:
         parse_defaults(data, "defaults.yaml")
     assert message in str(err.value)
 

@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.exporter.dra.slices import SliceIndex
-from gpuquota.exporter.dra.taints import (
+from gpuquota.exporter.dra.taintrules import (
     MANAGED_BY,
     MANAGER,
     NODE_LABEL,
-    DeviceTaintPublisher,
     rule_name,
     wanted_rules,
 )
+from gpuquota.exporter.dra.taints import DeviceTaintPublisher
+from gpuquota.exporter.enrich.slices import SliceIndex
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.verdict import Action, State
 from gpuquota.exporter.nodestatus.status import TAINT_KEY
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, MigInfo, NodeSnapshot
@@ -59,7 +59,7 @@ def index() -> SliceIndex:
 
 
 def test_wanted_rules_select_each_unhealthy_dra_device() -> None:
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     healthy = t.observe_snapshot(snapshot(), now=0)
     devices = index().devices()
     assert wanted_rules(healthy, devices, "node-a") == {}
@@ -121,7 +121,7 @@ def test_publisher_creates_updates_and_removes_only_its_own_rules(tmp_path: Path
         publisher = DeviceTaintPublisher(kube, index(), "node-a", max_backoff_s=0.2)
         publisher.start()
         try:
-            t = HealthTracker(parse_config(None, quiet_period_s=10))
+            t = DeviceTracker(parse_config(None, quiet_period_s=10))
             healthy = t.observe_snapshot(snapshot(), now=0)
             publisher(healthy, healthy)
             assert poll(lambda: set(_rules(api)) == {"x", "admin-rule"})  # leftover cleaned
@@ -144,7 +144,7 @@ def test_publisher_creates_updates_and_removes_only_its_own_rules(tmp_path: Path
 
 
 def test_the_drivers_recovery_action_holds_the_verdict_until_it_reads_none() -> None:
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     base = snapshot()
     h = t.observe_snapshot(base, now=0)
     t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
@@ -171,7 +171,7 @@ def test_a_missing_or_late_recovery_action_reading_keeps_the_rule_as_it_is() -> 
     # the XID's quiet period ends. Then a round whose field read failed (recovery_action None)
     # and one where GPU 0's reader did not answer in time (the collector's ERROR device, no
     # values): neither is "recovery action NONE", so the rule must not go away and come back
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     base, devices, uuid = snapshot(), index().devices(), MIXED.gpus[0].uuid
     t.observe_snapshot(_gpu0(base, recovery_action=0), now=0)
     t.observe_xid(uuid, 79, at=1)
@@ -203,7 +203,7 @@ def test_a_missing_or_late_recovery_action_reading_keeps_the_rule_as_it_is() -> 
 
 
 def _sick_gpu1():
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     t.observe_snapshot(snapshot(), now=0)
     return t.observe_xid(MIXED.gpus[1].uuid, 79, at=0)
 
@@ -213,7 +213,7 @@ def test_a_foreign_rule_with_our_name_is_left_alone(tmp_path: Path, caplog) -> N
         api.apply("ADDED", FOREIGN)
         kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
         publisher = DeviceTaintPublisher(kube, index(), "node-a")
-        t = HealthTracker(parse_config(None, quiet_period_s=10))
+        t = DeviceTracker(parse_config(None, quiet_period_s=10))
         t.observe_snapshot(snapshot(), now=0)
         sick = t.observe_xid(MIXED.gpus[0].uuid, 79, at=1)
         publisher.reconcile(wanted_rules(sick, index().devices(), "node-a"))
@@ -296,7 +296,7 @@ def test_the_publisher_writes_the_newest_version_the_cluster_serves(
     with ApiServer(device_taint_rule_versions=DEVICE_TAINT_RULE_RELEASES[release]) as api:
         kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
         publisher = DeviceTaintPublisher(kube, index(), "node-a")
-        t = HealthTracker(parse_config(None, quiet_period_s=10))
+        t = DeviceTracker(parse_config(None, quiet_period_s=10))
         t.observe_snapshot(snapshot(), now=0)
         publisher.reconcile(
             wanted_rules(t.observe_xid(MIXED.gpus[0].uuid, 79, at=1), index().devices(), "node-a")
@@ -337,7 +337,7 @@ def test_a_rule_changed_between_list_and_update_is_listed_again(tmp_path: Path) 
     with ApiServer() as api:
         kube = Racing(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
         publisher = DeviceTaintPublisher(kube, index(), "node-a")
-        t = HealthTracker(parse_config(None, quiet_period_s=10))
+        t = DeviceTracker(parse_config(None, quiet_period_s=10))
         t.observe_snapshot(snapshot(), now=0)
         publisher.reconcile(
             wanted_rules(t.observe_xid(MIXED.gpus[0].uuid, 79, at=1), index().devices(), "node-a")

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpuquota.exporter.health.config import defaults, parse_config
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.verdict import Action, NodeHealth, State
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot, NvLinkCounters
 from tests.health.factory import gpu, gpus, mig, node
@@ -58,8 +58,8 @@ def test_table_is_consistent() -> None:
         assert rule.state is not State.HEALTHY or rule.action is Action.NONE
 
 
-def tracker(quiet: float = 300.0) -> HealthTracker:
-    return HealthTracker(parse_config(None, quiet_period_s=quiet))
+def tracker(quiet: float = 300.0) -> DeviceTracker:
+    return DeviceTracker(parse_config(None, quiet_period_s=quiet))
 
 
 def one(health: NodeHealth, uuid: str = "GPU-00000000"):

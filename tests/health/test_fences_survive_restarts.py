@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import RESTORED, Fence, HealthTracker
+from gpuquota.exporter.health.engine import RESTORED, DeviceTracker, Fence
 from gpuquota.exporter.health.verdict import Action, State
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import wait_for
@@ -32,7 +32,7 @@ REBOOT = Fence("GPU-00000001", Action.REBOOT_NODE, "xid_79", FENCED_AT)
 RESET = Fence("GPU-00000002", Action.RESET_GPU, "xid_48", FENCED_AT)
 
 
-def _state(t: HealthTracker, uuid: str) -> tuple[State, Action, list[str]]:
+def _state(t: DeviceTracker, uuid: str) -> tuple[State, Action, list[str]]:
     device = t.health.get(uuid)
     assert device is not None
     return device.state, device.action, [r.code for r in device.reasons]
@@ -40,13 +40,13 @@ def _state(t: HealthTracker, uuid: str) -> tuple[State, Action, list[str]]:
 
 def test_a_restored_reboot_fence_holds_until_the_node_has_rebooted() -> None:
     # the exporter restarted; the node did not (it booted before the fence was set)
-    t = HealthTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT - 500)
+    t = DeviceTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT - 500)
     t.restore([REBOOT], now=2_000)
     t.observe_snapshot(node(*gpus(3)), now=2_001)  # NVML: nothing pending, no recovery action
     t.expire(9_999)
     assert _state(t, REBOOT.uuid) == (State.UNHEALTHY, Action.REBOOT_NODE, [RESTORED])
     # after a reboot (a new process, a new boot time), NVML's word counts
-    rebooted = HealthTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT + 60)
+    rebooted = DeviceTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT + 60)
     rebooted.restore([REBOOT], now=2_000)
     asking = rebooted.observe_snapshot(node(gpu(0), gpu(1, recovery_action=2)), now=2_001)
     assert asking.get(REBOOT.uuid).state is State.UNHEALTHY  # type: ignore[union-attr]
@@ -57,7 +57,7 @@ def test_a_restored_reboot_fence_holds_until_the_node_has_rebooted() -> None:
 
 
 def test_a_restored_reset_fence_holds_for_a_quiet_period_and_while_nvml_says_pending() -> None:
-    t = HealthTracker(parse_config(None, quiet_period_s=10), boot_time=0)
+    t = DeviceTracker(parse_config(None, quiet_period_s=10), boot_time=0)
     t.restore([RESET], now=100)
     t.observe_snapshot(node(*gpus(3)), now=105)
     assert _state(t, RESET.uuid)[0] is State.UNHEALTHY  # within the quiet period
@@ -73,10 +73,10 @@ def test_a_restored_reset_fence_holds_for_a_quiet_period_and_while_nvml_says_pen
 
 
 def test_fences_merge_to_the_most_drastic_action_and_can_be_turned_off() -> None:
-    t = HealthTracker(parse_config(None), boot_time=0)
+    t = DeviceTracker(parse_config(None), boot_time=0)
     t.restore([Fence(REBOOT.uuid, Action.RESET_GPU, "xid_48", 1), REBOOT], now=5)
     assert _state(t, REBOOT.uuid)[:2] == (State.UNHEALTHY, Action.REBOOT_NODE)
-    off = HealthTracker(parse_config({"conditions": {RESTORED: {"state": "healthy"}}}))
+    off = DeviceTracker(parse_config({"conditions": {RESTORED: {"state": "healthy"}}}))
     off.restore([REBOOT], now=5)
     assert off.restored == frozenset()
 

@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuquota.exporter.app import kube_api
 from gpuquota.exporter.expose.metrics import METRICS
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import Fence, HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker, Fence
+from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import Action
 from gpuquota.exporter.nodestatus.status import (
     CONDITION_TYPE,
@@ -26,7 +28,6 @@ from gpuquota.exporter.nodestatus.status import (
     wanted_status,
 )
 from gpuquota.exporter.nodestatus.updater import NodeStatusUpdater, fences_of
-from gpuquota.exporter.wiring import kube_api
 from gpuquota.kube.client import Kube
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll, wait_for
@@ -40,7 +41,7 @@ OURS = {"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 
 
 def test_wanted_status() -> None:
-    t = HealthTracker(parse_config(None))
+    t = DeviceTracker(parse_config(None))
     h = t.observe_snapshot(node(*gpus(3)), now=0)
     assert not wanted_status(h).unhealthy
     assert wanted_status(h).reason == "AllGPUsHealthy"
@@ -74,7 +75,7 @@ def test_taint_and_condition_follow_health(tmp_path: Path) -> None:
         updater = NodeStatusUpdater(kube, "node-a", taint=True, condition=True, max_backoff_s=0.2)
         updater.start()
         try:
-            t = HealthTracker(parse_config(None, quiet_period_s=10))
+            t = DeviceTracker(parse_config(None, quiet_period_s=10))
             healthy = t.observe_snapshot(node(*gpus(2)), now=0)
             sick = t.observe_xid("GPU-00000001", 95, at=1)
             updater(healthy, sick)
@@ -125,7 +126,7 @@ def test_other_taints_are_kept_as_they_are_timeadded_included() -> None:
 
 
 def test_the_condition_moves_its_transition_time_only_when_its_status_changes() -> None:
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     healthy = wanted_status(t.observe_snapshot(node(*gpus(2)), now=0))
     sick = wanted_status(t.observe_xid("GPU-00000001", 79, at=1))
     first = condition_for(sick, [], "2026-11-25T10:00:00Z")
@@ -137,7 +138,7 @@ def test_the_condition_moves_its_transition_time_only_when_its_status_changes() 
 
 
 def test_the_fence_is_read_back_from_our_condition() -> None:
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     t.observe_snapshot(node(*gpus(3)), now=0)
     t.observe_xid("GPU-00000001", 79, at=1)
     wanted = wanted_status(t.observe_xid("GPU-00000002", 48, at=1))
@@ -157,7 +158,7 @@ def _node_obj(taints: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _sick_and_healed() -> tuple[Any, Any, Any]:
-    t = HealthTracker(parse_config(None, quiet_period_s=10))
+    t = DeviceTracker(parse_config(None, quiet_period_s=10))
     healthy = t.observe_snapshot(node(*gpus(2)), now=0)
     return healthy, t.observe_xid("GPU-00000001", 79, at=1), t.expire(100)
 
@@ -234,9 +235,9 @@ def test_a_refused_write_is_one_log_line_a_metric_and_back_off(tmp_path: Path, c
             ]
             assert len(lines) >= 3 and all("\n" not in line for line in lines), lines
             assert "403" in lines[0]
-            snapshot = updater.enrich(node(*gpus(2)))
-            samples = {m.name: list(m.read_node(snapshot)) for m in METRICS
-                       if m.name.startswith("gpuquota_exporter_api_write_") and m.read_node}  # fmt: skip
+            status = PublisherStatus(api_writers={updater.name: updater.status()})
+            samples = {m.name: list(m.read_publishers(status)) for m in METRICS
+                       if m.name.startswith("gpuquota_exporter_api_write_") and m.read_publishers}  # fmt: skip
             failures = samples["gpuquota_exporter_api_write_consecutive_failures"]
             assert failures[0][0] == ("node-status",) and failures[0][1] >= 3
             assert samples["gpuquota_exporter_api_write_last_success_timestamp_seconds"] == []

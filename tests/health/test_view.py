@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 
 from gpuquota.exporter.health.config import parse_config
-from gpuquota.exporter.health.engine import HealthTracker
+from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.view import node_json
 from tests.health.factory import gpu, mig, node
 
 
 def test_json_document() -> None:
-    t = HealthTracker(parse_config(None, quiet_period_s=60))
+    t = DeviceTracker(parse_config(None, quiet_period_s=60))
     t.observe_snapshot(node(gpu(0, mig_mode_enabled=True), mig(0, 1), gpu(1)), now=1_700_000_000.0)
     h = t.observe_xid("GPU-00000001", 79, at=1_700_000_010.5)
     doc = node_json(h, "node-a")

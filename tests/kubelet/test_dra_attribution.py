@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuquota.exporter.dra.slices import KINDS, SliceIndex, SliceWatcher, apply_message
 from gpuquota.exporter.enrich.dra import DraAttribution
 from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
 from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
+from gpuquota.exporter.enrich.slices import KINDS, SliceIndex, apply_message
+from gpuquota.exporter.enrich.slicewatcher import SliceWatcher
 from gpuquota.exporter.expose.render import Renderer, RenderOptions
 from gpuquota.exporter.snapshot import DeviceSnapshot, MigInfo, NodeSnapshot, PodRef
 from gpuquota.kube.client import Kube, load

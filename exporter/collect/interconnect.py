@@ -1,25 +1,32 @@
-"""Reads the GPU interconnect from NVML for GetPreferredAllocation (cached; it rarely changes).
+"""Reads the GPU interconnect from NVML: active NVLinks and their far ends, PCIe distances.
 
-NVML is asked through the exporter's NvmlApi only: which links are active and what is at
-their far end, and each pair's PCIe common ancestor. A GPU or a call that does not support
-this contributes nothing, so the preference falls back to PCIe distance and then index order.
+Which links are active and what is at their far end (a GPU or an NVSwitch), each pair's PCIe
+common ancestor and each GPU's NUMA node, as an ``Interconnect`` value (exporter/snapshot.py).
+A GPU or a call that does not support this contributes nothing, so the device plugin's
+preference (exporter/deviceplugin/topology.py) falls back to PCIe distance and then index order.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from itertools import combinations
 
 from gpuquota.exporter.collect.nvml import NVLINK_MAX_LINKS, NvmlApi, NvmlError
-from gpuquota.exporter.deviceplugin.preferred import Topology
-from gpuquota.exporter.deviceplugin.topology import LINK_GPU, LINK_SWITCH, GpuLinks, build_topology
+from gpuquota.exporter.snapshot import LINK_GPU, LINK_SWITCH, GpuLinks, Interconnect
 
 log = logging.getLogger(__name__)
 
 
-def read_topology(api: NvmlApi) -> Topology:
+def read_interconnect(api: NvmlApi) -> Interconnect | None:
+    """None when NVML cannot even list the GPUs now (said in the log)."""
+    try:
+        return _read(api)
+    except NvmlError as exc:
+        log.warning("cannot read the GPU topology: %s", exc)
+        return None
+
+
+def _read(api: NvmlApi) -> Interconnect:
     gpus: list[GpuLinks] = []
     handles = []
     numa_nodes: dict[str, int] = {}
@@ -60,26 +67,4 @@ def read_topology(api: NvmlApi) -> Topology:
             level = None
         if level is not None:
             levels[(a, b)] = level
-    return build_topology(gpus, levels, numa_nodes)
-
-
-class CachedTopology:
-    """A ``() -> Topology`` for the device plugin that reads NVML at most every ``ttl_s``."""
-
-    def __init__(self, api: NvmlApi, ttl_s: float = 300.0) -> None:
-        self.api = api
-        self.ttl_s = ttl_s
-        self._lock = threading.Lock()
-        self._value: Topology | None = None
-        self._read_at = 0.0
-
-    def __call__(self) -> Topology:
-        with self._lock:
-            if self._value is None or time.monotonic() - self._read_at > self.ttl_s:
-                try:
-                    self._value = read_topology(self.api)
-                except NvmlError as exc:
-                    log.warning("cannot read the GPU topology: %s", exc)
-                    self._value = self._value or Topology()
-                self._read_at = time.monotonic()
-            return self._value
+    return Interconnect(tuple(gpus), levels, numa_nodes)

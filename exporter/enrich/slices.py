@@ -1,27 +1,22 @@
-"""This node's ResourceSlices: which GPU or MIG UUID each DRA ``(driver, pool, device)`` is.
+"""This node's ResourceSlices, indexed: which GPU or MIG UUID each DRA ``(driver, pool, device)`` is.
 
 A DRA driver (NVIDIA's ``gpu.nvidia.com``) describes every device it can hand out in
 resource.k8s.io ResourceSlices, with the device's UUID among its attributes. The kubelet's
 pod-resources API only names ``(driver, pool, device)``, so the exporter keeps the node's
 slices in a :class:`SliceIndex` to turn those names into the UUIDs its snapshots are keyed by.
 
-:class:`SliceIndex` is pure (no I/O): it takes whole lists and watch events. Only the newest
-generation of each pool counts, as in the scheduler: slices of an older generation are
-leftovers of a driver that is republishing. A device without a string ``uuid`` attribute is a
-bad object: logged once, counted, left out, except a MIG partition with ``parentUUID`` and
-``profile`` (the driver's dynamic MIG mode creates it on allocation, so its UUID is not known
-in advance: see exporter/dra/attribution.py). :class:`SliceWatcher` feeds the index from the API
-server with the shared list+watch loop (gpuquota/kube/watch.py: relist on 410 Gone, a quiet
-watch is normal, back-off), field-selected to this node
-(``spec.nodeName=<node>``). Without RBAC access (403) or on a cluster that does not serve
-resource.k8s.io/v1 (404) it says so once, keeps trying quietly every few minutes, and the
-exporter keeps its device-plugin attribution.
+:class:`SliceIndex` does no I/O: it takes whole lists and watch events (its lock lets the
+watcher thread write while the pod-resources thread reads). Only the newest generation of each
+pool counts, as in the scheduler: slices of an older generation are leftovers of a driver that
+is republishing. A device without a string ``uuid`` attribute is a bad object: logged once,
+counted, left out, except a MIG partition with ``parentUUID`` and ``profile`` (the driver's
+dynamic MIG mode creates it on allocation, so its UUID is not known in advance: see
+exporter/enrich/dra.py). exporter/enrich/slicewatcher.py feeds it from the API server.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -203,140 +198,3 @@ class SliceIndex:
     def devices(self) -> list[DraDevice]:
         with self._lock:
             return sorted(self._lookup.values(), key=lambda d: d.key)
-
-
-class SliceWatcher:
-    """Keeps a :class:`SliceIndex` in step with this node's ResourceSlices, in the background.
-
-    ``kube`` is a gpuquota.kube.client.Kube whose field selector for ResourceSlice names this
-    node; the list+watch itself is the shared WatchLoop (gpuquota/kube/watch.py).
-    """
-
-    def __init__(
-        self,
-        kube: Any,
-        index: SliceIndex,
-        node_name: str,
-        retry_s: float = 300.0,
-        asked_for: bool = True,
-        transient_retry_s: float = 5.0,
-    ) -> None:
-        self.kube = kube
-        # asked for (--dra on): a missing grant is a warning; auto: only information
-        self.asked_for = asked_for
-        self.index = index
-        self.node_name = node_name
-        self.retry_s = retry_s  # after a 401/403/404: no grant or no API, rarely fixed soon
-        self.transient_retry_s = transient_retry_s  # after an unreachable API server
-        self.available: bool | None = None  # None: not known yet; False: no access / API
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._loop: Any = None
-        self._failing = False
-        self.kind = KIND
-
-    @property
-    def up(self) -> bool:
-        """True while the slices are listed and the watch on them works."""
-        loop = self._loop
-        # between the first list and the watch loop's own first list, the list counts
-        return bool(self.available and (loop is None or not loop.started.is_set() or loop.healthy))
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="dra-slices", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-
-    def _probe(self) -> bool:
-        """One list: True when the slices can be read; says once why not."""
-        from urllib3.exceptions import HTTPError
-
-        from gpuquota.kube.client import ApiStatusError
-
-        try:
-            items = self._list_newest()
-        except ApiStatusError as exc:
-            if exc.status in (401, 403, 404):
-                if self.available is not False:
-                    why = (
-                        "the API server serves no resource.k8s.io ResourceSlices (v1, v1beta2)"
-                        if exc.status == 404
-                        else "no RBAC access to list resource.k8s.io resourceslices "
-                        "(deploy/components/dra grants it)"
-                    )
-                    (log.warning if self.asked_for else log.info)(
-                        "DRA attribution is off: %s (%s); device-plugin attribution continues, "
-                        "checking again every %.0fs",
-                        why,
-                        exc,
-                        self.retry_s,
-                    )
-                self.available = False
-                return False
-            raise
-        except (HTTPError, OSError) as exc:
-            self._transient(exc)
-            return False
-        self.index.replace_all(items)
-        self._failing = False
-        if self.available is False:
-            log.info("ResourceSlices are readable now: DRA attribution on")
-        self.available = True
-        return True
-
-    def _list_newest(self) -> list[Obj]:
-        """List through the newest slice API served; sets ``self.kind``."""
-        from gpuquota.kube.client import ApiStatusError
-
-        for kind in KINDS:
-            try:
-                items, _ = self.kube.list(kind)
-            except ApiStatusError as exc:
-                if exc.status == 404 and kind != KINDS[-1]:
-                    continue  # an older cluster: try the older version
-                raise
-            if kind != self.kind:
-                log.info("following ResourceSlices through %s", kind)
-            self.kind = kind
-            return list(items)
-        raise AssertionError("unreachable")
-
-    def _transient(self, exc: Exception) -> None:
-        """An API server that cannot be reached (yet): said once per streak, then retried."""
-        (log.debug if self._failing else log.warning)(
-            "cannot list ResourceSlices yet (%s); retrying every few seconds", exc
-        )
-        self._failing = True
-
-    def _run(self) -> None:
-        from gpuquota.kube.watch import WatchLoop
-
-        while not self._stop.is_set():
-            try:
-                if self._probe():
-                    break
-            except Exception as exc:  # an unexpected answer: keep the exporter running
-                self._transient(exc)
-            wait = self.retry_s if self.available is False else self.transient_retry_s
-            if self._stop.wait(wait):
-                return
-        log.info(
-            "following the ResourceSlices of node %s: %d GPU device(s) from %s",
-            self.node_name,
-            len(self.index.devices()),
-            ", ".join(sorted(self.index.drivers)),
-        )
-        out: queue.Queue[Message] = queue.Queue(maxsize=1000)
-        self._loop = WatchLoop(self.kind, self.kube, out, self._stop)
-        self._loop.start()
-        while not self._stop.is_set():
-            try:
-                msg = out.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            apply_message(self.index, msg)
-        self._loop.join(timeout=1)  # a daemon thread: never hold the exporter's shutdown
