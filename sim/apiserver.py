@@ -779,11 +779,6 @@ class ApiServer:
             rv_q = query.get("resourceVersion", "")
             if rv_q and query.get("resourceVersionMatch") == "Exact" and int(rv_q) < st.compacted:
                 raise ApiError(410, "Expired", f"too old resource version: {rv_q} ({st.compacted})")
-            if rv_q and query.get("resourceVersionMatch") == "NotOlderThan" and int(rv_q) > st.rv:
-                # seen on a real 1.36 server, within milliseconds
-                raise ApiError(
-                    504, "Timeout", f"Too large resource version: {rv_q}, current: {st.rv}"
-                )
             if token:
                 try:
                     key, offset = json.loads(base64.urlsafe_b64decode(token))
@@ -979,9 +974,14 @@ class ApiServer:
                     bad = ApiError(400, "BadRequest", f"invalid resource version {rv_q!r}")
                     yield json.dumps({"type": "ERROR", "object": bad.status()}).encode() + b"\n"
                     return
-                # a version this server has not reached (one of an earlier server): the real
-                # one (1.36, watch cache on) answers 200 and stays silent until timeoutSeconds,
-                # then sends what comes after it; only a list not older than it says 504
+                if since > st.rv:
+                    # a version this server never handed out (one of an earlier server): the
+                    # real one answers "Too large resource version" (504 Timeout)
+                    large = ApiError(
+                        504, "Timeout", f"Too large resource version: {since}, current: {st.rv}"
+                    )
+                    yield json.dumps({"type": "ERROR", "object": large.status()}).encode() + b"\n"
+                    return
                 if since < st.compacted:
                     err = ApiError(
                         410, "Expired", f"too old resource version: {since} ({st.compacted})"
@@ -1025,21 +1025,19 @@ class ApiServer:
                         out.append(line)
                     since = rv
                 if bookmarks and time.monotonic() >= next_bookmark:
-                    # never a bookmark below the version the watcher asked for
-                    if st.rv >= since:
-                        bm = {
-                            "type": "BOOKMARK",
-                            "object": {
-                                "kind": res.kind,
-                                "apiVersion": res.group_version,
-                                "metadata": {
-                                    "resourceVersion": str(st.rv),
-                                    "annotations": {"k8s.io/initial-events-end": "true"},
-                                },
+                    bm = {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": res.kind,
+                            "apiVersion": res.group_version,
+                            "metadata": {
+                                "resourceVersion": str(st.rv),
+                                "annotations": {"k8s.io/initial-events-end": "true"},
                             },
-                        }
-                        since = st.rv
-                        out.append(json.dumps(bm).encode() + b"\n")
+                        },
+                    }
+                    since = st.rv
+                    out.append(json.dumps(bm).encode() + b"\n")
                     next_bookmark = (
                         time.monotonic() + interval
                         if self.bookmarks == "every-second"

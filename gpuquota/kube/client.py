@@ -394,27 +394,6 @@ class Kube:
         selector = self.field_selectors.get(kind)
         return [("fieldSelector", selector)] if selector else []
 
-    def version_ahead(self, kind: str, version: str) -> bool:
-        """Whether the server has not reached ``version`` yet (one of another server, or from
-        before an etcd restore): a one-item list not older than it answers 504 "Too large
-        resource version" then, where a watch from it would only stay silent."""
-        try:
-            resp = self._get(
-                kind,
-                [
-                    ("limit", "1"),
-                    ("resourceVersion", version),
-                    ("resourceVersionMatch", "NotOlderThan"),
-                    *self._selector(kind),
-                ],
-            )
-        except ApiStatusError as exc:
-            if "too large resource version" in str(exc).lower():
-                return True
-            raise
-        resp.release_conn()
-        return False
-
     def list(self, kind: str, keep: Callable[[Obj], bool] | None = None) -> tuple[list[Obj], str]:
         """Every object of ``kind`` (paged, one consistent snapshot) and the list's version.
 

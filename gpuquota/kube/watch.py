@@ -13,10 +13,7 @@ The rules, from what a real kube-apiserver does (docs/architecture.md, "watch"):
   resourceVersion. The client read timeout is only a last resort, above ``timeoutSeconds``.
 - **A resourceVersion is opaque**: stored, sent back, never compared. One the server never
   handed out ("Too large resource version", e.g. stored before an etcd restore) is treated
-  like 410 Gone: relist. A real server answers a *watch* from such a version with silence
-  until ``timeoutSeconds`` (seen on 1.36, docs/real-kube-apiserver.md), so before resuming
-  from a stored version the loop asks a one-item list whether the server has reached it
-  (``resourceVersionMatch=NotOlderThan``, which answers 504 "Too large resource version").
+  like 410 Gone: relist.
 - **Current means proven.** A kind is *current* once a list of it completed, or, when resuming
   from a stored version after a restart, once the resumed watch delivered an event or a
   bookmark, or ended cleanly at its (short, :attr:`Timeouts.proof`) ``timeoutSeconds`` without
@@ -133,17 +130,6 @@ class WatchLoop(threading.Thread):
 
     def _initial(self) -> None:
         """List (or resume): sets self.version."""
-        if self.resume_from and self.kube.version_ahead(self.kind, self.resume_from):
-            # a real server answers a watch from a version it has not reached with silence
-            # until timeoutSeconds (and skips what lies below it), which would pass for a
-            # quiet, current kind: only a relist recovers
-            log.info(
-                "%s: stored version %s is ahead of the server's (another server's, or from "
-                "before an etcd restore): relisting",
-                self.kind,
-                self.resume_from,
-            )
-            self.resume_from = None
         if self.resume_from:
             if self.kind != "Pod":
                 # facts of nodes/namespaces/quotas are needed now; vanished ones are closed
