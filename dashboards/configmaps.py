@@ -10,7 +10,6 @@ The test suite runs the check, so the ConfigMaps never drift from the JSON.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -60,11 +59,8 @@ _Dumper.add_representer(str, _text)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuquota.dashboards.configmaps")
-    generated.add_target_options(parser)
-    args = parser.parse_args(argv)
-    return generated.emit(
-        args, configmaps(), module="gpuquota.dashboards.configmaps", source="dashboards/*.json"
+    return generated.main(
+        argv, configmaps, module="gpuquota.dashboards.configmaps", source="dashboards/*.json"
     )
 
 

@@ -32,42 +32,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
-    up = actions.add_parser(
-        "upgrade",
-        help="migrate the schema to the latest revision (creates it)",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        """A subcommand with the shared examples; its --db option is added last."""
+        return actions.add_parser(
+            name, help=help, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+        )
+
+    up = action("upgrade", "migrate the schema to the latest revision (creates it)")
     up.add_argument("revision", nargs="?", default="head", help="target revision (default: head)")
-    add_db_option(up)
-    down = actions.add_parser(
-        "downgrade",
-        help="migrate the schema back ('base' drops every table)",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    down = action("downgrade", "migrate the schema back ('base' drops every table)")
     down.add_argument("revision", help="target revision, e.g. base")
-    add_db_option(down)
-    cur = actions.add_parser(
-        "current",
-        help="print the schema revision of the database",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    add_db_option(cur)
-    back = actions.add_parser(
-        "backup",
-        help="copy a SQLite store into one new file while the controller writes (online)",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    cur = action("current", "print the schema revision of the database")
+    back = action(
+        "backup", "copy a SQLite store into one new file while the controller writes (online)"
     )
     back.add_argument("--to", required=True, type=Path, metavar="FILE", help="the new file")
-    add_db_option(back)
-    prune = actions.add_parser(
-        "prune",
-        help="remove history that ended before a date; shows what it would remove unless --yes",
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+    prune = action(
+        "prune", "remove history that ended before a date; shows what it would remove unless --yes"
     )
     prune.add_argument(
         "--before",
@@ -78,7 +60,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prune.add_argument(
         "--yes", action="store_true", help="remove it (without: only say what would go)"
     )
-    add_db_option(prune)
+    for sub in (up, down, cur, back, prune):
+        add_db_option(sub)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,11 +7,10 @@ python -m gpuquota.exporter.expose.metrics_doc --check docs/metrics.md   # exit 
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
-from gpuquota.cli_common.generated import add_target_options, emit
+from gpuquota.cli_common import generated
 from gpuquota.exporter.collect.tiers import Tier
 from gpuquota.exporter.expose import metrics
 from gpuquota.exporter.expose.metrics import MetricSpec, Scope
@@ -128,16 +127,12 @@ def render(table: Sequence[MetricSpec] = metrics.METRICS) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m gpuquota.exporter.expose.metrics_doc", description=__doc__
-    )
-    add_target_options(parser)
-    args = parser.parse_args(argv)
-    return emit(
-        args,
-        render(),
+    return generated.main(
+        argv,
+        render,
         module="gpuquota.exporter.expose.metrics_doc",
         source="exporter/expose/metrics.py",
+        description=__doc__,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 STALE = 1  # the exit status of --check when the document differs from what its table generates
@@ -20,6 +21,21 @@ def add_target_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--check", type=Path, metavar="PATH", help="exit 1 if PATH differs from the table"
     )
+
+
+def main(
+    argv: Sequence[str] | None,
+    render: Callable[[], str],
+    *,
+    module: str,
+    source: str,
+    description: str | None = None,
+) -> int:
+    """The whole command of a generator whose document is ``render()``: ``python -m module``
+    with --write / --check (neither: print it)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
+    add_target_options(parser)
+    return emit(parser.parse_args(argv), render(), module=module, source=source)
 
 
 def emit(args: argparse.Namespace, text: str, *, module: str, source: str) -> int:

@@ -8,11 +8,10 @@ python -m gpuquota.quota.controller.metrics_doc --check docs/controller-metrics.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
-from gpuquota.cli_common.generated import add_target_options, emit
+from gpuquota.cli_common import generated
 from gpuquota.quota.controller.metrics import METRICS, ControllerMetric
 
 HEADER = """\
@@ -48,14 +47,12 @@ def render(table: Sequence[ControllerMetric] = METRICS) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_target_options(parser)
-    args = parser.parse_args(argv)
-    return emit(
-        args,
-        render(),
+    return generated.main(
+        argv,
+        render,
         module="gpuquota.quota.controller.metrics_doc",
         source="quota/controller/metrics.py",
+        description=__doc__.split("\n")[0],
     )
 
 
