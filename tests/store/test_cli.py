@@ -301,7 +301,9 @@ def test_every_subcommand_module_follows_the_frame() -> None:
 def test_replay_killed_mid_way_then_rerun_matches_a_clean_run(
     backend: str, empty_db_url: str, tmp_path: Path
 ) -> None:
-    workload = generate(5, 3.0, pods_per_hour=120)
+    # long enough that the replay is still writing when the poll below sees 5 rows: 3 h was
+    # replayed whole before the first poll once on a loaded machine (PostgreSQL)
+    workload = generate(5, 12.0, pods_per_hour=120)
     stream = tmp_path / "w.jsonl"
     stream.write_text("".join(line + "\n" for line in workload.lines()))
     replay = [GPUQUOTA, "replay", str(stream), "--db", empty_db_url, "--migrate"]
