@@ -253,6 +253,74 @@ class Gap(Base):
     reason: Mapped[str] = mapped_column(String(32))  # gone | restart
 
 
+class UsageSeries(Base):
+    """One series of the usage ledger: what one holder used of one device. Migration 0008.
+
+    A holder is a pod (device plugin), a DRA ResourceClaim, or nobody ("unallocated": the
+    device's energy while no one held it, the node's idle energy). Keyed by the device's UUID
+    and the holder's UID, both unique cluster-wide; names are kept for reports of holders that
+    have no allocation row. ``activity`` is what the node agent measured activity with
+    (sm_active, utilization, process_sm): the last value seen.
+    """
+
+    __tablename__ = "usage_series"
+    __table_args__ = (
+        UniqueConstraint(
+            "cluster", "device_uuid", "holder_kind", "holder_uid", name="uq_usage_series"
+        ),
+        Index("ix_usage_series_holder", "cluster", "holder_uid"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    device_uuid: Mapped[str] = mapped_column(String(64))
+    holder_kind: Mapped[str] = mapped_column(String(16))  # pod | claim | unallocated
+    holder_uid: Mapped[str] = mapped_column(String(64))  # "" for unallocated
+    namespace: Mapped[str] = mapped_column(String(253))  # "" for unallocated
+    holder_name: Mapped[str] = mapped_column(String(253))  # pod or claim name, "" unallocated
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    activity: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class UsageWindow(Base):
+    """What one ledger series used in one closed window [window_start, window_start +
+    window_seconds). Migration 0008.
+
+    ``used_gpu_seconds`` are physical GPU-seconds of activity (a MIG instance's activity times
+    its share of the GPU); ``sampled_seconds`` the seconds of the window that had samples (the
+    coverage numerator); ``end_used``/``end_energy`` the counters' values at the window's last
+    sample, the baseline of the series' next window (counters reset when the agent restarts:
+    a value below the baseline counts from zero, as Prometheus' increase() does).
+    Re-ingesting a window replaces its rows: the ledger is idempotent.
+    """
+
+    __tablename__ = "usage_windows"
+    __table_args__ = (Index("ix_usage_windows_start", "window_start"),)
+
+    series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    window_seconds: Mapped[int] = mapped_column(Integer)
+    used_gpu_seconds: Mapped[float] = mapped_column(Float)
+    energy_joules: Mapped[float] = mapped_column(Float)
+    sampled_seconds: Mapped[float] = mapped_column(Float)
+    end_used: Mapped[float | None] = mapped_column(Float, nullable=True)
+    end_energy: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class LedgerProgress(Base):
+    """How far the usage ledger of one cluster is ingested: every window that ends at or
+    before ``ingested_until`` has its rows (or had no samples). Migration 0008."""
+
+    __tablename__ = "ledger_progress"
+
+    cluster: Mapped[str] = mapped_column(String(253), primary_key=True)
+    window_seconds: Mapped[int] = mapped_column(Integer)
+    ingested_until: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
 class Heartbeat(Base):
     """The controller's durable heartbeat: the last time it knew the cluster's state."""
 

@@ -1,0 +1,74 @@
+"""The usage ledger: what each holder of a GPU used of it (activity and energy), per window.
+
+``usage_series``: one row per (device, holder), holder being a pod, a DRA claim or nobody
+(the device's unallocated energy). ``usage_windows``: one row per series and closed window,
+ingested from the node agents' counters through Prometheus. ``ledger_progress``: how far
+each cluster's ledger is ingested. See docs/accounting.md, "The usage ledger".
+
+Revision ID: 0008
+Revises: 0007
+Create Date: 2026-11-25
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0008"
+down_revision: str | None = "0007"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "usage_series",
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=False),
+        sa.Column("cluster", sa.String(length=253), nullable=False),
+        sa.Column("device_uuid", sa.String(length=64), nullable=False),
+        sa.Column("holder_kind", sa.String(length=16), nullable=False),
+        sa.Column("holder_uid", sa.String(length=64), nullable=False),
+        sa.Column("namespace", sa.String(length=253), nullable=False),
+        sa.Column("holder_name", sa.String(length=253), nullable=False),
+        sa.Column("node", sa.String(length=253), nullable=True),
+        sa.Column("gpu_model", sa.String(length=253), nullable=True),
+        sa.Column("mig_profile", sa.String(length=32), nullable=True),
+        sa.Column("activity", sa.String(length=32), nullable=True),
+        sa.PrimaryKeyConstraint("id"),
+        sa.UniqueConstraint(
+            "cluster", "device_uuid", "holder_kind", "holder_uid", name="uq_usage_series"
+        ),
+    )
+    op.create_index("ix_usage_series_holder", "usage_series", ["cluster", "holder_uid"])
+    op.create_table(
+        "usage_windows",
+        sa.Column("series_id", sa.BigInteger(), nullable=False),
+        sa.Column("window_start", sa.BigInteger(), nullable=False),
+        sa.Column("window_seconds", sa.Integer(), nullable=False),
+        sa.Column("used_gpu_seconds", sa.Float(), nullable=False),
+        sa.Column("energy_joules", sa.Float(), nullable=False),
+        sa.Column("sampled_seconds", sa.Float(), nullable=False),
+        sa.Column("end_used", sa.Float(), nullable=True),
+        sa.Column("end_energy", sa.Float(), nullable=True),
+        sa.PrimaryKeyConstraint("series_id", "window_start"),
+    )
+    op.create_index("ix_usage_windows_start", "usage_windows", ["window_start"])
+    op.create_table(
+        "ledger_progress",
+        sa.Column("cluster", sa.String(length=253), nullable=False),
+        sa.Column("window_seconds", sa.Integer(), nullable=False),
+        sa.Column("ingested_until", sa.BigInteger(), nullable=False),
+        sa.Column("updated_at", sa.BigInteger(), nullable=False),
+        sa.PrimaryKeyConstraint("cluster"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("ledger_progress")
+    op.drop_index("ix_usage_windows_start", table_name="usage_windows")
+    op.drop_table("usage_windows")
+    op.drop_index("ix_usage_series_holder", table_name="usage_series")
+    op.drop_table("usage_series")
