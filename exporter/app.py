@@ -39,8 +39,8 @@ from gpuquota.exporter.deviceplugin.devices import PluginConfig
 from gpuquota.exporter.deviceplugin.preferred import Topology
 from gpuquota.exporter.deviceplugin.topologycache import CachedTopology
 from gpuquota.exporter.dra.taints import DeviceTaintPublisher
+from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
 from gpuquota.exporter.enrich.dra import DraAttribution
-from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
 from gpuquota.exporter.enrich.poddirectory import PodDirectory, lister_for_node
 from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
 from gpuquota.exporter.enrich.procfs import ProcReader

@@ -1,107 +1,11 @@
-"""Which claimed devices were allocated with ``adminAccess``: monitoring, not use.
-
-A DRA claim with ``adminAccess: true`` on a request (what monitoring agents such as
-dcgm-exporter ask for) reaches devices other pods already hold; the kubelet's pod-resources
-answer lists it like any other claim. Attributing it would make the monitoring pod a holder
-of every GPU, so the exporter reads each claim its node's containers name, once
-(``get`` on resourceclaims, namespaced: no cluster-wide watch from every node), and leaves
-out the results marked ``adminAccess``. A claim not read yet is attributed as usual until
-the read returns (one pod-resources interval at most). Without RBAC for resourceclaims the
-exporter says so once and attributes every claim.
+"""Old name of the adminAccess claims code, kept for one merge: the pure rule is now
+exporter/enrich/admin_access.py and its I/O thread exporter/enrich/claimreader.py. Import
+from those; this module only re-exports their public names and goes once no branch imports it.
 """
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
-from collections.abc import Iterable
-from typing import Any
+from gpuquota.exporter.enrich.admin_access import ClaimKey, Device, admin_devices
+from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
 
-log = logging.getLogger(__name__)
-
-Device = tuple[str, str, str]  # (driver, pool, device)
-ClaimKey = tuple[str, str]  # (namespace, name)
-
-
-def admin_devices(claim: dict[str, Any]) -> frozenset[Device]:
-    """Pure: the devices of a ResourceClaim's allocation marked ``adminAccess``."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return frozenset(
-        (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
-        for r in results
-        if isinstance(r, dict) and r.get("adminAccess") is True
-    )
-
-
-class AdminAccessClaims:
-    """Reads claims in the background; ``devices(key)`` answers from what was read."""
-
-    def __init__(self, kube: Any, version: str = "v1") -> None:
-        self.kube = kube
-        self.version = version
-        self._lock = threading.Lock()
-        self._known: dict[ClaimKey, frozenset[Device]] = {}
-        self._queued: set[ClaimKey] = set()
-        self._queue: queue.Queue[ClaimKey | None] = queue.Queue()
-        self.enabled = True  # False once the API said 401/403: every claim counts then
-        self._thread = threading.Thread(target=self._run, name="dra-claims", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=5)
-
-    def devices(self, namespace: str, name: str) -> frozenset[Device]:
-        """The claim's adminAccess devices as far as known (none until it has been read)."""
-        key = (namespace, name)
-        with self._lock:
-            known = self._known.get(key)
-            if known is None and self.enabled and key not in self._queued:
-                self._queued.add(key)
-                self._queue.put(key)
-        return known or frozenset()
-
-    def keep_only(self, keys: Iterable[ClaimKey]) -> None:
-        """Forget claims no container names any more (a claim recreated under the same
-        name is read again)."""
-        wanted = set(keys)
-        with self._lock:
-            for key in [k for k in self._known if k not in wanted]:
-                del self._known[key]
-
-    def _run(self) -> None:
-        from gpuquota.kube.client import ApiStatusError
-
-        while True:
-            key = self._queue.get()
-            if key is None:
-                return
-            namespace, name = key
-            path = (
-                f"/apis/resource.k8s.io/{self.version}/namespaces/{namespace}/resourceclaims/{name}"
-            )
-            try:
-                found = admin_devices(self.kube.call("GET", path))
-            except ApiStatusError as exc:
-                if exc.status in (401, 403):
-                    if self.enabled:
-                        log.warning(
-                            "cannot read ResourceClaims (%s): claims with adminAccess "
-                            "(monitoring agents) are attributed like any other; grant get on "
-                            "resourceclaims (deploy/components/dra) to leave them out",
-                            exc,
-                        )
-                    self.enabled = False
-                found = frozenset()  # 404: gone meanwhile; others: attribute as usual
-            except Exception as exc:  # unreachable API server: read again next time
-                log.debug("cannot read ResourceClaim %s/%s: %s", namespace, name, exc)
-                with self._lock:
-                    self._queued.discard(key)
-                continue
-            with self._lock:
-                self._known[key] = found
-                self._queued.discard(key)
+__all__ = ["AdminAccessClaims", "ClaimKey", "Device", "admin_devices"]

@@ -910,34 +910,34 @@ METRICS: list[MetricSpec] = [
     gpm_row(
         f"{P}graphics_engine_active_ratio",
         "ratio",
-        "Fraction of time the graphics/compute engine was busy, averaged since the previous "
-        "collection (GPM, Hopper and later).",
+        "Fraction of time the graphics/compute engine was busy, averaged over the last "
+        "slow interval (GPM, Hopper and later).",
         "graphics_active",
     ),
     gpm_row(
         f"{P}sm_active_ratio",
         "ratio",
-        "Fraction of SM cycles with at least one warp resident, averaged over all SMs since "
-        "the previous collection (GPM).",
+        "Fraction of SM cycles with at least one warp resident, averaged over all SMs and "
+        "the last slow interval (GPM).",
         "sm_active",
     ),
     gpm_row(
         f"{P}sm_occupancy_ratio",
         "ratio",
-        "Resident warps as a fraction of the SMs' maximum, since the previous collection (GPM).",
+        "Resident warps as a fraction of the SMs' maximum, over the last slow interval (GPM).",
         "sm_occupancy",
     ),
     gpm_row(
         f"{P}dram_active_ratio",
         "ratio",
-        "DRAM bandwidth used as a fraction of the peak, since the previous collection (GPM).",
+        "DRAM bandwidth used as a fraction of the peak, over the last slow interval (GPM).",
         "dram_active",
     ),
     MetricSpec(
         name=f"{P}pipe_active_ratio",
         type="gauge",
         unit="ratio",
-        help="Fraction of SM cycles a pipe was busy since the previous collection (GPM): "
+        help="Fraction of SM cycles a pipe was busy over the last slow interval (GPM): "
         "tensor (any precision), tensor_hmma/imma/dfma/dmma, fp64, fp32, fp16, integer.",
         labels=("pipe",),
         source="nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet",
@@ -953,8 +953,8 @@ METRICS: list[MetricSpec] = [
         name=f"{P}nvlink_bandwidth_bytes_per_second",
         type="gauge",
         unit="bytes/second",
-        help="NVLink traffic over all links (direction tx or rx) averaged since the previous "
-        "collection (GPM).",
+        help="NVLink traffic over all links (direction tx or rx) averaged over the last slow "
+        "interval (GPM).",
         labels=("direction",),
         source="nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC)",
         accessor="DeviceSnapshot.gpm.nvlink_*_bytes_per_second",

@@ -299,6 +299,7 @@ PURE_EXPORTER_MODULES = (
     "collect.tiers",
     "collect.schedule",
     "collect.units",
+    "enrich.admin_access",
     "enrich.cgroup",
     "enrich.podnames",
     "enrich.pods",
