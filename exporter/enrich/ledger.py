@@ -17,7 +17,8 @@ Activity (physical GPU-seconds per second), from the readings the collector alre
 * a GPU with several holders (time-slicing, MPS): each holder's processes' SM utilisation
   (``process_sm``, ``NodeSnapshot.pod_usage`` from exporter/enrich/usage.py), capped at 1;
 * a MIG instance: its own GPM SM activity x the profile's physical share (N/7,
-  gpuquota.quota.accounting's ``mig_share``), ``sm_active``; several holders of one instance
+  as the accounting's ``mig_share`` without overrides: the node agent imports nothing from
+  gpuquota.quota, so tests/common/test_mig_share.py holds the two equal), ``sm_active``; several holders of one instance
   share it equally (NVML has no per-process utilisation on MIG).
 
 Energy. Each round's moment weighs ``power x dt`` (``dt`` where power is not read) and is split
@@ -40,6 +41,7 @@ value stays scrapeable after it ends.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -51,8 +53,9 @@ from gpuquota.exporter.snapshot import (
     NodeSnapshot,
     PodUsage,
 )
-from gpuquota.quota.accounting.rules.shares import mig_share
 
+MIG_SLICES = 7  # compute slices of a MIG-capable GPU (A100, H100, H200, B200)
+_MIG_PROFILE = re.compile(r"^(\d+)g\.\d+gb(?:\+.*)?$")  # 1g.10gb, 3g.40gb, 1g.10gb+me
 KIND_POD = "pod"
 KIND_CLAIM = "claim"
 SM_ACTIVE = "sm_active"  # GPM SM activity (whole GPU with one holder, MIG instance)
@@ -126,8 +129,8 @@ def physical_share(device: DeviceSnapshot) -> float | None:
     """The physical GPUs one device is: 1, or a MIG instance's N/7 (None: unknown profile)."""
     if device.mig is None:
         return 1.0
-    share = mig_share(device.mig.profile)
-    return None if share is None else float(share)
+    match = _MIG_PROFILE.match(device.mig.profile)
+    return None if match is None else min(1.0, int(match.group(1)) / MIG_SLICES)
 
 
 def activities(

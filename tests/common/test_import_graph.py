@@ -303,6 +303,7 @@ PURE_EXPORTER_MODULES = (
     "enrich.podnames",
     "enrich.pods",
     "enrich.usage",
+    "enrich.ledger",
 )
 
 
