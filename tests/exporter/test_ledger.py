@@ -17,7 +17,7 @@ from gpuquota.exporter.enrich.ledger import (
     advance,
     published,
 )
-from gpuquota.exporter.expose.render import Renderer
+from gpuquota.exporter.expose.render import Renderer, RenderOptions
 from gpuquota.exporter.snapshot import (
     ClaimRef,
     DeviceSnapshot,
@@ -260,3 +260,18 @@ def test_the_counters_render_with_the_contract_labels() -> None:
     assert value(out, "gpu_pod_used_seconds_total", activity="sm_active", **pod) == 1.0
     assert value(out, "gpu_pod_energy_joules_total", **pod) == 200.0
     assert value(out, "gpu_unallocated_energy_joules_total", **at) == 5.0
+
+
+def test_dcgm_compat_rows_are_unchanged_by_the_counters() -> None:
+    pods = {G0: (_ref("team-a", "a"),)}
+    state = _run([_snap(T0 + i, [_whole(T0, 100.0 * i)], pods) for i in range(3)])
+    plain = _snap(T0 + 2, [_whole(T0, 200.0)], pods)
+    counted = replace(plain, usage_totals=published(state), unallocated_energy={G0: 5.0})
+    renderer = Renderer(RenderOptions(compat=frozenset({"dcgm"})))
+
+    def dcgm(snap: NodeSnapshot) -> list[str]:
+        text = renderer.render(snap).decode()
+        return [line for line in text.splitlines() if "DCGM_" in line]
+
+    assert dcgm(counted) == dcgm(plain) and len(dcgm(plain)) > 20
+    assert b"gpu_pod_energy_joules_total{" in renderer.render(counted)
