@@ -403,7 +403,10 @@ def _read_unallocated_energy(device: DeviceSnapshot, node: NodeSnapshot) -> Iter
 
 
 _USAGE_SOURCE = "exporter/enrich/ledger.py: GPM SM activity, utilisation or per-process SM"
-_ENERGY_SOURCE = "exporter/enrich/ledger.py: nvmlDeviceGetTotalEnergyConsumption increase"
+_ENERGY_SOURCE = (
+    "exporter/enrich/ledger.py: the increase of gpu_energy_joules_total (field value "
+    "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), split by power x time"
+)
 _ACTIVITY_HELP = (
     "activity: sm_active (GPM SM activity: the whole GPU held by one holder, or a MIG "
     "instance's own GPM), utilization (NVML utilisation ratio, no GPM), process_sm "
