@@ -415,10 +415,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print, leave docs alone")
     parser.add_argument(
         "--usage-counters",
-        action=argparse.BooleanOptionalAction,
-        default=True,
+        action="store_true",
         help="run gpu-exporter with --pod-usage (the API server stand-in naming the pods' "
-        "UIDs), so the usage counters (issue 19) are computed and exposed",
+        "UIDs), so the usage counters (issue 19) are computed and exposed; off by default, "
+        "so the table stays comparable with the earlier runs",
     )
     args = parser.parse_args(argv)
     if shutil.which("nvitop-exporter", path=str(VENV_BIN)) is None:
@@ -498,7 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "usage counters (gpu_pod_used_seconds_total, gpu_pod_energy_joules_total, "
                 "issue 19) are computed every round and exposed."
                 if args.usage_counters
-                else " (`--no-usage-counters`: without --pod-usage)."
+                else " (without --pod-usage; `--usage-counters` adds it and the usage counters)."
             ),
             "- Memory: VmRSS after the run and its peak VmHWM, from /proc/<pid>/status.",
             f"- Machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / "

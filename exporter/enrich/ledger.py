@@ -41,6 +41,7 @@ value stays scrapeable after it ends.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -72,14 +73,20 @@ SeriesKey = tuple[str, str, str, str]
 class Holding:
     """One holder of one device in one snapshot."""
 
-    kind: str
-    namespace: str
-    name: str
+    key: HolderKey  # (kind, namespace, name)
     pods: frozenset[tuple[str, str]]  # (namespace, pod) of the pods behind it
 
     @property
-    def key(self) -> HolderKey:
-        return (self.kind, self.namespace, self.name)
+    def kind(self) -> str:
+        return self.key[0]
+
+    @property
+    def namespace(self) -> str:
+        return self.key[1]
+
+    @property
+    def name(self) -> str:
+        return self.key[2]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,17 +126,20 @@ def holdings(snapshot: NodeSnapshot) -> dict[str, tuple[Holding, ...]]:
             claims.setdefault((c.claim_namespace, c.claim), set()).add((c.namespace, c.pod))
         through_claims = set().union(*claims.values()) if claims else set()
         pods = sorted({(r.namespace, r.pod) for r in snapshot.pods.get(uuid, ())} - through_claims)
-        found = [Holding(KIND_CLAIM, ns, name, frozenset(p)) for (ns, name), p in claims.items()]
-        found += [Holding(KIND_POD, ns, pod, frozenset({(ns, pod)})) for ns, pod in pods]
+        found = [Holding((KIND_CLAIM, ns, name), frozenset(p)) for (ns, name), p in claims.items()]
+        found += [Holding((KIND_POD, ns, pod), frozenset({(ns, pod)})) for ns, pod in pods]
         out[uuid] = tuple(sorted(found, key=lambda h: h.key))
     return out
 
 
 def physical_share(device: DeviceSnapshot) -> float | None:
     """The physical GPUs one device is: 1, or a MIG instance's N/7 (None: unknown profile)."""
-    if device.mig is None:
-        return 1.0
-    match = _MIG_PROFILE.match(device.mig.profile)
+    return 1.0 if device.mig is None else _profile_share(device.mig.profile)
+
+
+@functools.lru_cache(maxsize=64)
+def _profile_share(profile: str) -> float | None:
+    match = _MIG_PROFILE.match(profile)
     return None if match is None else min(1.0, int(match.group(1)) / MIG_SLICES)
 
 
@@ -208,15 +218,18 @@ def advance(
     snapshot: NodeSnapshot,
     uids: Mapping[HolderKey, str | None],
     config: LedgerConfig = LedgerConfig(),
+    held: Mapping[str, tuple[Holding, ...]] | None = None,
 ) -> LedgerState:
-    """The next state after ``snapshot``; ``uids``: the UIDs known now for its holders."""
+    """The next state after ``snapshot``; ``uids``: the UIDs known now for its holders;
+    ``held``: :func:`holdings` of ``snapshot`` where the caller has it already."""
     now = snapshot.collected_at
     if not snapshot.ok:  # NVML could not be read: nothing added, every baseline starts again
         return replace(state, at=None, energy_at={}, pending={})
     dt: float | None = None
     if state.at is not None and 0 < now - state.at <= config.max_gap_s:
         dt = now - state.at
-    held = holdings(snapshot)
+    if held is None:
+        held = holdings(snapshot)
     learned = dict(state.uids)
     for holder, uid in uids.items():
         if uid:
@@ -284,8 +297,8 @@ def advance(
                 joules = delta * weight / total
                 if series is None:
                     unallocated[gpu.uuid] += joules
-                elif series in totals:
-                    totals[series] = replace(totals[series], energy=totals[series].energy + joules)
+                elif (t := totals.get(series)) is not None:
+                    totals[series] = Totals(t.used, t.energy + joules, t.uid, t.last_seen)
         energy_at[gpu.uuid] = reading
         weights.clear()
     # forget holders not seen for a while (their last value was published meanwhile)
@@ -342,9 +355,9 @@ class LedgerEnricher:
         self.config = config
         self.state = LedgerState()
 
-    def uids(self, snapshot: NodeSnapshot) -> dict[HolderKey, str | None]:
+    def uids(self, held: Mapping[str, tuple[Holding, ...]]) -> dict[HolderKey, str | None]:
         out: dict[HolderKey, str | None] = {}
-        for holders in holdings(snapshot).values():
+        for holders in held.values():
             for h in holders:
                 if h.key in out:
                     continue
@@ -353,7 +366,8 @@ class LedgerEnricher:
         return out
 
     def __call__(self, snapshot: NodeSnapshot) -> NodeSnapshot:
-        self.state = advance(self.state, snapshot, self.uids(snapshot), self.config)
+        held = holdings(snapshot)
+        self.state = advance(self.state, snapshot, self.uids(held), self.config, held)
         return replace(
             snapshot,
             usage_totals=published(self.state),

@@ -20,8 +20,10 @@ from gpuquota.exporter.app import build
 from gpuquota.exporter.cli import build_parser
 from gpuquota.exporter.snapshot import NodeSnapshot
 from gpuquota.sim.apiserver import ApiServer
-from gpuquota.sim.kubelet.podresources import PodResourcesServer
+from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
+from gpuquota.sim.nvml import spec
 from gpuquota.sim.nvml.control import SimNode
+from gpuquota.sim.nvml.resourceslices import DRIVER, resource_slices
 from tests.exporter.procs import Exporter
 from tests.exporter.scrape import parse, value
 from tests.prometheus import running
@@ -215,3 +217,67 @@ def test_prometheus_stores_the_counters_with_their_labels(
         assert all(float(s["value"][1]) > 0 for s in energy)
         unheld = prom.query("gpu_unallocated_energy_joules_total")
         assert {s["metric"]["uuid"] for s in unheld} == {node.uuid(i) for i in range(5)}
+
+
+def test_a_dra_claim_shared_by_two_pods_is_charged_once(
+    make_node: Callable[..., SimNode], tmp_path: Path
+) -> None:
+    """Two pods share one ResourceClaim on GPU 0 (GPM 0.5, 300 W): one claim series with the
+    claim's UID, no pod series for them, and GPU 1, unheld, all unallocated."""
+    two = {"gpus": [{"model": "H100-SXM5-80GB", "count": 2}]}
+    node = make_node(two)
+    node.set(0, power_watts=300.0)
+    node.set(1, power_watts=100.0)
+    node.set_gpm(0, sm_activity=0.5)
+    claim_uid = "66666666-6666-4666-8666-666666666666"
+    (tmp_path / "proc").mkdir()
+    with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet, ApiServer() as server:
+        for obj in resource_slices(spec.load(two), NODE):
+            server.apply("ADDED", obj)
+        server.apply("ADDED", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "shared", "namespace": "team-d", "uid": claim_uid},
+            "spec": {"devices": {"requests": []}},
+        })  # fmt: skip
+        for pod in ("p1", "p2"):
+            device = ((DRIVER, NODE, "gpu-0"),)
+            kubelet.assign_claim(ClaimAssignment("team-d", pod, "main", "shared", "team-d", device))
+        node.preload()
+        args = build_parser().parse_args([
+            "--listen", "127.0.0.1:0", "--interval", "200ms", "--slow-interval", "200ms",
+            "--pod-resources-socket", str(tmp_path / "kubelet.sock"),
+            "--pod-resources-interval", "100ms", "--pod-usage", "--node-name", NODE,
+            "--proc-root", str(tmp_path / "proc"), "--dra", "on",
+            "--kubeconfig", str(server.write_kubeconfig(tmp_path / "kubeconfig")),
+        ])  # fmt: skip
+        app = build(args)
+        seen: list[NodeSnapshot] = []
+        app.collector.subscribe(seen.append)
+        app.start()
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and not (seen and seen[-1].usage_totals):
+                time.sleep(0.05)
+            time.sleep(5)
+            app.collector.stop()
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{app.server.address[1]}/metrics", timeout=5
+            ) as answer:
+                scraped = parse(answer.read())
+        finally:
+            app.stop()
+    (used,) = scraped["gpu_claim_used_seconds_total"]
+    labels, seconds = used
+    assert (labels["namespace"], labels["claim"], labels["claim_uid"], labels["activity"]) == (
+        "team-d", "shared", claim_uid, "sm_active")  # fmt: skip
+    assert labels["uuid"] == node.uuid(0)
+    # the UID arrived a few rounds in: the usage before it is in the value; the span is the
+    # whole run from the first collection that saw the claim
+    held = [s for s in seen if s.claims.get(node.uuid(0))]
+    span = held[-1].collected_at - held[0].collected_at
+    assert seconds == pytest.approx(0.5 * span, rel=0.01)
+    ((_, joules),) = scraped["gpu_claim_energy_joules_total"]
+    assert joules == pytest.approx(300.0 * span, rel=0.02)
+    assert "gpu_pod_used_seconds_total" not in scraped  # the pods hold it through the claim
+    unallocated = {lbl["uuid"]: v for lbl, v in scraped["gpu_unallocated_energy_joules_total"]}
+    assert unallocated[node.uuid(0)] == 0.0 and unallocated[node.uuid(1)] > 0
