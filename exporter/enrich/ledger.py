@@ -16,10 +16,10 @@ Activity (physical GPU-seconds per second), from the readings the collector alre
   ratio (``utilization``);
 * a GPU with several holders (time-slicing, MPS): each holder's processes' SM utilisation
   (``process_sm``, ``NodeSnapshot.pod_usage`` from exporter/enrich/usage.py), capped at 1;
-* a MIG instance: its own GPM SM activity x the profile's physical share (N/7,
-  as the accounting's ``mig_share`` without overrides: the node agent imports nothing from
-  gpuquota.quota, so tests/common/test_mig_share.py holds the two equal), ``sm_active``; several holders of one instance
-  share it equally (NVML has no per-process utilisation on MIG).
+* a MIG instance: its own GPM SM activity x the profile's physical share, ``sm_active``
+  (N/7, as the accounting's ``mig_share`` without overrides: the node agent imports nothing
+  from gpuquota.quota, so tests/common/test_mig_share.py holds the two equal); several
+  holders of one instance share it equally (NVML has no per-process utilisation on MIG).
 
 Energy. Each round's moment weighs ``power x dt`` (``dt`` where power is not read) and is split
 among the GPU's holders: by activity shares on a shared GPU, equally when nobody is active;
@@ -35,8 +35,9 @@ backwards add nothing and start a new baseline. Totals never decrease.
 
 UIDs. A holder's totals are kept from the first round it is seen; its series are published
 only once its UID is known (the pod directory, the DRA claim reader), the usage seen before
-then included in the first value. A holder not seen for ``retain_s`` is forgotten, so its last
-value stays scrapeable after it ends.
+then included in the first value. A holder that is gone keeps its series for ``retain_s``
+(its last value stays scrapeable), then is forgotten; a name whose UID changes (a pod
+recreated under the same name) starts again from 0.
 """
 
 from __future__ import annotations
