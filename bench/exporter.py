@@ -43,6 +43,7 @@ from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
 from gpuquota.exporter.snapshot import NodeSnapshot
+from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import stop_process
 from gpuquota.sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from gpuquota.sim.nvml.control import SimNode
@@ -53,6 +54,7 @@ VENV_BIN = Path(sys.executable).parent
 MIG_RESOURCE = "nvidia.com/mig-1g.5gb"
 GPU_RESOURCE = "nvidia.com/gpu"
 PCIE_SAMPLE = "nvmlDeviceGetPcieThroughput"
+NODE_NAME = "bench-node"
 WRK_LATENCY_RE = re.compile(r"^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$", re.M)
 WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 # The exporter's own count of finished collections (a counter in its metric table).
@@ -329,6 +331,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
     )
     kubelet = PodResourcesServer(socket_path, held)
     kubelet.start()
+    api = ApiServer().start() if args.usage_counters else None
     busy(node)
     rounds = round_times_ms(node, args.interval, args.rounds_seconds)
     results = []
@@ -341,6 +344,18 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
             f"--pod-resources-socket={socket_path}",
         ]
         expect = b'pod="pod-0"'
+        if api is not None:  # --pod-usage: the pods' UIDs, so the usage counters run too
+            for n, a in enumerate(held):
+                api.apply("ADDED", _pod(a.namespace, a.pod, n))
+            proc = work / f"{safe}-proc"
+            proc.mkdir(exist_ok=True)
+            ours += [
+                "--pod-usage",
+                f"--node-name={NODE_NAME}",
+                f"--proc-root={proc}",
+                f"--kubeconfig={api.write_kubeconfig(work / f'{safe}.kubeconfig')}",
+            ]
+            expect = b"gpu_pod_energy_joules_total{"
         ours_result = run_one(
             shape, "gpu-exporter", node, ours, port, expect, args, len(held), devices, work
         )
@@ -374,7 +389,23 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
         )
     finally:
         kubelet.stop()
+        if api is not None:
+            api.stop()
     return results
+
+
+def _pod(namespace: str, name: str, n: int) -> dict[str, object]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": f"00000000-0000-4000-8000-{n:012d}",
+        },
+        "spec": {"nodeName": NODE_NAME, "containers": [{"name": "main", "image": "x"}]},
+        "status": {"phase": "Running"},
+    }
 
 
 def table(results: list[Result]) -> str:
@@ -428,6 +459,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--scrape-seconds", type=float, default=10.0, help="wrk duration, s")
     parser.add_argument("--no-write", action="store_true", help="print, leave docs alone")
+    parser.add_argument(
+        "--usage-counters",
+        action="store_true",
+        help="run gpu-exporter with --pod-usage (the API server stand-in naming the pods' "
+        "UIDs), so the usage counters (issue 19) are computed and exposed; off by default, "
+        "so the table stays comparable with the earlier runs",
+    )
     args = parser.parse_args(argv)
     if shutil.which("nvitop-exporter", path=str(VENV_BIN)) is None:
         raise SystemExit("nvitop-exporter is not installed in this venv (pip install -e '.[dev]')")
@@ -516,7 +554,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             "(C, keep-alive) on /metrics while collection runs; CPU / scrape is the "
             "exporter's CPU during them per request.",
             "- Pod attribution on: one pod per GPU (h100x8) or per MIG instance (a100-mig) "
-            "through the kubelet pod-resources stand-in.",
+            "through the kubelet pod-resources stand-in"
+            + (
+                "; with `--pod-usage` (the API server stand-in names the pods' UIDs), so the "
+                "usage counters (gpu_pod_used_seconds_total, gpu_pod_energy_joules_total, "
+                "issue 19) are computed every round and exposed."
+                if args.usage_counters
+                else " (without --pod-usage; `--usage-counters` adds it and the usage counters)."
+            ),
             "- Memory: VmRSS after the run and its peak VmHWM, from /proc/<pid>/status.",
             f"- Machine: {os.cpu_count()} CPUs, load average {load[0]:.1f} / {load[1]:.1f} / "
             f"{load[2]:.1f} at the end (latency percentiles move with the load; CPU per "

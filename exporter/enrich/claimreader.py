@@ -30,6 +30,7 @@ class AdminAccessClaims:
         self._lock = threading.Lock()
         self._known: dict[ClaimKey, frozenset[Device]] = {}
         self._queued: set[ClaimKey] = set()
+        self._uids: dict[ClaimKey, str] = {}  # metadata.uid, for the usage counters
         self._queue: queue.Queue[ClaimKey | None] = queue.Queue()
         self.enabled = True  # False once the API said 401/403: every claim counts then
         self._thread = threading.Thread(target=self._run, name="dra-claims", daemon=True)
@@ -51,6 +52,11 @@ class AdminAccessClaims:
                 self._queue.put(key)
         return known or frozenset()
 
+    def uid_of(self, namespace: str, name: str) -> str | None:
+        """The claim's UID once it has been read (exporter/enrich/ledger.py)."""
+        with self._lock:
+            return self._uids.get((namespace, name))
+
     def keep_only(self, keys: Iterable[ClaimKey]) -> None:
         """Forget claims no container names any more (a claim recreated under the same
         name is read again)."""
@@ -58,6 +64,7 @@ class AdminAccessClaims:
         with self._lock:
             for key in [k for k in self._known if k not in wanted]:
                 del self._known[key]
+                self._uids.pop(key, None)
 
     def _run(self) -> None:
         from gpuquota.kube.client import ApiStatusError
@@ -67,10 +74,11 @@ class AdminAccessClaims:
             if key is None:
                 return
             namespace, name = key
+            uid = ""
             try:
-                found = admin_devices(
-                    self.kube.call("GET", claim_path(self.version, namespace, name))
-                )
+                claim = self.kube.call("GET", claim_path(self.version, namespace, name))
+                found = admin_devices(claim)
+                uid = str((claim.get("metadata") or {}).get("uid") or "")
             except ApiStatusError as exc:
                 if exc.status in (401, 403):
                     if self.enabled:
@@ -90,3 +98,5 @@ class AdminAccessClaims:
             with self._lock:
                 self._known[key] = found
                 self._queued.discard(key)
+                if uid:
+                    self._uids[key] = uid

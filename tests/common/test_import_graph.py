@@ -304,6 +304,7 @@ PURE_EXPORTER_MODULES = (
     "enrich.podnames",
     "enrich.pods",
     "enrich.usage",
+    "enrich.ledger",
 )
 
 
