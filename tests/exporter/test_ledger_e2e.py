@@ -165,9 +165,19 @@ def test_scraped_counters_match_the_stand_ins_integral(
         assert last_j - first_j == pytest.approx(POWER[i] * (last_t - first_t), rel=0.01)
         return last_j - first_j
 
+    def gpm_span(uuid: str) -> float:
+        """GPM is a sample pair taken on each GPU's slow turn (exporter/collect/tiers.py): its
+        activity is known from the round that completes the first pair, whose step counts."""
+        for before, snap in zip(seen, seen[1:], strict=False):
+            if any(d.uuid == uuid and d.gpm is not None for d in snap.devices):
+                return last.collected_at - before.collected_at
+        raise AssertionError(f"no GPM sample of {uuid}")
+
     rel = 0.01
     # GPU 0, one pod: GPM SM activity 0.8 for the whole span, all the GPU's energy
-    assert used("train", node.uuid(0), "sm_active") == pytest.approx(0.8 * span, rel=rel)
+    assert used("train", node.uuid(0), "sm_active") == pytest.approx(
+        0.8 * gpm_span(node.uuid(0)), rel=rel
+    )
     assert energy("train", node.uuid(0)) == pytest.approx(truth_energy(0), rel=rel)
     # GPU 1, time-sliced: per-process SM 0.6 / 0.2, energy split 3:1
     assert used("nb1", node.uuid(1), "process_sm") == pytest.approx(0.6 * span, rel=rel)
@@ -176,7 +186,7 @@ def test_scraped_counters_match_the_stand_ins_integral(
     assert energy("nb2", node.uuid(1)) == pytest.approx(0.25 * truth_energy(1), rel=rel)
     # GPU 2, MIG: the 1g instance at 100 % counts 1/7 of a GPU; 6/7 of the energy is unheld
     mig = node.mig_uuids(2)[SMALL]
-    assert used("mig", mig, "sm_active") == pytest.approx(span / 7, rel=rel)
+    assert used("mig", mig, "sm_active") == pytest.approx(gpm_span(mig) / 7, rel=rel)
     assert energy("mig", mig) == pytest.approx(truth_energy(2) / 7, rel=rel)
     unallocated = {lbl["uuid"]: v for lbl, v in scraped["gpu_unallocated_energy_joules_total"]}
     assert unallocated[node.uuid(2)] == pytest.approx(truth_energy(2) * 6 / 7, rel=rel)
