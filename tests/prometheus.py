@@ -61,13 +61,47 @@ def running(work: Path, jobs: Mapping[str, Sequence[int]]) -> Iterator[Prometheu
         lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
     config = work / "prometheus.yml"
     config.write_text("\n".join(lines) + "\n")
+    with _serve(config, work / "tsdb") as server:
+        yield server
+
+
+def create_blocks(openmetrics: str, tsdb: Path, work: Path) -> None:
+    """Write samples with their own timestamps into TSDB blocks under ``tsdb`` (promtool
+    tsdb create-blocks-from openmetrics): Prometheus then serves them as if it had scraped
+    them. ``openmetrics`` must end with ``# EOF``; blocks may overlap earlier ones."""
+    source = work / f"samples-{time.monotonic_ns()}.om"
+    source.write_text(openmetrics)
+    tsdb.mkdir(parents=True, exist_ok=True)
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is not installed: apt-get install -y prometheus (make test does)"
+    done = subprocess.run(
+        [promtool, "tsdb", "create-blocks-from", "openmetrics", str(source), str(tsdb)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, f"promtool: {done.stdout[-2000:]}{done.stderr[-2000:]}"
+
+
+@contextmanager
+def serving(tsdb: Path, work: Path) -> Iterator[Prometheus]:
+    """Prometheus serving the blocks under ``tsdb`` (see create_blocks), scraping nothing."""
+    config = work / "prometheus-blocks.yml"
+    config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
+    with _serve(config, tsdb, "--storage.tsdb.retention.time=100y") as server:
+        yield server
+
+
+@contextmanager
+def _serve(config: Path, tsdb: Path, *extra: str) -> Iterator[Prometheus]:
     port = free_port()
     proc = subprocess.Popen(
         [
             binary(),
             f"--config.file={config}",
-            f"--storage.tsdb.path={work / 'tsdb'}",
+            f"--storage.tsdb.path={tsdb}",
             f"--web.listen-address=127.0.0.1:{port}",
+            *extra,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
