@@ -1,0 +1,247 @@
+"""The ledger's ingest thread: closed windows from Prometheus into the store, leader only.
+
+The controller starts one :class:`Ingester` thread when it takes the lease and stops it when
+it loses it. The thread has its own store connection and never touches the watch loop or the
+Accountant: a slow Prometheus or database delays the ledger, never an event. Each turn it asks
+``rules.plan`` which windows to (re)ingest, fetches each from Prometheus and replaces its rows
+in one transaction (ledger/write.py). Failures are logged once per change of state (the same
+error again is not logged again) and retried with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuquota.quota.ledger import rules
+from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
+from gpuquota.quota.ledger.write import Baseline, LedgerStore
+from gpuquota.quota.promhttp import PrometheusError
+from gpuquota.quota.store.db import StoreError, open_store
+
+log = logging.getLogger(__name__)
+
+IDLE_HORIZON = 7 * 86400  # how far back an idle run is traced (idle "since" at most this old)
+
+
+@dataclass(frozen=True)
+class LedgerSettings:
+    """The controller's --ledger-* and --idle-* flags."""
+
+    prometheus_url: str
+    window: int = 3600
+    delay: int = 300
+    lookback: int = 3600
+    backfill: int = 7 * 86400
+    max_gap: int = 60
+    idle_threshold: float = 0.05
+    idle_for: int = 3600
+    poll: float = 30.0  # seconds between turns when nothing is due
+    timeout: float = 120.0  # one Prometheus query
+    backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
+
+
+def check(settings: LedgerSettings) -> str | None:
+    """What is wrong with the settings, in one line naming the flag; None when nothing."""
+    s = settings
+    if s.window < 60 or 86400 % s.window:
+        return f"--ledger-window: {s.window}s must divide a day and be at least 1m (e.g. 15m, 1h)"
+    if s.delay < s.max_gap:
+        return f"--ledger-delay ({s.delay}s) must be at least --ledger-max-gap ({s.max_gap}s): later samples decide a window's coverage at its end"
+    if s.lookback < 0 or s.lookback % s.window:
+        return f"--ledger-lookback ({s.lookback}s) must be a multiple of --ledger-window ({s.window}s), 0 or more"
+    if s.backfill < s.window:
+        return f"--ledger-backfill ({s.backfill}s) must be at least --ledger-window ({s.window}s)"
+    if s.max_gap <= 0:
+        return "--ledger-max-gap must be positive"
+    if not 0 < s.idle_threshold <= 1:
+        return f"--idle-threshold ({s.idle_threshold}) must be a ratio in (0, 1], e.g. 0.05"
+    if s.idle_for < s.window:
+        return f"--idle-for ({s.idle_for}s) must be at least --ledger-window ({s.window}s)"
+    return None
+
+
+@dataclass
+class LedgerFacts:
+    """What the ledger's metrics read at scrape time (replaced whole, never mutated)."""
+
+    ingested_until: int | None = None
+    windows: int = 0
+    rows: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # reason (prometheus|store) -> count
+    idle: tuple[rules.Idle, ...] = ()
+    failing: str | None = None
+
+
+class Ingester:
+    """Ingests the ledger of one cluster until stopped. ``run_once`` is one turn."""
+
+    def __init__(
+        self,
+        db_url: str,
+        cluster: str,
+        settings: LedgerSettings,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.db_url = db_url
+        self.cluster = cluster
+        self.settings = settings
+        self.clock = clock
+        self.facts = LedgerFacts()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ledger: LedgerStore | None = None
+
+    # -- one turn ----------------------------------------------------------------------------
+
+    def _store(self) -> LedgerStore:
+        if self._ledger is None:
+            self._ledger = LedgerStore(open_store(self.db_url), self.cluster)
+        return self._ledger
+
+    def run_once(self) -> int:
+        """Ingest every window that is due; returns how many. Raises PrometheusError or
+        StoreError; windows ingested before the failure stay ingested."""
+        s = self.settings
+        ledger = self._store()
+        progress = ledger.progress()
+        until = progress.ingested_until if progress else None
+        if until is not None:
+            self._publish(ingested_until=until)
+        due = rules.plan(
+            until,
+            self.clock(),
+            window=s.window,
+            delay=s.delay,
+            lookback=s.lookback,
+            backfill=s.backfill,
+        )
+        if until is not None and due and due[0] > until:
+            log.warning(
+                "usage ledger: windows from %d to %d are beyond --ledger-backfill and are skipped",
+                until,
+                due[0],
+            )
+        for start in due:
+            rows = self.ingest_window(start)
+            self._publish(
+                ingested_until=max(until or 0, start + s.window),
+                windows=self.facts.windows + 1,
+                rows=self.facts.rows + rows,
+            )
+            until = self.facts.ingested_until
+        if due:
+            self.refresh_idle()
+        return len(due)
+
+    def ingest_window(self, start: int) -> int:
+        """Fetch and store one window; returns the rows written."""
+        s = self.settings
+        found = fetch_window(s.prometheus_url, start, s.window, s.max_gap, s.timeout)
+
+        def usage_of(series: SeriesSamples, base: Baseline | None) -> rules.Usage | None:
+            used, energy = baseline(series, base, start)
+            return rules.window_usage(
+                series.used,
+                series.energy,
+                start,
+                s.window,
+                base_used=used,
+                base_energy=energy,
+                max_gap=s.max_gap,
+            )
+
+        series = [x for x in found.values() if _inside(x, start, start + s.window)]
+        return self._store().replace_window(start, s.window, series, usage_of)
+
+    def refresh_idle(self) -> None:
+        s = self.settings
+        ledger = self._store()
+        until = self.facts.ingested_until
+        if until is None:
+            return
+        holders = ledger.open_holders()
+        windows = ledger.holder_windows([h.holder_uid for h in holders], until - IDLE_HORIZON)
+        idle = rules.idle_allocations(
+            holders,
+            windows,
+            ingested_until=until,
+            threshold=s.idle_threshold,
+            idle_for=s.idle_for,
+        )
+        self._publish(idle=tuple(idle))
+
+    def _publish(self, **changes: object) -> None:
+        self.facts = dataclasses.replace(self.facts, **changes)  # type: ignore[arg-type]
+
+    # -- the thread --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ledger", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self._ledger is not None:
+            self._ledger.store.close()
+            self._ledger = None
+
+    def _run(self) -> None:
+        backoff = 0.0
+        while not self._stop.is_set():
+            try:
+                self.run_once()
+            except (PrometheusError, StoreError) as exc:
+                reason = "prometheus" if isinstance(exc, PrometheusError) else "store"
+                errors = dict(self.facts.errors)
+                errors[reason] = errors.get(reason, 0) + 1
+                message = f"usage ledger: {exc}"
+                if message != self.facts.failing:
+                    log.error("%s (retrying with backoff)", message)
+                self._publish(errors=errors, failing=message)
+                backoff = min(300.0, max(self.settings.backoff, backoff * 2))
+                self._stop.wait(backoff)
+                continue
+            except Exception:
+                log.exception("usage ledger: unexpected failure (retrying)")
+                errors = dict(self.facts.errors)
+                errors["internal"] = errors.get("internal", 0) + 1
+                self._publish(errors=errors, failing="internal")
+                backoff = min(300.0, max(self.settings.backoff, backoff * 2))
+                self._stop.wait(backoff)
+                continue
+            if self.facts.failing is not None:
+                log.info("usage ledger: ingesting again (%s resolved)", self.facts.failing)
+                self._publish(failing=None)
+            backoff = 0.0
+            self._stop.wait(self.settings.poll)
+
+
+def baseline(
+    series: SeriesSamples, stored: Baseline | None, start: int
+) -> tuple[float | None, float | None]:
+    """The counters' baselines of a series' window at ``start``: the stored end of its
+    previous window when that is the window just before; else, when the series has a sample
+    just before ``start`` (its previous window was never ingested: beyond --ledger-backfill,
+    or before the ledger began), None, so that the increase starts at that sample; else the
+    stored end however old (the agent was down: what it counted meanwhile lands here), else
+    None (a new series: from 0, rules.increase)."""
+    if stored is not None:
+        window_start, window_seconds, end_used, end_energy = stored
+        before = any(t < start for t, _ in series.used) or any(t < start for t, _ in series.energy)
+        if window_start + window_seconds == start or not before:
+            return (end_used or 0.0, end_energy or 0.0)
+    return (None, None)
+
+
+def _inside(series: SeriesSamples, start: int, end: int) -> bool:
+    return any(start <= t < end for t, _ in series.used) or any(
+        start <= t < end for t, _ in series.energy
+    )
