@@ -128,6 +128,8 @@ class Ingester:
                 due[0],
             )
         for start in due:
+            if self._stop.is_set():
+                return 0
             rows = self.ingest_window(start)
             self._publish(
                 ingested_until=max(until or 0, start + s.window),
@@ -185,7 +187,12 @@ class Ingester:
         self._thread = threading.Thread(target=self._run, name="ledger", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def request_stop(self) -> None:
+        """Stop after the window being written, without waiting."""
+        self._stop.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop and wait for the thread (a window being written is finished or rolled back)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)

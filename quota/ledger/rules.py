@@ -144,6 +144,7 @@ class OpenHolder:
     name: str
     physical_gpus: float
     started_at: int
+    kind: str = "pod"  # pod | claim
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,7 @@ class Idle:
     physical_gpus: float
     since: int
     idle_gpu_seconds: float
+    kind: str = "pod"
 
 
 def idle_allocations(
@@ -212,6 +214,7 @@ def idle_allocations(
                     holder.physical_gpus,
                     since,
                     idle_seconds,
+                    holder.kind,
                 )
             )
     return sorted(out, key=lambda i: (i.namespace, i.name, i.holder_uid))

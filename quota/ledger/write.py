@@ -290,8 +290,9 @@ class LedgerStore:
         except SQLAlchemyError as exc:
             raise self._failed("read from", exc) from None
         return [
-            OpenHolder(str(r[0]), str(r[1]), str(r[2]), float(r[3]), int(r[4]))
-            for r in [*pods, *claims]
+            OpenHolder(str(r[0]), str(r[1]), str(r[2]), float(r[3]), int(r[4]), kind)
+            for kind, found in (("pod", pods), ("claim", claims))
+            for r in found
         ]
 
     def holder_windows(self, uids: Sequence[str], since: int) -> dict[str, list[HolderWindow]]:

@@ -107,3 +107,24 @@ def test_settings_checked(change: dict[str, float], message: str) -> None:
     assert check(LedgerSettings("http://p:9090")) is None
     problem = check(LedgerSettings("http://p:9090", **change))  # type: ignore[arg-type]
     assert problem is not None and problem.startswith(message)
+
+
+def test_ledger_metrics_from_the_ingester_facts() -> None:
+    from prometheus_client import generate_latest
+
+    from gpuquota.quota.controller.metrics import ControllerMetrics
+    from gpuquota.quota.ledger.ingest import LedgerFacts
+
+    metrics = ControllerMetrics()
+    assert "gpuquota_ledger" not in generate_latest(metrics.registry).decode()  # no ingester
+    idle = rules.Idle("team-b", "p5", "u5", 2.0, 7200, 9000.0)
+    facts = LedgerFacts(ingested_until=10800, windows=3, errors={"prometheus": 2}, idle=(idle,))
+    metrics.ledger.read_from(lambda: facts)
+    text = generate_latest(metrics.registry).decode()
+    assert "gpuquota_ledger_ingested_until_timestamp_seconds 10800.0" in text
+    assert "gpuquota_ledger_windows_ingested_total 3.0" in text
+    assert 'gpuquota_ledger_errors_total{reason="prometheus"} 2.0' in text
+    labels = '{kind="pod",name="p5",namespace="team-b"}'
+    assert f"gpuquota_idle_allocation_gpus{labels} 2.0" in text
+    assert f"gpuquota_idle_allocation_since_timestamp_seconds{labels} 7200.0" in text
+    assert f"gpuquota_idle_allocation_idle_gpu_seconds{labels} 9000.0" in text
