@@ -148,7 +148,7 @@ class Ingester:
 
         def usage_of(series: SeriesSamples, base: Baseline | None) -> rules.Usage | None:
             used, energy = baseline(series, base, start)
-            return rules.window_usage(
+            usage = rules.window_usage(
                 series.used,
                 series.energy,
                 start,
@@ -157,6 +157,7 @@ class Ingester:
                 base_energy=energy,
                 max_gap=s.max_gap,
             )
+            return usage if rules.stored(series.holder_kind, usage) else None
 
         series = [x for x in found.values() if _inside(x, start, start + s.window)]
         return self._store().replace_window(start, s.window, series, usage_of)

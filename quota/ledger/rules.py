@@ -131,6 +131,16 @@ def window_usage(
     )
 
 
+def stored(holder_kind: str, usage: Usage | None) -> bool:
+    """Whether a window's figures become a row. Every holder's window with samples does (a
+    sampled idle hour is data, not its absence), but the unallocated energy of a GPU that
+    someone held for the whole window (no increase) does not: on a busy cluster that is most
+    GPUs every hour, and the next row's baseline comes out the same without it."""
+    if usage is None:
+        return False
+    return holder_kind != "unallocated" or usage.energy_joules != 0 or usage.used_gpu_seconds != 0
+
+
 # ---------------------------------------------------------------------------------------------
 # Idle allocations
 

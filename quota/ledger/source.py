@@ -1,9 +1,11 @@
 """The usage ledger's source: the node agents' usage counters, read from Prometheus' HTTP API.
 
-One instant query per window of the five counters of the #19 contract (docs/metrics.md) with a
-range selector: every raw sample from ``max_gap`` before the window to ``max_gap`` after it
-(the samples around the window give its coverage at the edges), grouped per ledger series
-(device UUID, holder kind, holder UID). Raw samples are what the increase and coverage rules
+Instant queries of the five counters of the #19 contract (docs/metrics.md) with a range
+selector: every raw sample from ``max_gap`` before the window to ``max_gap`` after it (the
+samples around the window give its coverage at the edges), grouped per ledger series (device
+UUID, holder kind, holder UID). A count first says how many samples there are; a big window is
+then asked in slices of time and shards of devices of about 5,000 samples each, so that no
+answer takes long to decode (decoding holds the interpreter lock the watch loop needs too). Raw samples are what the increase and coverage rules
 (ledger/rules.py) need: nothing is extrapolated or resampled by Prometheus.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import urllib.parse
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuquota.quota.promhttp import PrometheusError, get_json
 
@@ -26,6 +29,9 @@ COUNTERS: dict[str, tuple[str, str]] = {
 # the holder's UID and name labels per kind
 HOLDER_LABELS = {"pod": ("pod_uid", "pod"), "claim": ("claim_uid", "claim")}
 MODEL_LABELS = ("gpu_model", "modelName")
+# samples per query (about 35 bytes of JSON each): decoding 5,000 holds the interpreter lock for
+# a few milliseconds (up to 15 on a loaded 2-core machine)
+MAX_SAMPLES_PER_QUERY = 5_000
 
 
 @dataclass
@@ -43,6 +49,7 @@ class SeriesSamples:
     activity: str | None = None
     used: list[tuple[float, float]] = field(default_factory=list)
     energy: list[tuple[float, float]] = field(default_factory=list)
+    unsorted: bool = False  # samples of several Prometheus series interleave: sort them
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -54,33 +61,99 @@ def selector() -> str:
     return f'{{__name__=~"{names}"}}'
 
 
-def fetch_window(
-    base_url: str, start: int, window: int, max_gap: int, timeout: float = 60.0
-) -> dict[tuple[str, str, str], SeriesSamples]:
-    """Every ledger series' raw samples in [start - max_gap, start + window + max_gap]."""
-    at = start + window + max_gap
-    span = window + 2 * max_gap
-    params = urllib.parse.urlencode({"query": f"{selector()}[{span}s]", "time": str(at)})
+def _query(base_url: str, promql: str, at: float, timeout: float) -> dict[str, Any]:
+    params = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"})
     body = get_json(f"{base_url.rstrip('/')}/api/v1/query?{params}", base_url, timeout)
     if body.get("status") != "success":
         raise PrometheusError(
             f"Prometheus at {base_url}: query failed: {body.get('error', body.get('status'))}"
         )
-    data = body.get("data") or {}
-    if data.get("resultType") != "matrix":
-        raise PrometheusError(
-            f"Prometheus at {base_url}: expected a matrix result, got {data.get('resultType')!r}"
-        )
-    return group(data.get("result") or [], base_url)
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise PrometheusError(f"Prometheus at {base_url}: answer without data")
+    return data
+
+
+def _shards(count: int) -> list[str]:
+    """Selectors splitting the series by the device UUID's last character: ``count`` hex
+    shards (1, 2, 4, 8 or 16) and the rest."""
+    if count <= 1:
+        return [""]
+    digits = "0123456789abcdef"
+    size = 16 // count
+    out = []
+    for k in range(count):
+        chars = digits[k * size : (k + 1) * size]
+        out.append(f',uuid=~".*[{chars}{chars.upper()}]"')
+    out.append(',uuid!~".*[0-9a-fA-F]"')
+    return out
+
+
+def fetch_window(
+    base_url: str,
+    start: int,
+    window: int,
+    max_gap: int,
+    timeout: float = 60.0,
+    *,
+    max_samples: int = MAX_SAMPLES_PER_QUERY,
+) -> dict[tuple[str, str, str], SeriesSamples]:
+    """Every ledger series' raw samples in [start - max_gap, start + window + max_gap].
+
+    Asked in pieces of at most about ``max_samples`` samples (slices of time, and shards of
+    devices when there are many): decoding an answer holds the interpreter's lock, and a big
+    one would hold up the watch loop's thread for as long."""
+    lo, hi = start - max_gap, start + window + max_gap
+    span = hi - lo
+    data = _query(base_url, f"sum(count_over_time({selector()}[{span}s]))", hi, timeout)
+    try:
+        total = float(data["result"][0]["value"][1]) if data.get("result") else 0.0
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise PrometheusError(f"Prometheus at {base_url}: malformed count {data!r:.200}") from exc
+    if total <= 0:
+        return {}
+    pieces = max(1, math.ceil(total / max_samples))
+    shards = 1 if pieces < 4 else 16 if pieces >= 64 else 4
+    slices = min(max(1, math.ceil(pieces / shards)), max(1, span // 15))
+    edges = [lo + (span * i) // slices for i in range(slices + 1)]
+    out: dict[tuple[str, str, str], SeriesSamples] = {}
+    names = "|".join(COUNTERS)
+    for shard in _shards(shards):
+        for i in range(slices):
+            # the first slice reaches back to lo itself (a range excludes its start in
+            # Prometheus 3); samples on an edge come twice and are deduplicated
+            length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
+            promql = f'{{__name__=~"{names}"{shard}}}[{length}s]'
+            data = _query(base_url, promql, edges[i + 1], timeout)
+            if data.get("resultType") != "matrix":
+                raise PrometheusError(
+                    f"Prometheus at {base_url}: expected a matrix result, got "
+                    f"{data.get('resultType')!r}"
+                )
+            group(data.get("result") or [], base_url, into=out)
+    for series in out.values():
+        if series.unsorted:
+            series.used = _sorted_unique(series.used)
+            series.energy = _sorted_unique(series.energy)
+            series.unsorted = False
+    return out
+
+
+def _sorted_unique(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    samples.sort()
+    return [s for i, s in enumerate(samples) if i == 0 or s[0] != samples[i - 1][0]]
 
 
 def group(
-    result: list[dict[str, object]], base_url: str = ""
+    result: list[dict[str, object]],
+    base_url: str = "",
+    into: dict[tuple[str, str, str], SeriesSamples] | None = None,
 ) -> dict[tuple[str, str, str], SeriesSamples]:
     """Prometheus series -> ledger series. Several Prometheus series of one holder's counter
     (its activity label changed, the agent's pod moved) are one counter: their samples merge in
-    time order. A series without a device UUID or a holder UID is skipped."""
-    out: dict[tuple[str, str, str], SeriesSamples] = {}
+    time order (``fetch_window`` sorts them where they interleave). A series without a device UUID or a holder UID
+    is skipped. Adds to ``into`` when given."""
+    out: dict[tuple[str, str, str], SeriesSamples] = {} if into is None else into
     for item in result:
         try:
             labels = item["metric"]
@@ -110,16 +183,18 @@ def group(
         series.mig_profile = labels.get("mig_profile") or series.mig_profile
         series.activity = labels.get("activity") or series.activity
         target = series.used if counter == "used" else series.energy
-        merge = bool(target)
-        try:
-            for t, v in values:
-                value = float(v)
-                if math.isfinite(value):
-                    target.append((float(t), value))
+        try:  # x - x is 0 for every finite x, NaN for NaN and the infinities
+            pairs = [(float(t), x) for t, v in values if (x := float(v)) - x == 0]
         except (TypeError, ValueError) as exc:
             raise PrometheusError(
                 f"Prometheus at {base_url}: malformed samples of {labels!r:.200}"
             ) from exc
-        if merge:
-            target.sort()
+        if target and pairs and pairs[0][0] <= target[-1][0]:
+            # the next slice of the same series repeats the sample on their common edge;
+            # anything else (two Prometheus series of one counter) is sorted at the end
+            if pairs[0][0] == target[-1][0] and (len(pairs) < 2 or pairs[1][0] > pairs[0][0]):
+                del pairs[0]
+            else:
+                series.unsorted = True
+        target.extend(pairs)
     return out

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, delete, func, insert, select, update
+from sqlalchemy import Connection, Table, and_, delete, func, insert, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.quota.ledger.rules import HolderWindow, OpenHolder, Usage
@@ -85,6 +85,9 @@ class LedgerStore:
         t = _table(UsageSeries)
         if not series:
             return {}
+        models = self._allocation_models(
+            conn, [s.holder_uid for s in series if s.gpu_model is None and s.holder_kind == "pod"]
+        )
         rows = [
             {
                 "cluster": self.cluster,
@@ -94,7 +97,7 @@ class LedgerStore:
                 "namespace": s.namespace,
                 "holder_name": s.holder_name,
                 "node": s.node,
-                "gpu_model": s.gpu_model,
+                "gpu_model": s.gpu_model or models.get(s.holder_uid),
                 "mig_profile": s.mig_profile,
                 "activity": s.activity,
             }
@@ -126,36 +129,22 @@ class LedgerStore:
                 key = (row.device_uuid, row.holder_kind, row.holder_uid)
                 if key in wanted:
                     ids[key] = row.id
-        self._fill_models(
-            conn, [s for s in series if s.gpu_model is None and s.holder_kind == "pod"]
-        )
         return ids
 
-    def _fill_models(self, conn: Connection, series: Sequence[SeriesSamples]) -> None:
-        """A pod series whose samples name no GPU model takes its allocation's."""
-        if not series:
-            return
+    def _allocation_models(self, conn: Connection, uids: Sequence[str]) -> dict[str, str]:
+        """Pod UID -> its allocation's GPU model: for pod series whose samples name none."""
         a = _table(Allocation)
-        t = _table(UsageSeries)
         models: dict[str, str] = {}
-        for chunk in _chunks(sorted({s.holder_uid for s in series})):
+        for chunk in _chunks(sorted(set(uids))):
             for row in conn.execute(
                 select(a.c.pod_uid, a.c.gpu_model).where(
-                    a.c.cluster == self.cluster, a.c.pod_uid.in_(chunk), a.c.gpu_model.is_not(None)
+                    a.c.cluster == self.cluster,
+                    a.c.pod_uid.in_(chunk),
+                    a.c.gpu_model.is_not(None),
                 )
             ):
                 models[row.pod_uid] = row.gpu_model
-        for uid, model in models.items():
-            conn.execute(
-                update(t)
-                .where(
-                    t.c.cluster == self.cluster,
-                    t.c.holder_uid == uid,
-                    t.c.holder_kind == "pod",
-                    t.c.gpu_model.is_(None),
-                )
-                .values(gpu_model=model)
-            )
+        return models
 
     def baselines(self, conn: Connection, ids: Sequence[int], start: int) -> dict[int, Baseline]:
         """Series id -> its latest window before ``start`` (see Baseline)."""

@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from gpuquota.quota.accounting.rows import AllocationRow, Batch
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
+from gpuquota.quota.ledger.source import fetch_window
 from gpuquota.quota.promhttp import PrometheusError
 from gpuquota.quota.store.db import open_store
 from gpuquota.quota.store.models import LedgerProgress, UsageSeries, UsageWindow
@@ -77,6 +78,14 @@ def _series(stop_p1: int = END) -> list[Series]:
             "gpu_unallocated_energy_joules_total",
             {"gpu": "4", "uuid": "GPU-5", "instance": "node-2:9400", "node": "node-2"},
             lambda t: 100.0 * (t - BORN),
+            BORN,
+            END,
+        ),
+        # GPU-8: held by someone the whole time: its unallocated energy stays put (no rows)
+        Series(
+            "gpu_unallocated_energy_joules_total",
+            {"gpu": "6", "uuid": "GPU-8", "instance": "node-2:9400", "node": "node-2"},
+            lambda t: 5000.0,
             BORN,
             END,
         ),
@@ -363,3 +372,12 @@ def test_prometheus_down_is_one_clear_error_retried_and_nothing_written(
     assert len(logged) == 1  # once per change of state
     assert progress(db_url, cluster) is None
     assert rows(db_url, cluster) == {}
+
+
+def test_a_window_asked_in_pieces_is_the_same(prometheus: Prometheus) -> None:
+    whole = fetch_window(prometheus.url, A, WINDOW, 60)
+    # 7 ledger series x ~2 counters x 248 samples: dozens of slices over 4 and 16 shards
+    for small in (400, 40):
+        pieces = fetch_window(prometheus.url, A, WINDOW, 60, max_samples=small)
+        assert pieces == whole
+    assert len(whole[("GPU-1", "pod", "u1")].used) == (WINDOW + 120) // 15 + 1
