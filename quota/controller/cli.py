@@ -30,7 +30,7 @@ from gpuquota.quota.accounting.rules.pods import raw_prefilter
 from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
-from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
+from gpuquota.quota.ledger.ingest import LedgerProcess, LedgerSettings
 from gpuquota.quota.ledger.ingest import check as check_ledger
 from gpuquota.quota.options import (
     accounting_options,
@@ -331,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.db, migrate=args.migrate)
     metrics = ControllerMetrics()
     current: list[Controller] = []
-    ingesters: list[Ingester] = []
+    ingesters: list[LedgerProcess] = []
     leading = threading.Event()
 
     def readiness() -> tuple[bool, str]:
@@ -385,8 +385,8 @@ def run(args: argparse.Namespace) -> int:
             current.append(controller)
             if stopping.is_set():
                 return
-            if ledger is not None:  # its own thread and connection, beside the watch loop
-                ingester = Ingester(args.db, args.cluster, ledger)
+            if ledger is not None:  # its own process and connection, beside the watch loop
+                ingester = LedgerProcess(args.db, args.cluster, ledger)
                 ingesters.append(ingester)
                 metrics.ledger.read_from(lambda: ingester.facts)
                 ingester.start()

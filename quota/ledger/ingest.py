@@ -1,8 +1,10 @@
 """The ledger's ingest thread: closed windows from Prometheus into the store, leader only.
 
-The controller starts one :class:`Ingester` thread when it takes the lease and stops it when
-it loses it. The thread has its own store connection and never touches the watch loop or the
-Accountant: a slow Prometheus or database delays the ledger, never an event. Each turn it asks
+The controller starts a :class:`LedgerProcess` (an :class:`Ingester`'s loop in a child
+process) when it takes the lease and stops it when it loses it. It has its own store
+connection and never touches the watch loop or the Accountant: a slow Prometheus or database
+delays the ledger, never an event, and its CPU work does not hold the watch loop's interpreter
+lock. Each turn it asks
 ``rules.plan`` which windows to (re)ingest, fetches each from Prometheus and replaces its rows
 in one transaction (ledger/write.py). Failures are logged once per change of state (the same
 error again is not logged again) and retried with exponential backoff.
@@ -10,12 +12,17 @@ error again is not logged again) and retried with exponential backoff.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Protocol
 
 from gpuquota.quota.ledger import rules
 from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
@@ -75,6 +82,7 @@ class LedgerFacts:
     errors: dict[str, int] = field(default_factory=dict)  # reason (prometheus|store) -> count
     idle: tuple[rules.Idle, ...] = ()
     failing: str | None = None
+    turns: int = 0  # turns that ingested something (windows and idle allocations done)
 
 
 class Ingester:
@@ -93,7 +101,8 @@ class Ingester:
         self.settings = settings
         self.clock = clock
         self.facts = LedgerFacts()
-        self._stop = threading.Event()
+        self.on_facts: Callable[[LedgerFacts], None] | None = None  # each change, if set
+        self._stop: threading.Event | EventLike = threading.Event()
         self._thread: threading.Thread | None = None
         self._ledger: LedgerStore | None = None
 
@@ -139,6 +148,7 @@ class Ingester:
             until = self.facts.ingested_until
         if due:
             self.refresh_idle()
+            self._publish(turns=self.facts.turns + 1)
         return len(due)
 
     def ingest_window(self, start: int) -> int:
@@ -181,6 +191,8 @@ class Ingester:
 
     def _publish(self, **changes: object) -> None:
         self.facts = dataclasses.replace(self.facts, **changes)  # type: ignore[arg-type]
+        if self.on_facts is not None:
+            self.on_facts(self.facts)
 
     # -- the thread --------------------------------------------------------------------------
 
@@ -230,6 +242,116 @@ class Ingester:
                 self._publish(failing=None)
             backoff = 0.0
             self._stop.wait(self.settings.poll)
+
+
+class EventLike(Protocol):
+    """threading.Event or multiprocessing's Event."""
+
+    def is_set(self) -> bool: ...
+    def set(self) -> None: ...
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+
+class LedgerProcess:
+    """The leader's ledger ingestion, in a child process of its own.
+
+    Decoding Prometheus' answers and computing the windows is CPU work in Python; in a thread
+    of the controller's process it would take the interpreter lock from the watch loop for
+    as long (bench/ledger.py measured events delayed by hundreds of milliseconds on a busy
+    2-core machine). In a child process (niced, so the kernel prefers the watch loop too)
+    it shares nothing with the watch path but the store. Its facts (for the metrics) come
+    back through a pipe after each change; it exits when asked to, when the controller's
+    process is gone, or when the pipe breaks."""
+
+    NICE = 10
+
+    def __init__(self, db_url: str, cluster: str, settings: LedgerSettings) -> None:
+        ctx = multiprocessing.get_context("spawn")  # never fork a threaded process
+        self.facts = LedgerFacts()
+        receive, send = ctx.Pipe(duplex=False)
+        self._receive = receive
+        self._stop = ctx.Event()
+        self._proc = ctx.Process(
+            target=_child,
+            args=(db_url, cluster, settings, send, self._stop, os.getpid()),
+            name="gpuquota-ledger",
+            daemon=True,
+        )
+        self._send = send
+        self._settings = settings
+        self._reader = threading.Thread(target=self._read, name="ledger-facts", daemon=True)
+
+    def start(self) -> None:
+        self._proc.start()
+        log.info(
+            "usage ledger: ingesting from %s in process %d",
+            self._settings.prometheus_url,
+            self._proc.pid,
+        )
+        self._send.close()  # the child's end: the pipe breaks when the child is gone
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                facts = self._receive.recv()
+            except (EOFError, OSError):
+                return
+            if isinstance(facts, LedgerFacts):
+                self.facts = facts
+
+    def request_stop(self) -> None:
+        """Stop after the window being written, without waiting."""
+        self._stop.set()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop and wait for the child; one still busy after ``timeout`` is terminated (its
+        open transaction rolls back: the window is ingested again by the next leader)."""
+        self._stop.set()
+        if self._proc.pid is None:
+            return
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        self._receive.close()
+
+
+def _child(
+    db_url: str,
+    cluster: str,
+    settings: LedgerSettings,
+    send: Connection,
+    stop: EventLike,
+    parent: int,
+) -> None:
+    """The ledger process: Ingester's loop, facts to the parent after each change."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    with contextlib.suppress(OSError):
+        os.nice(LedgerProcess.NICE)
+    ingester = Ingester(db_url, cluster, settings)
+    ingester._stop = stop
+
+    def publish(facts: LedgerFacts) -> None:
+        try:
+            send.send(facts)
+        except (OSError, ValueError):  # the controller is gone
+            stop.set()
+
+    def orphaned() -> None:
+        while not stop.wait(1.0):
+            if os.getppid() != parent:
+                stop.set()
+
+    ingester.on_facts = publish
+    threading.Thread(target=orphaned, name="ledger-parent", daemon=True).start()
+    try:
+        ingester._run()
+    finally:
+        if ingester._ledger is not None:
+            ingester._ledger.store.close()
 
 
 def baseline(
