@@ -91,7 +91,7 @@ def sampled_seconds(times: Sequence[float], start: int, end: int, max_gap: float
     for a, b in itertools.pairwise(times):
         if b - a > max_gap or b <= start or a >= end:
             continue
-        covered += min(b, end) - max(a, start)
+        covered += (end if b > end else b) - (start if a < start else a)
     return covered
 
 

@@ -183,8 +183,10 @@ def group(
         series.mig_profile = labels.get("mig_profile") or series.mig_profile
         series.activity = labels.get("activity") or series.activity
         target = series.used if counter == "used" else series.energy
-        try:  # x - x is 0 for every finite x, NaN for NaN and the infinities
-            pairs = [(float(t), x) for t, v in values if (x := float(v)) - x == 0]
+        # timestamps come as JSON numbers; x - x is 0 for every finite value, NaN for NaN and
+        # the infinities (skipped)
+        try:
+            pairs = [(t, x) for t, v in values if (x := float(v)) - x == 0]
         except (TypeError, ValueError) as exc:
             raise PrometheusError(
                 f"Prometheus at {base_url}: malformed samples of {labels!r:.200}"
