@@ -381,3 +381,32 @@ def test_a_window_asked_in_pieces_is_the_same(prometheus: Prometheus) -> None:
         pieces = fetch_window(prometheus.url, A, WINDOW, 60, max_samples=small)
         assert pieces == whole
     assert len(whole[("GPU-1", "pod", "u1")].used) == (WINDOW + 120) // 15 + 1
+
+
+def test_a_store_failure_mid_window_leaves_nothing_half_written(
+    prometheus: Prometheus, tmp_path: Path
+) -> None:
+    """SQLite held by another writer for the whole turn: progress is read and the window
+    fetched, its write fails, nothing of it stays, and the next turn writes it whole."""
+    import sqlite3
+
+    from gpuquota.quota.store import db
+    from gpuquota.quota.store.db import StoreError
+
+    path = tmp_path / "locked.db"
+    db.upgrade(f"sqlite:///{path}")
+    url = f"sqlite:///{path}?timeout=0.3"
+    ingester = Ingester(url, "c", settings(prometheus.url, backfill=WINDOW), clock=lambda: B + 300)
+    locker = sqlite3.connect(path, isolation_level=None)
+    locker.execute("PRAGMA journal_mode=WAL")
+    locker.execute("BEGIN IMMEDIATE")  # readers go on (WAL), every other writer waits
+    try:
+        with pytest.raises(StoreError, match="ledger write to .* failed: database is locked"):
+            ingester.run_once()
+    finally:
+        locker.execute("ROLLBACK")
+        locker.close()
+    assert rows(url, "c") == {} and progress(url, "c") is None
+    assert ingester.run_once() == 1
+    assert rounded(rows(url, "c")) == rounded(expected({A: EXPECTED_A}))
+    ingester.stop()
