@@ -17,6 +17,7 @@ import dataclasses
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -329,6 +330,8 @@ def _child(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # Ctrl-C in a terminal reaches the whole process group: the controller stops the child
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(LedgerProcess.NICE)
     ingester = Ingester(db_url, cluster, settings)

@@ -401,7 +401,7 @@ def test_a_store_failure_mid_window_leaves_nothing_half_written(
     locker.execute("PRAGMA journal_mode=WAL")
     locker.execute("BEGIN IMMEDIATE")  # readers go on (WAL), every other writer waits
     try:
-        with pytest.raises(StoreError, match="ledger write to .* failed: database is locked"):
+        with pytest.raises(StoreError, match=r"ledger write to .* failed: database is locked"):
             ingester.run_once()
     finally:
         locker.execute("ROLLBACK")
