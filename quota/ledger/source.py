@@ -12,6 +12,7 @@ answer takes long to decode (decoding holds the interpreter lock the watch loop 
 from __future__ import annotations
 
 import math
+import operator
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ MODEL_LABELS = ("gpu_model", "modelName")
 # samples per query (about 35 bytes of JSON each): decoding 5,000 holds the interpreter lock for
 # a few milliseconds (up to 15 on a loaded 2-core machine)
 MAX_SAMPLES_PER_QUERY = 5_000
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 @dataclass
@@ -75,17 +77,23 @@ def _query(base_url: str, promql: str, at: float, timeout: float) -> dict[str, A
 
 
 def _shards(count: int) -> list[str]:
-    """Selectors splitting the series by the device UUID's last character: ``count`` hex
-    shards (1, 2, 4, 8 or 16) and the rest."""
+    """Selectors splitting the series by the device UUID's last two characters (hex, as
+    NVIDIA's UUIDs are): ``count`` shards (1, 4, 16, 64 or 256) and one for the rest."""
     if count <= 1:
         return [""]
     digits = "0123456789abcdef"
-    size = 16 // count
-    out = []
-    for k in range(count):
-        chars = digits[k * size : (k + 1) * size]
-        out.append(f',uuid=~".*[{chars}{chars.upper()}]"')
-    out.append(',uuid!~".*[0-9a-fA-F]"')
+
+    def groups(n: int) -> list[str]:
+        size = 16 // n
+        return [
+            f"[{digits[k * size : (k + 1) * size]}{digits[k * size : (k + 1) * size].upper()}]"
+            for k in range(n)
+        ]
+
+    last = groups(min(count, 16))
+    before = groups(count // 16) if count > 16 else ["[0-9a-fA-F]"]
+    out = [f',uuid=~".*{b}{c}"' for b in before for c in last]
+    out.append(',uuid!~".*[0-9a-fA-F][0-9a-fA-F]"')
     return out
 
 
@@ -113,7 +121,8 @@ def fetch_window(
     if total <= 0:
         return {}
     pieces = max(1, math.ceil(total / max_samples))
-    shards = 1 if pieces < 4 else 16 if pieces >= 64 else 4
+    # devices first (a series asked in several slices repeats its labels), then time
+    shards = next((n for n in (1, 4, 16, 64) if pieces <= n), 256)
     slices = min(max(1, math.ceil(pieces / shards)), max(1, span // 15))
     edges = [lo + (span * i) // slices for i in range(slices + 1)]
     out: dict[tuple[str, str, str], SeriesSamples] = {}
@@ -183,14 +192,17 @@ def group(
         series.mig_profile = labels.get("mig_profile") or series.mig_profile
         series.activity = labels.get("activity") or series.activity
         target = series.used if counter == "used" else series.energy
-        # timestamps come as JSON numbers; x - x is 0 for every finite value, NaN for NaN and
-        # the infinities (skipped)
-        try:
-            pairs = [(t, x) for t, v in values if (x := float(v)) - x == 0]
-        except (TypeError, ValueError) as exc:
+        # timestamps come as JSON numbers, values as strings ("NaN" and infinities skipped)
+        try:  # loops in C: a window of a big cluster has millions of samples
+            times = list(map(_first, values))
+            numbers = list(map(float, map(_second, values)))
+        except (TypeError, ValueError, IndexError, KeyError) as exc:
             raise PrometheusError(
                 f"Prometheus at {base_url}: malformed samples of {labels!r:.200}"
             ) from exc
+        pairs = list(zip(times, numbers, strict=True))
+        if not all(map(math.isfinite, numbers)):
+            pairs = [p for p in pairs if math.isfinite(p[1])]
         if target and pairs and pairs[0][0] <= target[-1][0]:
             # the next slice of the same series repeats the sample on their common edge;
             # anything else (two Prometheus series of one counter) is sorted at the end

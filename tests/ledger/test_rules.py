@@ -128,3 +128,23 @@ def test_ledger_metrics_from_the_ingester_facts() -> None:
     assert f"gpuquota_idle_allocation_gpus{labels} 2.0" in text
     assert f"gpuquota_idle_allocation_since_timestamp_seconds{labels} 7200.0" in text
     assert f"gpuquota_idle_allocation_idle_gpu_seconds{labels} 9000.0" in text
+
+
+def test_device_shards_partition_every_uuid() -> None:
+    """Each UUID falls in exactly one shard (Prometheus anchors its regular expressions)."""
+    import re
+
+    from gpuquota.quota.ledger.source import _shards
+
+    uuids = ["GPU-5a1b2c3d-0000-1111-2222-3344556677ff", "MIG-AB12", "GPU-1", "x", "GPU-0A"]
+    uuids += [f"GPU-{i:08x}" for i in range(300)]
+    for count in (4, 16, 64, 256):
+        shards = _shards(count)
+        assert len(shards) == count + 1
+        for uuid in uuids:
+            hits = 0
+            for shard in shards:
+                op, pattern = re.fullmatch(r',uuid(=~|!~)"(.*)"', shard).groups()  # type: ignore[union-attr]
+                matched = re.fullmatch(pattern, uuid) is not None
+                hits += matched if op == "=~" else not matched
+            assert hits == 1, (count, uuid)
