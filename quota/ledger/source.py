@@ -38,7 +38,8 @@ _first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 @dataclass
 class SeriesSamples:
-    """One ledger series' samples around a window, and its labels (the last seen)."""
+    """One ledger series' samples around a window, and its labels (those of its newest
+    sample's Prometheus series)."""
 
     device_uuid: str
     holder_kind: str
@@ -52,6 +53,7 @@ class SeriesSamples:
     used: list[tuple[float, float]] = field(default_factory=list)
     energy: list[tuple[float, float]] = field(default_factory=list)
     unsorted: bool = False  # samples of several Prometheus series interleave: sort them
+    newest: float = float("-inf")  # the newest sample's time: its series' labels are kept
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -160,8 +162,9 @@ def group(
 ) -> dict[tuple[str, str, str], SeriesSamples]:
     """Prometheus series -> ledger series. Several Prometheus series of one holder's counter
     (its activity label changed, the agent's pod moved) are one counter: their samples merge in
-    time order (``fetch_window`` sorts them where they interleave). A series without a device UUID or a holder UID
-    is skipped. Adds to ``into`` when given."""
+    time order (``fetch_window`` sorts them where they interleave), and the labels of the one
+    with the newest sample are kept. A series without a device UUID or a holder UID is
+    skipped. Adds to ``into`` when given."""
     out: dict[tuple[str, str, str], SeriesSamples] = {} if into is None else into
     for item in result:
         try:
@@ -182,15 +185,6 @@ def group(
         series = out.get(key)
         if series is None:
             series = out[key] = SeriesSamples(device, kind, uid)
-        if uid_label:
-            series.namespace = labels.get("namespace", series.namespace)
-            series.holder_name = labels.get(name_label, series.holder_name)
-        series.node = labels.get("node") or labels.get("instance") or series.node
-        series.gpu_model = next(
-            (labels[m] for m in MODEL_LABELS if labels.get(m)), series.gpu_model
-        )
-        series.mig_profile = labels.get("mig_profile") or series.mig_profile
-        series.activity = labels.get("activity") or series.activity
         target = series.used if counter == "used" else series.energy
         # timestamps come as JSON numbers, values as strings ("NaN" and infinities skipped)
         try:  # loops in C: a window of a big cluster has millions of samples
@@ -211,4 +205,16 @@ def group(
             else:
                 series.unsorted = True
         target.extend(pairs)
+        newest = times[-1] if times else float("-inf")
+        if newest >= series.newest:  # the labels of the newest samples win
+            series.newest = newest
+            if uid_label:
+                series.namespace = labels.get("namespace", series.namespace)
+                series.holder_name = labels.get(name_label, series.holder_name)
+            series.node = labels.get("node") or labels.get("instance") or series.node
+            series.gpu_model = next(
+                (labels[m] for m in MODEL_LABELS if labels.get(m)), series.gpu_model
+            )
+            series.mig_profile = labels.get("mig_profile") or series.mig_profile
+            series.activity = labels.get("activity") or series.activity
     return out

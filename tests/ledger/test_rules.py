@@ -148,3 +148,27 @@ def test_device_shards_partition_every_uuid() -> None:
                 matched = re.fullmatch(pattern, uuid) is not None
                 hits += matched if op == "=~" else not matched
             assert hits == 1, (count, uuid)
+
+
+def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
+    """The activity label changed (a second pod joined a GPU: sm_active -> process_sm): the
+    counter goes on in a new Prometheus series; the ledger merges both in time order."""
+    from gpuquota.quota.ledger.source import group
+
+    def item(activity: str, values: list[tuple[float, str]]) -> dict[str, object]:
+        labels = {"__name__": "gpu_pod_used_seconds_total", "uuid": "GPU-a", "pod_uid": "u"}
+        return {"metric": {**labels, "activity": activity, "pod": "p", "namespace": "n"},
+                "values": [list(v) for v in values]}  # fmt: skip
+
+    out = group(
+        [
+            item("process_sm", [(130.0, "12"), (145.0, "15")]),
+            item("sm_active", [(100.0, "5"), (115.0, "NaN"), (116.0, "9")]),
+        ]
+    )
+    (series,) = out.values()
+    assert series.unsorted  # fetch_window sorts such series
+    from gpuquota.quota.ledger.source import _sorted_unique
+
+    assert _sorted_unique(series.used) == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
+    assert series.activity == "process_sm"  # the labels of the newest sample
