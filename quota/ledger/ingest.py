@@ -180,15 +180,23 @@ class Ingester:
         if until is None:
             return
         holders = ledger.open_holders()
-        windows = ledger.holder_windows([h.holder_uid for h in holders], until - IDLE_HORIZON)
-        idle = rules.idle_allocations(
-            holders,
-            windows,
-            ingested_until=until,
-            threshold=s.idle_threshold,
-            idle_for=s.idle_for,
-        )
-        self._publish(idle=tuple(idle))
+
+        def idle(windows: dict[str, list[rules.HolderWindow]]) -> list[rules.Idle]:
+            return rules.idle_allocations(
+                holders, windows, ingested_until=until, threshold=s.idle_threshold,
+                idle_for=s.idle_for,
+            )  # fmt: skip
+
+        # the windows of --idle-for first; only allocations idle all that time need more, to
+        # say since when (most allocations of a cluster are busy or young)
+        recent = rules.align(until - s.idle_for, s.window)
+        windows = ledger.holder_windows([h.holder_uid for h in holders], recent)
+        found = idle(windows)
+        longer = [i.holder_uid for i in found if i.since <= recent]
+        if longer:
+            windows.update(ledger.holder_windows(longer, until - IDLE_HORIZON))
+            found = idle(windows)
+        self._publish(idle=tuple(found))
 
     def _publish(self, **changes: object) -> None:
         self.facts = dataclasses.replace(self.facts, **changes)  # type: ignore[arg-type]
