@@ -199,7 +199,10 @@ class Ingester:
         self._publish(idle=tuple(found))
 
     def _publish(self, **changes: object) -> None:
-        self.facts = dataclasses.replace(self.facts, **changes)  # type: ignore[arg-type]
+        facts = dataclasses.replace(self.facts, **changes)  # type: ignore[arg-type]
+        if facts == self.facts:
+            return
+        self.facts = facts
         if self.on_facts is not None:
             self.on_facts(self.facts)
 
