@@ -33,7 +33,7 @@ from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.nvml.control import SimNode
-from gpuquota.sim.prometheus import running as prometheus_running
+from gpuquota.sim.promserver import scraping
 
 BIN = Path(sys.executable).parent
 GPU = "nvidia.com/gpu"
@@ -299,6 +299,7 @@ class LedgerDemo:
             f"--ledger-window={WINDOW_S}s",
             "--ledger-delay=2s",
             "--ledger-lookback=10s",
+            "--ledger-max-gap=3s",  # Prometheus scrapes every second here
             "--idle-for=20s",
         ]
         with log.open("wb") as out:
@@ -440,9 +441,8 @@ class LedgerDemo:
         for node in self.nodes.values():
             self.start_exporter(node)
         jobs = {"gpu-exporter": [n.port for n in self.nodes.values()]}
-        _proc, self.prometheus_url = self.stack.enter_context(
-            prometheus_running(self.work / "prometheus", jobs)
-        )
+        served = self.stack.enter_context(scraping(self.work / "prometheus", jobs))
+        self.prometheus_url = served.url
         self.stack.callback(self.stop_controller)
         for node in self.nodes.values():
             self.stack.callback(self.stop_exporter, node)

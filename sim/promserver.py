@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,4 +93,18 @@ def serving_blocks(tsdb: Path, work: Path) -> Iterator[Served]:
     config = work / "prometheus-blocks.yml"
     config.write_text("global:\n  scrape_interval: 15s\nscrape_configs: []\n")
     with serving(config, tsdb, "--storage.tsdb.retention.time=100y") as served:
+        yield served
+
+
+@contextmanager
+def scraping(work: Path, jobs: Mapping[str, Sequence[int]]) -> Iterator[Served]:
+    """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit."""
+    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
+    for job, ports in jobs.items():
+        targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
+        lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "prometheus.yml"
+    config.write_text("\n".join(lines) + "\n")
+    with serving(config, work / "tsdb") as served:
         yield served

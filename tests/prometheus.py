@@ -49,13 +49,7 @@ class Prometheus:
 @contextmanager
 def running(work: Path, jobs: Mapping[str, Sequence[int]]) -> Iterator[Prometheus]:
     """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit."""
-    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
-    for job, ports in jobs.items():
-        targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
-        lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
-    config = work / "prometheus.yml"
-    config.write_text("\n".join(lines) + "\n")
-    with promserver.serving(config, work / "tsdb") as served:
+    with promserver.scraping(work, jobs) as served:
         yield Prometheus(served.proc, served.url)
 
 

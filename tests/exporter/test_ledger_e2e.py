@@ -8,6 +8,7 @@ with their labels."""
 
 from __future__ import annotations
 
+import itertools
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -168,7 +169,7 @@ def test_scraped_counters_match_the_stand_ins_integral(
     def gpm_span(uuid: str) -> float:
         """GPM is a sample pair taken on each GPU's slow turn (exporter/collect/tiers.py): its
         activity is known from the round that completes the first pair, whose step counts."""
-        for before, snap in zip(seen, seen[1:], strict=False):
+        for before, snap in itertools.pairwise(seen):
             if any(d.uuid == uuid and d.gpm is not None for d in snap.devices):
                 return last.collected_at - before.collected_at
         raise AssertionError(f"no GPM sample of {uuid}")
