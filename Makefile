@@ -20,6 +20,7 @@ $(SIMLIB): $(BIN)/.installed $(wildcard sim/nvml/*.c sim/nvml/*.h)
 	$(BIN)/python -m gpuquota.sim.nvml.build --out $(SIMLIB)
 
 demo: $(BIN)/.installed $(SIMLIB)
+	@tools/debian-packages prometheus
 	$(BIN)/python -m gpuquota.sim.demo
 
 lint: $(BIN)/.installed

@@ -122,9 +122,10 @@ class HolderTotals:
     namespace: str
     name: str
     uid: str  # the pod's or claim's UID (only holders whose UID is known are published)
-    # (activity, physical GPU-seconds): how activity was measured (sm_active, utilization,
-    # process_sm) -> its integral; a holder measured two ways has two entries
-    used_seconds: tuple[tuple[str, float], ...]
+    used_seconds: float  # physical GPU-seconds of activity, however measured
+    # how the latest measured round measured it: sm_active, utilization or process_sm
+    # ("" before any round measured it: the used counter is not published yet)
+    activity: str
     energy_joules: float  # joules of the physical GPU apportioned to this holder
 
 

@@ -297,8 +297,9 @@ class LedgerDemo:
             "--node-pool-label=node-pool",
             f"--ledger-prometheus-url={self.prometheus_url}",
             f"--ledger-window={WINDOW_S}s",
-            "--ledger-delay=2s",
+            "--ledger-delay=3s",
             "--ledger-lookback=10s",
+            "--ledger-backfill=2m",
             "--ledger-max-gap=3s",  # Prometheus scrapes every second here
             "--idle-for=20s",
         ]

@@ -92,7 +92,8 @@ class Holding:
 
 @dataclass(frozen=True, slots=True)
 class Totals:
-    used: Mapping[str, float]  # activity -> physical GPU-seconds
+    used: float  # physical GPU-seconds, however measured
+    activity: str  # how the latest measured round measured it ("" before any)
     energy: float
     uid: str  # "" until known
     last_seen: float
@@ -248,12 +249,16 @@ def advance(
             old, uid = totals.get(key), learned.get(h.key, "")
             if old is not None and old.uid and uid != old.uid:
                 old = None  # the name now stands for another pod or claim: a new holder
-            used = dict(old.used) if old is not None else {}
+            used = old.used if old is not None else 0.0
+            activity = old.activity if old is not None else ""
             if dt is not None and h.key in acts:
-                how, value = acts[h.key]
-                used[how] = used.get(how, 0.0) + value * dt
+                # one counter whichever way it was measured (a GPU's first rounds, before its
+                # first GPM pair, measure utilisation): the ledger sees no reset when it switches
+                activity, value = acts[h.key]
+                used += value * dt
             totals[key] = Totals(
                 used=used,
+                activity=activity,
                 energy=old.energy if old is not None else 0.0,
                 uid=uid,
                 last_seen=now,
@@ -299,7 +304,7 @@ def advance(
                 if series is None:
                     unallocated[gpu.uuid] += joules
                 elif (t := totals.get(series)) is not None:
-                    totals[series] = Totals(t.used, t.energy + joules, t.uid, t.last_seen)
+                    totals[series] = replace(t, energy=t.energy + joules)
         energy_at[gpu.uuid] = reading
         weights.clear()
     # forget holders not seen for a while (their last value was published meanwhile)
@@ -327,7 +332,8 @@ def published(state: LedgerState) -> dict[str, tuple[HolderTotals, ...]]:
                 namespace=namespace,
                 name=name,
                 uid=t.uid,
-                used_seconds=tuple(sorted(t.used.items())),
+                used_seconds=t.used,
+                activity=t.activity,
                 energy_joules=t.energy,
             )
         )

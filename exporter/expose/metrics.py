@@ -380,9 +380,8 @@ POD_USAGE_LABELS = (*POD_LABELS, "owner")
 def _read_holder_used(kind: str) -> DeviceReader:
     def read(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
         for t in node.usage_totals.get(device.uuid, ()):
-            if t.kind == kind:
-                for activity, seconds in t.used_seconds:
-                    yield (t.namespace, t.name, t.uid, activity), seconds
+            if t.kind == kind and t.activity:
+                yield (t.namespace, t.name, t.uid, t.activity), t.used_seconds
 
     return read
 
@@ -408,7 +407,9 @@ _ENERGY_SOURCE = (
     "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), split by power x time"
 )
 _ACTIVITY_HELP = (
-    "activity: sm_active (GPM SM activity: the whole GPU held by one holder, or a MIG "
+    "activity, how the latest round measured it (one counter however measured: a label "
+    "change is the same counter): sm_active (GPM SM activity: the whole GPU held by one "
+    "holder, or a MIG "
     "instance's own GPM), utilization (NVML utilisation ratio, no GPM), process_sm "
     "(per-process SM utilisation: a GPU held by several, time-slicing or MPS). A MIG "
     "instance counts its activity x N/7 (1g at 100 % for 1 h: 3600/7). Starts at 0 when the "

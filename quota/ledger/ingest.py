@@ -56,8 +56,9 @@ class LedgerSettings:
 def check(settings: LedgerSettings) -> str | None:
     """What is wrong with the settings, in one line naming the flag; None when nothing."""
     s = settings
-    if s.window < 60 or 86400 % s.window:
-        return f"--ledger-window: {s.window}s must divide a day and be at least 1m (e.g. 15m, 1h)"
+    if s.window < 1 or 86400 % s.window:
+        # windows under a minute are for demos and tests: a row per series and window
+        return f"--ledger-window: {s.window}s must divide a day (e.g. 15m, 1h)"
     if s.delay < s.max_gap:
         return f"--ledger-delay ({s.delay}s) must be at least --ledger-max-gap ({s.max_gap}s): later samples decide a window's coverage at its end"
     if s.lookback < 0 or s.lookback % s.window:
@@ -253,7 +254,8 @@ class Ingester:
                 log.info("usage ledger: ingesting again (%s resolved)", self.facts.failing)
                 self._publish(failing=None)
             backoff = 0.0
-            self._stop.wait(self.settings.poll)
+            # a short window (the demo's) is looked at more often than every poll
+            self._stop.wait(min(self.settings.poll, max(1.0, self.settings.window / 4)))
 
 
 class EventLike(Protocol):

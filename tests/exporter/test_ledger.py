@@ -87,7 +87,7 @@ def test_exclusive_gpu_counts_gpm_sm_activity_and_all_its_energy() -> None:
     state = _run([_snap(T0 + i * 10, [_whole(T0, 1000.0 + 4000 * i)], pods) for i in range(4)])
     a = _totals(state, G0, "a")
     # 3 steps of 10 s at 0.5; the first collection adds nothing
-    assert a.used_seconds == ((SM_ACTIVE, pytest.approx(15.0)),)
+    assert (a.activity, a.used_seconds) == (SM_ACTIVE, pytest.approx(15.0))
     assert a.energy_joules == pytest.approx(12000.0)
     assert (a.kind, a.namespace, a.uid) == ("pod", "team-a", "uid-a")
     assert state.unallocated[G0] == 0.0
@@ -99,7 +99,8 @@ def test_without_gpm_the_utilization_ratio_is_used_and_labelled_so() -> None:
         _snap(T0 + i, [_whole(T0, 10.0 * i, gpm=None, gpu_utilization_ratio=0.25)], pods)
         for i in range(5)
     ]
-    assert _totals(_run(snaps), G0, "a").used_seconds == ((UTILIZATION, pytest.approx(1.0)),)
+    got = _totals(_run(snaps), G0, "a")
+    assert (got.activity, got.used_seconds) == (UTILIZATION, pytest.approx(1.0))
 
 
 def _shared(sm_a: float, sm_b: float, energy: float) -> DeviceSnapshot:
@@ -124,8 +125,8 @@ def test_time_sliced_gpu_splits_activity_and_energy_by_process_sm() -> None:
     ]
     state = _run(snaps)
     a, b = _totals(state, G0, "a"), _totals(state, G0, "b")
-    assert a.used_seconds == ((PROCESS_SM, pytest.approx(1.2)),)
-    assert b.used_seconds == ((PROCESS_SM, pytest.approx(0.4)),)
+    assert (a.activity, a.used_seconds) == (PROCESS_SM, pytest.approx(1.2))
+    assert (b.activity, b.used_seconds) == (PROCESS_SM, pytest.approx(0.4))
     assert a.energy_joules == pytest.approx(150.0)  # 200 J split 3:1
     assert b.energy_joules == pytest.approx(50.0)
 
@@ -146,7 +147,7 @@ def test_mps_and_idle_moments_on_a_shared_gpu_split_energy_equally() -> None:
     a, b = _totals(state, G0, "a"), _totals(state, G0, "b")
     assert a.energy_joules == pytest.approx(350.0)  # the busy moment all, half the idle one
     assert b.energy_joules == pytest.approx(50.0)
-    assert b.used_seconds == ((PROCESS_SM, 0.0),)
+    assert (b.activity, b.used_seconds) == (PROCESS_SM, 0.0)
     assert a.energy_joules + b.energy_joules == pytest.approx(400.0)
 
 
@@ -169,7 +170,7 @@ def test_mig_instances_count_own_gpm_times_n_over_7_and_the_unheld_share_is_unal
 
     state = _run([at(0), at(1)], config=LedgerConfig(max_gap_s=3600))
     a = _totals(state, small.uuid, "a")
-    assert a.used_seconds == ((SM_ACTIVE, pytest.approx(3600 / 7)),)
+    assert (a.activity, a.used_seconds) == (SM_ACTIVE, pytest.approx(3600 / 7))
     assert a.energy_joules == pytest.approx(1000.0)  # 1/7 of the parent's
     assert state.unallocated[parent.uuid] == pytest.approx(6000.0)
 
@@ -186,7 +187,7 @@ def test_a_shared_dra_claim_is_charged_once_not_per_pod() -> None:
     state = _run(snaps)
     (only,) = published(state)[G0]
     assert (only.kind, only.name, only.uid) == ("claim", "shared", "uid-claim")
-    assert only.used_seconds == ((SM_ACTIVE, pytest.approx(1.0)),)
+    assert (only.activity, only.used_seconds) == (SM_ACTIVE, pytest.approx(1.0))
     assert only.energy_joules == pytest.approx(200.0)
 
 
@@ -211,7 +212,7 @@ def test_a_failed_collection_or_a_lost_gpu_adds_nothing_and_starts_a_new_baselin
     assert a.energy_joules == pytest.approx(200.0)  # 0->100 and 500->600 only
     # 0.5 x (the step to T0+1, and the steps to T0+5 and T0+6): the failed round, the round
     # after it and the lost GPU's round add no activity
-    assert a.used_seconds == ((SM_ACTIVE, pytest.approx(1.5)),)
+    assert (a.activity, a.used_seconds) == (SM_ACTIVE, pytest.approx(1.5))
 
 
 def test_counters_never_decrease_even_when_the_energy_counter_goes_back() -> None:
@@ -221,7 +222,7 @@ def test_counters_never_decrease_even_when_the_energy_counter_goes_back() -> Non
     for i, e in enumerate(energies):
         state = advance(state, _snap(T0 + i, [_whole(T0, e)], pods), UIDS)
         t = _totals(state, G0, "a")
-        now = (dict(t.used_seconds).get(SM_ACTIVE, 0.0), t.energy_joules)
+        now = (t.used_seconds, t.energy_joules)
         assert now[0] >= last[0] and now[1] >= last[1]
         last = now
     assert last[1] == pytest.approx(250.0 + 80.0)  # the reset (250 -> 10) adds nothing
@@ -235,7 +236,7 @@ def test_usage_before_the_uid_is_known_is_in_the_first_published_value() -> None
     state = _run(snaps[3:], state=state)
     a = _totals(state, G0, "a")
     assert a.energy_joules == pytest.approx(300.0)
-    assert a.used_seconds == ((SM_ACTIVE, pytest.approx(1.5)),)
+    assert (a.activity, a.used_seconds) == (SM_ACTIVE, pytest.approx(1.5))
 
 
 def test_a_recreated_pod_of_the_same_name_starts_from_zero() -> None:
