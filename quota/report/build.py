@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
+from fractions import Fraction
 from typing import Literal
 
 from sqlalchemy.engine import Connection
@@ -53,7 +54,13 @@ class ReportRequest:
     spread_idle: Literal["proportional", "even"] | None = None
     top: int | None = None  # keep the N largest groups, fold the rest into (other)
     chart_buckets: bool = False  # split the window into calendar buckets for a chart
+    day_buckets: bool = False  # split it into calendar days (the FOCUS export's periods)
     prometheus: str | None = None  # base URL for measured utilisation (namespace groups)
+    # the idle-allocations view (the usage ledger's rule): activity under the threshold for at
+    # least idle_for seconds of consecutive ledger windows
+    idle_allocations: bool = False
+    idle_threshold: Fraction = Fraction(5, 100)
+    idle_for: int = 3600
 
 
 def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
@@ -61,10 +68,16 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
     store holds nothing that matches, or a query (or Prometheus) fails."""
     window, now, keys, card = request.window, request.now, list(request.keys), request.card
     idle = request.idle or request.spread_idle is not None
-    buckets = period.buckets(window) if request.chart_buckets else [window.start, window.end]
+    buckets = (
+        period.days(window)
+        if request.day_buckets
+        else period.buckets(window)
+        if request.chart_buckets
+        else [window.start, window.end]
+    )
     edges = compute.sub_windows(
         window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
-    )
+    )  # pricing, and the ledger's energy per bucket, need the buckets among the edges
     try:
         clusters = query.known_clusters(conn)
         if request.cluster is not None and request.cluster not in clusters:
@@ -92,6 +105,30 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
             raise ReportError(
                 f"no data for the period {window.label()}: the store's data begins after it "
                 f"({where})"
+            )
+        # the usage ledger: used GPU-seconds, energy, coverage per group
+        report.ledger = query.ledger_present(conn, scope)
+        if report.ledger:
+            report.ledger_until = query.ledger_progress(conn, scope)
+            compute.attach_ledger(report, query.ledger(conn, keys, edges, now, scope), edges, card)
+        if request.idle_allocations:
+            report.idle_threshold, report.idle_min_seconds = (
+                request.idle_threshold,
+                request.idle_for,
+            )
+            windows = (
+                query.holder_windows(
+                    conn, window.start, window.end, now, scope, report.ledger_until
+                )
+                if report.ledger
+                else []
+            )
+            report.idle_allocations = compute.idle_runs(
+                windows,
+                request.idle_threshold,
+                request.idle_for,
+                window.start,
+                min(window.end, now),
             )
         report.best_effort_pods = query.best_effort_pods(conn, scope, window.start, window.end, now)
         report.gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
