@@ -56,6 +56,9 @@ COLUMNS = (
     "RegionId",
     "RegionName",
     "ResourceId",
+    # focus-validator 1.0.0 requires the column as ResourceID (the specification's text
+    # spells it ResourceId): both carry the same value, so either reader finds it
+    "ResourceID",
     "ResourceName",
     "ResourceType",
     "ServiceCategory",
@@ -144,6 +147,7 @@ def render_focus(report: Report, period: Period, account: str | None = None) -> 
                         "PricingQuantity": _decimal(quantity),
                         "PricingUnit": unit,
                         "ResourceId": f"namespace/{namespace}/{kind}",
+                        "ResourceID": f"namespace/{namespace}/{kind}",
                         "ResourceName": namespace,
                         "ResourceType": "GPU" if kind == "gpu" else "GPU energy",
                         "ServiceName": "GPU compute" if kind == "gpu" else "GPU energy",
