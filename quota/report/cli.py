@@ -5,6 +5,7 @@ whole report was computed)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -295,6 +296,11 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         raise ReportError("--format focus: --top does not apply (every namespace is a row)")
     if args.format == "focus" and card is None:
         raise ReportError("--format focus: needs --rate-card (FOCUS rows carry costs)")
+    if args.format == "focus" and card is not None and not re.fullmatch(r"[A-Z]{3}", card.currency):
+        raise ReportError(
+            f"--format focus: the rate card's currency {card.currency!r} is no ISO 4217 code "
+            "(FOCUS BillingCurrency), e.g. USD or EUR"
+        )
     return ReportRequest(
         window=window,
         now=now,
@@ -318,7 +324,7 @@ def parse_percent(text: str, flag: str) -> Fraction:
     value = str(text).strip().removesuffix("%").strip()
     try:
         number = Fraction(Decimal(value))
-    except (InvalidOperation, ValueError):
+    except (InvalidOperation, ValueError, OverflowError):
         raise ReportError(f"{flag}: {text!r} is not a percentage (e.g. 5%)") from None
     if not 0 <= number <= 100:
         raise ReportError(f"{flag}: {text!r} must be between 0% and 100%")

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.report.conftest import Store
-from tests.report.test_ledger import NOW, T0, WINDOW, H, ledger, uid
+from tests.report.helpers import NOW, T0, WINDOW, H, assert_refused, ledger, uid
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "build" / "focus-validator"
@@ -112,9 +112,7 @@ def test_focus_export_passes_the_finops_validator(
 
 def test_the_validator_catches_a_broken_export(tmp_path: Path) -> None:
     """The check can fail: a row without its BilledCost is refused."""
-    text = (
-        "BilledCost,BillingCurrency\n,EUR\n"  # most required columns missing too
-    )
+    text = "BilledCost,BillingCurrency\n,EUR\n"  # most required columns missing too
     out = validate(tmp_path, text)
     assert "Validation failed!" in out and "BilledCost_NotNull" in out, out
 
@@ -125,15 +123,13 @@ def test_the_validator_catches_a_broken_export(tmp_path: Path) -> None:
         (("--by", "owner"), "--format focus: one row per charge period and namespace"),
         ((), "--format focus: needs --rate-card"),
         (("--top", "3", "--rate-card", "x.yaml"), "--top does not apply"),
+        (("--rate-card", "dollars.yaml"), "currency 'dollars' is no ISO 4217 code"),
     ],
 )
 def test_focus_refuses_what_it_cannot_express(
     report: Any, sqlite_store: Store, argv: tuple[str, ...], needle: str, tmp_path: Path
 ) -> None:
-    from tests.report.helpers import assert_refused
-
-    if "x.yaml" in argv:
-        card = tmp_path / "x.yaml"
-        card.write_text("default_rate: 1\n")
-        argv = tuple(str(card) if a == "x.yaml" else a for a in argv)
+    (tmp_path / "x.yaml").write_text("default_rate: 1\n")
+    (tmp_path / "dollars.yaml").write_text("default_rate: 1\ncurrency: dollars\n")
+    argv = tuple(str(tmp_path / a) if a.endswith(".yaml") else a for a in argv)
     assert_refused(report(*WINDOW, *argv, "--format", "focus", db=sqlite_store), needle)
