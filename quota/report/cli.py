@@ -61,6 +61,14 @@ columns:
   util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation, per
                     pod where the exporter runs --pod-usage (a shared GPU's busy time split
                     by each pod's SM use), else split evenly among the pods holding a GPU
+  used GPU-h, eff. %, idle alloc GPU-h, energy kWh, energy cost, kg CO2e, coverage %
+                    from the usage ledger (where the store has one): used physical
+                    GPU-hours, used / the allocated GPU-hours the ledger covers, the covered
+                    rest, energy (priced and turned into carbon by the rate card's
+                    energy_price_per_kwh and carbon_g_per_kwh), and the share of allocated
+                    GPU-seconds with samples; blank (null) where a group has no usage data
+  idle allocations  --idle-allocations: holders whose activity stayed under --idle-threshold
+                    (5%) for at least --idle-for (1h) of consecutive ledger windows
   quota section     per group, quota and resource (each in its own units: whole GPUs, MIG
                     slices and shared replicas are never added up): time-weighted average
                     used and hard, peak used and hard, unused unit-hours (hard - used) and
@@ -76,6 +84,10 @@ examples:
   gpuquota report --from 2026-10-01 --to 2026-10-15T12:00:00Z --by owner --top 20
   gpuquota report --month 2026-10 --prometheus http://prometheus:9090 --chart usage.svg
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
+  gpuquota report --month previous --idle-allocations --idle-for 2h
+  gpuquota report --month previous --rate-card ratecard.yaml --format focus > focus.csv
+                                     (FinOps FOCUS 1.0: one row per day, namespace and
+                                     charge: allocated GPU-hours, energy)
 
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"

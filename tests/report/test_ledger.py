@@ -302,3 +302,43 @@ def test_idle_threshold_is_checked(report: Any, sqlite_store: Store) -> None:
         report(*WINDOW, "--idle-threshold", "120%", db=sqlite_store),
         "--idle-threshold: '120%' must be between 0% and 100%",
     )
+
+
+def _window(start: int, used: float, sampled: float = H, *, last: bool = False) -> Any:
+    from fractions import Fraction
+
+    from gpuquota.quota.report.query import HolderWindow
+
+    return HolderWindow(
+        ("c1", "pod", "u1"),
+        "ml",
+        "p",
+        None,
+        Fraction(1),
+        True,
+        start,
+        start + H,
+        used,
+        sampled,
+        last,
+    )
+
+
+def test_idle_runs_break_at_holes_and_unsampled_windows() -> None:
+    from fractions import Fraction
+
+    from gpuquota.quota.report.compute import idle_runs
+
+    quiet = [_window(T0, 10), _window(T0 + H, 10)]
+    hole = [_window(T0 + 3 * H, 10)]  # T0 + 2H missing: a new run
+    unsampled = [_window(T0 + 4 * H, 0, 0), _window(T0 + 5 * H, 0, last=True)]
+    runs = idle_runs([*quiet, *hole, *unsampled], Fraction(5, 100), H, T0, T0 + 24 * H)
+    assert sorted((r.since, r.until, r.still_idle) for r in runs) == [
+        (T0, T0 + 2 * H, False),
+        (T0 + 3 * H, T0 + 4 * H, False),
+        (T0 + 5 * H, T0 + 6 * H, True),
+    ]
+    # the period cuts a run: only the part inside counts toward the minimum
+    assert idle_runs(quiet, Fraction(5, 100), 2 * H, T0 + H // 2, T0 + 24 * H) == []
+    # at the threshold is not under it
+    assert idle_runs([_window(T0, 180)], Fraction(5, 100), H, T0, T0 + H) == []
