@@ -212,8 +212,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
     if begins and all(at >= window.end for at in begins.values()) and not report.groups:
         where = ", ".join(f"{c!r} from {_when(at, window)}" for c, at in sorted(begins.items()))
         raise ReportError(
-            f"no data for the period {window.label()}: the store's data begins after it "
-            f"({where})"
+            f"no data for the period {window.label()}: the store's data begins after it ({where})"
         )
     report.best_effort_pods = fetched.best_effort_pods
     report.gaps = fetched.gaps
