@@ -957,7 +957,18 @@ def ledger_progress(conn: Connection, scope: Scope) -> dict[str, int]:
     }
 
 
-def _ledger_windows(scope: Scope, edges: Sequence[int], now: int, label_keys: Sequence[str]) -> Any:
+# keys the ledger's series carry themselves, as the allocations do (the pod's namespace and
+# node, the cluster): grouped by these alone, the ledger needs no join to the allocations
+SERIES_KEYS = {"namespace": "namespace", "cluster": "cluster", "node": "node"}
+
+
+def _ledger_windows(
+    scope: Scope,
+    edges: Sequence[int],
+    now: int,
+    label_keys: Sequence[str],
+    by: Sequence[str] | None = None,
+) -> Any:
     """Per ledger series (and label values, where grouped by labels), the used, sampled and
     per-sub-window energy figures of its windows inside [edges[0], min(edges[-1], now)): one
     grouped scan of the windows' time range (index ix_usage_windows_start)."""
@@ -969,7 +980,6 @@ def _ledger_windows(scope: Scope, edges: Sequence[int], now: int, label_keys: Se
     def part(b0: int, b1: int) -> Any:
         return clipped(w.window_start, wend, t(b0), t(min(b1, now))) / length
 
-    inside = part(lo, hi)
     labels: list[Any] = []
     stmt_from: Any = w.__table__.join(s.__table__, s.id == w.series_id)
     if label_keys:
@@ -984,27 +994,58 @@ def _ledger_windows(scope: Scope, edges: Sequence[int], now: int, label_keys: Se
             ),
         )
         labels = [nl.labels[k].as_string().label(f"label_{i}") for i, k in enumerate(label_keys)]
-    energy = [
-        func.sum(w.energy_joules * part(b0, b1)).label(f"energy_{i}")
-        for i, (b0, b1) in enumerate(itertools.pairwise(edges))
-    ]
+    # per series, or (``by``: SERIES_KEYS) straight per group
+    group: list[Any] = (
+        [w.series_id.label("series_id")]
+        if by is None
+        else [getattr(s, SERIES_KEYS[k]).label(k) for k in by]
+    )
+    pairs = list(itertools.pairwise(edges))
+
+    def branch(whole: bool) -> Select[Any]:
+        """Windows wholly inside the period (``whole``: no clipping, plain sums, nearly every
+        window) or cut by its edges (pro rata)."""
+        inside: Any = 1 if whole else part(lo, hi)
+        energy = [
+            func.sum(
+                w.energy_joules if whole and len(pairs) == 1 else w.energy_joules * part(b0, b1)
+            ).label(f"energy_{i}")
+            for i, (b0, b1) in enumerate(pairs)
+        ]
+        where = (
+            and_(w.window_start >= t(lo), wend <= t(hi))
+            if whole
+            else and_(
+                wend > t(lo),
+                w.window_start < t(hi),
+                # two short ranges of ix_usage_windows_start: windows that start before the
+                # period, and windows that end after it
+                or_(
+                    and_(w.window_start >= t(lo - LEDGER_MAX_WINDOW), w.window_start < t(lo)),
+                    and_(w.window_start > t(hi - LEDGER_MAX_WINDOW), wend > t(hi)),
+                ),
+            )
+        )
+        return (
+            select(
+                *group,
+                *labels,
+                func.sum(w.used_gpu_seconds * inside).label("used"),
+                func.sum(w.sampled_seconds * inside).label("sampled"),
+                *energy,
+            )
+            .select_from(stmt_from)
+            .where(s.cluster.in_(scope.clusters), s.holder_kind.in_((HOLDER_POD, HOLDER_CLAIM)))
+            .where(where)
+            .group_by(*group, *labels)
+        )
+
+    both = union_all(branch(True), branch(False)).subquery("ledger_parts")
+    cols = list(both.c)
+    keys = cols[: len(group) + len(labels)]
     return (
-        select(
-            w.series_id.label("series_id"),
-            *labels,
-            func.sum(w.used_gpu_seconds * inside).label("used"),
-            func.sum(w.sampled_seconds * inside).label("sampled"),
-            *energy,
-        )
-        .select_from(stmt_from)
-        .where(
-            s.cluster.in_(scope.clusters),
-            s.holder_kind.in_((HOLDER_POD, HOLDER_CLAIM)),
-            w.window_start >= t(lo - LEDGER_MAX_WINDOW),
-            w.window_start < t(hi),
-            wend > t(lo),
-        )
-        .group_by(w.series_id, *labels)
+        select(*keys, *(func.sum(c).label(c.key) for c in cols[len(keys) :]))
+        .group_by(*keys)
         .subquery("ledger_series")
     )
 
@@ -1026,9 +1067,15 @@ def ledger(
     lo, hi = edges[0], min(edges[-1], now)
     if hi <= lo or not scope.clusters:
         return []
+    n = len(edges) - 1
+    order = [*plain, *(f"label:{k}" for k in label_keys)]
+    position = [order.index(k) for k in keys]
+    if all(k in SERIES_KEYS for k in plain):
+        # the series' own keys: one grouped scan of the windows, no join to the allocations
+        direct = _ledger_windows(scope, edges, now, label_keys, plain)
+        return [_ledger_row(r, len(order), n, position) for r in conn.execute(select(direct))]
     per = _ledger_windows(scope, edges, now, label_keys)
     s, a, c = UsageSeries, Allocation, ClaimAllocation
-    n = len(edges) - 1
     label_cols = [per.c[f"label_{i}"] for i in range(len(label_keys))]
     figures = [per.c.used, per.c.sampled, *(per.c[f"energy_{i}"] for i in range(n))]
 
@@ -1074,14 +1121,19 @@ def ledger(
     group = [*key_columns, *cols[nk : nk + len(label_keys)]]
     stmt = select(*group, *(func.sum(f) for f in cols[nk + len(label_keys) :])).group_by(*group)
     rows = []
-    order = [*plain, *(f"label:{k}" for k in label_keys)]
-    position = [order.index(k) for k in keys]
     for r in conn.execute(stmt):
         values, i = _key_values([*plain, *(f"label:{k}" for k in label_keys)], r)
         used, sampled = float(r[i] or 0), float(r[i + 1] or 0)
         energy = tuple(float(e or 0) for e in r[i + 2 : i + 2 + n])
         rows.append(LedgerRow(tuple(values[p] for p in position), used, sampled, energy))
     return rows
+
+
+def _ledger_row(r: Sequence[Any], n_keys: int, n: int, position: Sequence[int]) -> LedgerRow:
+    values = tuple(None if v is None else str(v) for v in r[:n_keys])
+    used, sampled = float(r[n_keys] or 0), float(r[n_keys + 1] or 0)
+    energy = tuple(float(e or 0) for e in r[n_keys + 2 : n_keys + 2 + n])
+    return LedgerRow(tuple(values[p] for p in position), used, sampled, energy)
 
 
 # the key columns every ledger branch carries, in order (GROUP_COLUMNS' names)
