@@ -196,7 +196,7 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
 
 
 def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
-    """The report from what ``fetch`` read: no I/O. ReportError where the window holds no data
+    """The report from what ``fetch`` read: no I/O; the report comes back frozen. ReportError where the window holds no data
     (the store's data begins after it and no allocation reaches into it)."""
     window, now, keys, card = request.window, request.now, list(request.keys), request.card
     buckets, edges = fetched.buckets, fetched.edges
@@ -254,7 +254,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
         compute.spread_idle(report, request.spread_idle)
     if request.top is not None:
         compute.fold_top(report, request.top)
-    return report
+    return report.freeze()
 
 
 def _check_window(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
@@ -39,8 +39,23 @@ def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Frac
     return row.share * units  # stored exactly (migration 0005)
 
 
+class _Freezable:
+    """A dataclass that computing may fill in and then freeze: after ``freeze()`` no attribute
+    can be reassigned (the renderers get a finished, immutable report)."""
+
+    _frozen = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: computed and frozen")
+        object.__setattr__(self, name, value)
+
+    def _freeze(self) -> None:
+        object.__setattr__(self, "_frozen", True)
+
+
 @dataclass
-class Group:
+class Group(_Freezable):
     keys: tuple[str | None, ...]
     # raw unit-seconds: whole, unless a shared DRA claim's time is split among its pods
     raw_seconds: Fraction = Fraction(0)
@@ -135,7 +150,7 @@ class IdleAllocation:
 
 
 @dataclass
-class Report:
+class Report(_Freezable):
     keys: tuple[str, ...]
     groups: list[Group]
     priced: bool
@@ -172,6 +187,13 @@ class Report:
     idle_allocations: list[IdleAllocation] | None = None
     idle_threshold: Fraction = Fraction(5, 100)
     idle_min_seconds: int = 3600
+
+    def freeze(self) -> Report:
+        """Make the finished report (and its groups) immutable; returns it."""
+        for g in self.groups:
+            g._freeze()
+        self._freeze()
+        return self
 
     @property
     def physical_total(self) -> Fraction:

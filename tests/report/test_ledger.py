@@ -342,3 +342,24 @@ def test_idle_runs_break_at_holes_and_unsampled_windows() -> None:
     assert idle_runs(quiet, Fraction(5, 100), 2 * H, T0 + H // 2, T0 + 24 * H) == []
     # at the threshold is not under it
     assert idle_runs([_window(T0, 180)], Fraction(5, 100), H, T0, T0 + H) == []
+
+
+def test_the_computed_report_is_frozen(store: Store) -> None:
+    from dataclasses import FrozenInstanceError
+
+    from gpuquota.quota.report import build, period
+    from gpuquota.quota.store import db
+
+    store.alloc("ml", T0, T0 + H)
+    window = period.resolve(
+        now=T0 + 2 * H, tz_name="UTC", start=None, end=None, month=None, last=2 * H
+    )
+    request = build.ReportRequest(window=window, now=T0 + 2 * H)
+    with db.reading(store.url) as conn:
+        fetched = build.fetch(conn, request)
+    computed = build.compute_report(fetched, request)  # no connection needed any more
+    with pytest.raises(FrozenInstanceError):
+        computed.groups = []
+    with pytest.raises(FrozenInstanceError):
+        computed.groups[0].raw_seconds = 0
+    assert computed.groups[0].raw_seconds == H
