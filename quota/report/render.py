@@ -159,7 +159,9 @@ def ledger_columns(report: Report) -> list[Column]:
             1,
             lambda g: None if g.coverage is None else g.coverage * 100,
             "ratio",
-            (lambda g: g.sampled_seconds, lambda g: Fraction(g.raw_seconds)),
+            # the total is over every group's allocated time: one without usage data counts
+            # as not covered
+            (lambda g: g.sampled_seconds or Fraction(0), lambda g: Fraction(g.raw_seconds)),
         )
     )
     return cols

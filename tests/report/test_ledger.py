@@ -97,6 +97,8 @@ def test_table_and_csv_carry_the_same_columns(store: Store, report: Any) -> None
     batch_line = next(line for line in table.out.splitlines() if line.startswith("batch"))
     # raw, phys, share, est.; the ledger's cells blank, never 0
     assert batch_line.split() == ["batch", "1.00", "1.00", "33.33", "0.00"]
+    total_line = next(line for line in table.out.splitlines() if line.startswith("TOTAL"))
+    assert total_line.split()[-1] == "66.7"  # 2 of 3 allocated GPU-hours covered
     result = report(*WINDOW, *NOW, "--format", "csv", db=store)
     assert result.rc == 0, result.err
     rows = {
