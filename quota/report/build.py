@@ -84,6 +84,7 @@ class Fetched:
     ledger: bool  # the store has a usage ledger for the clusters in scope
     ledger_until: dict[str, int]
     ledger_rows: list[query.LedgerRow]
+    unallocated_energy: dict[str, float]  # per cluster, joules of GPUs nobody held
     holder_windows: list[query.HolderWindow] | None  # None: no idle-allocations view
     pod_usage: list[query.UsageRow] | None  # per pod, to split Prometheus' figures
     measured: Any = None  # prometheus.Measured, when asked for
@@ -174,6 +175,11 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             ledger=ledger,
             ledger_until=ledger_until,
             ledger_rows=query.ledger(conn, keys, edges, now, scope) if ledger else [],
+            unallocated_energy=(
+                query.unallocated_energy(conn, window.start, window.end, now, scope)
+                if ledger
+                else {}
+            ),
             holder_windows=windows,
             pod_usage=pod_usage,
         )
@@ -225,6 +231,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
         report.idle = compute.idle(fetched.idle_capacity, fetched.idle_allocated, edges, card)
     # the usage ledger: used GPU-seconds, energy, coverage per group
     report.ledger, report.ledger_until = fetched.ledger, fetched.ledger_until
+    report.unallocated_energy = {c: Fraction(j) for c, j in fetched.unallocated_energy.items() if j}
     if fetched.ledger:
         compute.attach_ledger(report, fetched.ledger_rows, edges, card)
     if fetched.holder_windows is not None:

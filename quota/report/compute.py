@@ -182,6 +182,8 @@ class Report(_Freezable):
     # per cluster, up to when the ledger is ingested (no entry: no progress row)
     ledger_until: dict[str, int] = field(default_factory=dict)
     energy_priced: bool = False  # the rate card prices energy
+    # per cluster, joules of GPUs nobody held (the nodes' idle GPU energy): no group's
+    unallocated_energy: dict[str, Fraction] = field(default_factory=dict)
     carbon_priced: bool = False  # the rate card gives a carbon intensity
     # idle allocations (the ledger's rule), when asked for
     idle_allocations: list[IdleAllocation] | None = None

@@ -1050,6 +1050,40 @@ def _ledger_windows(
     )
 
 
+def unallocated_energy(
+    conn: Connection, lo: int, hi: int, now: int, scope: Scope
+) -> dict[str, float]:
+    """Per cluster, the joules of GPUs nobody held in [lo, min(hi, now)) (the ledger's
+    ``unallocated`` series: the nodes' idle GPU energy), windows cut pro rata."""
+    hi = min(hi, now)
+    if hi <= lo or not scope.clusters:
+        return {}
+    w, s = UsageWindow, UsageSeries
+    # a few series (one per GPU): their windows through the primary key, not a time scan
+    ids = [
+        int(i)
+        for (i,) in conn.execute(
+            select(s.id).where(s.cluster.in_(scope.clusters), s.holder_kind == HOLDER_UNALLOCATED)
+        )
+    ]
+    if not ids:
+        return {}
+    wend: Any = w.window_start + w.window_seconds
+    inside = clipped(w.window_start, wend, t(lo), t(hi)) / cast(w.window_seconds, Float)
+    rows = conn.execute(
+        select(s.cluster, func.sum(w.energy_joules * inside))
+        .select_from(w.__table__.join(s.__table__, s.id == w.series_id))
+        .where(
+            w.series_id.in_(ids),
+            w.window_start >= t(lo - LEDGER_MAX_WINDOW),
+            w.window_start < t(hi),
+            wend > t(lo),
+        )
+        .group_by(s.cluster)
+    )
+    return {str(c): float(j or 0) for c, j in rows}
+
+
 def ledger(
     conn: Connection, keys: Sequence[str], edges: Sequence[int], now: int, scope: Scope
 ) -> list[LedgerRow]:

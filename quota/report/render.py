@@ -394,6 +394,11 @@ def ledger_notes(report: Report) -> list[str]:
             "of the allocated GPU-seconds (column coverage %): efficiency and idle-allocated "
             "GPU-h are over the covered part only"
         )
+    for cluster, joules in sorted(report.unallocated_energy.items()):
+        out.append(
+            f"GPUs nobody held in cluster {cluster!r} used {format_scaled(round(joules * 100 / KWH), 2)} "
+            "kWh (the nodes' idle GPU energy, charged to no group)"
+        )
     for cluster, until in sorted(report.ledger_until.items()):
         if until < report.window_end:
             out.append(
@@ -710,6 +715,9 @@ def render_json(report: Report, period: Period) -> str:
             "unpriced_models": report.unpriced_models,
             "unmatched_rate_card_models": report.unmatched_card_models,
             "best_effort_gpu_pods": report.best_effort_pods,
+            "unallocated_energy_joules": {
+                c: round(float(j), 1) for c, j in sorted(report.unallocated_energy.items())
+            },
             "messages": notes(report),
         },
     }

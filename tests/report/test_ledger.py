@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import insert
 
 from gpuquota.quota.store.models import ClaimAllocation, UsageSeries
-from tests.report.conftest import A100, Store
+from tests.report.conftest import A100, Store, ts
 from tests.report.helpers import NOW, T0, WINDOW, H, assert_refused, ledger, uid
 
 
@@ -40,6 +40,16 @@ def test_used_efficiency_energy_coverage_per_namespace(store: Store, report: Any
     ledger(store, uid(store), [(T0, 360, 720_000, H)], namespace="web")
     # batch: allocated, no ledger rows at all: no usage data, not zero
     store.alloc("batch", T0, T0 + H)
+    # a GPU nobody held: its energy is nobody's (half of a window before the period)
+    ledger(
+        store,
+        "",
+        [(ts("2026-10-04T23:30:00"), 0, 100_000, H), (T0, 0, 130_000, H)],
+        kind="unallocated",
+        namespace="",
+        name="",
+        device="GPU-9",
+    )
     doc = as_json(report, store)
     rows = rows_by(doc)
     ml, web, batch = rows["ml"], rows["web"], rows["batch"]
@@ -71,6 +81,8 @@ def test_used_efficiency_energy_coverage_per_namespace(store: Store, report: Any
     assert doc["total"]["usage_coverage_ratio"] == pytest.approx(3 / 7, abs=1e-4)
     messages = "\n".join(doc["notes"]["messages"])
     assert "no usage data" in messages and "batch" in messages
+    assert doc["notes"]["unallocated_energy_joules"] == {"c1": 180_000}
+    assert "GPUs nobody held in cluster 'c1' used 0.05 kWh" in messages
     assert "covers 42.9%" in messages
 
 
