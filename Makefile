@@ -56,6 +56,7 @@ bench: $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m bench.report
 	$(BIN)/python -m bench.sim_nvml
 	$(BIN)/python -m bench.scrape
+	$(BIN)/python -m bench.ledger
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

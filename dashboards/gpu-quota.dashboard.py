@@ -24,6 +24,21 @@ PHYSICAL = f'gpuquota_namespace_gpus_allocated{{{NS}, kind="physical"}}'
 DRA_RAW = f'gpuquota_namespace_dra_gpus_allocated{{{NS}, kind="raw"}}'
 DRA_PHYSICAL = f'gpuquota_namespace_dra_gpus_allocated{{{NS}, kind="physical"}}'
 DEVICE_CLASS = 'resource=~".+[.]deviceclass[.]resource[.]k8s[.]io/devices"'
+# The node agents' usage counters (gpu-exporter with --pod-usage, issue 19), pods and DRA
+# claims together: their label sets differ (pod / claim), so `or` keeps both, then per namespace.
+USED_RATE = (
+    f"sum by (namespace) (rate(gpu_pod_used_seconds_total{{{NS}}}[$__rate_interval]) "
+    f"or rate(gpu_claim_used_seconds_total{{{NS}}}[$__rate_interval]))"
+)
+POWER_RATE = (
+    f"sum by (namespace) (rate(gpu_pod_energy_joules_total{{{NS}}}[$__rate_interval]) "
+    f"or rate(gpu_claim_energy_joules_total{{{NS}}}[$__rate_interval]))"
+)
+ENERGY_KWH = (
+    f"sum by (namespace) (increase(gpu_pod_energy_joules_total{{{NS}}}[$__range]) "
+    f"or increase(gpu_claim_energy_joules_total{{{NS}}}[$__range])) / 3.6e6"
+)
+ALLOCATED_PHYSICAL = f"sum by (namespace) ({PHYSICAL} or {DRA_PHYSICAL})"
 # GPU-hours over the dashboard's range from the allocation gauge: mean GPUs x hours.
 GPU_HOURS = "sum by (namespace) (avg_over_time({sel}[$__range])) * $__range_s / 3600"
 
@@ -173,6 +188,57 @@ grid.add(
         "holds; `gpuquota report --prometheus` charges by the same series.",
     ),
     w=24,
+)
+
+grid.row("Usage and energy (node agents' counters)")
+grid.add(
+    timeseries(
+        "GPUs used by namespace",
+        (USED_RATE, "{{namespace}} used"),
+        (ALLOCATED_PHYSICAL, "{{namespace}} allocated"),
+        unit="none",
+        minimum=0,
+        description="Physical GPUs of activity: the rate of gpu_pod_used_seconds_total and "
+        "gpu_claim_used_seconds_total (GPM SM activity on a whole GPU or MIG instance x N/7, "
+        "utilisation without GPM, per-process SM on shared GPUs), beside the physical GPUs "
+        "the namespace holds. Needs gpu-exporter --pod-usage.",
+    ),
+    w=12,
+)
+grid.add(
+    timeseries(
+        "Efficiency by namespace (used / allocated)",
+        (f"{USED_RATE} / ({ALLOCATED_PHYSICAL} > 0)", "{{namespace}}"),
+        unit="percentunit",
+        minimum=0,
+        description="GPUs used over physical GPUs allocated (device-plugin and DRA): the "
+        "share of what the namespace holds that it keeps busy. The billable figures, over "
+        "closed windows kept in SQL, come from `gpuquota report`.",
+    ),
+    w=12,
+)
+grid.add(
+    timeseries(
+        "GPU power by namespace",
+        (POWER_RATE, "{{namespace}}"),
+        unit="watt",
+        minimum=0,
+        stacked=True,
+        description="Each GPU's energy counter apportioned to its holders "
+        "(gpu_pod_energy_joules_total, gpu_claim_energy_joules_total): a shared GPU's by "
+        "activity shares, a MIG GPU's by its instances' physical shares.",
+    ),
+    w=12,
+)
+grid.add(
+    table(
+        "Energy in range (kWh)",
+        (ENERGY_KWH, "kWh"),
+        description="Joules apportioned to each namespace's pods and claims over the "
+        "dashboard's range, in kWh; energy of GPUs nobody held is "
+        "gpu_unallocated_energy_joules_total.",
+    ),
+    w=12,
 )
 
 grid.row("Controller")

@@ -1,7 +1,8 @@
 """The metric names dashboards and alert rules may use, each from its owner's own definition.
 
 * gpu-exporter: every family in the one metric table, exporter/expose/metrics.py.
-* gpuquota controller: the families it registers, quota/controller/metrics.py.
+* gpuquota controller: its metric table, quota/controller/metrics.py (tests/controller checks
+  that the table is what it exposes; the ledger's rows only while it leads with a ledger).
 * Prometheus itself: ``up`` and the other per-target series (gpuquota.dashboards.promql).
 """
 
@@ -19,12 +20,9 @@ def exporter_metric_names() -> frozenset[str]:
 
 def controller_metric_names() -> frozenset[str]:
     """Every series name the controller exposes (prometheus_client adds _total to counters)."""
-    from gpuquota.quota.controller.metrics import ControllerMetrics
+    from gpuquota.quota.controller.metrics import METRICS
 
-    names = set()
-    for family in ControllerMetrics().registry.collect():
-        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
-    return frozenset(names)
+    return frozenset(s.name + ("_total" if s.type == "counter" else "") for s in METRICS)
 
 
 def known_metric_names() -> frozenset[str]:

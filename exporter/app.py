@@ -39,8 +39,9 @@ from gpuquota.exporter.deviceplugin.devices import PluginConfig
 from gpuquota.exporter.deviceplugin.preferred import Topology
 from gpuquota.exporter.deviceplugin.topologycache import CachedTopology
 from gpuquota.exporter.dra.taints import DeviceTaintPublisher
+from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
 from gpuquota.exporter.enrich.dra import DraAttribution
-from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
+from gpuquota.exporter.enrich.ledger import LedgerConfig, LedgerEnricher, UidSource
 from gpuquota.exporter.enrich.poddirectory import PodDirectory, lister_for_node
 from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
 from gpuquota.exporter.enrich.procfs import ProcReader
@@ -218,6 +219,33 @@ def build_pod_usage(
     return PodUsageEnricher(ProcReader(args.proc_root), PodDirectory(lister))
 
 
+# --- the usage ledger's counters --------------------------------------------------------------
+
+
+def build_ledger(
+    args: argparse.Namespace,
+    pods: PodResourcesWatcher | None,
+    pod_usage: PodUsageEnricher | None,
+    dra: DraParts | None,
+) -> LedgerEnricher | None:
+    """The usage counters (issue 19): on with pod attribution (holders) and --pod-usage (its
+    pod directory names each pod's UID, its per-process usage splits shared GPUs); claim
+    UIDs come from the DRA claim reader. None otherwise (said once)."""
+    if pods is None:
+        return None
+    if pod_usage is None:
+        log.info(
+            "usage counters (gpu_pod_used_seconds_total, gpu_pod_energy_joules_total...) are "
+            "off: they need --pod-usage, whose pod directory names the pods' UIDs"
+        )
+        return None
+    directory = pod_usage.directory
+    pod_uids: UidSource | None = directory if isinstance(directory, PodDirectory) else None
+    claim_uids = dra.attribution.admin if dra is not None else None
+    config = LedgerConfig(max_gap_s=max(60.0, 10 * args.interval))
+    return LedgerEnricher(pod_uids, claim_uids, config)
+
+
 # --- the whole program -----------------------------------------------------------------------
 
 
@@ -233,6 +261,7 @@ class App:
     dra: DraParts | None = None
     pods: PodResourcesWatcher | None = None
     pod_usage: PodUsageEnricher | None = None
+    ledger: LedgerEnricher | None = None
     _started: list[Any] = field(default_factory=list)
 
     def publisher_status(self) -> PublisherStatus:
@@ -331,6 +360,9 @@ def _build_on(
     pod_usage = build_pod_usage(args)  # after pod attribution: it reads the same processes
     if pod_usage is not None:
         collector.add_enricher(pod_usage)
+    ledger = build_ledger(args, pods, pod_usage, dra)  # last: it reads both
+    if ledger is not None:
+        collector.add_enricher(ledger)
     host, port = args.listen
     try:
         server = ExporterServer(
@@ -346,7 +378,7 @@ def _build_on(
         if exc.errno == errno.EADDRINUSE:
             raise SetupError(f"cannot listen on {where}: the port is already in use") from None
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
-    app = App(api, collector, xid, health, server, dra, pods, pod_usage)
+    app = App(api, collector, xid, health, server, dra, pods, pod_usage, ledger)
     # the checker's inputs: every snapshot and every XID event
     collector.subscribe(health.checker.on_snapshot)
     xid.add_listener(health.checker.on_xid)

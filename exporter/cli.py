@@ -102,8 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="DURATION",
         help="how often the slow tier is read: ECC, row remapping, retired pages, processes, "
-        "energy and throttle-time counters (default 5 x --interval; docs/metrics.md says "
-        "each metric's tier)",
+        "energy and throttle-time counters, and GPM's averages, which span it (default 5 x "
+        "--interval; docs/metrics.md says each metric's tier)",
     )
     parser.add_argument(
         "--liveness-timeout",

@@ -114,6 +114,21 @@ class PodUsage:
 
 
 @dataclass(frozen=True, slots=True)
+class HolderTotals:
+    """One holder's usage counters on one device since the agent first saw it
+    (exporter/enrich/ledger.py): the usage ledger's input (issue 19)."""
+
+    kind: str  # "pod" or "claim" (a DRA ResourceClaim, charged once however many pods share it)
+    namespace: str
+    name: str
+    uid: str  # the pod's or claim's UID (only holders whose UID is known are published)
+    # (activity, physical GPU-seconds): how activity was measured (sm_active, utilization,
+    # process_sm) -> its integral; a holder measured two ways has two entries
+    used_seconds: tuple[tuple[str, float], ...]
+    energy_joules: float  # joules of the physical GPU apportioned to this holder
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceSnapshot:
     """One physical GPU or one MIG instance, as read in one collection."""
 
@@ -255,6 +270,10 @@ class NodeSnapshot:
     pod_usage: dict[str, tuple[PodUsage, ...]] = field(default_factory=dict)
     # NVML function -> (calls, seconds spent in them) since the exporter started
     nvml_calls: dict[str, tuple[int, float]] = field(default_factory=dict)
+    # device UUID -> usage counters per holder (exporter/enrich/ledger.py); empty when off
+    usage_totals: dict[str, tuple[HolderTotals, ...]] = field(default_factory=dict)
+    # physical GPU UUID -> joules it drew while nobody held it (its unheld MIG share included)
+    unallocated_energy: dict[str, float] = field(default_factory=dict)
 
 
 # --- the GPU interconnect (collect/interconnect.py reads it, the device plugin's

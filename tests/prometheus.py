@@ -1,11 +1,12 @@
 """A real Prometheus server (Debian's package) started by a test, scraping our programs.
 
-The exporter's and the dashboards' tests read what Prometheus stored through its HTTP API."""
+The exporter's and the dashboards' tests read what Prometheus stored through its HTTP API;
+the ledger's tests serve samples written with their own timestamps (create_blocks). The
+server itself is gpuquota/sim/promserver.py, which the benchmarks use too."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import time
 import urllib.parse
@@ -15,14 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpuquota.sim.harness import stop_process, wait_for
-from tests.exporter.procs import free_port
+from gpuquota.sim import promserver
 
 
 class Prometheus:
-    def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
+    def __init__(self, proc: subprocess.Popen[bytes], url: str) -> None:
         self.proc = proc
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = url
 
     def api(self, path: str, **params: str) -> Any:
         """The ``data`` of a successful /api/v1 answer."""
@@ -46,45 +46,24 @@ class Prometheus:
         raise AssertionError(f"{promql}: never satisfied; last result {result}")
 
 
-def binary() -> str:
-    found = shutil.which("prometheus")
-    assert found, "prometheus is not installed: apt-get install -y prometheus (make test does)"
-    return found
-
-
 @contextmanager
 def running(work: Path, jobs: Mapping[str, Sequence[int]]) -> Iterator[Prometheus]:
     """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit."""
-    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
-    for job, ports in jobs.items():
-        targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
-        lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]
-    config = work / "prometheus.yml"
-    config.write_text("\n".join(lines) + "\n")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary(),
-            f"--config.file={config}",
-            f"--storage.tsdb.path={work / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    server = Prometheus(proc, port)
+    with promserver.scraping(work, jobs) as served:
+        yield Prometheus(served.proc, served.url)
 
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"prometheus exited: {proc.communicate()[1].decode()[-2000:]}")
-        try:
-            with urllib.request.urlopen(f"{server.url}/-/ready", timeout=2) as response:
-                return response.status == 200
-        except OSError:
-            return False
 
-    try:
-        wait_for(ready, timeout=30, what="prometheus /-/ready", interval=0.1)
-        yield server
-    finally:
-        stop_process(proc, timeout=15)
+def create_blocks(openmetrics: str, tsdb: Path, work: Path) -> None:
+    """Write samples with their own timestamps into TSDB blocks under ``tsdb`` (promtool
+    tsdb create-blocks-from openmetrics): Prometheus then serves them as if it had scraped
+    them. ``openmetrics`` must end with ``# EOF``; blocks may overlap earlier ones."""
+    source = work / f"samples-{time.monotonic_ns()}.om"
+    source.write_text(openmetrics)
+    promserver.create_blocks(source, tsdb)
+
+
+@contextmanager
+def serving(tsdb: Path, work: Path) -> Iterator[Prometheus]:
+    """Prometheus serving the blocks under ``tsdb`` (see create_blocks), scraping nothing."""
+    with promserver.serving_blocks(tsdb, work) as served:
+        yield Prometheus(served.proc, served.url)

@@ -12,8 +12,8 @@ on a real GPU some calls take milliseconds). A GPU whose call hangs keeps its la
 as ERROR once it is ``STALL_ROUNDS`` read timeouts late.
 
 Cadence: ``collect_once`` reads every tier of every GPU; the background loop reads the fast
-tier every round and each GPU's slow tier on its turn, a few GPUs per round, so no round
-carries every GPU's slow reads at once.
+tier every round and each GPU's slow tier (GPM's sample pair with it) on its turn, a few GPUs
+per round, so no round carries every GPU's slow reads at once.
 
 Node-wide failures stay partial: when nvmlDeviceGetCount fails, the last known device list is
 read as usual (``ok`` is False for the round; only GPUs that cannot be read are marked).

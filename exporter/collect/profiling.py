@@ -5,11 +5,14 @@ every NVML call goes through ``NvmlApi`` and its errors propagate to the collect
 handling (counted, the device marked lost...).
 
 GPM (Hopper and later) measures between two samples, so the reader keeps the previous
-sample of every GPU and MIG instance and reports the averages since then. An H100 answers
-samples taken less than 100 ms apart with NVML_SUCCESS and every metric 0.00: such a pair
-is never computed. When the collection interval is shorter than ``MIN_GPM_GAP`` the earlier
-sample is kept until the gap is long enough, and the last good averages are reported
-meanwhile. A GPU without GPM reports ``gpm=None`` (its series are left out, never 0).
+sample of every GPU and MIG instance and reports the averages since then. GPM is in the slow
+tier (exporter/collect/tiers.py): a sample is taken on the GPU's slow turn, so each pair spans
+one slow interval, the next pair starts where the last ended (no time is left out), and a
+round computes the pairs of a few GPUs only; the last averages are reported in between. An
+H100 answers samples taken less than 100 ms apart with NVML_SUCCESS and every metric 0.00:
+such a pair is never computed. When the slow interval (or a run of ``collect_once`` calls) is
+shorter than ``MIN_GPM_GAP`` the earlier sample is kept until the gap is long enough, and the
+last good averages are reported meanwhile. A GPU without GPM reports ``gpm=None`` (its series are left out, never 0).
 
 Per-process utilisation: the driver keeps one sample per second for each process that used
 the GPU; the reader asks for the samples newer than the newest it has seen, keeps the latest

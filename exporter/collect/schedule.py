@@ -1,12 +1,17 @@
 """Which readings each GPU makes in which round: the cadence rules, pure (no NVML, no threads).
 
 The slow tier (ECC, row remapping, retired pages, processes, energy, throttle-time counters,
-NVLink errors: about 7 ms of NVML time per H100) is due once per ``--slow-interval``. Were it
-due for every GPU in the same round, that round would read eight GPUs' slow tiers at once:
-164-168 ms on 8 H100s when NVML serves the whole library through one queue. So each GPU has a
-turn in the slow cycle (GPU ``i`` in the rounds where ``round % cycle == i % cycle``): a round
-reads the slow tier of at most ``ceil(gpus / cycle)`` GPUs. Per-process utilisation (2.2 ms
-per GPU, asked at most once per driver sampling period) takes turns the same way.
+NVLink errors: about 7.6 ms of NVML time per H100; and a GPM sample pair: 5.2 ms) is due once
+per ``--slow-interval``. Were it due for every GPU in the same round, that round would read
+eight GPUs' slow tiers at once: 164-168 ms on 8 H100s when NVML serves the whole library
+through one queue. So each GPU has a turn in the slow cycle (GPU ``i`` in the rounds where
+``round % cycle == i % cycle``): a round reads the slow tier of at most ``ceil(gpus / cycle)``
+GPUs. Per-process utilisation (2.2 ms per GPU, asked at most once per driver sampling period)
+takes turns the same way. In modelled H100 time a round of 8 GPUs at the default cycle then
+carries about 8 x 2.2 ms (fast) + 2 x 12.8 ms (slow turns, GPM included) + 2 x 2.2 ms
+(per-process utilisation) = 48 ms (51.5 ms as the NVML stand-in counts a busy 8-GPU round,
+docs/benchmarks.md), against 8 x 7.4 ms for the fast tier alone when every round computed
+every GPU's GPM pair (82.9 ms counted).
 
 A GPU whose turn passed without a reading (its reader was still busy with a hung call) is read
 as soon as its slow reading is two slow intervals old; ``collect_once`` reads every tier.

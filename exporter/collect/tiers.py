@@ -1,8 +1,11 @@
 """How often the collector reads each DeviceSnapshot field from NVML: the cadence, in one table.
 
-A field is read every round (fast), every ``--slow-interval`` (slow: counters and slowly
-changing state, where a reading costs milliseconds on an H100), or once per device, again
-after it was lost, reset or re-identified (its identity). The metric table
+A field is read every round (fast), every ``--slow-interval`` (slow: counters, slowly
+changing state and GPM's averages, where a reading costs milliseconds on an H100), or once
+per device, again after it was lost, reset or re-identified (its identity). GPM is slow
+because it is an average between two samples: sampled on the GPU's slow turn, each pair spans
+one slow interval and the pairs follow each other, so the averages cover all the time, while
+a round computes at most a few GPUs' pairs (5.2 ms of NVML each on an H100) instead of all. The metric table
 (exporter/expose/metrics.py) shows each row's tier from this table in docs/metrics.md, so the
 cadence is declared here, where the reads are, and nowhere else.
 """
@@ -17,7 +20,7 @@ class Tier(Enum):
     """How often the NVML values behind a snapshot field are read."""
 
     FAST = "fast"  # every collection (--interval): cheap and quickly changing
-    SLOW = "slow"  # every --slow-interval: counters and slowly changing state
+    SLOW = "slow"  # every --slow-interval: counters, slowly changing state, GPM averages
     ONCE = "once"  # once per device, again after it was lost, reset or re-identified
     NONE = "none"  # not an NVML reading (exporter state, kubelet, events, health verdicts)
 
@@ -58,9 +61,9 @@ FIELD_TIERS: dict[str, Tier] = {
     "pcie_rx_bytes_per_second": _F,
     "pcie_rx_bytes": _F,
     "recovery_action": _F,
-    "gpm": _F,
-    "process_utilization": _F,
+    "process_utilization": _F,  # asked on the GPU's own turn, at most once a second
     # every --slow-interval: counters and slowly changing state
+    "gpm": _S,  # a sample pair per slow turn: averages over the slow interval
     "power_limit_watts": _S,
     "energy_joules": _S,
     "clock_event_time_ns": _S,

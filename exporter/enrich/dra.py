@@ -12,7 +12,7 @@ snapshot by parent GPU and profile (the only MIG device of that profile on that 
 attributes the parent GPU.
 
 Devices a claim holds with ``adminAccess`` (monitoring agents) are left out where the claim
-could be read (exporter/enrich/dra_claims.py).
+could be read (exporter/enrich/claimreader.py, by the rule in admin_access.py).
 
 Results that cannot be resolved are never fatal: a device of a driver not in the configured
 GPU drivers (``unknown_driver``: NICs and other DRA devices are not GPUs) and a device no
@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
+from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
 from gpuquota.exporter.snapshot import ClaimRef, DraStatus, NodeSnapshot, PodRef
 
@@ -170,7 +170,7 @@ class DraAttribution:
     def __init__(self, index: SliceIndex, slices_up: object = None) -> None:
         self.index = index
         self._slices_up = slices_up  # a SliceWatcher (its ``up``), or None: always up
-        # which claimed devices are adminAccess (exporter/enrich/dra_claims.py), or None: not read
+        # which claimed devices are adminAccess (exporter/enrich/claimreader.py), or None: not read
         self.admin: AdminAccessClaims | None = None
         self._lock = threading.Lock()
         self._problems: dict[str, int] = dict.fromkeys(PROBLEM_REASONS, 0)

@@ -43,6 +43,7 @@ class PodDirectory:
         self.interval = interval
         self.min_refresh = min_refresh
         self._names: dict[str, PodName] = {}
+        self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> UID
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -50,7 +51,9 @@ class PodDirectory:
 
     def refresh(self) -> bool:
         try:
-            self._names = pod_names(self._lister())
+            names = pod_names(self._lister())
+            self._names = names
+            self._uids = {(n.namespace, n.pod): uid for uid, n in names.items()}
         except Exception as exc:  # an API failure keeps the last list
             self.errors_total += 1
             log.warning("listing this node's pods for per-pod usage failed: %s", exc)
@@ -59,6 +62,14 @@ class PodDirectory:
 
     def lookup(self, uid: str) -> PodName | None:
         found = self._names.get(uid)
+        if found is None:
+            self._wake.set()
+        return found
+
+    def uid_of(self, namespace: str, pod: str) -> str | None:
+        """The UID of the pod of that name on this node (None: not listed yet, which asks
+        for an early refresh)."""
+        found = self._uids.get((namespace, pod))
         if found is None:
             self._wake.set()
         return found

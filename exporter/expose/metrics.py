@@ -377,6 +377,46 @@ def _read_pod_usage(attr: str) -> DeviceReader:
 POD_USAGE_LABELS = (*POD_LABELS, "owner")
 
 
+def _read_holder_used(kind: str) -> DeviceReader:
+    def read(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+        for t in node.usage_totals.get(device.uuid, ()):
+            if t.kind == kind:
+                for activity, seconds in t.used_seconds:
+                    yield (t.namespace, t.name, t.uid, activity), seconds
+
+    return read
+
+
+def _read_holder_energy(kind: str) -> DeviceReader:
+    def read(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+        for t in node.usage_totals.get(device.uuid, ()):
+            if t.kind == kind:
+                yield (t.namespace, t.name, t.uid), t.energy_joules
+
+    return read
+
+
+def _read_unallocated_energy(device: DeviceSnapshot, node: NodeSnapshot) -> Iterator[Sample]:
+    joules = node.unallocated_energy.get(device.uuid)
+    if joules is not None and device.mig is None:
+        yield (), joules
+
+
+_USAGE_SOURCE = "exporter/enrich/ledger.py: GPM SM activity, utilisation or per-process SM"
+_ENERGY_SOURCE = (
+    "exporter/enrich/ledger.py: the increase of gpu_energy_joules_total (field value "
+    "NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION), split by power x time"
+)
+_ACTIVITY_HELP = (
+    "activity: sm_active (GPM SM activity: the whole GPU held by one holder, or a MIG "
+    "instance's own GPM), utilization (NVML utilisation ratio, no GPM), process_sm "
+    "(per-process SM utilisation: a GPU held by several, time-slicing or MPS). A MIG "
+    "instance counts its activity x N/7 (1g at 100 % for 1 h: 3600/7). Starts at 0 when the "
+    "agent first sees the holder (published once its UID is known) and resets when the agent "
+    "restarts; needs pod attribution and --pod-usage (exporter/enrich/ledger.py)."
+)
+
+
 def _node_value(get: Callable[[NodeSnapshot], float | None]) -> NodeReader:
     def read(node: NodeSnapshot) -> Iterator[Sample]:
         value = get(node)
@@ -910,34 +950,34 @@ METRICS: list[MetricSpec] = [
     gpm_row(
         f"{P}graphics_engine_active_ratio",
         "ratio",
-        "Fraction of time the graphics/compute engine was busy, averaged since the previous "
-        "collection (GPM, Hopper and later).",
+        "Fraction of time the graphics/compute engine was busy, averaged over the last "
+        "slow interval (GPM, Hopper and later).",
         "graphics_active",
     ),
     gpm_row(
         f"{P}sm_active_ratio",
         "ratio",
-        "Fraction of SM cycles with at least one warp resident, averaged over all SMs since "
-        "the previous collection (GPM).",
+        "Fraction of SM cycles with at least one warp resident, averaged over all SMs and "
+        "the last slow interval (GPM).",
         "sm_active",
     ),
     gpm_row(
         f"{P}sm_occupancy_ratio",
         "ratio",
-        "Resident warps as a fraction of the SMs' maximum, since the previous collection (GPM).",
+        "Resident warps as a fraction of the SMs' maximum, over the last slow interval (GPM).",
         "sm_occupancy",
     ),
     gpm_row(
         f"{P}dram_active_ratio",
         "ratio",
-        "DRAM bandwidth used as a fraction of the peak, since the previous collection (GPM).",
+        "DRAM bandwidth used as a fraction of the peak, over the last slow interval (GPM).",
         "dram_active",
     ),
     MetricSpec(
         name=f"{P}pipe_active_ratio",
         type="gauge",
         unit="ratio",
-        help="Fraction of SM cycles a pipe was busy since the previous collection (GPM): "
+        help="Fraction of SM cycles a pipe was busy over the last slow interval (GPM): "
         "tensor (any precision), tensor_hmma/imma/dfma/dmma, fp64, fp32, fp16, integer.",
         labels=("pipe",),
         source="nvmlGpmSampleGet / nvmlGpmMigSampleGet + nvmlGpmMetricsGet",
@@ -953,8 +993,8 @@ METRICS: list[MetricSpec] = [
         name=f"{P}nvlink_bandwidth_bytes_per_second",
         type="gauge",
         unit="bytes/second",
-        help="NVLink traffic over all links (direction tx or rx) averaged since the previous "
-        "collection (GPM).",
+        help="NVLink traffic over all links (direction tx or rx) averaged over the last slow "
+        "interval (GPM).",
         labels=("direction",),
         source="nvmlGpmMetricsGet(NVML_GPM_METRIC_NVLINK_TOTAL_TX/RX_PER_SEC)",
         accessor="DeviceSnapshot.gpm.nvlink_*_bytes_per_second",
@@ -1026,6 +1066,73 @@ METRICS: list[MetricSpec] = [
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_used_bytes"),
         fields=("processes",),
+    ),
+    # --- the usage ledger's counters (issue 19) ---------------------------------------------
+    MetricSpec(
+        name=f"{P}pod_used_seconds_total",
+        type="counter",
+        unit="seconds",
+        help="Physical GPU-seconds of activity of this pod on this device (a pod holding it "
+        "through a DRA claim counts in gpu_claim_used_seconds_total instead). " + _ACTIVITY_HELP,
+        labels=("namespace", "pod", "pod_uid", "activity"),
+        source=_USAGE_SOURCE,
+        accessor="NodeSnapshot.usage_totals[uuid].used_seconds (kind pod)",
+        scope=Scope.IDENTITY,
+        read_device=_read_holder_used("pod"),
+        fields=("gpm", "gpu_utilization_ratio", "process_utilization"),
+    ),
+    MetricSpec(
+        name=f"{P}pod_energy_joules_total",
+        type="counter",
+        unit="joules",
+        help="Joules of the physical GPU apportioned to this pod on this device: a shared "
+        "GPU's energy split by activity shares each moment (equally when nobody is active), a "
+        "MIG GPU's by its instances' physical shares. Needs pod attribution and --pod-usage.",
+        labels=("namespace", "pod", "pod_uid"),
+        source=_ENERGY_SOURCE,
+        accessor="NodeSnapshot.usage_totals[uuid].energy_joules (kind pod)",
+        scope=Scope.IDENTITY,
+        read_device=_read_holder_energy("pod"),
+        fields=("energy_joules",),
+    ),
+    MetricSpec(
+        name=f"{P}claim_used_seconds_total",
+        type="counter",
+        unit="seconds",
+        help="Physical GPU-seconds of activity of this DRA ResourceClaim on this device, "
+        "charged once however many pods share the claim. " + _ACTIVITY_HELP,
+        labels=("namespace", "claim", "claim_uid", "activity"),
+        source=_USAGE_SOURCE,
+        accessor="NodeSnapshot.usage_totals[uuid].used_seconds (kind claim)",
+        scope=Scope.IDENTITY,
+        read_device=_read_holder_used("claim"),
+        fields=("gpm", "gpu_utilization_ratio", "process_utilization"),
+    ),
+    MetricSpec(
+        name=f"{P}claim_energy_joules_total",
+        type="counter",
+        unit="joules",
+        help="Joules of the physical GPU apportioned to this DRA ResourceClaim on this device "
+        "(rules as gpu_pod_energy_joules_total).",
+        labels=("namespace", "claim", "claim_uid"),
+        source=_ENERGY_SOURCE,
+        accessor="NodeSnapshot.usage_totals[uuid].energy_joules (kind claim)",
+        scope=Scope.IDENTITY,
+        read_device=_read_holder_energy("claim"),
+        fields=("energy_joules",),
+    ),
+    MetricSpec(
+        name=f"{P}unallocated_energy_joules_total",
+        type="counter",
+        unit="joules",
+        help="Joules the physical GPU drew while nobody held it (on a MIG GPU: the share of "
+        "its unheld instances and unpartitioned slices); with pod attribution on.",
+        labels=(),
+        source=_ENERGY_SOURCE,
+        accessor="NodeSnapshot.unallocated_energy[uuid]",
+        scope=Scope.IDENTITY,
+        read_device=_read_unallocated_energy,
+        fields=("energy_joules",),
     ),
     # --- the node and the exporter itself -------------------------------------------------
     MetricSpec(

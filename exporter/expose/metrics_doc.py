@@ -27,8 +27,10 @@ cadence in the **Read** column (the collector's table, exporter/collect/tiers.py
 
 - **every collection**: each `--interval` (default 1 s): cheap, quickly changing values.
 - **slow**: each `--slow-interval` (default 5 x `--interval`): counters (which lose nothing
-  when read less often) and slowly changing state. Each GPU has its turn in that cycle, so a
-  round reads the slow values of a few GPUs, not of all of them at once.
+  when read less often), slowly changing state, and GPM's averages (a sample on each slow
+  turn: every pair spans one slow interval and the pairs follow each other, so no time is left
+  out). Each GPU has its turn in that cycle, so a round reads the slow values of a few GPUs,
+  not of all of them at once.
 - **once**: when the device is first seen, and again after it was lost or reset.
 
 A GPU whose NVML call hangs holds up no other GPU: it keeps its last reading (its

@@ -30,6 +30,8 @@ from gpuquota.quota.accounting.rules.pods import raw_prefilter
 from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
+from gpuquota.quota.ledger.ingest import LedgerProcess, LedgerSettings
+from gpuquota.quota.ledger.ingest import check as check_ledger
 from gpuquota.quota.options import (
     accounting_options,
     add_accounting_options,
@@ -37,6 +39,7 @@ from gpuquota.quota.options import (
     add_db_option,
     port_number,
 )
+from gpuquota.quota.promhttp import PrometheusError, check_url
 from gpuquota.quota.store.db import StoreError, StoreUnavailableError, open_store
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,7 @@ examples:
   gpuquota controller --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod-eu1 \\
       --lease-name gpuquota-controller --lease-namespace gpuquota
   gpuquota controller --flush-interval 10s --read-timeout 2m --node-pool-label node-pool
+  gpuquota controller --db sqlite:///gpuquota.db --ledger-prometheus-url http://prometheus:9090
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 """ + exitcodes.help_text()
@@ -151,6 +155,107 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--page-size", type=int, default=500, help="objects per list page (500)")
     add_accounting_options(parser)
+    add_ledger_options(parser)
+
+
+def add_ledger_options(parser: argparse.ArgumentParser) -> None:
+    """The usage ledger's flags (docs/accounting.md, "The usage ledger")."""
+    group = parser.add_argument_group(
+        "usage ledger",
+        "ingest the node agents' usage counters from Prometheus into the store (leader only)",
+    )
+    group.add_argument(
+        "--ledger-prometheus-url",
+        default=os.environ.get("GPUQUOTA_LEDGER_PROMETHEUS_URL", ""),
+        metavar="URL",
+        help="Prometheus holding the node agents' counters (env GPUQUOTA_LEDGER_PROMETHEUS_URL; "
+        "default: no ledger)",
+    )
+    seconds = whole_seconds_flag()
+    group.add_argument(
+        "--ledger-window",
+        type=seconds,
+        default=3600,
+        metavar="DURATION",
+        help="window length; must divide a day (1h)",
+    )
+    group.add_argument(
+        "--ledger-delay",
+        type=seconds,
+        default=300,
+        metavar="DURATION",
+        help="ingest a window this long after it closes, for the last scrapes to land (5m)",
+    )
+    group.add_argument(
+        "--ledger-lookback",
+        type=_zero_or(seconds),
+        default=3600,
+        metavar="DURATION",
+        help="when a window closes, ingest the windows that closed this long before it again, "
+        "for late samples (1h; a multiple of --ledger-window)",
+    )
+    group.add_argument(
+        "--ledger-backfill",
+        type=seconds,
+        default=7 * 86400,
+        metavar="DURATION",
+        help="after downtime, catch up at most this much (7d; within Prometheus' retention)",
+    )
+    group.add_argument(
+        "--ledger-max-gap",
+        type=seconds,
+        default=60,
+        metavar="DURATION",
+        help="samples further apart than this leave the time between them uncovered (1m)",
+    )
+    group.add_argument(
+        "--idle-threshold",
+        type=float,
+        default=0.05,
+        metavar="RATIO",
+        help="an allocation whose activity stays under this is idle (0.05)",
+    )
+    group.add_argument(
+        "--idle-for",
+        type=seconds,
+        default=3600,
+        metavar="DURATION",
+        help="...for at least this long of ingested windows (1h)",
+    )
+
+
+def _zero_or(parse: Callable[[str], int]) -> Callable[[str], int]:
+    """A duration flag that also takes 0 (none)."""
+
+    def zero_or(text: str) -> int:
+        return 0 if text.strip() in ("0", "0s") else parse(text)
+
+    zero_or.__name__ = "duration"
+    return zero_or
+
+
+def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
+    """The ledger's settings from the flags, None when it is off; ValueError naming the flag."""
+    if not args.ledger_prometheus_url:
+        return None
+    try:
+        check_url(args.ledger_prometheus_url, "--ledger-prometheus-url")
+    except PrometheusError as exc:
+        raise ValueError(str(exc)) from None
+    settings = LedgerSettings(
+        args.ledger_prometheus_url,
+        window=args.ledger_window,
+        delay=args.ledger_delay,
+        lookback=args.ledger_lookback,
+        backfill=args.ledger_backfill,
+        max_gap=args.ledger_max_gap,
+        idle_threshold=args.idle_threshold,
+        idle_for=args.idle_for,
+    )
+    problem = check_ledger(settings)
+    if problem:
+        raise ValueError(problem)
+    return settings
 
 
 def _fail(message: str, status: int = EXIT_ERROR) -> int:
@@ -205,6 +310,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         config, drivers = accounting_options(args)
+        ledger = ledger_settings(args)
     except ValueError as exc:
         return _fail(str(exc))
     lease = LeaseSettings(
@@ -225,6 +331,7 @@ def run(args: argparse.Namespace) -> int:
     store = open_store(args.db, migrate=args.migrate)
     metrics = ControllerMetrics()
     current: list[Controller] = []
+    ingesters: list[LedgerProcess] = []
     leading = threading.Event()
 
     def readiness() -> tuple[bool, str]:
@@ -278,6 +385,11 @@ def run(args: argparse.Namespace) -> int:
             current.append(controller)
             if stopping.is_set():
                 return
+            if ledger is not None:  # its own process and connection, beside the watch loop
+                ingester = LedgerProcess(args.db, args.cluster, ledger)
+                ingesters.append(ingester)
+                metrics.ledger.read_from(lambda: ingester.facts)
+                ingester.start()
             controller.run()
         except (StartupError, StoreError) as exc:
             outcome["error"] = str(exc)
@@ -286,6 +398,9 @@ def run(args: argparse.Namespace) -> int:
             outcome["error"] = f"{type(exc).__name__}: {exc}"
             log.exception("controller failed")
         finally:
+            for ingester in ingesters:
+                ingester.stop()
+            metrics.ledger.read_from(lambda: None)
             metrics.leader.set(0)
             leading.clear()
             done.set()
@@ -298,6 +413,8 @@ def run(args: argparse.Namespace) -> int:
                 lease.name,
             )
             outcome["lost"] = True
+        for ingester in ingesters:  # no ledger writes beside a new leader either
+            ingester.request_stop()
         for c in current:
             c.stop()
         done.set()

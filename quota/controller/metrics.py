@@ -14,7 +14,7 @@ namespace that goes away has no series to remove and nothing is kept twice.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:  # the type only: nothing here calls into the accounting but through it
     from gpuquota.quota.accounting.accountant import Accountant
+    from gpuquota.quota.ledger.ingest import LedgerFacts
 
 
 @dataclass(frozen=True)
@@ -35,9 +36,13 @@ class ControllerMetric:
     labels: tuple[str, ...]
     source: str  # where the value comes from, and how often it is set
     scraped: bool = False  # read from the Accountant at each scrape (AccountantFacts)
+    ledger: bool = False  # read from the ledger's ingester at each scrape (LedgerFactsCollector)
 
 
 _SCRAPED = "read from the Accountant at each scrape"
+_LEDGER = (
+    "read from the usage ledger's ingester (leader only, --ledger-prometheus-url) at each scrape"
+)
 _AFTER_FLUSH = "after each successful flush (every --flush-interval, or --flush-every events)"
 
 METRICS: tuple[ControllerMetric, ...] = (
@@ -208,6 +213,66 @@ METRICS: tuple[ControllerMetric, ...] = (
         ("kind",),
         "Each object the Accountant rejects",
     ),
+    ControllerMetric(
+        "ledger_ingested_until",
+        "gpuquota_ledger_ingested_until_timestamp_seconds",
+        "gauge",
+        "Unix time up to which the usage ledger is ingested: every window that ends by then "
+        "has its rows in the store",
+        (),
+        "ledger_progress after each ingested window, " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
+        "ledger_windows",
+        "gpuquota_ledger_windows_ingested",
+        "counter",
+        "Usage ledger windows ingested (again, for late samples within --ledger-lookback)",
+        (),
+        "Each window written, " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
+        "ledger_errors",
+        "gpuquota_ledger_errors",
+        "counter",
+        "Failed ledger turns, by reason: prometheus (unreachable or a failed query), store, "
+        "internal; each is retried with backoff",
+        ("reason",),
+        "Each failed turn, " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
+        "idle_gpus",
+        "gpuquota_idle_allocation_gpus",
+        "gauge",
+        "Physical GPUs of an open allocation (a pod's, or a DRA claim's: kind) whose activity "
+        "stayed under --idle-threshold for at least --idle-for of ingested windows: a "
+        "candidate to reclaim, nothing is evicted",
+        ("namespace", "kind", "name"),
+        "Recomputed from the ledger after each ingest, " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
+        "idle_since",
+        "gpuquota_idle_allocation_since_timestamp_seconds",
+        "gauge",
+        "Unix time since when an idle allocation has been idle (its first idle window, or its "
+        "start; traced back at most 7 days)",
+        ("namespace", "kind", "name"),
+        "Recomputed from the ledger after each ingest, " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
+        "idle_gpu_seconds",
+        "gpuquota_idle_allocation_idle_gpu_seconds",
+        "gauge",
+        "Idle physical GPU-seconds of an idle allocation since it became idle: allocated "
+        "minus used",
+        ("namespace", "kind", "name"),
+        "Recomputed from the ledger after each ingest, " + _LEDGER,
+        ledger=True,
+    ),
 )
 
 
@@ -283,17 +348,54 @@ class AccountantFacts(Collector):
                 self._last = facts_samples(source[0])
             finally:
                 source[1].release()
-        for spec in METRICS:
-            if not spec.scraped:
-                continue
-            family: GaugeMetricFamily | CounterMetricFamily = (
-                GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
-                if spec.type == "gauge"
-                else CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
-            )
-            for labels, value in self._last.get(spec.attr, ()):
-                family.add_metric(list(labels), value)
-            yield family
+        yield from _families([s for s in METRICS if s.scraped], self._last)
+
+
+def ledger_samples(facts: LedgerFacts) -> dict[str, list[Sample]]:
+    """The ledger rows' samples (by table attr) from the ingester's facts: pure reads."""
+    out: dict[str, list[Sample]] = {s.attr: [] for s in METRICS if s.ledger}
+    if facts.ingested_until is not None:
+        out["ledger_ingested_until"] = [((), float(facts.ingested_until))]
+    out["ledger_windows"] = [((), float(facts.windows))]
+    out["ledger_errors"] = [((r,), float(n)) for r, n in sorted(facts.errors.items())]
+    for idle in facts.idle:
+        labels = (idle.namespace, idle.kind, idle.name)
+        out["idle_gpus"].append((labels, idle.physical_gpus))
+        out["idle_since"].append((labels, float(idle.since)))
+        out["idle_gpu_seconds"].append((labels, idle.idle_gpu_seconds))
+    return out
+
+
+def _families(
+    rows: Iterable[ControllerMetric], samples: dict[str, list[Sample]]
+) -> Iterator[Metric]:
+    for spec in rows:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+            if spec.type == "gauge"
+            else CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+        )
+        for labels, value in samples.get(spec.attr, ()):
+            family.add_metric(list(labels), value)
+        yield family
+
+
+class LedgerFactsCollector(Collector):
+    """The ledger rows, read from the leader's ingester whenever the registry is collected
+    (its facts are replaced whole, never changed in place: no lock). No ingester (a standby,
+    the ledger off): no ledger series at all."""
+
+    def __init__(self) -> None:
+        self._source: Callable[[], LedgerFacts | None] = lambda: None
+
+    def read_from(self, source: Callable[[], LedgerFacts | None]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Metric]:
+        facts = self._source()
+        if facts is None:
+            return
+        yield from _families([s for s in METRICS if s.ledger], ledger_samples(facts))
 
 
 class ControllerMetrics:
@@ -317,8 +419,10 @@ class ControllerMetrics:
         self.registry = registry or CollectorRegistry()
         self.facts = AccountantFacts()
         self.registry.register(self.facts)
+        self.ledger = LedgerFactsCollector()
+        self.registry.register(self.ledger)
         for spec in METRICS:
-            if spec.scraped:
+            if spec.scraped or spec.ledger:
                 continue
             collector = Gauge if spec.type == "gauge" else Counter
             setattr(

@@ -18,31 +18,21 @@ splits it).
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
+from gpuquota.quota.promhttp import PrometheusError, check_url, get_json
 from gpuquota.quota.report.compute import Report
+
+__all__ = ["PrometheusError", "check_url"]  # re-exported: the report's CLI imports them here
 
 UTIL_METRIC = "gpu_utilization_ratio"
 JOIN_METRIC = "gpu_pod_info"
 POD_UTIL_METRIC = "gpu_pod_sm_utilization_ratio"
 DEVICE_LABEL = "uuid"
 MAX_POINTS = 10_000
-
-
-class PrometheusError(Exception):
-    """Prometheus unreachable or the query failed: one line naming the problem.
-    ``unavailable``: it did not answer (or answered 5xx), as opposed to a wrong answer."""
-
-    def __init__(self, message: str, *, unavailable: bool = False) -> None:
-        super().__init__(message)
-        self.unavailable = unavailable
 
 
 def step_for(seconds: int) -> int:
@@ -115,7 +105,7 @@ def busy_seconds(
         {"query": busy_query(seconds, step, measured=measured, by=by), "time": str(end)}
     )
     url = f"{base_url.rstrip('/')}/api/v1/query?{params}"
-    body = _get(url, base_url, timeout)
+    body = get_json(url, base_url, timeout)
     if body.get("status") != "success":
         raise PrometheusError(
             f"Prometheus at {base_url}: query failed: {body.get('error', body.get('status'))}"
@@ -135,48 +125,6 @@ def busy_seconds(
         if math.isfinite(value):
             out[key] = Fraction(value)
     return out
-
-
-def check_url(base_url: str) -> str:
-    """The URL if it is an http(s) URL with a host, else PrometheusError naming it."""
-    parsed = urllib.parse.urlsplit(base_url)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise PrometheusError(
-            f"--prometheus: {base_url!r} is not an http(s) URL like http://prometheus:9090"
-        )
-    return base_url
-
-
-def _get(url: str, base_url: str, timeout: float) -> dict[str, Any]:
-    request = urllib.request.Request(url, headers={"Accept": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            raw = response.read()
-    except urllib.error.HTTPError as exc:
-        detail = _error_detail(exc.read())
-        raise PrometheusError(
-            f"Prometheus at {base_url}: HTTP {exc.code}: {detail}", unavailable=exc.code >= 500
-        ) from exc
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise PrometheusError(
-            f"cannot reach Prometheus at {base_url}: {reason}", unavailable=True
-        ) from exc
-    try:
-        doc = json.loads(raw)
-    except ValueError as exc:
-        raise PrometheusError(f"Prometheus at {base_url}: response is not JSON") from exc
-    if not isinstance(doc, dict):
-        raise PrometheusError(f"Prometheus at {base_url}: unexpected response {doc!r:.80}")
-    return doc
-
-
-def _error_detail(raw: bytes) -> str:
-    try:
-        doc = json.loads(raw)
-        return f"{doc.get('errorType', 'error')}: {doc.get('error', '')}".strip()
-    except ValueError:
-        return raw.decode(errors="replace").strip().splitlines()[0] if raw.strip() else "no body"
 
 
 def attach(report: Report, measured: Measured, pods: Report | None = None) -> None:

@@ -105,6 +105,7 @@ def _load_library(path: Path) -> ctypes.CDLL:
         "gqsim_set_counter": (ci, [vp, ci, cp, cd]),
         "gqsim_reason_counter_name": (cp, [ci]),
         "gqsim_call_count": (ull, [vp, cp]),
+        "gqsim_charged_ns": (ull, [vp, ci]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
@@ -432,6 +433,16 @@ class SimNode:
         """How often `function` (a name in the cost table) was called with costs modelled,
         by every process on this node: benchmarks count another program's rounds with it."""
         return int(self._lib.gqsim_call_count(self._ptr(), function.encode()))
+
+    def charged_ms(self, i: int | None = None) -> float:
+        """Milliseconds of modelled NVML time charged so far to GPU `i` (None: every GPU and
+        the calls on no GPU), by every process on this node: the sum of the cost table's
+        times of the calls made with costs modelled, whatever the wall clock did. The
+        difference across a collection round is that round's NVML work, the same on a busy
+        machine as on an idle one."""
+        if i is not None:
+            self._check_gpu(i)
+        return int(self._lib.gqsim_charged_ns(self._ptr(), -1 if i is None else i)) / 1e6
 
     def counter(self, i: int, name: str) -> float:
         """A wall-time counter of GPU `i`: pcie_tx_bytes, pcie_rx_bytes, or nanoseconds

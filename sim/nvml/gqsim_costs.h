@@ -46,6 +46,10 @@ typedef struct {
     gq_cost_entry entries[GQ_MAX_COSTS];
     double field_us[GQ_MAX_FIELD_ID]; /* per field id, in nvmlDeviceGetFieldValues; <0 unset */
     gq_counters counters[16];         /* per GPU (GQ_MAX_GPUS) */
+    /* Modelled ns charged so far per GPU (GQ_MAX_GPUS), the last slot for calls on no GPU:
+     * the cost table's time of every costed call, whatever the wall clock did (benchmarks
+     * report a round's NVML work with it, independent of how busy the machine is). */
+    uint64_t charged_ns[17];
 } gq_costs;
 
 #endif

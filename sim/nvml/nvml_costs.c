@@ -16,6 +16,8 @@ static pthread_mutex_t gq_gpu_queue[GQ_MAX_GPUS + 1]; /* the last: system calls 
 static pthread_mutex_t gq_library_queue = PTHREAD_MUTEX_INITIALIZER;
 static int gq_env_instant = -1;
 #define GQ_SPIN_US 100.0
+_Static_assert(sizeof(((gq_costs *)0)->charged_ns) == (GQ_MAX_GPUS + 1) * sizeof(uint64_t),
+               "charged_ns: one slot per GPU and one for calls on no GPU");
 
 __attribute__((constructor)) static void gq_init_queues(void) {
     for (int i = 0; i <= GQ_MAX_GPUS; i++) pthread_mutex_init(&gq_gpu_queue[i], NULL);
@@ -95,6 +97,9 @@ void gq_nvml_cost(const char *function, int gpu, double extra_us) {
     if (e != NULL) __atomic_fetch_add(&((gq_cost_entry *)e)->calls, 1, __ATOMIC_RELAXED);
     double us = (e ? e->cost_us : c->default_us) + extra_us;
     if (us <= 0) return;
+    int slot = (gpu >= 0 && gpu < GQ_MAX_GPUS) ? gpu : GQ_MAX_GPUS;
+    __atomic_fetch_add(&((gq_costs *)c)->charged_ns[slot], (uint64_t)(us * 1000.0 + 0.5),
+                       __ATOMIC_RELAXED);
     if (e != NULL && e->kind == GQ_COST_OVERLAP) {
         gq_wait_us(us);
         return;
@@ -173,6 +178,18 @@ GQ_EXPORT unsigned long long gqsim_call_count(void *vst, const char *function) {
     for (uint32_t i = 0; i < st->costs.count && i < GQ_MAX_COSTS; i++)
         if (strcmp(st->costs.entries[i].function, function) == 0)
             total += __atomic_load_n(&st->costs.entries[i].calls, __ATOMIC_RELAXED);
+    return total;
+}
+
+/* Modelled ns charged to GPU `gpu` so far (-1: every GPU and the system calls together),
+ * every process on this node: the cost table's sum, not the wall time it took. */
+GQ_EXPORT unsigned long long gqsim_charged_ns(void *vst, int gpu) {
+    gq_state *st = vst;
+    if (st == NULL || gpu < -1 || gpu > GQ_MAX_GPUS) return 0;
+    unsigned long long total = 0;
+    for (int i = 0; i <= GQ_MAX_GPUS; i++)
+        if (gpu == -1 || gpu == i)
+            total += __atomic_load_n(&st->costs.charged_ns[i], __ATOMIC_RELAXED);
     return total;
 }
 

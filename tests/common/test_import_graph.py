@@ -299,10 +299,12 @@ PURE_EXPORTER_MODULES = (
     "collect.tiers",
     "collect.schedule",
     "collect.units",
+    "enrich.admin_access",
     "enrich.cgroup",
     "enrich.podnames",
     "enrich.pods",
     "enrich.usage",
+    "enrich.ledger",
 )
 
 

@@ -276,6 +276,21 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
             ],
             r"error: --lease-duration must be greater than --renew-deadline",
         ),
+        "ledger-url": (
+            ["--kubeconfig", str(kc), "--ledger-prometheus-url", "prometheus:9090"],
+            r"error: --ledger-prometheus-url: 'prometheus:9090' is not an http\(s\) URL",
+        ),
+        "ledger-window": (
+            [
+                "--kubeconfig",
+                str(kc),
+                "--ledger-prometheus-url",
+                "http://prometheus:9090",
+                "--ledger-window",
+                "7m",
+            ],
+            r"error: --ledger-window: 420s must divide a day",
+        ),
     }
     # all at once: each is a fresh interpreter importing the kubernetes client
     procs = {

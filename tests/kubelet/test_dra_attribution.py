@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.exporter.enrich.admin_access import admin_devices, claim_path
+from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
 from gpuquota.exporter.enrich.dra import DraAttribution
-from gpuquota.exporter.enrich.dra_claims import AdminAccessClaims
 from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
 from gpuquota.exporter.enrich.slices import KINDS, SliceIndex, apply_message
 from gpuquota.exporter.enrich.slicewatcher import SliceWatcher
@@ -357,6 +358,20 @@ def _admin_claim(name: str, *devices: str) -> dict:
             }
         },
     }
+
+
+def test_the_admin_access_rule_reads_only_results_marked_admin_access() -> None:
+    # the pure rule (exporter/enrich/admin_access.py) on claim objects already in hand
+    claim = _admin_claim("monitor", "gpu-0", "gpu-1")
+    assert admin_devices(claim) == {(DRIVER, "node-a", "gpu-0"), (DRIVER, "node-a", "gpu-1")}
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results[1] = {**results[1], "adminAccess": False}
+    results.append("not a result")
+    assert admin_devices(claim) == {(DRIVER, "node-a", "gpu-0")}
+    assert admin_devices({"metadata": {"name": "unallocated"}}) == frozenset()
+    assert admin_devices({"status": {"allocation": None}}) == frozenset()
+    path = claim_path("v1", "ops", "monitor")
+    assert path == "/apis/resource.k8s.io/v1/namespaces/ops/resourceclaims/monitor"
 
 
 def test_admin_access_claims_of_monitoring_agents_are_not_attributed(

@@ -211,3 +211,22 @@ def test_gpm_calls_cost_on_the_samples_gpu(nvml: Callable[[Any], SimNode]) -> No
     for pair in pairs:
         for sample in pair:
             pynvml.nvmlGpmSampleFree(sample)
+
+
+def test_charged_time_is_the_cost_tables_sum_per_gpu(nvml: Callable[[Any], SimNode]) -> None:
+    # the modelled ns a call was charged: its table cost plus its fields' latencies, on its
+    # GPU; the wall clock does not enter (benchmarks report a round's NVML work with it)
+    node = nvml({"model": "H100-SXM5-80GB", "count": 2, "nvml_costs": MODELLED})
+    h0, h1 = (pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(2))
+    before = (node.charged_ms(), node.charged_ms(0), node.charged_ms(1))
+    pynvml.nvmlDeviceGetTotalEnergyConsumption(h0)  # 5.0 ms
+    pynvml.nvmlDeviceGetFieldValues(h1, [197, 198, 83])  # 0.02 + 0.75 + 0.75 + 3.4 ms
+    total, gpu0, gpu1 = (node.charged_ms(), node.charged_ms(0), node.charged_ms(1))
+    assert gpu0 - before[1] == pytest.approx(5.0, abs=1e-6)
+    assert gpu1 - before[2] == pytest.approx(4.92, abs=1e-6)
+    assert total - before[0] == pytest.approx(9.92, abs=1e-6)
+    node.set_costs(mode="instant")  # instant calls cost nothing, so nothing is charged
+    pynvml.nvmlDeviceGetTotalEnergyConsumption(h0)
+    assert node.charged_ms(0) == gpu0
+    with pytest.raises(ValueError):
+        node.charged_ms(5)

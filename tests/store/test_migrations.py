@@ -24,10 +24,14 @@ TABLES = {
     "clusters",
     "gaps",
     "heartbeats",
+    "ledger_progress",
     "namespace_labels",
     "node_capacity",
     "quota_samples",
+    "usage_series",
+    "usage_windows",
 }
+LEDGER = {"usage_series", "usage_windows", "ledger_progress"}  # migration 0008
 
 
 def tables(url: str) -> set[str]:
@@ -52,12 +56,21 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
 
 def test_claim_allocations_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0005")
-    assert tables(empty_db_url) == TABLES - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == TABLES - LEDGER - {"claim_allocations", "gaps"}
     db.upgrade(empty_db_url, "0006")
     assert "claim_allocations" in tables(empty_db_url)
     db.downgrade(empty_db_url, "0005")
     assert db.current(empty_db_url) == "0005"
-    assert tables(empty_db_url) == TABLES - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == TABLES - LEDGER - {"claim_allocations", "gaps"}
+
+
+def test_usage_ledger_migration_steps_up_and_down(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0007")
+    assert tables(empty_db_url) == TABLES - LEDGER
+    db.upgrade(empty_db_url, "0008")
+    assert tables(empty_db_url) == TABLES
+    db.downgrade(empty_db_url, "0007")
+    assert tables(empty_db_url) == TABLES - LEDGER
 
 
 def test_gaps_and_quota_seq_migration_keeps_samples_both_ways(empty_db_url: str) -> None:

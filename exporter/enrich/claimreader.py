@@ -1,13 +1,11 @@
-"""Which claimed devices were allocated with ``adminAccess``: monitoring, not use.
+"""Reads the ResourceClaims this node's containers name, in a thread: the I/O of the
+adminAccess rule (exporter/enrich/admin_access.py).
 
-A DRA claim with ``adminAccess: true`` on a request (what monitoring agents such as
-dcgm-exporter ask for) reaches devices other pods already hold; the kubelet's pod-resources
-answer lists it like any other claim. Attributing it would make the monitoring pod a holder
-of every GPU, so the exporter reads each claim its node's containers name, once
-(``get`` on resourceclaims, namespaced: no cluster-wide watch from every node), and leaves
-out the results marked ``adminAccess``. A claim not read yet is attributed as usual until
-the read returns (one pod-resources interval at most). Without RBAC for resourceclaims the
-exporter says so once and attributes every claim.
+The exporter reads each claim once (``get`` on resourceclaims, namespaced: no cluster-wide
+watch from every node) and keeps which of its allocated devices are ``adminAccess``, so the
+DRA join (exporter/enrich/dra.py) can leave them out. A claim not read yet is attributed as
+usual until the read returns (one pod-resources interval at most). Without RBAC for
+resourceclaims the exporter says so once and attributes every claim.
 """
 
 from __future__ import annotations
@@ -18,21 +16,9 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from gpuquota.exporter.enrich.admin_access import ClaimKey, Device, admin_devices, claim_path
+
 log = logging.getLogger(__name__)
-
-Device = tuple[str, str, str]  # (driver, pool, device)
-ClaimKey = tuple[str, str]  # (namespace, name)
-
-
-def admin_devices(claim: dict[str, Any]) -> frozenset[Device]:
-    """Pure: the devices of a ResourceClaim's allocation marked ``adminAccess``."""
-    allocation = (claim.get("status") or {}).get("allocation") or {}
-    results = (allocation.get("devices") or {}).get("results") or []
-    return frozenset(
-        (str(r.get("driver")), str(r.get("pool")), str(r.get("device")))
-        for r in results
-        if isinstance(r, dict) and r.get("adminAccess") is True
-    )
 
 
 class AdminAccessClaims:
@@ -44,6 +30,7 @@ class AdminAccessClaims:
         self._lock = threading.Lock()
         self._known: dict[ClaimKey, frozenset[Device]] = {}
         self._queued: set[ClaimKey] = set()
+        self._uids: dict[ClaimKey, str] = {}  # metadata.uid, for the usage counters
         self._queue: queue.Queue[ClaimKey | None] = queue.Queue()
         self.enabled = True  # False once the API said 401/403: every claim counts then
         self._thread = threading.Thread(target=self._run, name="dra-claims", daemon=True)
@@ -65,6 +52,11 @@ class AdminAccessClaims:
                 self._queue.put(key)
         return known or frozenset()
 
+    def uid_of(self, namespace: str, name: str) -> str | None:
+        """The claim's UID once it has been read (exporter/enrich/ledger.py)."""
+        with self._lock:
+            return self._uids.get((namespace, name))
+
     def keep_only(self, keys: Iterable[ClaimKey]) -> None:
         """Forget claims no container names any more (a claim recreated under the same
         name is read again)."""
@@ -72,6 +64,7 @@ class AdminAccessClaims:
         with self._lock:
             for key in [k for k in self._known if k not in wanted]:
                 del self._known[key]
+                self._uids.pop(key, None)
 
     def _run(self) -> None:
         from gpuquota.kube.client import ApiStatusError
@@ -81,11 +74,11 @@ class AdminAccessClaims:
             if key is None:
                 return
             namespace, name = key
-            path = (
-                f"/apis/resource.k8s.io/{self.version}/namespaces/{namespace}/resourceclaims/{name}"
-            )
+            uid = ""
             try:
-                found = admin_devices(self.kube.call("GET", path))
+                claim = self.kube.call("GET", claim_path(self.version, namespace, name))
+                found = admin_devices(claim)
+                uid = str((claim.get("metadata") or {}).get("uid") or "")
             except ApiStatusError as exc:
                 if exc.status in (401, 403):
                     if self.enabled:
@@ -105,3 +98,5 @@ class AdminAccessClaims:
             with self._lock:
                 self._known[key] = found
                 self._queued.discard(key)
+                if uid:
+                    self._uids[key] = uid

@@ -1,0 +1,420 @@
+"""Benchmark of the usage ledger's ingestion: one hour of a 2,000-GPU cluster's counters.
+
+Generates the node agents' counters (the #19 contract's names and labels) of 2,000 GPUs
+running 20,000 pods a day (each GPU busy 90 % of the time, pods of 2.2 h on average, one GPU
+each, a per-pod used and energy counter and a per-GPU unallocated energy counter) sampled
+every 15 s, writes them into TSDB blocks with promtool and serves them from a real
+Prometheus. Then the controller's ingester (quota/ledger/ingest.py) ingests the hour:
+
+- CPU: process CPU time of one ``run_once`` (fetch, compute, write one window, idle
+  allocations) into a fresh cluster, on SQLite and on PostgreSQL;
+- watch delay: the same turn again while a stand-in watch handler runs in the same process
+  (an event every 2 ms, decoded as the controller decodes a pod) and records how late each
+  event is handled; the worst and p99 delay, and the same without ingestion for comparison;
+- bytes per allocated GPU-hour: the ledger tables' size in PostgreSQL and SQLite after the
+  hour, per allocated GPU-hour of the hour, and in steady state (window rows every hour, a
+  series row per new pod), and what a month takes.
+
+    .venv/bin/python -m bench.ledger [--gpus 2000] [--pods-per-day 20000] [--pg-url URL]
+
+Writes the `ledger` section of docs/benchmarks.md; the last line printed is
+``cpu_s_sqlite=<n> cpu_s_pg=<n> delay_ms=<n> bytes_per_gpu_hour_pg=<n> bytes_per_gpu_hour_sqlite=<n>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import queue
+import random
+import shutil
+import sqlite3
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from sqlalchemy import create_engine, text
+
+from bench.results import write_section
+from gpuquota.quota.accounting.rows import AllocationRow, Batch
+from gpuquota.quota.ledger.ingest import Ingester, LedgerProcess, LedgerSettings
+from gpuquota.quota.store import db
+from gpuquota.sim import promserver
+
+HOUR = 3600
+STEP = 15
+MARGIN = 120  # samples this long either side of the hour (coverage at its edges)
+BUSY = 0.9
+SCHEMA = "bench_ledger"
+POD_JSON = json.dumps(
+    {
+        "metadata": {"name": "p", "namespace": "ns", "uid": str(uuid.uuid4()), "labels": {}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1}}}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}] * 4},
+    }
+)
+
+
+@dataclass(frozen=True)
+class Pod:
+    gpu: int
+    uid: str
+    name: str
+    namespace: str
+    start: int
+    end: int
+    activity: float
+    watts: float
+
+
+def generate(
+    path: Path, start: int, gpus: int, pods_per_day: int, seed: int = 19
+) -> tuple[list[Pod], int, int]:
+    """OpenMetrics samples of [start - MARGIN, start + HOUR + MARGIN] into ``path``; returns
+    the pods overlapping it, the samples written and the series written."""
+    rng = random.Random(seed)
+    cycle = gpus * 86400 / pods_per_day  # a GPU's pod plus the gap after it, on average
+    lo, hi = start - MARGIN, start + HOUR + MARGIN
+    pods: list[Pod] = []
+    held: list[list[tuple[int, int]]] = []
+    for gpu in range(gpus):
+        t = start - int(rng.uniform(0, 3 * cycle))
+        spans: list[tuple[int, int]] = []
+        while t < hi:
+            length = max(60, int(rng.expovariate(1 / (cycle * BUSY))))
+            gap = int(rng.expovariate(1 / (cycle * (1 - BUSY))))
+            if t + length > lo:
+                ns = f"team-{rng.randrange(50):02d}"
+                pods.append(
+                    Pod(
+                        gpu,
+                        str(uuid.UUID(int=rng.getrandbits(128))),
+                        f"job-{rng.getrandbits(32):08x}-0",
+                        ns,
+                        t,
+                        t + length,
+                        rng.random(),
+                        rng.uniform(80, 700),
+                    )
+                )
+                spans.append((t, t + length))
+            t += length + gap
+        held.append(spans)
+    samples = 0
+    series = 0
+    times = range((lo // STEP) * STEP, hi + 1, STEP)
+    origin = start - 86400
+    with path.open("w") as out:
+        for metric in ("used_seconds", "energy_joules"):
+            out.write(f"# TYPE gpu_pod_{metric} counter\n")
+            for p in pods:
+                rate = p.activity if metric == "used_seconds" else p.watts
+                extra = ',activity="sm_active"' if metric == "used_seconds" else ""
+                labels = (
+                    f'{{gpu="{p.gpu % 8}",uuid="GPU-{p.gpu:08d}",instance="node-{p.gpu // 8}:9400",'
+                    f'namespace="{p.namespace}",pod="{p.name}",pod_uid="{p.uid}"{extra}}}'
+                )
+                lines = [
+                    f"gpu_pod_{metric}_total{labels} {rate * (t - p.start):.3f} {t}\n"
+                    for t in times
+                    if p.start <= t < p.end
+                ]
+                out.writelines(lines)
+                samples += len(lines)
+                series += 1 if lines else 0
+        out.write("# TYPE gpu_unallocated_energy_joules counter\n")
+        for gpu, spans in enumerate(held):
+            labels = f'{{gpu="{gpu % 8}",uuid="GPU-{gpu:08d}",instance="node-{gpu // 8}:9400"}}'
+            for t in times:
+                # 60 W while nobody holds it, counted from a day before the hour
+                busy = sum(max(0, min(e, t) - max(s, origin)) for s, e in spans)
+                out.write(
+                    f"gpu_unallocated_energy_joules_total{labels} {60.0 * (t - origin - busy):.1f} {t}\n"
+                )
+                samples += 1
+            series += 1
+        out.write("# EOF\n")
+    return pods, samples, series
+
+
+def allocations(pods: list[Pod], at: int) -> Batch:
+    """The open allocations at ``at`` (idle allocations are computed over them)."""
+    rows = [
+        AllocationRow(
+            pod_uid=p.uid,
+            resource_name="nvidia.com/gpu",
+            namespace=p.namespace,
+            pod_name=p.name,
+            owner_kind=None,
+            owner_name=None,
+            node=f"node-{p.gpu // 8}",
+            node_pool=None,
+            gpu_model="NVIDIA-H100-80GB-HBM3",
+            raw_units=1,
+            physical_gpus=1.0,
+            replicas=None,
+            sharing_strategy=None,
+            mig_profile=None,
+            started_at=p.start,
+            ended_at=None,
+            end_reason=None,
+            estimated=False,
+            qos_class=None,
+            updated_at=p.start,
+            share_numerator=1,
+            share_denominator=1,
+        )
+        for p in pods
+        if p.start <= at < p.end
+    ]
+    return Batch(allocations=rows, observed_at=at)
+
+
+class WatchStandIn:
+    """Events arrive every ``every`` s (a producer thread); the handler thread decodes each
+    as the controller decodes a pod and records how late it was handled."""
+
+    def __init__(self, every: float = 0.002) -> None:
+        self.every = every
+        self.delays: list[float] = []
+        self._queue: queue.SimpleQueue[float | None] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._produce, daemon=True),
+            threading.Thread(target=self._handle, daemon=True),
+        ]
+
+    def _produce(self) -> None:
+        due = time.perf_counter()
+        while not self._stop.is_set():
+            due += self.every
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            self._queue.put(due)  # when it should have arrived: late producing counts too
+        self._queue.put(None)
+
+    def _handle(self) -> None:
+        while (sent := self._queue.get()) is not None:
+            json.loads(POD_JSON)
+            self.delays.append(time.perf_counter() - sent)
+
+    def __enter__(self) -> WatchStandIn:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+
+    def worst_ms(self) -> tuple[float, float]:
+        ordered = sorted(self.delays)
+        return ordered[-1] * 1000, ordered[int(len(ordered) * 0.99)] * 1000
+
+
+def _pg_schema_url(base: str, schema: str) -> str:
+    admin = create_engine(base)
+    with admin.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    admin.dispose()
+    return f"{base}{'&' if '?' in base else '?'}options={quote(f'-csearch_path={schema}')}"
+
+
+def ingest(url: str, prom: str, start: int, pods: list[Pod], cluster: str) -> tuple[float, int]:
+    """CPU seconds of one ingest turn (the hour, then idle allocations) into ``cluster``."""
+    store = db.open_store(url)
+    store.write(cluster, allocations(pods, start + HOUR))
+    store.close()
+    settings = LedgerSettings(prom, backfill=HOUR, lookback=0)
+    ingester = Ingester(url, cluster, settings, clock=lambda: start + HOUR + 300)
+    cpu = time.process_time()
+    turned = ingester.run_once()
+    cpu = time.process_time() - cpu
+    rows = ingester.facts.rows
+    ingester.stop()
+    assert turned == 1, turned
+    return cpu, rows
+
+
+def ingest_in_child(url: str, prom: str, start: int, pods: list[Pod], cluster: str) -> None:
+    """The controller's way: the same turn in a LedgerProcess (real clock: ``start`` must be
+    the last closed hour)."""
+    store = db.open_store(url)
+    store.write(cluster, allocations(pods, start + HOUR))
+    store.close()
+    child = LedgerProcess(url, cluster, LedgerSettings(prom, backfill=HOUR, lookback=0))
+    child.start()
+    deadline = time.monotonic() + 600
+    while child.facts.turns < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.stop()
+    if child.facts.windows != 1:
+        raise SystemExit(
+            f"the ledger process ingested {child.facts.windows} windows: {child.facts}"
+        )
+
+
+def pg_bytes(url: str) -> tuple[int, int]:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        windows = conn.execute(text("SELECT pg_total_relation_size('usage_windows')")).scalar()
+        series = conn.execute(text("SELECT pg_total_relation_size('usage_series')")).scalar()
+    engine.dispose()
+    return int(windows or 0), int(series or 0)
+
+
+def sqlite_bytes(path: Path) -> tuple[int, int]:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.execute("VACUUM")
+    sizes = dict(
+        conn.execute(
+            "SELECT tbl_name, SUM(pgsize) FROM dbstat JOIN sqlite_master USING (name) "
+            "WHERE tbl_name IN ('usage_windows', 'usage_series') GROUP BY tbl_name"
+        ).fetchall()
+    )
+    conn.close()
+    return int(sizes.get("usage_windows", 0)), int(sizes.get("usage_series", 0))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--gpus", type=int, default=2000)
+    parser.add_argument("--pods-per-day", type=int, default=20_000)
+    parser.add_argument(
+        "--pg-url",
+        default=os.environ.get(
+            "GPUQUOTA_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+        ),
+    )
+    parser.add_argument("--no-write", action="store_true", help="do not update docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="gq-bench-ledger-"))
+    try:
+        return run(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(args: argparse.Namespace, work: Path) -> int:
+    start = (int(time.time()) - 300) // HOUR * HOUR - HOUR  # the last closed hour
+    source = work / "samples.om"
+    began = time.monotonic()
+    pods, samples, series = generate(source, start, args.gpus, args.pods_per_day)
+    print(
+        f"{samples:,} samples of {series:,} series in {time.monotonic() - began:.0f} s",
+        file=sys.stderr,
+    )
+    began = time.monotonic()
+    promserver.create_blocks(source, work / "tsdb")
+    source.unlink()
+    tsdb_bytes = sum(f.stat().st_size for f in (work / "tsdb").rglob("*") if f.is_file())
+    print(f"promtool blocks in {time.monotonic() - began:.0f} s", file=sys.stderr)
+    gpu_hours = sum(max(0, min(p.end, start + HOUR) - max(p.start, start)) for p in pods) / HOUR
+    new_pods = sum(1 for p in pods if start <= p.start < start + HOUR)
+    hour_pods = sum(1 for p in pods if p.start < start + HOUR and p.end > start)
+    sqlite_path = work / "ledger.db"
+    sqlite_url = f"sqlite:///{sqlite_path}"
+    db.upgrade(sqlite_url)
+    pg_url = _pg_schema_url(args.pg_url, SCHEMA)
+    db.upgrade(pg_url)
+    load = os.getloadavg()[0]
+    with promserver.serving_blocks(work / "tsdb", work) as prom:
+        cpu_sqlite, rows = ingest(sqlite_url, prom.url, start, pods, "bench")
+        cpu_pg, _ = ingest(pg_url, prom.url, start, pods, "bench")
+        bytes_sqlite = sqlite_bytes(sqlite_path)
+        bytes_pg = pg_bytes(pg_url)
+        with WatchStandIn() as alone:
+            time.sleep(5)
+        idle_worst, idle_p99 = alone.worst_ms()
+        with WatchStandIn() as during:  # in a thread of the same process: for comparison
+            ingest(pg_url, prom.url, start, pods, "bench-thread")
+        thread_worst, thread_p99 = during.worst_ms()
+        delays = {}
+        for name, url in (("pg", pg_url), ("sqlite", sqlite_url)):
+            with WatchStandIn() as during:
+                ingest_in_child(url, prom.url, start, pods, f"bench-process-{name}")
+            delays[name] = during.worst_ms()
+        (worst, p99), (worst_sqlite, p99_sqlite) = delays["pg"], delays["sqlite"]
+    load_after = os.getloadavg()[0]
+
+    def per_gpu_hour(sizes: tuple[int, int], steady: bool) -> float:
+        """Window rows come every hour; a series row once per pod (and once per GPU for its
+        unallocated energy): in steady state only the hour's new pods add series."""
+        windows, series_bytes = sizes
+        per_series = series_bytes / max(1, rows)  # one ledger series per row of the hour
+        return (windows + (per_series * new_pods if steady else series_bytes)) / gpu_hours
+
+    first_pg, first_sqlite = per_gpu_hour(bytes_pg, False), per_gpu_hour(bytes_sqlite, False)
+    steady_pg, steady_sqlite = per_gpu_hour(bytes_pg, True), per_gpu_hour(bytes_sqlite, True)
+    month_gpu_hours = gpu_hours * 730
+    prom_per_sample = tsdb_bytes / samples
+    machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    summary = (
+        f"cpu_s_sqlite={cpu_sqlite:.2f} cpu_s_pg={cpu_pg:.2f} delay_ms={max(worst, worst_sqlite):.1f} "
+        f"bytes_per_gpu_hour_pg={steady_pg:.0f} bytes_per_gpu_hour_sqlite={steady_sqlite:.0f}"
+    )
+    markdown = f"""### Usage ledger: ingesting one hour of a 2,000-GPU cluster
+
+Command: `.venv/bin/python -m bench.ledger --gpus {args.gpus} --pods-per-day {args.pods_per_day}`
+({machine}; Prometheus {_prom_version()}, PostgreSQL and SQLite on the same machine; load
+average {load:.1f} before, {load_after:.1f} after).
+
+Data: {args.gpus:,} GPUs, {args.pods_per_day:,} pods a day (each GPU busy {BUSY:.0%} of the
+time), one hour of the node agents' counters at a 15 s scrape interval, written with
+`promtool tsdb create-blocks-from openmetrics` and served by a real Prometheus:
+{samples:,} samples of {series:,} series ({hour_pods:,} pods in the hour, {new_pods:,} of
+them new, {gpu_hours:,.0f} allocated GPU-hours); {rows:,} ledger rows for the hour.
+
+| | SQLite | PostgreSQL | target |
+|---|---:|---:|---|
+| controller CPU to ingest the hour (fetch, compute, write, idle allocations) | **{cpu_sqlite:.2f} s** | **{cpu_pg:.2f} s** | < 5 s |
+| worst delay of a watch event handled meanwhile (p99) | **{worst_sqlite:.1f} ms** ({p99_sqlite:.1f}) | **{worst:.1f} ms** ({p99:.1f}) | < 100 ms |
+| bytes per allocated GPU-hour, steady state (windows every hour, series per new pod) | **{steady_sqlite:.0f} B** | **{steady_pg:.0f} B** | < 200 B |
+| bytes per allocated GPU-hour, this first hour (every series new) | {first_sqlite:.0f} B | {first_pg:.0f} B | |
+| a month of this cluster ({month_gpu_hours:,.0f} GPU-hours) | {steady_sqlite * month_gpu_hours / 1e6:.0f} MB | {steady_pg * month_gpu_hours / 1e6:.0f} MB | |
+
+Watch delay: a stand-in watch handler in the controller's process (an event every 2 ms, each
+decoded like a pod) records how late each event is handled while the controller's ledger
+process (quota/ledger/ingest.py LedgerProcess, niced) ingests the hour; without ingestion its
+worst is {idle_worst:.1f} ms (p99 {idle_p99:.1f}); with the same ingestion in a thread of the
+controller's process instead (PostgreSQL) {thread_worst:.1f} ms (p99 {thread_p99:.1f}), which
+is why it runs in a process of its own. CPU is measured in the benchmark's process (the same
+code as the child runs, without its interpreter start). Bytes: `pg_total_relation_size` of usage_windows and
+usage_series (indexes included), SQLite's `dbstat` after VACUUM.
+
+Instead of the ledger, users keep Prometheus data for the month: this hour's blocks take
+{prom_per_sample:.2f} bytes per sample, {prom_per_sample * samples / gpu_hours:,.0f} B per
+allocated GPU-hour for the raw counters (recording rules of hourly increases per pod would be
+{prom_per_sample * 2 * series / gpu_hours:,.1f} B but still need the raw data for the hour and
+a month of retention), and nothing of it survives the retention.
+"""
+    print(markdown)
+    if not args.no_write:
+        write_section("ledger", markdown)
+    print(summary)
+    return 0
+
+
+def _prom_version() -> str:
+    import subprocess
+
+    out = subprocess.run([promserver.binary(), "--version"], capture_output=True, text=True)
+    first = (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else ""
+    return first.split()[2] if len(first.split()) > 2 else "?"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The usage ledger's rules, without I/O: windows, counter increases, coverage, idle allocations.
+
+Windows are aligned to multiples of ``window`` seconds since the epoch and half-open
+[start, start + window). A window is ingested once it closed at least ``delay`` seconds ago;
+when a new window closes, the windows that closed within ``lookback`` before it are ingested
+again, in order (late samples), and after downtime at most ``backfill`` seconds of windows are
+caught up. A series' used and energy in a window are the increase of its counters over the
+window's samples from a baseline: the series' stored end value of its previous window (however
+old), else, for a series whose earlier windows were never ingested (the ledger was off, or
+beyond the back-fill), the sample just before the window, else 0 (the series is new). A value
+below the previous one is a counter reset and counts from 0, as Prometheus' increase() does;
+nothing is extrapolated. ``sampled_seconds`` is the time between consecutive samples no further
+apart than ``max_gap``, clipped to the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+# the labels that say which holder of which device a series is about
+HOLDER_KINDS = ("pod", "claim", "unallocated")
+
+
+def align(t: float, window: int) -> int:
+    """The start of the window that holds ``t``."""
+    return int(t // window) * window
+
+
+def plan(
+    ingested_until: int | None,
+    now: float,
+    *,
+    window: int,
+    delay: int,
+    lookback: int,
+    backfill: int,
+) -> list[int]:
+    """Starts of the windows to (re)ingest now, oldest first: none until a new window has
+    closed ``delay`` ago; then the windows after ``ingested_until`` and those that closed in the
+    ``lookback`` before, never older than ``backfill`` before the last closed window's end.
+    ``ingested_until`` None (never ingested): the ``backfill`` last windows."""
+    last_end = align(now - delay, window)
+    if ingested_until is not None and ingested_until >= last_end:
+        return []
+    floor = last_end - max(backfill, window)
+    first = floor if ingested_until is None else min(ingested_until, last_end) - lookback
+    first = max(align(first, window), align(floor, window))
+    return list(range(first, last_end, window))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one series used in one window (a row of usage_windows)."""
+
+    used_gpu_seconds: float
+    energy_joules: float
+    sampled_seconds: float
+    end_used: float | None
+    end_energy: float | None
+
+
+Samples = Sequence[tuple[float, float]]  # (unix seconds, counter value), in time order
+
+
+def increase(samples: Samples, start: int, end: int, baseline: float | None) -> tuple[float, float]:
+    """(increase, last value) of a counter over its samples in [start, end): from ``baseline``
+    (else the last sample before ``start``, else 0); a drop is a reset and counts from 0.
+    Callers check that the window has samples."""
+    prev = baseline
+    total = 0.0
+    last = 0.0
+    for t, v in samples:
+        if t < start:
+            if baseline is None:
+                prev = v
+            continue
+        if t >= end:
+            break
+        base = 0.0 if prev is None or v < prev else prev
+        total += v - base
+        prev = v
+        last = v
+    return total, last
+
+
+def sampled_seconds(times: Sequence[float], start: int, end: int, max_gap: float) -> float:
+    """Seconds of [start, end) between consecutive samples at most ``max_gap`` apart."""
+    covered = 0.0
+    for a, b in itertools.pairwise(times):
+        if b - a > max_gap or b <= start or a >= end:
+            continue
+        covered += (end if b > end else b) - (start if a < start else a)
+    return covered
+
+
+def window_usage(
+    used: Samples,
+    energy: Samples,
+    start: int,
+    window: int,
+    *,
+    base_used: float | None,
+    base_energy: float | None,
+    max_gap: float,
+) -> Usage | None:
+    """One series' row for the window [start, start + window), None when neither counter has a
+    sample in it. Samples may reach ``max_gap`` either side of the window (for coverage).
+    Coverage comes from the used counter's samples, or the energy counter's for a series that
+    has only energy (unallocated energy)."""
+    end = start + window
+
+    def inside(samples: Samples) -> bool:
+        return any(start <= t < end for t, _ in samples)
+
+    has_used, has_energy = inside(used), inside(energy)
+    if not has_used and not has_energy:
+        return None
+    used_inc, end_used = increase(used, start, end, base_used) if has_used else (0.0, base_used)
+    energy_inc, end_energy = (
+        increase(energy, start, end, base_energy) if has_energy else (0.0, base_energy)
+    )
+    times = [t for t, _ in (used if used else energy)]
+    return Usage(
+        used_inc,
+        energy_inc,
+        sampled_seconds(times, start, end, max_gap),
+        end_used,
+        end_energy,
+    )
+
+
+def stored(holder_kind: str, usage: Usage | None) -> bool:
+    """Whether a window's figures become a row. Every holder's window with samples does (a
+    sampled idle hour is data, not its absence), but the unallocated energy of a GPU that
+    someone held for the whole window (no increase) does not: on a busy cluster that is most
+    GPUs every hour, and the next row's baseline comes out the same without it."""
+    if usage is None:
+        return False
+    return holder_kind != "unallocated" or usage.energy_joules != 0 or usage.used_gpu_seconds != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Idle allocations
+
+
+@dataclass(frozen=True)
+class OpenHolder:
+    """An open allocation (a pod's, or a DRA claim's): who holds how many physical GPUs."""
+
+    holder_uid: str
+    namespace: str
+    name: str
+    physical_gpus: float
+    started_at: int
+    kind: str = "pod"  # pod | claim
+
+
+@dataclass(frozen=True)
+class HolderWindow:
+    """A holder's usage in one window, over all its devices: used physical GPU-seconds and the
+    seconds of the window that had samples (the most of any of its devices)."""
+
+    window_start: int
+    window_seconds: int
+    used_gpu_seconds: float
+    sampled_seconds: float
+
+
+@dataclass(frozen=True)
+class Idle:
+    """An open allocation idle since ``since``: its GPUs and idle GPU-seconds since then."""
+
+    namespace: str
+    name: str
+    holder_uid: str
+    physical_gpus: float
+    since: int
+    idle_gpu_seconds: float
+    kind: str = "pod"
+
+
+def idle_allocations(
+    holders: Iterable[OpenHolder],
+    windows: Mapping[str, Sequence[HolderWindow]],
+    *,
+    ingested_until: int,
+    threshold: float,
+    idle_for: int,
+) -> list[Idle]:
+    """Open allocations whose activity, used / (sampled x physical GPUs), stayed under
+    ``threshold`` in every ingested window of the last ``idle_for`` seconds or more, up to
+    ``ingested_until``: consecutive windows, each with samples (no data is not idle). Idle
+    GPU-seconds: allocated minus used over the idle run."""
+    out: list[Idle] = []
+    for holder in holders:
+        if holder.physical_gpus <= 0:
+            continue
+        by_end = {w.window_start + w.window_seconds: w for w in windows.get(holder.holder_uid, ())}
+        since: int | None = None
+        idle_seconds = 0.0
+        cursor = ingested_until
+        while True:
+            w = by_end.get(cursor)
+            if w is None or w.sampled_seconds <= 0:
+                break
+            activity = w.used_gpu_seconds / (w.sampled_seconds * holder.physical_gpus)
+            if activity >= threshold:
+                break
+            begin = max(w.window_start, holder.started_at)
+            held = max(0, cursor - begin) * holder.physical_gpus
+            idle_seconds += max(0.0, held - w.used_gpu_seconds)
+            since = begin
+            if w.window_start <= holder.started_at:
+                break
+            cursor = w.window_start
+        if since is not None and ingested_until - since >= idle_for:
+            out.append(
+                Idle(
+                    holder.namespace,
+                    holder.name,
+                    holder.holder_uid,
+                    holder.physical_gpus,
+                    since,
+                    idle_seconds,
+                    holder.kind,
+                )
+            )
+    return sorted(out, key=lambda i: (i.namespace, i.name, i.holder_uid))

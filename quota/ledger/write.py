@@ -1,0 +1,318 @@
+"""The usage ledger's side of the store: series, window rows and progress.
+
+``replace_window`` upserts the window's series, deletes the window's rows of the cluster and
+inserts the new ones, and moves ``ledger_progress`` forward, all in one transaction: ingesting
+a window again replaces its rows, and a failure anywhere leaves the store as it was, so nothing
+is counted twice or half.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Connection, Table, and_, delete, func, insert, select
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpuquota.quota.ledger.rules import HolderWindow, OpenHolder, Usage
+from gpuquota.quota.ledger.source import SeriesSamples
+from gpuquota.quota.store.db import Store, StoreUnavailableError, safe_url
+from gpuquota.quota.store.models import (
+    Allocation,
+    ClaimAllocation,
+    LedgerProgress,
+    UsageSeries,
+    UsageWindow,
+)
+
+CHUNK = 500  # bound parameters per IN list (SQLite's limit is 32766; keep statements small)
+
+Key = tuple[str, str, str]  # device_uuid, holder_kind, holder_uid
+# window_start, window_seconds, end_used, end_energy of the series' latest earlier window
+Baseline = tuple[int, int, float | None, float | None]
+# one series' row from its samples and its stored baseline (None: no earlier window)
+UsageFn = Callable[[SeriesSamples, Baseline | None], Usage | None]
+
+
+@dataclass(frozen=True)
+class Progress:
+    window_seconds: int
+    ingested_until: int
+    updated_at: int
+
+
+def _table(model: type[Any]) -> Table:
+    table = model.__table__
+    assert isinstance(table, Table)
+    return table
+
+
+def _chunks(items: Sequence[str]) -> Iterable[Sequence[str]]:
+    for i in range(0, len(items), CHUNK):
+        yield items[i : i + CHUNK]
+
+
+class LedgerStore:
+    """The ledger's reads and writes on one store (the ingest thread's own connections)."""
+
+    def __init__(self, store: Store, cluster: str) -> None:
+        self.store = store
+        self.cluster = cluster
+
+    def _failed(self, what: str, exc: SQLAlchemyError) -> StoreUnavailableError:
+        orig = getattr(exc, "orig", None) or exc
+        detail = " ".join(str(orig).split()) or type(orig).__name__
+        return StoreUnavailableError(f"ledger {what} {safe_url(self.store.url)} failed: {detail}")
+
+    def progress(self) -> Progress | None:
+        p = _table(LedgerProgress)
+        try:
+            with self.store.engine.connect() as conn:
+                row = conn.execute(select(p).where(p.c.cluster == self.cluster)).first()
+        except SQLAlchemyError as exc:
+            raise self._failed("read from", exc) from None
+        return (
+            None
+            if row is None
+            else Progress(row.window_seconds, row.ingested_until, row.updated_at)
+        )
+
+    def series_ids(self, conn: Connection, series: Sequence[SeriesSamples]) -> dict[Key, int]:
+        """Upsert the series (labels: the last seen; a known GPU model is kept) and return
+        their ids."""
+        t = _table(UsageSeries)
+        if not series:
+            return {}
+        models = self._allocation_models(
+            conn, [s.holder_uid for s in series if s.gpu_model is None and s.holder_kind == "pod"]
+        )
+        rows = [
+            {
+                "cluster": self.cluster,
+                "device_uuid": s.device_uuid,
+                "holder_kind": s.holder_kind,
+                "holder_uid": s.holder_uid,
+                "namespace": s.namespace,
+                "holder_name": s.holder_name,
+                "node": s.node,
+                "gpu_model": s.gpu_model or models.get(s.holder_uid),
+                "mig_profile": s.mig_profile,
+                "activity": s.activity,
+            }
+            for s in series
+        ]
+        stmt = self.store._insert(t)
+        ex = stmt.excluded
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["cluster", "device_uuid", "holder_kind", "holder_uid"],
+            set_={
+                "namespace": ex.namespace,
+                "holder_name": ex.holder_name,
+                "node": func.coalesce(ex.node, t.c.node),
+                "gpu_model": func.coalesce(ex.gpu_model, t.c.gpu_model),
+                "mig_profile": func.coalesce(ex.mig_profile, t.c.mig_profile),
+                "activity": func.coalesce(ex.activity, t.c.activity),
+            },
+        )
+        conn.execute(stmt, rows)
+        wanted = {s.key for s in series}
+        ids: dict[Key, int] = {}
+        uids = sorted({s.holder_uid for s in series})
+        for chunk in _chunks(uids):
+            for row in conn.execute(
+                select(t.c.id, t.c.device_uuid, t.c.holder_kind, t.c.holder_uid).where(
+                    t.c.cluster == self.cluster, t.c.holder_uid.in_(chunk)
+                )
+            ):
+                key = (row.device_uuid, row.holder_kind, row.holder_uid)
+                if key in wanted:
+                    ids[key] = row.id
+        return ids
+
+    def _allocation_models(self, conn: Connection, uids: Sequence[str]) -> dict[str, str]:
+        """Pod UID -> its allocation's GPU model: for pod series whose samples name none."""
+        a = _table(Allocation)
+        models: dict[str, str] = {}
+        for chunk in _chunks(sorted(set(uids))):
+            for row in conn.execute(
+                select(a.c.pod_uid, a.c.gpu_model).where(
+                    a.c.cluster == self.cluster,
+                    a.c.pod_uid.in_(chunk),
+                    a.c.gpu_model.is_not(None),
+                )
+            ):
+                models[row.pod_uid] = row.gpu_model
+        return models
+
+    def baselines(self, conn: Connection, ids: Sequence[int], start: int) -> dict[int, Baseline]:
+        """Series id -> its latest window before ``start`` (see Baseline)."""
+        w = _table(UsageWindow)
+        out: dict[int, Baseline] = {}
+        for chunk in _chunks([str(i) for i in ids]):
+            numbers = [int(i) for i in chunk]
+            latest = (
+                select(w.c.series_id, func.max(w.c.window_start).label("window_start"))
+                .where(w.c.series_id.in_(numbers), w.c.window_start < start)
+                .group_by(w.c.series_id)
+                .subquery()
+            )
+            for row in conn.execute(
+                select(
+                    w.c.series_id,
+                    w.c.window_start,
+                    w.c.window_seconds,
+                    w.c.end_used,
+                    w.c.end_energy,
+                ).join(
+                    latest,
+                    and_(
+                        w.c.series_id == latest.c.series_id,
+                        w.c.window_start == latest.c.window_start,
+                    ),
+                )
+            ):
+                out[row.series_id] = (
+                    row.window_start,
+                    row.window_seconds,
+                    row.end_used,
+                    row.end_energy,
+                )
+        return out
+
+    def replace_window(
+        self,
+        start: int,
+        window: int,
+        series: Sequence[SeriesSamples],
+        usage_of: UsageFn,
+        *,
+        now: int | None = None,
+    ) -> int:
+        """Ingest one window in one transaction: upsert its series, compute each row with
+        ``usage_of(series, baseline)`` from the stored baselines, replace the window's rows,
+        move progress to at least the window's end. Returns the rows written."""
+        w = _table(UsageWindow)
+        t = _table(UsageSeries)
+        p = _table(LedgerProgress)
+        end = start + window
+        stamp = int(time.time()) if now is None else now
+        try:
+            with self.store.engine.begin() as conn:
+                ids = self.series_ids(conn, series)
+                bases = self.baselines(conn, list(ids.values()), start)
+                rows = []
+                for s in series:
+                    sid = ids[s.key]
+                    usage = usage_of(s, bases.get(sid))
+                    if usage is None:
+                        continue
+                    rows.append(
+                        {
+                            "series_id": sid,
+                            "window_start": start,
+                            "window_seconds": window,
+                            "used_gpu_seconds": usage.used_gpu_seconds,
+                            "energy_joules": usage.energy_joules,
+                            "sampled_seconds": usage.sampled_seconds,
+                            "end_used": usage.end_used,
+                            "end_energy": usage.end_energy,
+                        }
+                    )
+                ours = select(t.c.id).where(t.c.cluster == self.cluster).scalar_subquery()
+                conn.execute(delete(w).where(w.c.window_start == start, w.c.series_id.in_(ours)))
+                if rows:
+                    conn.execute(insert(w), rows)
+                stmt = self.store._insert(p).values(
+                    cluster=self.cluster,
+                    window_seconds=window,
+                    ingested_until=end,
+                    updated_at=stamp,
+                )
+                ex = stmt.excluded
+                conn.execute(
+                    stmt.on_conflict_do_update(
+                        index_elements=["cluster"],
+                        set_={
+                            "window_seconds": ex.window_seconds,
+                            "ingested_until": func.max(p.c.ingested_until, ex.ingested_until)
+                            if self.store.dialect == "sqlite"
+                            else func.greatest(p.c.ingested_until, ex.ingested_until),
+                            "updated_at": ex.updated_at,
+                        },
+                    )
+                )
+                return len(rows)
+        except SQLAlchemyError as exc:
+            raise self._failed("write to", exc) from None
+
+    def open_holders(self) -> list[OpenHolder]:
+        """Open allocations per holder: a pod's GPUs over its resources (allocations), a DRA
+        claim's (its open rows; a claim shared by several pods once)."""
+        a = _table(Allocation)
+        c = _table(ClaimAllocation)
+        try:
+            with self.store.engine.connect() as conn:
+                pods = conn.execute(
+                    select(
+                        a.c.pod_uid,
+                        func.min(a.c.namespace),
+                        func.min(a.c.pod_name),
+                        func.sum(a.c.physical_gpus),
+                        func.min(a.c.started_at),
+                    )
+                    .where(a.c.cluster == self.cluster, a.c.ended_at.is_(None))
+                    .group_by(a.c.pod_uid)
+                ).all()
+                claims = conn.execute(
+                    select(
+                        c.c.claim_uid,
+                        func.min(c.c.namespace),
+                        func.min(c.c.claim_name),
+                        func.max(c.c.physical_gpus),
+                        func.min(c.c.started_at),
+                    )
+                    .where(c.c.cluster == self.cluster, c.c.ended_at.is_(None))
+                    .group_by(c.c.claim_uid)
+                ).all()
+        except SQLAlchemyError as exc:
+            raise self._failed("read from", exc) from None
+        return [
+            OpenHolder(str(r[0]), str(r[1]), str(r[2]), float(r[3]), int(r[4]), kind)
+            for kind, found in (("pod", pods), ("claim", claims))
+            for r in found
+        ]
+
+    def holder_windows(self, uids: Sequence[str], since: int) -> dict[str, list[HolderWindow]]:
+        """Per holder UID, its windows starting at or after ``since``: used summed over its
+        devices, sampled the most of any device."""
+        w = _table(UsageWindow)
+        t = _table(UsageSeries)
+        out: dict[str, list[HolderWindow]] = {}
+        try:
+            with self.store.engine.connect() as conn:
+                for chunk in _chunks(sorted(uids)):
+                    for row in conn.execute(
+                        select(
+                            t.c.holder_uid,
+                            w.c.window_start,
+                            func.max(w.c.window_seconds),
+                            func.sum(w.c.used_gpu_seconds),
+                            func.max(w.c.sampled_seconds),
+                        )
+                        .join(t, t.c.id == w.c.series_id)
+                        .where(
+                            t.c.cluster == self.cluster,
+                            t.c.holder_uid.in_(chunk),
+                            t.c.holder_kind != "unallocated",
+                            w.c.window_start >= since,
+                        )
+                        .group_by(t.c.holder_uid, w.c.window_start)
+                    ):
+                        out.setdefault(row[0], []).append(
+                            HolderWindow(int(row[1]), int(row[2]), float(row[3]), float(row[4]))
+                        )
+        except SQLAlchemyError as exc:
+            raise self._failed("read from", exc) from None
+        return out

@@ -1,0 +1,174 @@
+"""The ledger's pure rules: which windows are due, increases over resets, coverage, idle."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuquota.quota.ledger import rules
+from gpuquota.quota.ledger.ingest import LedgerSettings, check
+
+H = 3600
+
+
+def plan(until: int | None, now: float, **kw: int) -> list[int]:
+    args = {"window": H, "delay": 300, "lookback": 0, "backfill": 24 * H} | kw
+    return rules.plan(until, now, **args)
+
+
+def test_align() -> None:
+    assert rules.align(7199.9, H) == H
+    assert rules.align(7200, H) == 2 * H
+
+
+def test_plan() -> None:
+    # a window is due once it closed --ledger-delay ago
+    assert plan(10 * H, 11 * H + 299) == []
+    assert plan(10 * H, 11 * H + 300) == [10 * H]
+    # nothing new closed: nothing, not even the look-back
+    assert plan(11 * H, 11 * H + 3000, lookback=2 * H) == []
+    # a new window closed: the look-back's windows again, in order, then the new one
+    assert plan(11 * H, 12 * H + 300, lookback=2 * H) == [9 * H, 10 * H, 11 * H]
+    # downtime: everything missed, back to the back-fill limit only
+    assert plan(10 * H, 20 * H + 300, backfill=3 * H) == [17 * H, 18 * H, 19 * H]
+    assert plan(10 * H, 20 * H + 300) == list(range(10 * H, 20 * H, H))
+    # never ingested: the back-fill's windows
+    assert plan(None, 20 * H + 300, backfill=2 * H) == [18 * H, 19 * H]
+
+
+def test_increase_from_baseline_over_resets_without_extrapolation() -> None:
+    samples = [(90.0, 5.0), (100.0, 10.0), (115.0, 20.0), (130.0, 3.0), (145.0, 7.0), (200.0, 50.0)]
+    # stored baseline 8: 2 + 10, reset: 3, then 4; the sample at the window's end is the next's
+    assert rules.increase(samples, 100, 200, 8.0) == (19.0, 7.0)
+    # no stored baseline: the sample before the window
+    assert rules.increase(samples, 100, 200, None) == (22.0, 7.0)  # 5 + 10 + 3 + 4
+    # a new series: from 0
+    assert rules.increase(samples[1:], 100, 200, None) == (27.0, 7.0)
+
+
+def test_sampled_seconds_clipped_and_gaps_left_out() -> None:
+    times = [95.0, 110.0, 125.0, 300.0, 315.0, 410.0]
+    # [100,110] + [110,125] + (gap 125->300) + [300,315] + (gap 315->410, though 410 is out)
+    assert rules.sampled_seconds(times, 100, 400, max_gap=60) == 40
+    assert rules.sampled_seconds(times, 100, 400, max_gap=200) == 300
+
+
+def test_window_usage_none_without_samples_inside() -> None:
+    assert (
+        rules.window_usage(
+            [(50.0, 1.0)], [], 100, 100, base_used=None, base_energy=None, max_gap=60
+        )
+        is None
+    )
+
+
+def w(start: int, used: float, sampled: float = H) -> rules.HolderWindow:
+    return rules.HolderWindow(start, H, used, sampled)
+
+
+def test_idle_allocations() -> None:
+    holders = [
+        rules.OpenHolder("busy", "a", "p-busy", 1.0, 0),
+        rules.OpenHolder("idle", "a", "p-idle", 2.0, 0),
+        rules.OpenHolder("short", "b", "p-short", 1.0, 0),
+        rules.OpenHolder("nodata", "b", "p-nodata", 1.0, 0),
+        rules.OpenHolder("young", "b", "p-young", 1.0, 4 * H + 1800),
+    ]
+    windows = {
+        "busy": [w(3 * H, 0.5 * H), w(4 * H, 0.5 * H)],
+        # 2 GPUs, 4 % of them in window 3, 1 % in 4; busy in 2
+        "idle": [w(2 * H, 2 * H), w(3 * H, 0.04 * 2 * H), w(4 * H, 0.01 * 2 * H)],
+        # idle only in the last window
+        "short": [w(3 * H, H), w(4 * H, 0.0)],
+        # idle, but window 3 had no samples: the run is window 4 alone
+        "nodata": [w(3 * H, 0.0, 0.0), w(4 * H, 0.0)],
+        "young": [w(4 * H, 0.0, 1800)],
+    }
+    got = rules.idle_allocations(
+        holders, windows, ingested_until=5 * H, threshold=0.05, idle_for=2 * H
+    )
+    assert [(i.holder_uid, i.since, i.physical_gpus) for i in got] == [("idle", 3 * H, 2.0)]
+    assert got[0].idle_gpu_seconds == pytest.approx(2 * 2 * H - 0.05 * 2 * H)
+    got = rules.idle_allocations(holders, windows, ingested_until=5 * H, threshold=0.05, idle_for=H)
+    assert [i.holder_uid for i in got] == ["idle", "nodata", "short"]  # young: half an hour
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"window": 7000}, "--ledger-window"),
+        ({"delay": 10}, "--ledger-delay"),
+        ({"lookback": 1800}, "--ledger-lookback"),
+        ({"backfill": 60}, "--ledger-backfill"),
+        ({"idle_threshold": 1.5}, "--idle-threshold"),
+        ({"idle_for": 60}, "--idle-for"),
+    ],
+)
+def test_settings_checked(change: dict[str, float], message: str) -> None:
+    assert check(LedgerSettings("http://p:9090")) is None
+    problem = check(LedgerSettings("http://p:9090", **change))  # type: ignore[arg-type]
+    assert problem is not None and problem.startswith(message)
+
+
+def test_ledger_metrics_from_the_ingester_facts() -> None:
+    from prometheus_client import generate_latest
+
+    from gpuquota.quota.controller.metrics import ControllerMetrics
+    from gpuquota.quota.ledger.ingest import LedgerFacts
+
+    metrics = ControllerMetrics()
+    assert "gpuquota_ledger" not in generate_latest(metrics.registry).decode()  # no ingester
+    idle = rules.Idle("team-b", "p5", "u5", 2.0, 7200, 9000.0)
+    facts = LedgerFacts(ingested_until=10800, windows=3, errors={"prometheus": 2}, idle=(idle,))
+    metrics.ledger.read_from(lambda: facts)
+    text = generate_latest(metrics.registry).decode()
+    assert "gpuquota_ledger_ingested_until_timestamp_seconds 10800.0" in text
+    assert "gpuquota_ledger_windows_ingested_total 3.0" in text
+    assert 'gpuquota_ledger_errors_total{reason="prometheus"} 2.0' in text
+    labels = '{kind="pod",name="p5",namespace="team-b"}'
+    assert f"gpuquota_idle_allocation_gpus{labels} 2.0" in text
+    assert f"gpuquota_idle_allocation_since_timestamp_seconds{labels} 7200.0" in text
+    assert f"gpuquota_idle_allocation_idle_gpu_seconds{labels} 9000.0" in text
+
+
+def test_device_shards_partition_every_uuid() -> None:
+    """Each UUID falls in exactly one shard (Prometheus anchors its regular expressions)."""
+    import re
+
+    from gpuquota.quota.ledger.source import _shards
+
+    uuids = ["GPU-5a1b2c3d-0000-1111-2222-3344556677ff", "MIG-AB12", "GPU-1", "x", "GPU-0A"]
+    uuids += [f"GPU-{i:08x}" for i in range(300)]
+    for count in (4, 16, 64, 256):
+        shards = _shards(count)
+        assert len(shards) == count + 1
+        for uuid in uuids:
+            hits = 0
+            for shard in shards:
+                op, pattern = re.fullmatch(r',uuid(=~|!~)"(.*)"', shard).groups()  # type: ignore[union-attr]
+                matched = re.fullmatch(pattern, uuid) is not None
+                hits += matched if op == "=~" else not matched
+            assert hits == 1, (count, uuid)
+
+
+def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
+    """The activity label changed (a second pod joined a GPU: sm_active -> process_sm): the
+    counter goes on in a new Prometheus series; the ledger merges both in time order."""
+    from gpuquota.quota.ledger.source import group
+
+    def item(activity: str, values: list[tuple[float, str]]) -> dict[str, object]:
+        labels = {"__name__": "gpu_pod_used_seconds_total", "uuid": "GPU-a", "pod_uid": "u"}
+        return {"metric": {**labels, "activity": activity, "pod": "p", "namespace": "n"},
+                "values": [list(v) for v in values]}  # fmt: skip
+
+    out = group(
+        [
+            item("process_sm", [(130.0, "12"), (145.0, "15")]),
+            item("sm_active", [(100.0, "5"), (115.0, "NaN"), (116.0, "9")]),
+        ]
+    )
+    (series,) = out.values()
+    assert series.unsorted  # fetch_window sorts such series
+    from gpuquota.quota.ledger.source import _sorted_unique
+
+    assert _sorted_unique(series.used) == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
+    assert series.activity == "process_sm"  # the labels of the newest sample
