@@ -14,6 +14,7 @@ from dataclasses import FrozenInstanceError, dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
+from gpuquota.quota.ledger import rules
 from gpuquota.quota.report.query import (
     CapacityRow,
     GapRecord,
@@ -465,7 +466,8 @@ def idle_runs(
 ) -> list[IdleAllocation]:
     """The contract's idle rule over each holder's ledger windows (sorted by holder, then
     time): maximal runs of consecutive windows (each starting where the last ended) whose
-    activity, used / (sampled x the device's physical share), stayed under ``threshold``,
+    activity (quota/ledger/rules.py ``activity``: used / (sampled x physical GPUs held), the
+    controller's rule) stayed under ``threshold``,
     lasting at least ``min_seconds`` inside [lo, hi). A window without samples ends a run:
     unknown is not idle."""
     out: list[IdleAllocation] = []
@@ -511,9 +513,8 @@ def idle_runs(
             close(previous is not None and previous.last_ingested)
         elif previous is not None and w.start != previous.end:
             close(False)
-        quiet = w.sampled_physical > 0 and Fraction(w.used) < threshold * Fraction(
-            w.sampled_physical
-        )
+        found = rules.activity(w.used, w.sampled, float(w.gpus))
+        quiet = found is not None and found < threshold
         if quiet:
             run.append(w)
         else:

@@ -1198,8 +1198,13 @@ class HolderWindow:
     start: int
     end: int
     used: float  # physical GPU-seconds of activity
-    sampled_physical: float  # sum over devices of sampled seconds x the device's share
+    sampled: float  # seconds of the window with samples (the most of any of its devices)
     last_ingested: bool  # the newest window the report sees for its cluster
+
+    @property
+    def sampled_physical(self) -> float:
+        """Physical GPU-seconds the window had samples for: sampled x the GPUs held."""
+        return self.sampled * float(self.gpus)
 
     @property
     def cluster(self) -> str:
@@ -1300,13 +1305,15 @@ def holder_windows(
     newest: dict[str, int] = {}
     for cluster, kind, uid, ns, name, profile, start, length, used, sampled in rows:
         key = ((str(cluster), str(kind), str(uid)), int(start))
-        acc = per.setdefault(key, [str(ns), str(name), int(start) + int(length), 0.0, 0.0])
+        acc = per.setdefault(key, [str(ns), str(name), int(start) + int(length), 0.0, 0.0, 0])
         acc[3] += float(used)
-        acc[4] += float(sampled) * float(_device_share(profile))
+        acc[4] = max(acc[4], float(sampled))
+        acc[5] += _device_share(profile)  # the GPUs, where no allocation row says
         newest[str(cluster)] = max(newest.get(str(cluster), 0), int(start) + int(length))
     out = []
-    for (holder, start), (ns, name, end, used, sampled) in sorted(per.items()):
+    for (holder, start), (ns, name, end, used, sampled, devices) in sorted(per.items()):
         owner, gpus, is_open, known = info.get(holder, [None, Fraction(0), False, None])
+        gpus = gpus or Fraction(devices)
         last = min(progress.get(holder[0], newest[holder[0]]), newest[holder[0]])
         out.append(
             HolderWindow(

@@ -319,6 +319,7 @@ def test_idle_threshold_is_checked(report: Any, sqlite_store: Store) -> None:
 
 
 def _window(start: int, used: float, sampled: float = H, *, last: bool = False) -> Any:
+    """One window of a pod holding one GPU."""
     from fractions import Fraction
 
     from gpuquota.quota.report.query import HolderWindow
