@@ -181,6 +181,15 @@ class Idle:
     kind: str = "pod"
 
 
+def activity(used_gpu_seconds: float, sampled_seconds: float, physical_gpus: float) -> float | None:
+    """A holder's activity in a window: used physical GPU-seconds / (the seconds with samples x
+    the physical GPUs it holds); None without samples (no data is not idle). The one rule of
+    the idle allocations, for the controller's metrics and the report's view alike."""
+    if sampled_seconds <= 0 or physical_gpus <= 0:
+        return None
+    return used_gpu_seconds / (sampled_seconds * physical_gpus)
+
+
 def idle_allocations(
     holders: Iterable[OpenHolder],
     windows: Mapping[str, Sequence[HolderWindow]],
@@ -203,10 +212,10 @@ def idle_allocations(
         cursor = ingested_until
         while True:
             w = by_end.get(cursor)
-            if w is None or w.sampled_seconds <= 0:
+            if w is None:
                 break
-            activity = w.used_gpu_seconds / (w.sampled_seconds * holder.physical_gpus)
-            if activity >= threshold:
+            found = activity(w.used_gpu_seconds, w.sampled_seconds, holder.physical_gpus)
+            if found is None or found >= threshold:
                 break
             begin = max(w.window_start, holder.started_at)
             held = max(0, cursor - begin) * holder.physical_gpus

@@ -1,8 +1,9 @@
 """The report's core: one request in, one computed report out.
 
-``build_report(conn, request)`` runs every query of a report on an open connection (and asks
-Prometheus where the request names it) and returns a :class:`compute.Report`; it knows nothing
-of flags or output formats. `gpuquota report` (quota/report/cli.py) parses its flags into a
+``build_report(conn, request)`` is fetch -> compute: ``fetch`` runs every query of a report on
+an open connection (and asks Prometheus where the request names it) into one
+:class:`Fetched`; ``compute_report`` turns that into a :class:`compute.Report` without any I/O;
+the renderers (render.py, focus.py, chart.py) format it. None knows of flags. `gpuquota report` (quota/report/cli.py) parses its flags into a
 :class:`ReportRequest`, opens the store, calls this, and renders.
 
 Missing data is never shown as zero, and one rule says what is missing whatever its distance
@@ -18,7 +19,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from fractions import Fraction
+from typing import Any, Literal
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
@@ -53,18 +55,70 @@ class ReportRequest:
     spread_idle: Literal["proportional", "even"] | None = None
     top: int | None = None  # keep the N largest groups, fold the rest into (other)
     chart_buckets: bool = False  # split the window into calendar buckets for a chart
+    day_buckets: bool = False  # split it into calendar days (the FOCUS export's periods)
     prometheus: str | None = None  # base URL for measured utilisation (namespace groups)
+    # the idle-allocations view (the usage ledger's rule): activity under the threshold for at
+    # least idle_for seconds of consecutive ledger windows
+    idle_allocations: bool = False
+    idle_threshold: Fraction = Fraction(5, 100)
+    idle_for: int = 3600
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """Everything a report is computed from, as read from the store (and Prometheus): the
+    fetch step's result, the pure computation's input."""
+
+    buckets: list[int]
+    edges: list[int]
+    clusters: tuple[str, ...]
+    ends: dict[str, int]  # per cluster, where its data ends (heartbeat)
+    begins: dict[str, int]  # per cluster, where its data begins
+    usage: list[query.UsageRow]
+    best_effort_pods: dict[str, int]
+    gaps: list[query.GapRecord]
+    quota_span: int | None  # None: the grouping has no quota view
+    quota: list[query.QuotaRow]
+    idle_capacity: list[query.CapacityRow] | None  # None: no idle table asked for
+    idle_allocated: list[query.UsageRow]
+    ledger: bool  # the store has a usage ledger for the clusters in scope
+    ledger_until: dict[str, int]
+    ledger_rows: list[query.LedgerRow]
+    unallocated_energy: dict[str, float]  # per cluster, joules of GPUs nobody held
+    holder_windows: list[query.HolderWindow] | None  # None: no idle-allocations view
+    pod_usage: list[query.UsageRow] | None  # per pod, to split Prometheus' figures
+    measured: Any = None  # prometheus.Measured, when asked for
 
 
 def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
-    """The whole report for ``request`` from the store behind ``conn``; ReportError when the
-    store holds nothing that matches, or a query (or Prometheus) fails."""
-    window, now, keys, card = request.window, request.now, list(request.keys), request.card
-    idle = request.idle or request.spread_idle is not None
-    buckets = period.buckets(window) if request.chart_buckets else [window.start, window.end]
+    """The whole report for ``request`` from the store behind ``conn``: fetch, then compute;
+    ReportError when the store holds nothing that matches, or a query (or Prometheus) fails."""
+    return compute_report(fetch(conn, request), request)
+
+
+def _edges(request: ReportRequest) -> tuple[list[int], list[int]]:
+    window, card = request.window, request.card
+    buckets = (
+        period.days(window)
+        if request.day_buckets
+        else period.buckets(window)
+        if request.chart_buckets
+        else [window.start, window.end]
+    )
+    # pricing, and the ledger's energy per bucket, need the buckets among the edges
     edges = compute.sub_windows(
         window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []
     )
+    return buckets, edges
+
+
+def fetch(conn: Connection, request: ReportRequest) -> Fetched:
+    """Every read of the report: allocation intervals, quota history, capacity, gaps, the
+    usage ledger and, where asked, Prometheus' answers. Refuses (ReportError) a cluster the
+    store does not know and a window that holds no data."""
+    window, now, keys = request.window, request.now, list(request.keys)
+    idle = request.idle or request.spread_idle is not None
+    buckets, edges = _edges(request)
     try:
         clusters = query.known_clusters(conn)
         if request.cluster is not None and request.cluster not in clusters:
@@ -78,72 +132,136 @@ def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
         _check_window(window, now, ends, [c for c in scope.clusters if c in ends])
         # the latest any cluster in scope is known to (now, where one has no heartbeat)
         known_end = max(ends.values()) if ends and len(ends) == len(scope.clusters) else now
-        rows = query.usage(conn, keys, edges, now, scope=scope)
-        report = compute.aggregate(keys, rows, edges, card, buckets)
-        report.coverage = {c: ends.get(c) for c in scope.clusters}
-        report.window_end = min(window.end, now)
-        # a report of the present may trail a live controller's heartbeat by a flush interval
-        # or so: that is now, not an end worth a note (the refusal above has no such grace)
-        grace = LIVE_GRACE_SECONDS if report.window_end >= now else 0
-        report.ends_early = {c: at for c, at in ends.items() if at < report.window_end - grace}
-        report.begins_late = {c: at for c, at in begins.items() if at > window.start}
-        if begins and all(at >= window.end for at in begins.values()) and not report.groups:
-            where = ", ".join(f"{c!r} from {_when(at, window)}" for c, at in sorted(begins.items()))
-            raise ReportError(
-                f"no data for the period {window.label()}: the store's data begins after it "
-                f"({where})"
-            )
-        report.best_effort_pods = query.best_effort_pods(conn, scope, window.start, window.end, now)
-        report.gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
+        usage = query.usage(conn, keys, edges, now, scope=scope)
+        quota_span: int | None = None
+        quota_rows: list[query.QuotaRow] = []
         if query.quota_applies(keys):
             # averages are over the part of the window the store knows
-            span = max(min(window.end, now, known_end) - window.start, 0)
-            report.quota_span = span
-            report.quota = (
-                compute.quota_figures(
-                    query.quota(conn, keys, window.start, window.end, now, request.cluster, scope),
-                    span,
+            quota_span = max(min(window.end, now, known_end) - window.start, 0)
+            if quota_span:
+                quota_rows = query.quota(
+                    conn, keys, window.start, window.end, now, request.cluster, scope
                 )
-                if span
-                else []
-            )
+        capacity = alloc = None
         if idle:
             alloc = query.usage(conn, ["model", "pool"], edges, now, scope=scope)
-            report.idle = compute.idle(
-                query.capacity(conn, edges, now, request.cluster, scope), alloc, edges, card
+            capacity = query.capacity(conn, edges, now, request.cluster, scope)
+        ledger = query.ledger_present(conn, scope)
+        ledger_until = query.ledger_progress(conn, scope) if ledger else {}
+        windows = None
+        if request.idle_allocations:
+            windows = (
+                query.holder_windows(conn, window.start, window.end, now, scope, ledger_until)
+                if ledger
+                else []
             )
+        pod_usage = None
+        if request.prometheus and list(keys) != ["namespace"]:
+            pod_keys = [*keys, "pod"] if "pod" not in keys else [*keys]
+            pod_usage = query.usage(conn, pod_keys, edges, now, scope=scope)
+        fetched = Fetched(
+            buckets=buckets,
+            edges=edges,
+            clusters=scope.clusters,
+            ends=ends,
+            begins=begins,
+            usage=usage,
+            best_effort_pods=query.best_effort_pods(conn, scope, window.start, window.end, now),
+            gaps=query.gaps(conn, scope.clusters, window.start, min(window.end, now)),
+            quota_span=quota_span,
+            quota=quota_rows,
+            idle_capacity=capacity,
+            idle_allocated=alloc or [],
+            ledger=ledger,
+            ledger_until=ledger_until,
+            ledger_rows=query.ledger(conn, keys, edges, now, scope) if ledger else [],
+            unallocated_energy=(
+                query.unallocated_energy(conn, window.start, window.end, now, scope)
+                if ledger
+                else {}
+            ),
+            holder_windows=windows,
+            pod_usage=pod_usage,
+        )
     except SQLAlchemyError as exc:
         raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
     if request.prometheus:
         from gpuquota.quota.report import prometheus
 
-        per_pod = list(keys) != ["namespace"]
+        try:
+            measured = prometheus.measure(
+                request.prometheus,
+                window.start,
+                min(window.end, now, known_end),
+                per_pod=pod_usage is not None,
+            )
+        except prometheus.PrometheusError as exc:
+            raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc
+        fetched = dataclasses.replace(fetched, measured=measured)
+    return fetched
+
+
+def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
+    """The report from what ``fetch`` read: no I/O; the report comes back frozen. ReportError where the window holds no data
+    (the store's data begins after it and no allocation reaches into it)."""
+    window, now, keys, card = request.window, request.now, list(request.keys), request.card
+    buckets, edges = fetched.buckets, fetched.edges
+    ends, begins = fetched.ends, fetched.begins
+    report = compute.aggregate(keys, fetched.usage, edges, card, buckets)
+    report.coverage = {c: ends.get(c) for c in fetched.clusters}
+    report.window_end = min(window.end, now)
+    # a report of the present may trail a live controller's heartbeat by a flush interval
+    # or so: that is now, not an end worth a note (the refusal above has no such grace)
+    grace = LIVE_GRACE_SECONDS if report.window_end >= now else 0
+    report.ends_early = {c: at for c, at in ends.items() if at < report.window_end - grace}
+    report.begins_late = {c: at for c, at in begins.items() if at > window.start}
+    if begins and all(at >= window.end for at in begins.values()) and not report.groups:
+        where = ", ".join(f"{c!r} from {_when(at, window)}" for c, at in sorted(begins.items()))
+        raise ReportError(
+            f"no data for the period {window.label()}: the store's data begins after it ({where})"
+        )
+    report.best_effort_pods = fetched.best_effort_pods
+    report.gaps = fetched.gaps
+    if fetched.quota_span is not None:
+        report.quota_span = fetched.quota_span
+        report.quota = (
+            compute.quota_figures(fetched.quota, fetched.quota_span) if fetched.quota_span else []
+        )
+    if fetched.idle_capacity is not None:
+        report.idle = compute.idle(fetched.idle_capacity, fetched.idle_allocated, edges, card)
+    # the usage ledger: used GPU-seconds, energy, coverage per group
+    report.ledger, report.ledger_until = fetched.ledger, fetched.ledger_until
+    report.unallocated_energy = {c: Fraction(j) for c, j in fetched.unallocated_energy.items() if j}
+    if fetched.ledger:
+        compute.attach_ledger(report, fetched.ledger_rows, edges, card)
+    if fetched.holder_windows is not None:
+        report.idle_threshold, report.idle_min_seconds = request.idle_threshold, request.idle_for
+        report.idle_allocations = compute.idle_runs(
+            fetched.holder_windows,
+            request.idle_threshold,
+            request.idle_for,
+            window.start,
+            min(window.end, now),
+        )
+    if fetched.measured is not None and request.prometheus:
+        from gpuquota.quota.report import prometheus
+
         pods = None
-        if per_pod:  # the pods' physical seconds per group, to split their measured figures
+        if fetched.pod_usage is not None:  # the pods' physical seconds per group
             pod_keys = [*keys, "pod"] if "pod" not in keys else [*keys]
-            try:
-                pod_rows = query.usage(conn, pod_keys, edges, now, scope=scope)
-            except SQLAlchemyError as exc:
-                raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
-            pods = compute.aggregate(pod_keys, pod_rows, edges, card, None)
+            pods = compute.aggregate(pod_keys, fetched.pod_usage, edges, card, None)
             if "pod" in keys:  # already per pod: the pod is the group's own key
                 pods.groups = [
                     dataclasses.replace(g, keys=(*g.keys, g.keys[keys.index("pod")]))
                     for g in pods.groups
                 ]
-        try:
-            measured = prometheus.measure(
-                request.prometheus, window.start, min(window.end, now, known_end), per_pod=per_pod
-            )
-        except prometheus.PrometheusError as exc:
-            raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc
-        prometheus.attach(report, measured, pods)
+        prometheus.attach(report, fetched.measured, pods)
         report.prometheus = request.prometheus
     if request.spread_idle is not None:
         compute.spread_idle(report, request.spread_idle)
     if request.top is not None:
         compute.fold_top(report, request.top)
-    return report
+    return report.freeze()
 
 
 def _check_window(

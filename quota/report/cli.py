@@ -5,23 +5,32 @@ whole report was computed)."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import text
-from sqlalchemy.engine import Connection, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
 from gpuquota.quota.options import add_db_option
 from gpuquota.quota.report import period, query, ratecard, render
 from gpuquota.quota.report.build import ReportError, ReportRequest, build_report, first_line
-from gpuquota.quota.store.db import Store, StoreError, StoreUnavailableError, open_store, safe_url
+from gpuquota.quota.store.db import (
+    StoreError,
+    StoreUnavailableError,
+    StoreURLError,
+    reading,
+    safe_url,
+)
 
 EPILOG = """\
 period (half-open [start, end); default: this month so far; --tz zone, default UTC):
@@ -52,6 +61,14 @@ columns:
   util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation, per
                     pod where the exporter runs --pod-usage (a shared GPU's busy time split
                     by each pod's SM use), else split evenly among the pods holding a GPU
+  used GPU-h, eff. %, idle alloc GPU-h, energy kWh, energy cost, kg CO2e, coverage %
+                    from the usage ledger (where the store has one): used physical
+                    GPU-hours, used / the allocated GPU-hours the ledger covers, the covered
+                    rest, energy (priced and turned into carbon by the rate card's
+                    energy_price_per_kwh and carbon_g_per_kwh), and the share of allocated
+                    GPU-seconds with samples; blank (null) where a group has no usage data
+  idle allocations  --idle-allocations: holders whose activity stayed under --idle-threshold
+                    (5%) for at least --idle-for (1h) of consecutive ledger windows
   quota section     per group, quota and resource (each in its own units: whole GPUs, MIG
                     slices and shared replicas are never added up): time-weighted average
                     used and hard, peak used and hard, unused unit-hours (hard - used) and
@@ -67,6 +84,10 @@ examples:
   gpuquota report --from 2026-10-01 --to 2026-10-15T12:00:00Z --by owner --top 20
   gpuquota report --month 2026-10 --prometheus http://prometheus:9090 --chart usage.svg
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
+  gpuquota report --month previous --idle-allocations --idle-for 2h
+  gpuquota report --month previous --rate-card ratecard.yaml --format focus > focus.csv
+                                     (FinOps FOCUS 1.0: one row per day, namespace and
+                                     charge: allocated GPU-hours, energy)
 
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
@@ -148,13 +169,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Prometheus base URL for measured utilisation (any --by keys)",
     )
+    ledger = parser.add_argument_group("usage ledger")
+    ledger.add_argument(
+        "--idle-allocations",
+        action="store_true",
+        help="add the idle allocations: holders whose activity stayed under --idle-threshold "
+        "for at least --idle-for of consecutive ledger windows (reclaim candidates)",
+    )
+    ledger.add_argument(
+        "--idle-threshold",
+        metavar="PCT",
+        default="5%",
+        help="activity under this is idle: a percentage (5%%, or 5) (default 5%%)",
+    )
+    ledger.add_argument(
+        "--idle-for",
+        metavar="DURATION",
+        type=duration_flag(minimum=1),
+        default=3600,
+        help="idle for at least this long (default 1h)",
+    )
     out = parser.add_argument_group("output")
     fmt = out.add_mutually_exclusive_group()
     fmt.add_argument(
         "--format",
-        choices=("table", "csv", "json"),
+        choices=("table", "csv", "json", "focus"),
         default="table",
-        help="output format (default table)",
+        help="output format (default table); focus: a FinOps FOCUS 1.0 CSV export",
     )
     fmt.add_argument(
         "--json", dest="format", action="store_const", const="json", help="same as --format json"
@@ -238,6 +279,8 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
     keys = parse_keys(args.by)
     if args.top is not None and args.top < 1:
         raise ReportError(f"--top: {args.top} groups: give at least 1 (leave --top out for all)")
+    if args.chart is not None and args.format == "focus":
+        raise ReportError("--chart: not with --format focus (its rows are per day already)")
     if args.chart is not None and args.chart.suffix.lower() not in (".png", ".svg"):
         raise ReportError(f"--chart: {args.chart} must end in .png or .svg")
     if args.prometheus:
@@ -255,6 +298,21 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
             card = ratecard.load(args.rate_card)
         except ratecard.RateCardError as exc:
             raise ReportError(f"rate card {exc}") from exc
+    threshold = parse_percent(args.idle_threshold, "--idle-threshold")
+    if args.format == "focus" and list(keys) != ["namespace"]:
+        raise ReportError(
+            "--format focus: one row per charge period and namespace: leave --by out "
+            f"(got --by {','.join(keys)})"
+        )
+    if args.format == "focus" and args.top is not None:
+        raise ReportError("--format focus: --top does not apply (every namespace is a row)")
+    if args.format == "focus" and card is None:
+        raise ReportError("--format focus: needs --rate-card (FOCUS rows carry costs)")
+    if args.format == "focus" and card is not None and not re.fullmatch(r"[A-Z]{3}", card.currency):
+        raise ReportError(
+            f"--format focus: the rate card's currency {card.currency!r} is no ISO 4217 code "
+            "(FOCUS BillingCurrency), e.g. USD or EUR"
+        )
     return ReportRequest(
         window=window,
         now=now,
@@ -265,8 +323,24 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         spread_idle=args.spread_idle,
         top=args.top,
         chart_buckets=args.chart is not None,
+        day_buckets=args.format == "focus",
         prometheus=args.prometheus,
+        idle_allocations=args.idle_allocations,
+        idle_threshold=threshold,
+        idle_for=int(args.idle_for),
     )
+
+
+def parse_percent(text: str, flag: str) -> Fraction:
+    """``5%`` or ``5`` as the fraction 5/100; ReportError unless in [0, 100]."""
+    value = str(text).strip().removesuffix("%").strip()
+    try:
+        number = Fraction(Decimal(value))
+    except (InvalidOperation, ValueError, OverflowError):
+        raise ReportError(f"{flag}: {text!r} is not a percentage (e.g. 5%)") from None
+    if not 0 <= number <= 100:
+        raise ReportError(f"{flag}: {text!r} must be between 0% and 100%")
+    return number / 100
 
 
 def build(args: argparse.Namespace) -> tuple[str, list[str]]:
@@ -280,12 +354,16 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
             chart_module = chart.require()
         except chart.ChartUnavailableError as exc:
             raise ReportError(str(exc)) from exc
-    with _Connect(args.db) as conn:
+    with _connect(args.db) as conn:
         report = build_report(conn, request)
     window = request.window
     args.output_month = datetime.fromtimestamp(window.start, window.tz).strftime("%Y-%m")
     if args.format == "csv":
         output, notes = render.render_csv(report), render.notes(report)
+    elif args.format == "focus":
+        from gpuquota.quota.report import focus
+
+        output, notes = focus.render_focus(report, window), render.notes(report)
     elif args.format == "json":
         output, notes = render.render_json(report, window), []
     else:
@@ -312,49 +390,20 @@ def write_atomically(target: str, text: str, month: str) -> Path:
     return path
 
 
-class _Connect:
-    """Open the store (at the schema revision this version reads), or raise ReportError."""
-
-    def __init__(self, url: str) -> None:
-        self.url = url
-        self.store: Store | None = None
-        self.conn: Connection | None = None
-
-    def __enter__(self) -> Connection:
-        try:
-            parsed = make_url(self.url)
-        except ArgumentError as exc:
-            raise ReportError(f"--db: not a database URL: {self.url!r}") from exc
-        if parsed.get_backend_name() == "sqlite":
-            # opening a missing SQLite file would create an empty one
-            path = parsed.database
-            try:
-                missing = bool(path) and path != ":memory:" and not Path(path or "").exists()
-            except OSError as exc:
-                raise ReportError(f"database {safe_url(self.url)}: {exc.strerror}") from None
-            if missing:
-                raise ReportError(f"database {safe_url(self.url)}: file {path} does not exist")
-        try:
-            self.store = open_store(self.url, read_only=True)
-            self.conn = self.store.engine.connect()
-            if self.conn.dialect.name == "postgresql":
-                # the report's queries are short aggregates: compiling them with LLVM (JIT)
-                # costs more than it saves; and grouping hundreds of thousands of rows in a
-                # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
-                self.conn.execute(text("SET jit = off"))
-                self.conn.execute(text("SET work_mem = '64MB'"))
-        except StoreUnavailableError as exc:
-            raise ReportError(str(exc), 1) from exc
-        except StoreError as exc:
-            raise ReportError(str(exc)) from exc
-        except SQLAlchemyError as exc:
-            raise ReportError(
-                f"cannot connect to database {safe_url(self.url)}: {first_line(exc)}", 1
-            ) from exc
-        return self.conn
-
-    def __exit__(self, *exc: object) -> None:
-        if self.conn is not None:
-            self.conn.close()
-        if self.store is not None:
-            self.store.close()
+@contextmanager
+def _connect(url: str) -> Iterator[Connection]:
+    """The store's read-only report connection (quota/store/db.py ``reading``), its errors as
+    ReportError: bad input 2, a database that does not answer 1."""
+    try:
+        with reading(url) as conn:
+            yield conn
+    except StoreURLError as exc:
+        raise ReportError(f"--db: {exc}") from exc
+    except StoreUnavailableError as exc:
+        raise ReportError(str(exc), 1) from exc
+    except StoreError as exc:
+        raise ReportError(str(exc)) from exc
+    except SQLAlchemyError as exc:
+        raise ReportError(
+            f"cannot connect to database {safe_url(url)}: {first_line(exc)}", 1
+        ) from exc

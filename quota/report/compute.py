@@ -10,11 +10,19 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import FrozenInstanceError, dataclass, field
 from fractions import Fraction
 from typing import Any, Literal
 
-from gpuquota.quota.report.query import CapacityRow, GapRecord, QuotaRow, UsageRow
+from gpuquota.quota.ledger import rules
+from gpuquota.quota.report.query import (
+    CapacityRow,
+    GapRecord,
+    HolderWindow,
+    LedgerRow,
+    QuotaRow,
+    UsageRow,
+)
 from gpuquota.quota.report.ratecard import RateCard
 
 OTHER = "(other)"
@@ -32,8 +40,23 @@ def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Frac
     return row.share * units  # stored exactly (migration 0005)
 
 
+class _Freezable:
+    """A dataclass that computing may fill in and then freeze: after ``freeze()`` no attribute
+    can be reassigned (the renderers get a finished, immutable report)."""
+
+    _frozen = False
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._frozen:
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: computed and frozen")
+        object.__setattr__(self, name, value)
+
+    def _freeze(self) -> None:
+        object.__setattr__(self, "_frozen", True)
+
+
 @dataclass
-class Group:
+class Group(_Freezable):
     keys: tuple[str | None, ...]
     # raw unit-seconds: whole, unless a shared DRA claim's time is split among its pods
     raw_seconds: Fraction = Fraction(0)
@@ -42,11 +65,46 @@ class Group:
     estimated_raw_seconds: Fraction = Fraction(0)
     estimated_intervals: int = 0
     series: list[Fraction] = field(default_factory=list)  # physical seconds per chart bucket
+    bucket_cost: list[Fraction] = field(default_factory=list)  # cost per bucket (rate card)
+    # the ledger's joules and their cost per bucket (empty: no ledger rows)
+    bucket_energy: list[Fraction] = field(default_factory=list)
+    bucket_energy_cost: list[Fraction] = field(default_factory=list)
     idle_seconds: Fraction | None = None  # spread idle physical seconds
     idle_cost: Fraction | None = None
     utilised_seconds: Fraction | None = None  # from Prometheus: physical seconds of busy GPU
     # from Prometheus: physical seconds of the group's allocations that had samples
     measured_seconds: Fraction | None = None
+    # from the usage ledger (None: no ledger rows for the group: no usage data, not zero)
+    used_seconds: Fraction | None = None  # physical GPU-seconds of activity
+    sampled_seconds: Fraction | None = None  # device-seconds with samples (coverage numerator)
+    energy_joules: Fraction | None = None
+    energy_cost: Fraction | None = None  # None also where the rate card prices no energy
+    carbon_grams: Fraction | None = None  # g CO2e; None where the card gives no intensity
+
+    @property
+    def coverage(self) -> Fraction | None:
+        """The share of the group's allocated device-seconds the ledger had samples for
+        (capped at 1); None without ledger rows."""
+        if self.sampled_seconds is None:
+            return None
+        if not self.raw_seconds:
+            return Fraction(1) if self.sampled_seconds else Fraction(0)
+        return min(self.sampled_seconds / self.raw_seconds, Fraction(1))
+
+    @property
+    def measured_allocated_seconds(self) -> Fraction | None:
+        """Physical allocated seconds the ledger covers: allocated x coverage."""
+        c = self.coverage
+        return None if c is None else self.physical_seconds * c
+
+    @property
+    def idle_allocated_seconds(self) -> Fraction | None:
+        """Allocated but unused physical GPU-seconds, over the covered part only (unmeasured
+        time is neither used nor idle); never below zero."""
+        m = self.measured_allocated_seconds
+        if m is None or self.used_seconds is None:
+            return None
+        return max(m - self.used_seconds, Fraction(0))
 
 
 @dataclass
@@ -74,8 +132,26 @@ class IdleRow:
     idle_cost: Fraction = Fraction(0)
 
 
+@dataclass(frozen=True)
+class IdleAllocation:
+    """A run of consecutive ledger windows in which one holder's activity stayed under the
+    threshold for at least the minimum duration: a reclaim candidate (nothing is evicted)."""
+
+    cluster: str
+    namespace: str
+    holder_kind: str  # pod | claim
+    name: str  # the pod's (claim's) name
+    owner: str | None  # Kind/name
+    gpus: Fraction  # physical GPUs held
+    since: int  # the run's first window start (clipped to the period)
+    until: int  # the run's end (clipped to the period)
+    still_idle: bool  # the run reaches the last ingested window and the allocation is open
+    idle_seconds: Fraction  # physical GPU-seconds allocated but unused over the run
+    activity: Fraction  # used / sampled physical over the run
+
+
 @dataclass
-class Report:
+class Report(_Freezable):
     keys: tuple[str, ...]
     groups: list[Group]
     priced: bool
@@ -102,6 +178,25 @@ class Report:
     # spans the window overlaps in which a kind was not followed (pods created and deleted
     # inside one may be missing): said in every format
     gaps: list[GapRecord] = field(default_factory=list)
+    # whether the store has a usage ledger for the clusters in scope (the used/energy columns)
+    ledger: bool = False
+    # per cluster, up to when the ledger is ingested (no entry: no progress row)
+    ledger_until: dict[str, int] = field(default_factory=dict)
+    energy_priced: bool = False  # the rate card prices energy
+    # per cluster, joules of GPUs nobody held (the nodes' idle GPU energy): no group's
+    unallocated_energy: dict[str, Fraction] = field(default_factory=dict)
+    carbon_priced: bool = False  # the rate card gives a carbon intensity
+    # idle allocations (the ledger's rule), when asked for
+    idle_allocations: list[IdleAllocation] | None = None
+    idle_threshold: Fraction = Fraction(5, 100)
+    idle_min_seconds: int = 3600
+
+    def freeze(self) -> Report:
+        """Make the finished report (and its groups) immutable; returns it."""
+        for g in self.groups:
+            g._freeze()
+        self._freeze()
+        return self
 
     @property
     def physical_total(self) -> Fraction:
@@ -166,7 +261,7 @@ def aggregate(
                 found = rates.get(rkey)
                 if found is None:
                     found = rates[rkey] = card.rate(row.gpu_model, edges[i])
-                a[2][(q, found[0])] += p * seconds
+                a[2][(q, found[0], bucket_of[i])] += p * seconds
                 if found[1]:
                     unpriced.add(row.gpu_model or "(unknown model)")
         a[4][row.split] += row.raw_units * row.estimated_seconds
@@ -176,7 +271,10 @@ def aggregate(
         g = Group(key, series=[Fraction(0)] * n_buckets)
         g.raw_seconds = _over(raw)
         g.physical_seconds = sum((Fraction(n, q) for q, n in phys.items()), Fraction(0))
-        g.cost = sum((Fraction(n, q) * r for (q, r), n in cost.items()), Fraction(0)) / HOUR
+        g.bucket_cost = [Fraction(0)] * n_buckets
+        for (q, r, b), n in cost.items():
+            g.bucket_cost[b] += Fraction(n, q) * r / HOUR
+        g.cost = sum(g.bucket_cost, Fraction(0))
         for (q, b), n in series.items():
             g.series[b] += Fraction(n, q)
         g.estimated_raw_seconds, g.estimated_intervals = _over(est_s), est_n
@@ -290,11 +388,141 @@ def fold_top(report: Report, top: int) -> None:
         other.estimated_raw_seconds += g.estimated_raw_seconds
         other.estimated_intervals += g.estimated_intervals
         other.series = [a + b for a, b in zip(other.series, g.series, strict=True)]
-        for name in ("idle_seconds", "idle_cost", "utilised_seconds", "measured_seconds"):
+        for name in (
+            "idle_seconds",
+            "idle_cost",
+            "utilised_seconds",
+            "measured_seconds",
+            "used_seconds",
+            "sampled_seconds",
+            "energy_joules",
+            "energy_cost",
+            "carbon_grams",
+        ):
             value = getattr(g, name)
             if value is not None:
                 setattr(other, name, (getattr(other, name) or 0) + value)
     report.groups = [*kept, other]
+
+
+KWH = 3_600_000  # joules
+
+
+def attach_ledger(
+    report: Report, rows: Iterable[LedgerRow], edges: Sequence[int], card: RateCard | None
+) -> None:
+    """Add the ledger's used GPU-seconds, sampled seconds, energy, energy cost and carbon to
+    the groups (a group the ledger has no rows for keeps None: no usage data). A holder the
+    ledger knows but no allocation of the period does (the controller missed it) becomes a
+    group of its own with no allocated time. Energy is priced per sub-window at the price
+    (and carbon intensity) in force at its start."""
+    by_keys = {g.keys: g for g in report.groups}
+    buckets = report.bucket_edges or [edges[0], edges[-1]]
+    bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
+    n_buckets = len(buckets) - 1
+    report.energy_priced = card is not None and bool(card.energy_prices)
+    report.carbon_priced = card is not None and bool(card.carbon_intensity)
+    for row in rows:
+        g = by_keys.get(row.keys)
+        if g is None:
+            g = by_keys[row.keys] = Group(
+                row.keys,
+                series=[Fraction(0)] * n_buckets,
+                bucket_cost=[Fraction(0)] * n_buckets,
+            )
+            report.groups.append(g)
+        if not g.bucket_energy:
+            g.bucket_energy = [Fraction(0)] * n_buckets
+            g.bucket_energy_cost = [Fraction(0)] * n_buckets
+        for i, e in enumerate(row.energy):
+            g.bucket_energy[bucket_of[i]] += Fraction(e)
+            if card is not None:
+                price = card.energy_price(edges[i]) or 0
+                g.bucket_energy_cost[bucket_of[i]] += Fraction(e) * price / KWH
+        g.used_seconds = (g.used_seconds or Fraction(0)) + Fraction(row.used_seconds)
+        g.sampled_seconds = (g.sampled_seconds or Fraction(0)) + Fraction(row.sampled_seconds)
+        joules = sum((Fraction(e) for e in row.energy), Fraction(0))
+        g.energy_joules = (g.energy_joules or Fraction(0)) + joules
+        if report.energy_priced:
+            g.energy_cost = sum(g.bucket_energy_cost, Fraction(0))
+        if card is not None and report.carbon_priced:
+            grams = sum(
+                (
+                    Fraction(e) * (card.carbon(edges[i]) or 0) / KWH
+                    for i, e in enumerate(row.energy)
+                ),
+                Fraction(0),
+            )
+            g.carbon_grams = (g.carbon_grams or Fraction(0)) + grams
+    report.groups.sort(key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
+
+
+def idle_runs(
+    windows: Iterable[HolderWindow],
+    threshold: Fraction,
+    min_seconds: int,
+    lo: int,
+    hi: int,
+) -> list[IdleAllocation]:
+    """The contract's idle rule over each holder's ledger windows (sorted by holder, then
+    time): maximal runs of consecutive windows (each starting where the last ended) whose
+    activity (quota/ledger/rules.py ``activity``: used / (sampled x physical GPUs held), the
+    controller's rule) stayed under ``threshold``,
+    lasting at least ``min_seconds`` inside [lo, hi). A window without samples ends a run:
+    unknown is not idle."""
+    out: list[IdleAllocation] = []
+    run: list[HolderWindow] = []
+
+    def close(still: bool) -> None:
+        if not run:
+            return
+        since, until = max(run[0].start, lo), min(run[-1].end, hi)
+        if until - since >= min_seconds:
+            first = run[0]
+            used = sum((Fraction(w.used) for w in run), Fraction(0))
+            sampled = sum((Fraction(w.sampled_physical) for w in run), Fraction(0))
+            part = [Fraction(min(w.end, hi) - max(w.start, lo), w.end - w.start) for w in run]
+            idle_s = sum(
+                (
+                    max(Fraction(w.sampled_physical) - Fraction(w.used), Fraction(0)) * p
+                    for w, p in zip(run, part, strict=True)
+                ),
+                Fraction(0),
+            )
+            out.append(
+                IdleAllocation(
+                    first.cluster,
+                    first.namespace,
+                    first.holder_kind,
+                    first.name,
+                    first.owner,
+                    first.gpus,
+                    since,
+                    until,
+                    still and first.open,
+                    idle_s,
+                    used / sampled if sampled else Fraction(0),
+                )
+            )
+        run.clear()
+
+    previous: HolderWindow | None = None
+    for w in windows:
+        same = previous is not None and previous.holder == w.holder
+        if not same:
+            close(previous is not None and previous.last_ingested)
+        elif previous is not None and w.start != previous.end:
+            close(False)
+        found = rules.activity(w.used, w.sampled, float(w.gpus))
+        quiet = found is not None and found < threshold
+        if quiet:
+            run.append(w)
+        else:
+            close(False)
+        previous = w
+    close(previous is not None and previous.last_ingested)
+    out.sort(key=lambda r: (-r.idle_seconds, r.cluster, r.namespace, r.name, r.since))
+    return out
 
 
 def apportion(values: Sequence[Fraction], decimals: int) -> tuple[list[int], int]:

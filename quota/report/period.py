@@ -163,6 +163,17 @@ def _span(lo: int, hi: int, tz: tzinfo) -> str:
     return f"({datetime.fromtimestamp(lo, tz).isoformat()} .. {datetime.fromtimestamp(hi, tz).isoformat()})"
 
 
+def days(period: Period) -> list[int]:
+    """Boundaries of the calendar days (midnight in the report's zone) covering the period:
+    first is period.start, last is period.end (the FOCUS export's charge periods)."""
+    edges: list[int] = [period.start]
+    day = datetime.fromtimestamp(period.start, period.tz).date() + timedelta(days=1)
+    while (t := midnight(day, period.tz)) < period.end:
+        edges.append(t)
+        day += timedelta(days=1)
+    return [*edges, period.end]
+
+
 def buckets(period: Period, max_buckets: int = 62) -> list[int]:
     """Boundaries of calendar buckets (hour, day, week or month in the report's zone) covering
     the period, for the chart: first is period.start, last is period.end."""

@@ -14,6 +14,10 @@ Example::
       NVIDIA-L4: 0.80             # shorthand: one rate, always
     mig_fractions:                # physical-GPU share of one MIG instance (default N/7)
       1g.10gb: 0.125
+    energy_price_per_kwh:         # price of a kWh of GPU energy (the usage ledger's joules)
+      - rate: 0.30
+      - {rate: 0.25, from: 2026-10-15}
+    carbon_g_per_kwh: 350         # grid carbon intensity, g CO2e per kWh (same forms)
 """
 
 from __future__ import annotations
@@ -33,7 +37,15 @@ import yaml
 from gpuquota.cli_common.yamltext import yaml_position, yaml_problem
 from gpuquota.quota.accounting.rules.shares import mig_override
 
-_TOP_KEYS = {"currency", "default_rate", "timezone", "models", "mig_fractions"}
+_TOP_KEYS = {
+    "currency",
+    "default_rate",
+    "timezone",
+    "models",
+    "mig_fractions",
+    "energy_price_per_kwh",
+    "carbon_g_per_kwh",
+}
 _ENTRY_KEYS = {"rate", "from"}
 _MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 
@@ -57,11 +69,24 @@ class RateCard:
     default_rate: Fraction
     models: dict[str, tuple[RatePeriod, ...]] = field(default_factory=dict)
     mig_fractions: dict[str, Fraction] = field(default_factory=dict)
+    # price of a kWh of GPU energy, and grid carbon intensity (g CO2e per kWh), over time;
+    # empty: the card prices no energy / gives no carbon figure
+    energy_prices: tuple[RatePeriod, ...] = ()
+    carbon_intensity: tuple[RatePeriod, ...] = ()
 
     def boundaries(self, lo: int, hi: int) -> list[int]:
         """Rate changes strictly inside [lo, hi): usage must be split there."""
         points = {p.start for periods in self.models.values() for p in periods}
+        points |= {p.start for p in (*self.energy_prices, *self.carbon_intensity)}
         return sorted(t for t in points if t is not None and lo < t < hi)
+
+    def energy_price(self, at: int) -> Fraction | None:
+        """Price of a kWh at ``at``; None where the card prices no energy then."""
+        return _in_force(self.energy_prices, at)
+
+    def carbon(self, at: int) -> Fraction | None:
+        """g CO2e per kWh at ``at``; None where the card gives none then."""
+        return _in_force(self.carbon_intensity, at)
 
     def rate(self, model: str | None, at: int) -> tuple[Fraction, bool]:
         """Rate in force for ``model`` at ``at``, and whether it is the default fallback."""
@@ -80,6 +105,12 @@ class RateCard:
         nodes where every nvidia.com/gpu is one instance, recorded beside it."""
         found = mig_override(resource_name, mig_profile, self.mig_fractions)
         return None if found is None else Fraction(found)
+
+
+def _in_force(periods: tuple[RatePeriod, ...], at: int) -> Fraction | None:
+    starts = [p.start if p.start is not None else -(2**62) for p in periods]
+    i = bisect.bisect_right(starts, at) - 1
+    return periods[i].rate if i >= 0 else None
 
 
 def load(path: str | Path) -> RateCard:
@@ -170,7 +201,17 @@ def parse(doc: Any, name: str = "<ratecard>") -> RateCard:
         if not 0 < fraction <= 1:
             raise RateCardError(name, key, f"fraction must be in (0, 1], got {value}")
         mig[str(profile)] = fraction
-    return RateCard(currency.strip(), default_rate, models, mig)
+    energy = (
+        _periods(doc["energy_price_per_kwh"], name, "energy_price_per_kwh", tz)
+        if doc.get("energy_price_per_kwh") is not None
+        else ()
+    )
+    carbon = (
+        _periods(doc["carbon_g_per_kwh"], name, "carbon_g_per_kwh", tz)
+        if doc.get("carbon_g_per_kwh") is not None
+        else ()
+    )
+    return RateCard(currency.strip(), default_rate, models, mig, energy, carbon)
 
 
 def _periods(spec: Any, name: str, key: str, tz: dt.tzinfo) -> tuple[RatePeriod, ...]:

@@ -14,7 +14,16 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Literal
 
-from gpuquota.quota.report.compute import HOUR, Group, IdleRow, QuotaFigure, Report, apportion
+from gpuquota.quota.report.compute import (
+    HOUR,
+    KWH,
+    Group,
+    IdleAllocation,
+    IdleRow,
+    QuotaFigure,
+    Report,
+    apportion,
+)
 from gpuquota.quota.report.period import Period
 
 Total = Literal["sum", "none", "ratio"]
@@ -75,6 +84,8 @@ def columns(report: Report) -> list[Column]:
                     lambda g: g.idle_cost,
                 )
             )
+    if report.ledger:
+        cols += ledger_columns(report)
     if report.prometheus is not None:
         used = _hours(lambda g: g.utilised_seconds)
         sampled = _hours(lambda g: g.measured_seconds)
@@ -96,6 +107,63 @@ def columns(report: Report) -> list[Column]:
                 ),
             ),
         ]
+    return cols
+
+
+def ledger_columns(report: Report) -> list[Column]:
+    """The usage ledger's columns: used, efficiency, idle-allocated, energy, its cost and
+    carbon, coverage. Blank (null) for a group the ledger has no rows for: no data, not 0."""
+    cols = [
+        Column("gpu_hours_used", "used GPU-h", 2, _hours(lambda g: g.used_seconds)),
+        _percent(
+            "efficiency_pct",
+            "eff. %",
+            lambda g: g.used_seconds,
+            lambda g: g.measured_allocated_seconds,
+        ),
+        Column(
+            "gpu_hours_idle_allocated",
+            "idle alloc GPU-h",
+            2,
+            _hours(lambda g: g.idle_allocated_seconds),
+        ),
+        Column(
+            "energy_kwh",
+            "energy kWh",
+            2,
+            lambda g: None if g.energy_joules is None else g.energy_joules / KWH,
+        ),
+    ]
+    if report.energy_priced:
+        cols.append(
+            Column(
+                f"energy_cost_{report.currency}",
+                f"energy {report.currency}",
+                2,
+                lambda g: g.energy_cost,
+            )
+        )
+    if report.carbon_priced:
+        cols.append(
+            Column(
+                "carbon_kg_co2e",
+                "kg CO2e",
+                2,
+                lambda g: None if g.carbon_grams is None else g.carbon_grams / 1000,
+            )
+        )
+    cols.append(
+        Column(
+            "usage_coverage_pct",
+            "coverage %",
+            1,
+            lambda g: None if g.coverage is None else g.coverage * 100,
+            "ratio",
+            # the total is over every group's allocated time: one without usage data counts
+            # as not covered
+            (lambda g: g.sampled_seconds or Fraction(0), lambda g: Fraction(g.raw_seconds)),
+        )
+    )
     return cols
 
 
@@ -297,7 +365,47 @@ def notes(report: Report) -> list[str]:
             f"{pods} pod(s) held GPUs while BestEffort, so NotBestEffort-scoped quotas did "
             f"not count them (give them cpu/memory requests): {where}"
         )
-    return out + quota_notes(report) + prometheus_notes(report) + pool_notes(report)
+    return (
+        out
+        + ledger_notes(report)
+        + quota_notes(report)
+        + prometheus_notes(report)
+        + pool_notes(report)
+    )
+
+
+def ledger_notes(report: Report) -> list[str]:
+    """Where the usage ledger has no data, or covers only part of the allocated time."""
+    if not report.ledger:
+        return []
+    out = []
+    missing = [g for g in report.groups if g.used_seconds is None and g.raw_seconds]
+    if missing:
+        names = ", ".join(" / ".join(map(_key_text, g.keys)) for g in missing)
+        out.append(
+            f"no usage data (the usage ledger has no rows; used, energy and coverage blank, "
+            f"not zero) for: {names}"
+        )
+    sampled = sum((g.sampled_seconds or Fraction(0) for g in report.groups), Fraction(0))
+    raw = sum((Fraction(g.raw_seconds) for g in report.groups), Fraction(0))
+    if raw and sampled < raw:
+        out.append(
+            f"the usage ledger covers {format_scaled(round(min(sampled / raw, Fraction(1)) * 1000), 1)}% "
+            "of the allocated GPU-seconds (column coverage %): efficiency and idle-allocated "
+            "GPU-h are over the covered part only"
+        )
+    for cluster, joules in sorted(report.unallocated_energy.items()):
+        out.append(
+            f"GPUs nobody held in cluster {cluster!r} used {format_scaled(round(joules * 100 / KWH), 2)} "
+            "kWh (the nodes' idle GPU energy, charged to no group)"
+        )
+    for cluster, until in sorted(report.ledger_until.items()):
+        if until < report.window_end:
+            out.append(
+                f"the usage ledger of cluster {cluster!r} is ingested up to {_utc(until)}: "
+                "usage after it is not in the used and energy columns yet"
+            )
+    return out
 
 
 def pool_notes(report: Report) -> list[str]:
@@ -492,9 +600,38 @@ def render_table(report: Report, period: Period) -> str:
             qrule,
             *qlines[1 + len(qrows) :],
         ]
+    if report.idle_allocations is not None:
+        out += ["", *idle_allocations_table(report)]
     for note in notes(report):
         out.append(f"note: {note}")
     return "\n".join(out) + "\n"
+
+
+def idle_allocations_table(report: Report) -> list[str]:
+    assert report.idle_allocations is not None
+    title = (
+        f"Idle allocations (activity under {format_scaled(round(report.idle_threshold * 1000), 1)}% "
+        f"for at least {_duration(report.idle_min_seconds)} of consecutive ledger windows)"
+    )
+    if not report.idle_allocations:
+        return [title, "", "(none)"]
+    head = [
+        "cluster",
+        "namespace",
+        "kind",
+        "name",
+        "owner",
+        "GPUs",
+        "idle since",
+        "idle until",
+        "open",
+        "idle GPU-h",
+        "activity %",
+    ]
+    body = [_idle_allocation_values(r) for r in report.idle_allocations]
+    lines = _fit([head, *body], 5)
+    rule = "-" * max(len(line) for line in lines)
+    return [title, "", lines[0], rule, *lines[1:]]
 
 
 def render_csv(report: Report) -> str:
@@ -518,6 +655,8 @@ def render_csv(report: Report) -> str:
     fields += [n for n in quota_names if n not in fields]
     if report.gaps:  # a gap line each: the figures above are lower bounds over it
         fields += list(GAP_FIELDS)
+    if report.idle_allocations is not None:
+        fields += [f"idle_{n}" if n in fields else n for n in IDLE_ALLOCATION_FIELDS]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
@@ -541,6 +680,14 @@ def render_csv(report: Report) -> str:
     for gap in report.gaps:
         cells = (gap.cluster, gap.kind, _utc(gap.started_at), _utc(gap.ended_at), gap.seconds)
         writer.writerow({"row": "gap", **dict(zip(GAP_FIELDS, cells, strict=True))})
+    if report.idle_allocations is not None:
+        idle_fields = fields[len(fields) - len(IDLE_ALLOCATION_FIELDS) :]
+        for idle in report.idle_allocations:
+            values = _idle_allocation_values(idle)
+            values[7] = "" if idle.still_idle else values[7]
+            writer.writerow(
+                {"row": "idle_allocation", **dict(zip(idle_fields, values, strict=True))}
+            )
     return buf.getvalue()
 
 
@@ -568,6 +715,9 @@ def render_json(report: Report, period: Period) -> str:
             "unpriced_models": report.unpriced_models,
             "unmatched_rate_card_models": report.unmatched_card_models,
             "best_effort_gpu_pods": report.best_effort_pods,
+            "unallocated_energy_joules": {
+                c: round(float(j), 1) for c, j in sorted(report.unallocated_energy.items())
+            },
             "messages": notes(report),
         },
     }
@@ -577,7 +727,20 @@ def render_json(report: Report, period: Period) -> str:
         entry: dict[str, Any] = {"group": dict(zip(report.keys, g.keys, strict=True))}
         entry.update({c.name: cell.number() for c, cell in zip(cols, r, strict=True)})
         entry["gpu_seconds_raw"] = _raw_number(raw)
+        entry.update(_ledger_exact(g))
         doc["rows"].append(entry)
+    doc["total"].update(_ledger_total(report))
+    if report.idle_allocations is not None:
+        doc["idle_allocations"] = {
+            "threshold_ratio": float(report.idle_threshold),
+            "min_seconds": report.idle_min_seconds,
+            "rows": [
+                dict(
+                    zip(IDLE_ALLOCATION_FIELDS, _idle_allocation_values(r, json=True), strict=True)
+                )
+                for r in report.idle_allocations
+            ],
+        }
     if report.idle is not None:
         names, irows, itot = idle_cells(report)
         doc["idle"] = {
@@ -607,6 +770,93 @@ def render_json(report: Report, period: Period) -> str:
     if report.quota is not None:
         doc["quota"] = quota_json(report)
     return json.dumps(doc, indent=2) + "\n"
+
+
+def _ledger_exact(g: Group) -> dict[str, Any]:
+    """The ledger's figures of one group in base units (null: no usage data, not zero)."""
+    return {
+        "gpu_seconds_used": _round(g.used_seconds, 3),
+        "energy_joules": _round(g.energy_joules, 1),
+        "usage_coverage_ratio": _round(g.coverage, 4),
+        "carbon_grams_co2e": _round(g.carbon_grams, 1),
+    }
+
+
+def _ledger_total(report: Report) -> dict[str, Any]:
+    groups = report.groups
+    with_data = [g for g in groups if g.used_seconds is not None]
+    if not with_data:
+        return {
+            "gpu_seconds_used": None,
+            "energy_joules": None,
+            "usage_coverage_ratio": None,
+            "carbon_grams_co2e": None,
+        }
+    raw = sum((Fraction(g.raw_seconds) for g in groups), Fraction(0))
+    sampled = sum((g.sampled_seconds or Fraction(0) for g in groups), Fraction(0))
+    carbon = [g.carbon_grams for g in with_data if g.carbon_grams is not None]
+    return {
+        "gpu_seconds_used": _round(
+            sum((g.used_seconds or Fraction(0) for g in groups), Fraction(0)), 3
+        ),
+        "energy_joules": _round(
+            sum((g.energy_joules or Fraction(0) for g in groups), Fraction(0)), 1
+        ),
+        "usage_coverage_ratio": _round(min(sampled / raw, Fraction(1)) if raw else None, 4),
+        "carbon_grams_co2e": _round(sum(carbon, Fraction(0)) if carbon else None, 1),
+    }
+
+
+def _round(value: Fraction | None, decimals: int) -> float | None:
+    return None if value is None else round(float(value), decimals)
+
+
+IDLE_ALLOCATION_FIELDS = (
+    "cluster",
+    "namespace",
+    "holder_kind",
+    "name",
+    "owner",
+    "gpus",
+    "idle_since",
+    "idle_until",
+    "still_idle",
+    "idle_gpu_hours",
+    "activity_pct",
+)
+
+
+def _idle_allocation_values(r: IdleAllocation, *, json: bool = False) -> list[Any]:
+    hours = round(float(r.idle_seconds / HOUR), 2)
+    activity = round(float(r.activity * 100), 1)
+    gpus = round(float(r.gpus), 3)
+    if json:
+        return [
+            r.cluster,
+            r.namespace,
+            r.holder_kind,
+            r.name,
+            r.owner,
+            gpus,
+            _utc(r.since),
+            None if r.still_idle else _utc(r.until),
+            r.still_idle,
+            hours,
+            activity,
+        ]
+    return [
+        r.cluster,
+        r.namespace,
+        r.holder_kind,
+        r.name,
+        r.owner or "",
+        f"{gpus:g}",
+        _utc(r.since),
+        "(still idle)" if r.still_idle else _utc(r.until),
+        "yes" if r.still_idle else "no",
+        f"{hours:.2f}",
+        f"{activity:.1f}",
+    ]
 
 
 def quota_json(report: Report) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from sqlalchemy import (
     not_,
     or_,
     select,
+    text,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -328,6 +329,49 @@ def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool
             f"database {safe_url(url)} has {found}, this version needs {head}: run `gpuquota db upgrade`"
         )
     return Store(url, _engine(url, read_only=read_only))
+
+
+class StoreURLError(StoreError):
+    """``--db`` is no database URL."""
+
+
+@contextmanager
+def reading(url: str) -> Iterator[Connection]:
+    """A read-only connection for a report: the store at ``url`` at the schema revision this
+    version reads, with the session settings of the report's short aggregates on PostgreSQL.
+    StoreURLError for no URL, StoreError for a missing file or a foreign or unmigrated store,
+    StoreUnavailableError where the database does not answer."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreURLError(f"not a database URL: {url!r}") from None
+    if parsed.get_backend_name() == "sqlite":
+        # opening a missing SQLite file would create an empty one
+        path = parsed.database
+        try:
+            missing = bool(path) and path != ":memory:" and not Path(path or "").exists()
+        except OSError as exc:
+            raise StoreError(f"database {safe_url(url)}: {exc.strerror}") from None
+        if missing:
+            raise StoreError(f"database {safe_url(url)}: file {path} does not exist")
+    store = open_store(url, read_only=True)
+    try:
+        try:
+            conn = store.engine.connect()
+            if conn.dialect.name == "postgresql":
+                # the report's queries are short aggregates: compiling them with LLVM (JIT)
+                # costs more than it saves; and grouping hundreds of thousands of rows in a
+                # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
+                conn.execute(text("SET jit = off"))
+                conn.execute(text("SET work_mem = '64MB'"))
+        except DBAPIError as exc:
+            raise StoreUnavailableError(
+                f"cannot connect to database {safe_url(url)}: {_describe(exc)}"
+            ) from None
+        with conn:
+            yield conn
+    finally:
+        store.close()
 
 
 # ---------------------------------------------------------------------------------------------

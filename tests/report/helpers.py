@@ -1,5 +1,5 @@
-"""Helpers the report tests share: the refusal check, a closed port, and a canned Prometheus
-HTTP API."""
+"""Helpers the report tests share: the refusal check, a closed port, a canned Prometheus
+HTTP API, and usage ledger rows written directly (issue #19's contract, section 2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.report.conftest import ts
+from sqlalchemy import insert, select
+
+from gpuquota.quota.store.models import LedgerProgress, UsageSeries, UsageWindow
+from tests.report.conftest import Store, ts
 
 OCT = ts("2026-10-01T00:00:00")
 
@@ -75,3 +78,75 @@ def vector(values: dict[str, float]) -> bytes:
     return json.dumps(
         {"status": "success", "data": {"resultType": "vector", "result": result}}
     ).encode()
+
+
+H = 3600
+T0 = ts("2026-10-05T10:00:00")
+WINDOW = ("--from", "2026-10-05T00:00:00Z", "--to", "2026-10-06T00:00:00Z")
+NOW = ("--now", "2026-10-07T00:00:00Z")
+
+
+def ledger(
+    store: Store,
+    uid: str,
+    windows: list[tuple[int, float, float, float]],
+    *,
+    namespace: str = "ml",
+    name: str = "pod",
+    kind: str = "pod",
+    device: str = "GPU-0",
+    mig_profile: str | None = None,
+    cluster: str = "c1",
+    progress: int | None = None,
+) -> None:
+    """One ledger series (holder ``uid`` on ``device``) and its windows, each (start, used
+    physical GPU-seconds, joules, sampled seconds), one hour long."""
+    with store.engine.begin() as conn:
+        sid = conn.execute(
+            select(UsageSeries.id).where(
+                UsageSeries.cluster == cluster,
+                UsageSeries.device_uuid == device,
+                UsageSeries.holder_uid == uid,
+            )
+        ).scalar()
+        if sid is None:
+            sid = conn.execute(
+                insert(UsageSeries)
+                .values(
+                    cluster=cluster,
+                    device_uuid=device,
+                    holder_kind=kind,
+                    holder_uid=uid,
+                    namespace=namespace,
+                    holder_name=name,
+                    node="node-1",
+                    gpu_model="NVIDIA H100 80GB HBM3",
+                    mig_profile=mig_profile,
+                    activity="sm_active",
+                )
+                .returning(UsageSeries.id)
+            ).scalar_one()
+        for start, used, joules, sampled in windows:
+            conn.execute(
+                insert(UsageWindow).values(
+                    series_id=sid,
+                    window_start=start,
+                    window_seconds=H,
+                    used_gpu_seconds=used,
+                    energy_joules=joules,
+                    sampled_seconds=sampled,
+                    end_used=None,
+                    end_energy=None,
+                )
+            )
+        if progress is not None:
+            conn.execute(
+                insert(LedgerProgress).values(
+                    cluster=cluster, window_seconds=H, ingested_until=progress, updated_at=progress
+                )
+            )
+
+
+def uid(store: Store) -> str:
+    """The pod UID of the allocation ``store.alloc`` wrote last."""
+    return f"uid-{store._seq}"
