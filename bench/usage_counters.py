@@ -72,7 +72,7 @@ def shape(name: str) -> NodeSnapshot:
             refs = tuple(PodRef("bench", f"pod-{d.index}-{r}", "main") for r in range(4))
             pods[d.uuid] = refs
             usage[d.uuid] = tuple(
-                PodUsage("pod", "bench", r.pod, "main", 1, None, 0.2, 0.1) for r in refs
+                PodUsage("pod", "bench", r.pod, "main", 1, None, 0.2, 0.1, 0.2) for r in refs
             )
     else:
         raise SystemExit(f"unknown shape {name!r}: h100x8, a100-mig, shared")

@@ -97,6 +97,10 @@ class ProcessUtilization:
     memory_ratio: float  # memory controller (bandwidth), not capacity
     encoder_ratio: float
     decoder_ratio: float
+    # True: no new sample came for this process in the latest ask, and this is its last one,
+    # kept a few seconds for the gauges. A sum over time takes only new samples: a process
+    # with no sample in a second used nothing in it (docs/real-h100.md).
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +115,8 @@ class PodUsage:
     memory_used_bytes: int | None  # framebuffer, summed over its processes
     sm_ratio: float | None  # None where NVML has no per-process utilisation (MIG)
     memory_ratio: float | None
+    # sm_ratio over the processes' new samples only (none held): what the usage counters sum
+    sm_ratio_sampled: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuquota.exporter.collect import nvml
@@ -221,6 +221,7 @@ class ProfilingReader:
         for pid in [p for p, (at, _u) in state.processes.items() if now - at > PROCESS_SAMPLE_TTL]:
             del state.processes[pid]
         state.last_processes = tuple(
-            u for _at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
+            u if at == now else replace(u, held=True)
+            for at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
         )
         return state.last_processes

@@ -174,7 +174,7 @@ def activities(
     out = {}
     for h in holders:
         sm = sum(
-            u.sm_ratio or 0.0
+            u.sm_ratio_sampled or 0.0  # new samples only: no sample in a second is no use
             for u in pod_usage
             if u.owner == KIND_POD and (u.namespace, u.pod) in h.pods
         )

@@ -47,7 +47,7 @@ def _ref(ns: str, pod: str) -> PodRef:
 
 
 def _usage(ns: str, pod: str, sm: float) -> PodUsage:
-    return PodUsage("pod", ns, pod, "main", 1, None, sm, 0.0)
+    return PodUsage("pod", ns, pod, "main", 1, None, sm, 0.0, sm_ratio_sampled=sm)
 
 
 def _snap(
@@ -129,6 +129,27 @@ def test_time_sliced_gpu_splits_activity_and_energy_by_process_sm() -> None:
     assert (b.activity, b.used_seconds) == (PROCESS_SM, pytest.approx(0.4))
     assert a.energy_joules == pytest.approx(150.0)  # 200 J split 3:1
     assert b.energy_joules == pytest.approx(50.0)
+
+
+def test_a_held_process_sample_adds_no_use() -> None:
+    """The gauges keep a process's last sample a few seconds (exporter/collect/profiling.py);
+    the counter takes only new samples: no sample in a second is no use that second (on a
+    real time-sliced H100 a process had none in seconds the other one filled, real-h100.md)."""
+    pods = {G0: (_ref("team-a", "a"), _ref("team-b", "b"))}
+    fresh = (_usage("team-a", "a", 0.6), _usage("team-b", "b", 0.2))
+    held = (
+        PodUsage("pod", "team-a", "a", "main", 1, None, 0.6, 0.0, sm_ratio_sampled=0.0),
+        _usage("team-b", "b", 0.2),
+    )
+    snaps = [
+        _snap(T0 + i, [_shared(0.6, 0.2, 100.0 * i)], pods,
+              pod_usage={G0: fresh if i < 2 else held})
+        for i in range(4)
+    ]  # fmt: skip
+    state = _run(snaps)
+    a, b = _totals(state, G0, "a"), _totals(state, G0, "b")
+    assert (a.activity, a.used_seconds) == (PROCESS_SM, pytest.approx(0.6))  # one fresh step
+    assert (b.activity, b.used_seconds) == (PROCESS_SM, pytest.approx(0.6))  # three
 
 
 def test_mps_and_idle_moments_on_a_shared_gpu_split_energy_equally() -> None:

@@ -234,6 +234,23 @@ def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: Nvm
     assert [(p.pid, p.sm_ratio) for p in later.devices[0].process_utilization or ()] == [(411, 0.5)]
 
 
+def test_a_process_with_no_new_sample_keeps_its_last_one_marked_held(nvml_on: NvmlOn) -> None:
+    node, api = nvml_on("h100x8")
+    node.add_process(0, 411, 8 * 2**30)
+    node.set_process_utilization(0, 411, sm=0.92, memory=0.28)
+    now = [1000.0]
+    collector = CollectLoop(api, hostname="sim")
+    collector.profiling = ProfilingReader(api, clock=lambda: now[0])
+    (fresh,) = collector.collect_once().devices[0].process_utilization or ()
+    assert (fresh.sm_ratio, fresh.held) == (0.92, False)
+    node.set_process_utilization(0, 411, sm=0.0, memory=0.0)  # idle: the driver samples nothing
+    time.sleep(1.05)
+    now[0] += PROCESS_SAMPLE_PERIOD
+    (held,) = collector.collect_once().devices[0].process_utilization or ()
+    # the gauge keeps the last value a few seconds; the usage counters take only new samples
+    assert (held.sm_ratio, held.held) == (0.92, True)
+
+
 def test_no_gpm_pair_spans_a_lost_gpu(nvml_on: NvmlOn) -> None:
     node, api = nvml_on("h100x8")
     node.set_gpm(3, sm_activity=0.9)
