@@ -1,6 +1,6 @@
 """`make demo`: the whole product on a simulated GPU node and cluster, end to end.
 
-Four acts, each through the real interfaces and the real programs:
+Five acts, each through the real interfaces and the real programs:
 
 1. a node of 8 simulated H100s (the NVML stand-in) with pods from a kubelet pod-resources
    stand-in: `gpu-exporter` serves /metrics with pod-attributed GPU series;
@@ -12,7 +12,11 @@ Four acts, each through the real interfaces and the real programs:
 4. `gpuquota report` prints the chargeback report of that cluster - GPU-hours, cost, idle
    GPUs and quota use against each namespace's ResourceQuota (device-class quota too), DRA
    usage beside device-plugin usage - checked against the generator's own truth, and the
-   exact report commands to rerun on the store.
+   exact report commands to rerun on the store;
+5. the usage ledger: three more simulated nodes with their gpu-exporters, a real Prometheus
+   scraping them and the controller ingesting their usage counters; the report's used
+   GPU-seconds and energy per namespace against the stand-in's own truth, the coverage lost
+   while one exporter was stopped, and the idle allocations (sim/ledgerdemo.py).
 
 The store, the logs and the simulated node's state stay in build/demo/ (or --work DIR),
 replaced by the next run.
@@ -47,6 +51,7 @@ from gpuquota.sim.clock import SimClock
 from gpuquota.sim.harness import caught_up, poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.kubelet.registration import KubeletStandIn
+from gpuquota.sim.ledgerdemo import ledger_act
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.workload import Workload, generate
 
@@ -500,6 +505,8 @@ def main(argv: list[str] | None = None) -> int:
     with ExitStack() as stack:
         workload = cluster_act(stack, work)
     report_act(work / "gpuquota.db", workload)
+    title("5. The usage ledger: used, idle and energy per namespace, against the stand-in's truth")
+    ledger_act(work, RATE_CARD)
     print(f"\ndemo finished; the store and the logs are in {shown(work)}/")
     return 0
 

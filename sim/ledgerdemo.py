@@ -126,8 +126,8 @@ def pod_object(pod: DemoPod, started: float) -> dict[str, Any]:
                     "name": "main",
                     "image": "registry.example/main:1.0",
                     "resources": {
-                        "limits": {pod.resource: str(units)},
-                        "requests": {pod.resource: str(units)},
+                        "limits": {pod.resource: str(units), "cpu": "4"},
+                        "requests": {pod.resource: str(units), "cpu": "4"},
                     },
                 }
             ],
@@ -135,7 +135,7 @@ def pod_object(pod: DemoPod, started: float) -> dict[str, Any]:
         "status": {
             "phase": "Running",
             "startTime": _rfc3339(started),
-            "qosClass": "BestEffort",
+            "qosClass": "Burstable",
             "conditions": [{"type": "PodScheduled", "status": "True"}],
             "containerStatuses": [
                 {
@@ -163,8 +163,11 @@ def _cgroup(pod: DemoPod) -> str:
 class LedgerDemo:
     """Builds the three nodes, runs the programs, drives the stand-in and checks the report."""
 
-    def __init__(self, stack: ExitStack, work: Path, say: Callable[[str], None] = print) -> None:
+    def __init__(
+        self, stack: ExitStack, work: Path, rate_card: Path, say: Callable[[str], None] = print
+    ) -> None:
         self.stack = stack
+        self.rate_card = rate_card
         self.work = work
         self.say = say
         self.db = f"sqlite:///{work / 'ledger.db'}"
@@ -472,7 +475,7 @@ class LedgerDemo:
         rows = {row["group"]["namespace"]: row for row in doc["rows"]}
         off: list[str] = []
         self.say(
-            f"\n    {'namespace':<10} {'alloc GPU-s':>11} {'used GPU-s':>10} {'truth':>8} "
+            f"\n    {'namespace':<10} {'used GPU-s':>10} {'truth':>8} "
             f"{'energy J':>9} {'truth':>9} {'coverage':>8}"
         )
         for node in self.nodes.values():
@@ -506,23 +509,64 @@ class LedgerDemo:
                 if not ok:
                     off.append(ns)
                 self.say(
-                    f"    {ns:<10} {float(row.get('gpu_hours_physical') or 0) * 3600:>11.0f} "
-                    f"{_num(got_used):>10} {used:>8.1f} {_num(got_energy):>9} {joules:>9.0f} "
+                    f"    {ns:<10} {_num(got_used):>10} {used:>8.1f} {_num(got_energy):>9} {joules:>9.0f} "
                     f"{_num(coverage, 3):>8}   {verdict}"
                 )
+        self.say(
+            "    (coverage: the seconds each pod held GPUs with usage samples; a pod's first "
+            "seconds have none, until its exporter knows its UID and Prometheus scrapes)"
+        )
         if off:
             raise SystemExit(
                 "demo: the ledger does not match the stand-in's truth: " + ", ".join(off)
             )
+        self.idle_view(period, idle_since_before=final - 2 * WINDOW_S - ACTIVE_S // 2)
+
+    def idle_view(self, period: list[str], idle_since_before: int) -> None:
+        """The report as a user reads it, and its idle allocations: the notebook that held a
+        GPU at 2 % must be listed from the start (every pod is idle once the drive ends)."""
+        args = [*period, "--by=namespace", "--idle-allocations", "--idle-for=20s",
+                f"--rate-card={self.rate_card}"]  # fmt: skip
+        self.say(f"\n$ gpuquota report --db=... {' '.join(args[2:])} --from=... --to=...")
+        shown = subprocess.run(
+            [str(BIN / "gpuquota"), "report", f"--db={self.db}", *args],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if shown.returncode != 0:
+            raise SystemExit(f"demo: gpuquota report failed: {shown.stderr}")
+        self.say("\n".join(line for line in shown.stdout.splitlines()
+                           if not line.startswith("note:")))  # fmt: skip
+        doc = self.report(args)
+        idle = [
+            row
+            for row in doc["idle_allocations"]["rows"]
+            if row["name"] == "notebook-idle" and row["namespace"] == "vision"
+        ]
+        since = [_epoch(row["idle_since"]) for row in idle]
+        if not since or min(since) > idle_since_before:
+            raise SystemExit(
+                "demo: the idle view does not list vision/notebook-idle as idle while the "
+                f"others were busy: {idle}"
+            )
+        self.say(
+            f"\nvision/notebook-idle: idle since {idle[0]['idle_since']} at "
+            f"{idle[0]['activity_pct']} % activity: a reclaim candidate (nothing is evicted)"
+        )
+
+
+def _epoch(text: str) -> int:
+    return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone)
 
 
 def _num(value: Any, decimals: int = 1) -> str:
     return "-" if value is None else f"{float(value):.{decimals}f}"
 
 
-def ledger_act(work: Path) -> None:
+def ledger_act(work: Path, rate_card: Path) -> None:
     """Act 5 of the demo (see the module's docstring)."""
     folder = work / "ledger"
     folder.mkdir(parents=True)
     with ExitStack() as stack:
-        LedgerDemo(stack, folder).run()
+        LedgerDemo(stack, folder, rate_card).run()

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)
 def test_demo_runs_every_act_end_to_end() -> None:
     # a short folder: the kubelet's unix sockets live in it (108 bytes at most per path)
     tmp_path = Path(tempfile.mkdtemp(prefix="gqd", dir="/tmp"))
@@ -31,7 +31,7 @@ def check_demo(tmp_path: Path) -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=220,
+        timeout=400,
         check=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -68,3 +68,12 @@ def check_demo(tmp_path: Path) -> None:
     # exact commands to rerun on the kept store
     assert "gpuquota report --db=sqlite:///" in out and "--month=2026-01" in out
     assert (tmp_path / "demo" / "gpuquota.db").is_file()
+    # act 5 (issue 19): the usage ledger against the stand-in's truth, through a real
+    # Prometheus and a restarted exporter and controller
+    ledger = out[out.index("== 5. The usage ledger") :]
+    within = re.findall(r"^ +(inference|vision|research) .* within 1 %$", ledger, re.M)
+    assert sorted(within) == ["inference", "research", "vision"], ledger
+    assert re.search(r"^ +ml .* coverage shown$", ledger, re.M), ledger
+    assert "gpu-a's exporter restarted" in ledger and "restarting the controller" in ledger
+    assert "used GPU-h" in ledger and "energy kWh" in ledger and "coverage %" in ledger
+    assert "vision/notebook-idle: idle since" in ledger
