@@ -25,6 +25,7 @@ COMPONENTS = (
     "dcgm-compat",
     "device-plugin",
     "pod-usage",
+    "usage-ledger",
     "dra",
     "tls-auth",
     "grafana-dashboards",

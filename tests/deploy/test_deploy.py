@@ -196,6 +196,13 @@ def test_overlays_build_and_change_what_they_say() -> None:
     binding = find(usage, "ClusterRoleBinding", "gpu-exporter-pod-usage")
     assert binding["subjects"][0]["name"] == "gpu-exporter"
 
+    ledger = built("components/usage-ledger")
+    config = find(ledger, "ConfigMap", "gpuquota-controller")["data"]
+    assert config["GPUQUOTA_LEDGER_PROMETHEUS_URL"].startswith("http://")
+    assert "GPUQUOTA_LEDGER_PROMETHEUS_URL" not in find(base, "ConfigMap", "gpuquota-controller")[
+        "data"
+    ]
+
     operator = built("components/prometheus-operator")
     kinds = [d["kind"] for d in operator]
     assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
