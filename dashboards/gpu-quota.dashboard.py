@@ -241,6 +241,47 @@ grid.add(
     w=12,
 )
 
+grid.row("Idle allocations (usage ledger)")
+grid.add(
+    timeseries(
+        "Idle GPUs by namespace",
+        (f"sum by (namespace) (gpuquota_idle_allocation_gpus{{{NS}}})", "{{namespace}}"),
+        unit="none",
+        minimum=0,
+        stacked=True,
+        description="Physical GPUs of open allocations whose activity stayed under "
+        "--idle-threshold (5 %) for at least --idle-for (1 h) of the usage ledger's windows "
+        "(gpuquota controller with --ledger-prometheus-url): reclaim candidates, nothing is "
+        "evicted. `gpuquota report --idle-allocations` lists them for any past period.",
+    ),
+    w=12,
+)
+grid.add(
+    table(
+        "Idle allocations now",
+        (f"sum by (namespace, kind, name) (gpuquota_idle_allocation_gpus{{{NS}}})", "GPUs"),
+        (
+            f"sum by (namespace, kind, name) (gpuquota_idle_allocation_idle_gpu_seconds{{{NS}}})"
+            " / 3600",
+            "idle GPU-h",
+        ),
+        description="Each idle pod or DRA claim, with the GPUs it holds and the GPU-hours it "
+        "has held them idle.",
+    ),
+    w=12,
+)
+grid.add(
+    stat(
+        "Usage ledger behind by",
+        "time() - max(gpuquota_ledger_ingested_until_timestamp_seconds)",
+        unit="s",
+        description="How far the ledger's ingested windows trail now: one window plus "
+        "--ledger-delay when healthy; alert GPUQuotaLedgerStalled fires when it grows.",
+    ),
+    w=6,
+    h=4,
+)
+
 grid.row("Controller")
 grid.add(
     stat(

@@ -214,6 +214,10 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             objects.dra_pod("uid-dra", "dra-train", "team-dra", created=started, start=started),
         )
         controller_port = free_port()
+        # Prometheus first: the controller's usage ledger reads the exporter's counters from it
+        prom = stack.enter_context(
+            running(work, {"gpu": [exporter_port], "gpuquota": [controller_port]})
+        )
         controller = subprocess.Popen(
             [
                 str(BIN / "gpuquota"),
@@ -225,6 +229,12 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 f"--metrics-port={controller_port}",
                 "--metrics-address=127.0.0.1",
                 "--flush-interval=500ms",
+                f"--ledger-prometheus-url={prom.url}",
+                "--ledger-window=5s",
+                "--ledger-delay=2s",
+                "--ledger-max-gap=2s",
+                "--ledger-backfill=1m",
+                "--idle-for=5s",
             ],
             env=_env(),
             stdout=(work / "controller.log").open("wb"),
@@ -240,10 +250,9 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         api.cut_watches()  # a watch restart
         wait_for(lambda: "gpuquota_controller_synced 1.0" in (_get(controller_metrics) or ""), 30)
         api.force_gone()  # history compacted: a relist
-        prom = stack.enter_context(
-            running(work, {"gpu": [exporter_port], "gpuquota": [controller_port]})
-        )
         prom.wait_for("count(up == 1) == 2", bool)
+        # serve-0's GPU at 1 % (_pod_processes): the ledger lists it as an idle allocation
+        prom.wait_for("gpuquota_idle_allocation_gpus", bool)
         # a few scrapes, so rates and increases have two samples in their window
         prom.wait_for("count_over_time(up[1m]) >= 4", lambda r: len(r) == 2)
         yield prom
@@ -256,13 +265,19 @@ def _pod_processes(node: SimNode, api: ApiServer, root: Path) -> Path:
         [("team-a", "train-0", _UIDS[0], 0, 0.6), ("team-b", "serve-0", _UIDS[1], 4, 0.3)], 101
     ):
         cid = f"{pid:064x}"
+        gpus = {"team-a": "4", "team-b": "1"}[namespace]  # as the kubelet stand-in assigns
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
         api.apply("ADDED", {
             "apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": namespace, "uid": uid},
-            "spec": {"nodeName": "gpu-1", "containers": [{"name": "main", "image": "x"}]},
-            "status": {"phase": "Running", "containerStatuses": [
+            "metadata": {"name": pod, "namespace": namespace, "uid": uid,
+                         "creationTimestamp": started},
+            "spec": {"nodeName": "gpu-1", "containers": [
+                {"name": "main", "image": "x",
+                 "resources": {"requests": {GPU: gpus}, "limits": {GPU: gpus}}}]},
+            "status": {"phase": "Running", "startTime": started, "containerStatuses": [
                 {"name": "main", "containerID": f"containerd://{cid}", "ready": True,
-                 "restartCount": 0, "image": "x", "imageID": "x"}]},
+                 "restartCount": 0, "image": "x", "imageID": "x",
+                 "state": {"running": {"startedAt": started}}}]},
         })  # fmt: skip
         slice_ = f"kubepods-burstable-pod{uid.replace('-', '_')}.slice"
         (root / str(pid)).mkdir(parents=True)
@@ -271,6 +286,7 @@ def _pod_processes(node: SimNode, api: ApiServer, root: Path) -> Path:
         )
         node.add_process(gpu, pid, 12 * 2**30)
         node.set_process_utilization(gpu, pid, sm=sm, memory=0.2)
+    node.set_gpm(4, sm_activity=0.01)  # serve-0 holds GPU 4 and barely uses it: idle
     (root / "300").mkdir()
     (root / "300" / "cgroup").write_text("0::/system.slice/benchmark.service\n")
     node.add_process(0, 300, 2**30)

@@ -199,9 +199,10 @@ def test_overlays_build_and_change_what_they_say() -> None:
     ledger = built("components/usage-ledger")
     config = find(ledger, "ConfigMap", "gpuquota-controller")["data"]
     assert config["GPUQUOTA_LEDGER_PROMETHEUS_URL"].startswith("http://")
-    assert "GPUQUOTA_LEDGER_PROMETHEUS_URL" not in find(base, "ConfigMap", "gpuquota-controller")[
-        "data"
-    ]
+    assert (
+        "GPUQUOTA_LEDGER_PROMETHEUS_URL"
+        not in find(base, "ConfigMap", "gpuquota-controller")["data"]
+    )
 
     operator = built("components/prometheus-operator")
     kinds = [d["kind"] for d in operator]
