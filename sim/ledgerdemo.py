@@ -40,8 +40,8 @@ GPU = "nvidia.com/gpu"
 MIG_RESOURCE = "nvidia.com/mig-3g.40gb"
 H100_LABEL = "NVIDIA-H100-80GB-HBM3"
 WINDOW_S = 5  # the ledger's window in the demo (production: 1 h)
-ACTIVE_S = 60  # how long the stand-in is driven with known activity and power
-DOWNTIME_S = 15  # how long gpu-a's exporter is stopped
+ACTIVE_S = 40  # how long the stand-in is driven: a multiple of the slow interval (5 s), see drive()
+DOWNTIME_S = 10  # how long gpu-a's exporter is stopped
 INTERVAL = "250ms"  # the exporters' collection interval
 TOLERANCE = 0.01
 
@@ -371,7 +371,12 @@ class LedgerDemo:
 
     def drive(self) -> tuple[float, float]:
         """Known activity and power for ACTIVE_S seconds; gpu-a's exporter stopped for
-        DOWNTIME_S and the controller restarted in between. Returns (t0, t1)."""
+        DOWNTIME_S and the controller restarted in between. Returns (t0, t1).
+
+        The agents read GPM on each GPU's slow turn (every 5 s) and per-process samples once a
+        second, and a counter takes a reading from the round that reads it: a change shows one
+        reading period late, at the start and at the end alike, so over a span that is a whole
+        number of periods the two delays cancel and the truth is activity x span."""
         a, b, c = self.nodes["gpu-a"], self.nodes["gpu-b"], self.nodes["gpu-c"]
         before = {(n.name, i): n.sim.get(i, "energy_joules")
                   for n in self.nodes.values() for i in range(n.sim.gpu_count)}  # fmt: skip
