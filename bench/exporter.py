@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
-from gpuquota.exporter.collect.loop import CollectLoop
+from gpuquota.exporter.collect.loop import CollectLoop, RoundDone
 from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
 from gpuquota.exporter.snapshot import NodeSnapshot
@@ -82,10 +82,12 @@ class Result:
     requests: int = 0
     collect_ms: float | None = None  # the worst round the loop ran (gpu-exporter only)
     median_collect_ms: float | None = None  # its median round
-    first_collect_ms: float | None = None  # the first round, identity included
-    modelled_ms: float | None = None  # the most modelled NVML ms of a later round
+    startup_ms: float | None = None  # the worst start-up round (GPUs read for the first time)
+    modelled_ms: float | None = None  # the most modelled NVML ms of any round
     worst_modelled_ms: float | None = None  # the modelled NVML ms of the worst round measured
-    first_modelled_ms: float | None = None  # the first round's modelled NVML ms
+    startup_modelled_ms: float | None = None  # the most modelled NVML ms of a start-up round
+    startup_rounds: int | None = None  # start-up rounds before the first snapshot
+    ready_ms: float | None = None  # start() until the first snapshot was published
 
     @property
     def cpu_per_1000(self) -> float:
@@ -167,12 +169,14 @@ class Rounds:
     """The collect loop's rounds on one node, in ms: measured wall time and modelled NVML
     time (the stand-in's cost-table sum of the calls each round made; 0 when instant)."""
 
-    first_ms: float  # the first round (collect_once at start: identity, every tier)
-    first_modelled_ms: float
-    worst_ms: float  # the slowest later round
+    startup_ms: float  # the slowest start-up round (a few GPUs read in full, back to back)
+    startup_modelled_ms: float  # the most modelled NVML time of a start-up round
+    startup_rounds: int  # the start-up rounds, the last of which publishes the first snapshot
+    ready_ms: float  # from start() until the first snapshot was published
+    worst_ms: float  # the slowest round of all, start-up rounds included
     worst_round_modelled_ms: float  # that round's modelled NVML time
-    median_ms: float
-    modelled_ms: float  # the most modelled NVML time of a later round
+    median_ms: float  # the median round, start-up rounds included
+    modelled_ms: float  # the most modelled NVML time of any round, start-up rounds included
 
 
 def round_times_ms(node: SimNode, interval: float, seconds: float) -> Rounds:
@@ -181,24 +185,30 @@ def round_times_ms(node: SimNode, interval: float, seconds: float) -> Rounds:
     busy, so each slow turn computes a GPM pair and the per-process utilisation questions (at
     most once a second per GPU) fall in these rounds too. Each round's modelled NVML time is
     the stand-in's charged time between the ends of two rounds (the loop waits for every
-    GPU's reads, and nothing else calls NVML on this node meanwhile)."""
+    GPU's reads, and nothing else calls NVML on this node meanwhile). Every round counts,
+    the start-up rounds (each GPU read for the first time, a few per round, before the first
+    snapshot) included: the round watcher hears of each."""
     node.preload()
     api = NvmlApi()
     api.init()
     seen: list[NodeSnapshot] = []
+    rounds: list[RoundDone] = []
     modelled: list[float] = []
     mark = [node.charged_ms()]
 
-    def record(snapshot: NodeSnapshot) -> None:  # in the collect thread, after each round
+    def record(done: RoundDone) -> None:  # in the collecting thread, after each round's reads
         now = node.charged_ms()
         modelled.append(now - mark[0])
         mark[0] = now
-        seen.append(snapshot)
+        rounds.append(done)
 
     try:
         loop = CollectLoop(api, interval=interval)
-        loop.subscribe(record)
+        loop.watch_rounds(record)
+        loop.subscribe(seen.append)
+        started = time.perf_counter()
         loop.start()
+        ready_ms = (time.perf_counter() - started) * 1000
         time.sleep(max(seconds, MIN_GPM_GAP + PROCESS_SAMPLE_PERIOD))
         loop.stop()
     finally:
@@ -207,15 +217,18 @@ def round_times_ms(node: SimNode, interval: float, seconds: float) -> Rounds:
         hopper = int((device.compute_capability or "0").split(".")[0]) >= 9
         if device.mig is None and hopper and device.gpm is None:
             raise RuntimeError(f"GPU {device.index}: rounds without GPM")
-    later = [s.collection_seconds * 1000 for s in seen[1:]]
-    worst = max(range(len(later)), key=later.__getitem__)
+    wall = [r.seconds * 1000 for r in rounds]
+    worst = max(range(len(wall)), key=wall.__getitem__)
+    start_up = [i for i, r in enumerate(rounds) if r.start_up]
     return Rounds(
-        first_ms=seen[0].collection_seconds * 1000,
-        first_modelled_ms=modelled[0],
-        worst_ms=later[worst],
-        worst_round_modelled_ms=modelled[1 + worst],
-        median_ms=statistics.median(later),
-        modelled_ms=max(modelled[1:]),
+        startup_ms=max(wall[i] for i in start_up),
+        startup_modelled_ms=max(modelled[i] for i in start_up),
+        startup_rounds=len(start_up),
+        ready_ms=ready_ms,
+        worst_ms=wall[worst],
+        worst_round_modelled_ms=modelled[worst],
+        median_ms=statistics.median(wall),
+        modelled_ms=max(modelled),
     )
 
 
@@ -359,12 +372,13 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
         ours_result = run_one(
             shape, "gpu-exporter", node, ours, port, expect, args, len(held), devices, work
         )
-        ours_result.collect_ms, ours_result.first_collect_ms = rounds.worst_ms, rounds.first_ms
+        ours_result.collect_ms, ours_result.startup_ms = rounds.worst_ms, rounds.startup_ms
         ours_result.median_collect_ms = rounds.median_ms
+        ours_result.startup_rounds, ours_result.ready_ms = rounds.startup_rounds, rounds.ready_ms
         if queueing:  # an instant stand-in charges nothing
             ours_result.modelled_ms = rounds.modelled_ms
             ours_result.worst_modelled_ms = rounds.worst_round_modelled_ms
-            ours_result.first_modelled_ms = rounds.first_modelled_ms
+            ours_result.startup_modelled_ms = rounds.startup_modelled_ms
         results.append(ours_result)
         port = free_port()
         nvitop = [
@@ -411,9 +425,10 @@ def _pod(namespace: str, name: str, n: int) -> dict[str, object]:
 def table(results: list[Result]) -> str:
     lines = [
         "| node (NVML costs) | exporter | devices | pods attributed | CPU s / 1,000 collections "
-        "| worst round (median) | modelled NVML: most in a round (worst round's; first round's) "
+        "| worst round (median) | modelled NVML: most in a round (worst round's; start-up "
+        "round's most) | start-up: rounds, worst, ready after "
         "| scrape p50 | scrape p99 | CPU / scrape | VmRSS | VmHWM | scrape size |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         preset, _, queueing = r.shape.partition("@")
@@ -424,13 +439,19 @@ def table(results: list[Result]) -> str:
             else "-"
         )
         modelled = (
-            f"{r.modelled_ms:.1f} ms ({r.worst_modelled_ms or 0:.1f}; {r.first_modelled_ms or 0:.1f})"
+            f"{r.modelled_ms:.1f} ms ({r.worst_modelled_ms or 0:.1f}; "
+            f"{r.startup_modelled_ms or 0:.1f})"
             if r.modelled_ms is not None
+            else "-"
+        )
+        start_up = (
+            f"{r.startup_rounds}, {r.startup_ms or 0:.1f} ms, {r.ready_ms or 0:.0f} ms"
+            if r.startup_rounds is not None
             else "-"
         )
         lines.append(
             f"| {node} | {r.exporter} | {r.devices} | {r.pods} | {r.cpu_per_1000:.2f}"
-            f"{'' if r.counted else ' *'} | {full} | {modelled} | {r.p50_ms:.2f} ms "
+            f"{'' if r.counted else ' *'} | {full} | {modelled} | {start_up} | {r.p50_ms:.2f} ms "
             f"| {r.p99_ms:.2f} ms "
             f"| {r.scrape_cpu_ms:.2f} ms "
             f"| {r.rss_mb:.1f} MB | {r.hwm_mb:.1f} MB | {r.scrape_bytes / 1024:.1f} KiB |"
@@ -484,8 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"worst_round={r.collect_ms or 0:.1f}ms median_round={r.median_collect_ms or 0:.1f}ms "
                     f"modelled_round={r.modelled_ms or 0:.1f}ms "
                     f"worst_round_modelled={r.worst_modelled_ms or 0:.1f}ms "
-                    f"first_round={r.first_collect_ms or 0:.1f}ms "
-                    f"first_round_modelled={r.first_modelled_ms or 0:.1f}ms "
+                    f"startup_rounds={r.startup_rounds or 0} "
+                    f"startup_round={r.startup_ms or 0:.1f}ms "
+                    f"startup_round_modelled={r.startup_modelled_ms or 0:.1f}ms "
+                    f"ready={r.ready_ms or 0:.0f}ms "
                     f"p50={r.p50_ms:.2f}ms p99={r.p99_ms:.2f}ms cpu/scrape={r.scrape_cpu_ms:.2f}ms "
                     f"rss={r.rss_mb:.1f}MB hwm={r.hwm_mb:.1f}MB "
                     f"requests={r.requests} errors={r.errors}",
@@ -542,14 +565,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             "busy (GPM activity and one process with utilisation samples each, so every slow "
             "turn computes a GPM sample pair and per-process utilisation is asked once a "
             "second per GPU); the slowest round it ran (its `collection_seconds`), the median in "
-            "brackets. Each GPU reads its slow tier, GPM's sample pair with it, on its turn (a "
-            "few GPUs per round, exporter/collect/schedule.py); the first round (identity and "
-            "every tier of every GPU, at start) is left out.",
+            "brackets. Every round counts, the start-up rounds included: at start the loop "
+            "reads each GPU in full (identity and every tier) a few GPUs per round, back to "
+            "back, and publishes the first snapshot in the round that reads the last of them; "
+            "later each GPU reads its slow tier, GPM's sample pair with it, on its turn (a few "
+            "GPUs per round, exporter/collect/schedule.py).",
             "- Modelled NVML: the stand-in's cost-table time of the calls each round made "
             "(`SimNode.charged_ms` between the ends of two rounds): the round's NVML work, "
             "which the machine's load does not move; with library queues it is the least wall "
-            "time the round can take. The most any later round carried, in brackets the "
-            "worst measured round's and the first round's.",
+            "time the round can take. The most any round carried, start-up rounds included; "
+            "in brackets the worst measured round's and the most a start-up round carried.",
+            "- Start-up: how many start-up rounds ran, the slowest of them, and the time from "
+            "`CollectLoop.start()` to the first published snapshot (until then /readyz "
+            "answers 503).",
             f"- Scrapes: `wrk -c{args.concurrency} -d{args.scrape_seconds:g}s --latency` "
             "(C, keep-alive) on /metrics while collection runs; CPU / scrape is the "
             "exporter's CPU during them per request.",

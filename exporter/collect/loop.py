@@ -13,7 +13,12 @@ as ERROR once it is ``STALL_ROUNDS`` read timeouts late.
 
 Cadence: ``collect_once`` reads every tier of every GPU; the background loop reads the fast
 tier every round and each GPU's slow tier (GPM's sample pair with it) on its turn, a few GPUs
-per round, so no round carries every GPU's slow reads at once.
+per round, so no round carries every GPU's slow reads at once. ``start`` begins with the
+start-up rounds: every GPU read in full (identity and every tier), ``STARTUP_GPUS_PER_ROUND``
+GPUs a round, back to back; nothing is published (``latest()`` stays None, so /readyz says
+not ready) until the round that reads the last of them, so the first snapshot carries every
+tier of every GPU and no round carries every GPU's first reading at once. Round watchers
+(``watch_rounds``) hear of every round, start-up rounds included.
 
 Node-wide failures stay partial: when nvmlDeviceGetCount fails, the last known device list is
 read as usual (``ok`` is False for the round; only GPUs that cannot be read are marked).
@@ -32,7 +37,14 @@ from dataclasses import dataclass
 from gpuquota.exporter.collect.nvml import NvmlApi, NvmlError
 from gpuquota.exporter.collect.profiling import PROCESS_SAMPLE_PERIOD, ProfilingReader
 from gpuquota.exporter.collect.reader import NvmlReader
-from gpuquota.exporter.collect.schedule import ask_cycle_rounds, cycle_rounds, on_turn, tiers_due
+from gpuquota.exporter.collect.schedule import (
+    FAST_AND_SLOW,
+    ask_cycle_rounds,
+    cycle_rounds,
+    on_turn,
+    startup_turn,
+    tiers_due,
+)
 from gpuquota.exporter.collect.tiers import Tier
 from gpuquota.exporter.collect.xid import XidWatcher
 from gpuquota.exporter.snapshot import DeviceSnapshot, DeviceState, NodeSnapshot
@@ -53,6 +65,21 @@ class ReadJob:
 
     tiers: frozenset[Tier]
     processes: bool  # its turn to ask for per-process utilisation
+
+
+@dataclass(frozen=True, slots=True)
+class RoundDone:
+    """One round the loop ran, as its round watchers hear of it (after its NVML reads, before
+    its snapshot is enriched and published)."""
+
+    round: int  # the collection it is or leads to (every start-up round: the first's, 1)
+    start_up: bool  # a start-up round: its GPUs were read for the first time, in full
+    published: bool  # it ends in a snapshot (False: a start-up round before the last)
+    seconds: float  # its wall time: the device count and its reads (until read_timeout)
+
+
+RoundWatcher = Callable[[RoundDone], None]
+FULL_JOB = ReadJob(tiers=FAST_AND_SLOW, processes=True)
 
 
 class _ReaderThread:
@@ -145,6 +172,7 @@ class CollectLoop:
         self.xid = xid
         self._enrichers: list[Enricher] = []
         self._subscribers: list[Subscriber] = []
+        self._watchers: list[RoundWatcher] = []
         self._latest: NodeSnapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -176,13 +204,19 @@ class CollectLoop:
         """``callback(snapshot)`` runs in the collect thread after every collection."""
         self._subscribers.append(callback)
 
+    def watch_rounds(self, callback: RoundWatcher) -> None:
+        """``callback(RoundDone)`` runs in the collecting thread after every round's reads,
+        start-up rounds included (the benchmark times and counts each round with it)."""
+        self._watchers.append(callback)
+
     def latest(self) -> NodeSnapshot | None:
         return self._latest
 
     # --- the loop ----------------------------------------------------------------------------
     def start(self) -> None:
-        """Collect once (so ``latest()`` is set), then keep collecting in the background."""
-        self.collect_once()
+        """The start-up rounds (so ``latest()`` is set, every tier of every GPU read), then
+        keep collecting in the background."""
+        self.start_up()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="nvml-collector", daemon=True)
         self._thread.start()
@@ -207,12 +241,30 @@ class CollectLoop:
             next_at = max(next_at + self.interval, time.monotonic())
 
     def collect_once(self) -> NodeSnapshot:
-        """Read NVML now (every tier), enrich, publish and return the snapshot."""
-        return self._collect_and_publish(full=True)
+        """Read NVML now (every tier of every GPU, in one round), enrich, publish and return
+        the snapshot."""
+        snapshot = self._collect_and_publish(full=True)
+        assert snapshot is not None  # a round outside start-up always publishes
+        return snapshot
 
-    def _collect_and_publish(self, *, full: bool) -> NodeSnapshot:
+    def start_up(self) -> NodeSnapshot:
+        """Reads every GPU in full (identity, every tier), ``STARTUP_GPUS_PER_ROUND`` per
+        round, back to back, and publishes the first snapshot in the round that reads the
+        last of them (exporter/collect/schedule.py, ``startup_turn``); returns it."""
+        done: set[int] = set()
+        while True:
+            snapshot = self._collect_and_publish(full=True, start_up=done)
+            if snapshot is not None:
+                return snapshot
+
+    def _collect_and_publish(
+        self, *, full: bool, start_up: set[int] | None = None
+    ) -> NodeSnapshot | None:
         with self._lock:
-            snapshot = self._collect(full)
+            collected = self._collect(full, start_up)
+            if collected is None:  # a start-up round before the last: nothing to publish
+                return None
+            snapshot = collected
             for enrich in self._enrichers:
                 try:
                     snapshot = enrich(snapshot)
@@ -227,10 +279,12 @@ class CollectLoop:
         return snapshot
 
     # --- reading NVML ------------------------------------------------------------------------
-    def _collect(self, full: bool) -> NodeSnapshot:
+    def _collect(self, full: bool, start_up: set[int] | None = None) -> NodeSnapshot | None:
+        """One round. `start_up`: the GPUs read in earlier start-up rounds; this round reads
+        the next few in full (updating the set) and only the round reading the last of them
+        returns a snapshot (None before)."""
         started = time.perf_counter()
-        self._collections += 1
-        round_no = self.reader.round = self._collections
+        round_no = self.reader.round = self._collections + 1
         reader = self.reader
         ok = True
         try:
@@ -255,25 +309,20 @@ class CollectLoop:
                 _ReaderThread(f"nvml-gpu-{index}", functools.partial(self._read, index))
             )
         now = time.time()
-        submitted = []
-        for index in range(count):
-            slow_at = reader.read_at(index, Tier.SLOW)
-            job = ReadJob(
-                tiers=tiers_due(
-                    index,
-                    round_no,
-                    self._slow_cycle,
-                    None if slow_at is None else now - slow_at,
-                    self.slow_interval,
-                    full=full,
-                ),
-                processes=full or on_turn(index, round_no, self._processes_cycle),
-            )
-            if self._threads[index].submit(job):
-                submitted.append(self._threads[index])
+        if start_up is not None:
+            turn = startup_turn(count, start_up)
+            start_up.update(turn)
+            jobs = dict.fromkeys(turn, FULL_JOB)
+        else:
+            jobs = {index: self._job(index, round_no, now, full) for index in range(count)}
+        submitted = [self._threads[i] for i, job in jobs.items() if self._threads[i].submit(job)]
         deadline = time.monotonic() + self.read_timeout
         for worker in submitted:
             worker.wait(deadline)
+        if start_up is not None and startup_turn(count, start_up):
+            self._tell(RoundDone(round_no, True, False, time.perf_counter() - started))
+            return None  # GPUs not read yet: the first snapshot waits for them
+        self._collections = round_no
         devices: list[DeviceSnapshot] = []
         stall_after = STALL_ROUNDS * max(self.interval, self.read_timeout)
         for index in range(count):
@@ -295,6 +344,8 @@ class CollectLoop:
         xid_last = self.xid.last() if self.xid is not None else {}
         driver, nvml_version, cuda = self._driver or (None, None, None)
         errors_total = reader.errors_total()
+        seconds = time.perf_counter() - started
+        self._tell(RoundDone(round_no, start_up is not None, True, seconds))
         return NodeSnapshot(
             hostname=self.hostname,
             driver_version=driver,
@@ -302,7 +353,7 @@ class CollectLoop:
             cuda_driver_version=cuda,
             devices=tuple(devices),
             collected_at=now,
-            collection_seconds=time.perf_counter() - started,
+            collection_seconds=seconds,
             xid_counts=xid_counts,
             xid_last=xid_last,
             ok=ok,
@@ -311,6 +362,28 @@ class CollectLoop:
             collections_total=self._collections,
             nvml_calls=self.api.call_stats(),
         )
+
+    def _job(self, index: int, round_no: int, now: float, full: bool) -> ReadJob:
+        """What GPU `index` reads in round `round_no` (schedule.py's rules)."""
+        slow_at = self.reader.read_at(index, Tier.SLOW)
+        return ReadJob(
+            tiers=tiers_due(
+                index,
+                round_no,
+                self._slow_cycle,
+                None if slow_at is None else now - slow_at,
+                self.slow_interval,
+                full=full,
+            ),
+            processes=full or on_turn(index, round_no, self._processes_cycle),
+        )
+
+    def _tell(self, done: RoundDone) -> None:
+        for callback in self._watchers:
+            try:
+                callback(done)
+            except Exception:
+                log.exception("round watcher %r failed", callback)
 
     def _read(self, index: int, job: ReadJob) -> None:
         self.reader.read_gpu(index, job.tiers, processes_turn=job.processes)

@@ -15,6 +15,7 @@ from gpuquota.exporter.collect.schedule import (
     ask_cycle_rounds,
     cycle_rounds,
     on_turn,
+    startup_turn,
     tiers_due,
 )
 from gpuquota.exporter.collect.units import counter_rates, memory_fields, percent_pair, scale
@@ -33,6 +34,21 @@ def test_each_gpu_reads_its_slow_tier_once_per_cycle_and_few_share_a_round(
     assert reads == dict.fromkeys(range(gpus), 3)  # three cycles: three slow reads each
     for first, second in zip(per_round, per_round[cycle:], strict=False):
         assert first == second  # the same GPUs a cycle later
+
+
+@pytest.mark.parametrize(("gpus", "per_round"), [(8, 2), (8, 3), (1, 2), (0, 2), (16, 2)])
+def test_start_up_reads_every_gpu_once_a_few_per_round(gpus: int, per_round: int) -> None:
+    done: set[int] = set()
+    turns = []
+    while turn := startup_turn(gpus, done, per_round):
+        turns.append(turn)
+        done.update(turn)
+    assert [i for turn in turns for i in turn] == list(range(gpus))  # each once, in order
+    assert all(len(turn) <= per_round for turn in turns)
+    assert len(turns) == math.ceil(gpus / per_round)
+    assert startup_turn(gpus + 1, done, per_round) == (gpus,)  # a GPU that appeared
+    with pytest.raises(ValueError, match="per_round"):
+        startup_turn(gpus, set(), 0)
 
 
 def test_the_slow_tier_is_read_at_once_when_unknown_overdue_or_asked_for() -> None:
