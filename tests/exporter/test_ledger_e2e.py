@@ -285,7 +285,6 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
     # the UID arrived a few rounds in: the usage before it is in the value; the span is the
     # whole run from the first collection that saw the claim
     held = [s for s in seen if s.claims.get(node.uuid(0))]
-    span = held[-1].collected_at - held[0].collected_at
     # activity counts from the step that ends in the first held round with a GPM pair (under
     # load a round can miss its pair: GPM needs 100 ms between the samples)
     first = next(
@@ -298,7 +297,14 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
     since = seen[first - 1].collected_at
     assert seconds == pytest.approx(0.5 * (held[-1].collected_at - since), rel=0.01)
     ((_, joules),) = scraped["gpu_claim_energy_joules_total"]
-    assert joules == pytest.approx(300.0 * span, rel=0.02)
+    # the energy counter's step into the first held round is the claim's (its power then)
+    # (the first snapshot's reading is the baseline: nothing before it counts)
+    energy_since = seen[max(seen.index(held[0]) - 1, 0)].collected_at
+    assert joules == pytest.approx(300.0 * (held[-1].collected_at - energy_since), rel=0.02)
     assert "gpu_pod_used_seconds_total" not in scraped  # the pods hold it through the claim
     unallocated = {lbl["uuid"]: v for lbl, v in scraped["gpu_unallocated_energy_joules_total"]}
-    assert unallocated[node.uuid(0)] == 0.0 and unallocated[node.uuid(1)] > 0
+    # before the claim was seen GPU 0 was nobody's: every joule is someone's, or unallocated
+    total = 300.0 * (held[-1].collected_at - seen[0].collected_at)
+    assert unallocated[node.uuid(0)] + joules == pytest.approx(total, rel=0.02)
+    assert unallocated[node.uuid(0)] <= 300.0 * (energy_since - seen[0].collected_at) + 1.0
+    assert unallocated[node.uuid(1)] > 0
