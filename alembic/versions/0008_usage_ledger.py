@@ -4,6 +4,8 @@
 (the device's unallocated energy). ``usage_windows``: one row per series and closed window,
 ingested from the node agents' counters through Prometheus. ``ledger_progress``: how far
 each cluster's ledger is ingested. See docs/accounting.md, "The usage ledger".
+Also ``ix_allocations_best_effort``: a partial index of the BestEffort pods' allocations, for
+the report's BestEffort-pod check (issue #19's report target).
 
 Revision ID: 0008
 Revises: 0007
@@ -21,6 +23,9 @@ revision: str = "0008"
 down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
+
+# models.BEST_EFFORT_SQL as of this revision (a migration does not import the models)
+BEST_EFFORT_SQL = "qos_class = 'BestEffort'"
 
 
 def upgrade() -> None:
@@ -65,8 +70,17 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("cluster"),
     )
 
+    op.create_index(
+        "ix_allocations_best_effort",
+        "allocations",
+        ["cluster", "started_at"],
+        postgresql_where=sa.text(BEST_EFFORT_SQL),
+        sqlite_where=sa.text(BEST_EFFORT_SQL),
+    )
+
 
 def downgrade() -> None:
+    op.drop_index("ix_allocations_best_effort", table_name="allocations")
     op.drop_table("ledger_progress")
     op.drop_index("ix_usage_windows_start", table_name="usage_windows")
     op.drop_table("usage_windows")

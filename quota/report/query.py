@@ -32,6 +32,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     union_all,
 )
 from sqlalchemy.engine import Connection
@@ -44,6 +45,7 @@ from gpuquota.quota.accounting.rules.claims import (
     ALLOCATION_PATH_DRA,
 )
 from gpuquota.quota.store.models import (
+    BEST_EFFORT_SQL,
     SPAN_CLASS_BOUNDS,
     SPAN_CLASS_SQL,
     Allocation,
@@ -186,7 +188,8 @@ def best_effort_pods(conn: Connection, scope: Scope, lo: int, hi: int, now: int)
     a = Allocation
     parts = scope.parts(lo, min(hi, now))
     scoped = union_all(
-        *(select(a.namespace, a.pod_uid).where(part, a.qos_class == "BestEffort") for part in parts)
+        # the partial index's own condition, literally (SQLite uses it only then)
+        *(select(a.namespace, a.pod_uid).where(part, text(BEST_EFFORT_SQL)) for part in parts)
     ).subquery("best_effort")
     rows = conn.execute(
         select(scoped.c.namespace, func.count(func.distinct(scoped.c.pod_uid))).group_by(

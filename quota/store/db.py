@@ -335,6 +335,26 @@ class StoreURLError(StoreError):
     """``--db`` is no database URL."""
 
 
+def report_session(conn: Connection) -> Connection:
+    """``conn`` with the session settings of the report's queries (PostgreSQL): they are short
+    aggregates, so compiling them with LLVM (JIT) costs more than it saves; and grouping
+    hundreds of thousands of rows in a hash table needs more than the default 4 MB, else
+    PostgreSQL sorts on disk."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SET jit = off"))
+        conn.execute(text("SET work_mem = '64MB'"))
+    return conn
+
+
+@contextmanager
+def sibling(conn: Connection) -> Iterator[Connection]:
+    """Another report connection to the store behind ``conn`` (its engine's pool, the same
+    session settings): for queries that run beside ``conn``'s on PostgreSQL."""
+    other = report_session(conn.engine.connect())
+    with other:
+        yield other
+
+
 @contextmanager
 def reading(url: str) -> Iterator[Connection]:
     """A read-only connection for a report: the store at ``url`` at the schema revision this
@@ -357,13 +377,7 @@ def reading(url: str) -> Iterator[Connection]:
     store = open_store(url, read_only=True)
     try:
         try:
-            conn = store.engine.connect()
-            if conn.dialect.name == "postgresql":
-                # the report's queries are short aggregates: compiling them with LLVM (JIT)
-                # costs more than it saves; and grouping hundreds of thousands of rows in a
-                # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
-                conn.execute(text("SET jit = off"))
-                conn.execute(text("SET work_mem = '64MB'"))
+            conn = report_session(store.engine.connect())
         except DBAPIError as exc:
             raise StoreUnavailableError(
                 f"cannot connect to database {safe_url(url)}: {_describe(exc)}"

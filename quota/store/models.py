@@ -39,6 +39,10 @@ SPAN_CLASS_SQL = (
 )
 
 
+# the partial index ix_allocations_best_effort's condition; queries repeat it word for word
+BEST_EFFORT_SQL = "qos_class = 'BestEffort'"
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -88,6 +92,15 @@ class Allocation(Base):
         # longest closed interval bounds the last class, read in one probe of the first index
         Index("ix_allocations_duration", text("(ended_at - started_at)")),
         Index("ix_allocations_span", "cluster", text(SPAN_CLASS_SQL), "started_at"),
+        # the report's BestEffort-pod check (migration 0008): the few rows of BestEffort pods
+        # only, not a scan of the window's rows (the condition must be written literally)
+        Index(
+            "ix_allocations_best_effort",
+            "cluster",
+            "started_at",
+            postgresql_where=text(BEST_EFFORT_SQL),
+            sqlite_where=text(BEST_EFFORT_SQL),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
