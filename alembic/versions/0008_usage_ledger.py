@@ -44,21 +44,23 @@ def upgrade() -> None:
         sa.Column("activity", sa.String(length=32), nullable=True),
         sa.PrimaryKeyConstraint("id"),
         sa.UniqueConstraint(
-            "cluster", "device_uuid", "holder_kind", "holder_uid", name="uq_usage_series"
+            "cluster", "holder_uid", "holder_kind", "device_uuid", name="uq_usage_series"
         ),
     )
-    op.create_index("ix_usage_series_holder", "usage_series", ["cluster", "holder_uid"])
+    # SQLite: without rowid, the primary key's B-tree is the table; columns ordered so that
+    # PostgreSQL pads nothing; one window's figures in single precision (models.UsageWindow)
     op.create_table(
         "usage_windows",
         sa.Column("series_id", sa.BigInteger(), nullable=False),
         sa.Column("window_start", sa.BigInteger(), nullable=False),
-        sa.Column("window_seconds", sa.Integer(), nullable=False),
-        sa.Column("used_gpu_seconds", sa.Float(), nullable=False),
-        sa.Column("energy_joules", sa.Float(), nullable=False),
-        sa.Column("sampled_seconds", sa.Float(), nullable=False),
         sa.Column("end_used", sa.Float(), nullable=True),
         sa.Column("end_energy", sa.Float(), nullable=True),
+        sa.Column("window_seconds", sa.Integer(), nullable=False),
+        sa.Column("used_gpu_seconds", sa.REAL(), nullable=False),
+        sa.Column("energy_joules", sa.REAL(), nullable=False),
+        sa.Column("sampled_seconds", sa.REAL(), nullable=False),
         sa.PrimaryKeyConstraint("series_id", "window_start"),
+        sqlite_with_rowid=False,
     )
     op.create_index("ix_usage_windows_start", "usage_windows", ["window_start"])
     op.create_table(
@@ -84,5 +86,4 @@ def downgrade() -> None:
     op.drop_table("ledger_progress")
     op.drop_index("ix_usage_windows_start", table_name="usage_windows")
     op.drop_table("usage_windows")
-    op.drop_index("ix_usage_series_holder", table_name="usage_series")
     op.drop_table("usage_series")
