@@ -148,42 +148,40 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         if request.prometheus and list(keys) != ["namespace"]:
             pod_keys = [*keys, "pod"] if "pod" not in keys else [*keys]
         lo, hi = window.start, window.end
-
-        def nothing(_: Connection) -> Any:
-            return None
-
-        # the independent reads, the heaviest first (each scans the window once)
-        jobs: dict[str, Callable[[Connection], Any]] = {
-            "usage": lambda c: query.usage(c, keys, edges, now, scope=scope),
-            "ledger_rows": (lambda c: query.ledger(c, keys, edges, now, scope))
-            if ledger
-            else (lambda _: []),
-            "best_effort_pods": lambda c: query.best_effort_pods(c, scope, lo, hi, now),
-            "quota": (lambda c: query.quota(c, keys, lo, hi, now, request.cluster, scope))
-            if quota_span
-            else (lambda _: []),
-            "idle_allocated": (lambda c: query.usage(c, ["model", "pool"], edges, now, scope=scope))
-            if idle
-            else (lambda _: []),
-            "idle_capacity": (lambda c: query.capacity(c, edges, now, request.cluster, scope))
-            if idle
-            else nothing,
-            "holder_windows": (
-                lambda c: (
-                    query.holder_windows(c, lo, hi, now, scope, ledger_until) if ledger else []
-                )
-            )
-            if request.idle_allocations
-            else nothing,
-            "pod_usage": (lambda c: query.usage(c, pod_keys, edges, now, scope=scope))
-            if pod_keys is not None
-            else nothing,
-            "gaps": lambda c: query.gaps(c, scope.clusters, lo, min(hi, now)),
-            "unallocated_energy": (lambda c: query.unallocated_energy(c, lo, hi, now, scope))
-            if ledger
-            else (lambda _: {}),
+        # the reads a request does not ask for
+        found: dict[str, Any] = {
+            "ledger_rows": [],
+            "unallocated_energy": {},
+            "quota": [],
+            "idle_allocated": [],
+            "idle_capacity": None,
+            "holder_windows": [] if request.idle_allocations else None,
+            "pod_usage": None,
         }
-        found = run_reads(conn, jobs)
+        # the independent reads it asks for, the heaviest first (each scans the window once)
+        jobs: dict[str, Callable[[Connection], Any]] = {
+            "usage": lambda c: query.usage(c, keys, edges, now, scope=scope)
+        }
+        if ledger:
+            jobs["ledger_rows"] = lambda c: query.ledger(c, keys, edges, now, scope)
+        jobs["best_effort_pods"] = lambda c: query.best_effort_pods(c, scope, lo, hi, now)
+        if idle:
+            jobs["idle_allocated"] = lambda c: query.usage(
+                c, ["model", "pool"], edges, now, scope=scope
+            )
+            jobs["idle_capacity"] = lambda c: query.capacity(c, edges, now, request.cluster, scope)
+        if pod_keys is not None:
+            jobs["pod_usage"] = lambda c: query.usage(c, pod_keys, edges, now, scope=scope)
+        if quota_span:
+            jobs["quota"] = lambda c: query.quota(c, keys, lo, hi, now, request.cluster, scope)
+        if ledger and request.idle_allocations:
+            jobs["holder_windows"] = lambda c: query.holder_windows(
+                c, lo, hi, now, scope, ledger_until
+            )
+        if ledger:
+            jobs["unallocated_energy"] = lambda c: query.unallocated_energy(c, lo, hi, now, scope)
+        jobs["gaps"] = lambda c: query.gaps(c, scope.clusters, lo, min(hi, now))
+        found.update(run_reads(conn, jobs))
         fetched = Fetched(
             buckets=buckets,
             edges=edges,
