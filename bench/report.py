@@ -549,9 +549,9 @@ CLI's own code path (`cli.build`: clip-and-sum in SQL, exact totals, CSV renderi
 usage: the store also holds the month's usage ledger, {saved["ledger_rows"]:,} hourly windows
 of {saved["ledger_series"]:,} pod series (about 2,000 GPUs x 720 hours: pods drawn at random
 among the month's, so the coverage is partial and even), so every run also sums used
-GPU-seconds, energy and coverage per namespace from the ledger. On PostgreSQL the report's
-independent reads run concurrently (quota/report/build.py `run_reads`: the report's
-connection and {build.READERS - 1} siblings from the pool; SQLite reads one after another), and the
+GPU-seconds, energy and coverage per namespace from the ledger. The report's independent
+reads run concurrently (quota/report/build.py `run_reads`: the report's connection and
+{build.READERS - 1} siblings from the pool, on PostgreSQL and on SQLite's read-only file), and the
 BestEffort-pod check reads a partial index of the BestEffort pods' rows
 (`ix_allocations_best_effort`), not the month's. The ledger query alone takes
 {ledger_pg:.2f} s on PostgreSQL and {ledger_sqlite:.2f} s on SQLite (median of 5). The ledger takes

@@ -29,9 +29,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.quota.report import compute, period, query
 from gpuquota.quota.report.ratecard import RateCard
-from gpuquota.quota.store.db import sibling
+from gpuquota.quota.store.db import concurrent_reads, sibling
 
-# At most this many connections read at once on PostgreSQL (the report's own and its siblings)
+# At most this many connections read at once (the report's own and its siblings)
 READERS = 3
 
 # How old a live controller's heartbeat can be (a few flush intervals) in a report of the
@@ -214,13 +214,15 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
 def run_reads(
     conn: Connection, jobs: dict[str, Callable[[Connection], Any]], readers: int = READERS
 ) -> dict[str, Any]:
-    """Each job's result, by name. On PostgreSQL the jobs run concurrently, in the order given,
-    on ``conn`` and up to ``readers - 1`` sibling connections (the server does the work; each
-    thread only waits for its answer); elsewhere (SQLite, in-process) one after another on
-    ``conn``. Each query has its own snapshot either way (READ COMMITTED, as on one
-    connection). The first error is raised once every thread has stopped."""
+    """Each job's result, by name. Where the store serves reads side by side
+    (``db.concurrent_reads``: PostgreSQL, whose server does the work while each thread only
+    waits; a SQLite file read only, whose library works without the interpreter lock) the jobs
+    run concurrently, in the order given, on ``conn`` and up to ``readers - 1`` sibling
+    connections; elsewhere one after another on ``conn``. Each query has its own snapshot
+    either way (PostgreSQL's READ COMMITTED, as on one connection; SQLite's readers see the
+    last commit). The first error is raised once every thread has stopped."""
     names = list(jobs)
-    if conn.dialect.name != "postgresql" or readers <= 1 or len(names) <= 1:
+    if not concurrent_reads(conn) or readers <= 1 or len(names) <= 1:
         return {name: jobs[name](conn) for name in names}
     results: dict[str, Any] = {}
     errors: list[BaseException] = []
