@@ -273,6 +273,14 @@ def pg_bytes(url: str) -> tuple[int, int]:
     return int(windows or 0), int(series or 0)
 
 
+def series_count(url: str) -> int:
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        n = conn.execute(text("SELECT count(*) FROM usage_series")).scalar()
+    engine.dispose()
+    return int(n or 0)
+
+
 def sqlite_bytes(path: Path) -> tuple[int, int]:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -336,6 +344,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         cpu_pg, _ = ingest(pg_url, prom.url, start, pods, "bench")
         bytes_sqlite = sqlite_bytes(sqlite_path)
         bytes_pg = pg_bytes(pg_url)
+        n_series = series_count(pg_url)
         with WatchStandIn() as alone:
             time.sleep(5)
         idle_worst, idle_p99 = alone.worst_ms()
@@ -354,7 +363,9 @@ def run(args: argparse.Namespace, work: Path) -> int:
         """Window rows come every hour; a series row once per pod (and once per GPU for its
         unallocated energy): in steady state only the hour's new pods add series."""
         windows, series_bytes = sizes
-        per_series = series_bytes / max(1, rows)  # one ledger series per row of the hour
+        # the hour's series: its pods' and every GPU's unallocated energy (those without a row
+        # this hour too); in steady state only the new pods add series
+        per_series = series_bytes / max(1, n_series)
         return (windows + (per_series * new_pods if steady else series_bytes)) / gpu_hours
 
     first_pg, first_sqlite = per_gpu_hour(bytes_pg, False), per_gpu_hour(bytes_sqlite, False)
@@ -376,13 +387,17 @@ Data: {args.gpus:,} GPUs, {args.pods_per_day:,} pods a day (each GPU busy {BUSY:
 time), one hour of the node agents' counters at a 15 s scrape interval, written with
 `promtool tsdb create-blocks-from openmetrics` and served by a real Prometheus:
 {samples:,} samples of {series:,} series ({hour_pods:,} pods in the hour, {new_pods:,} of
-them new, {gpu_hours:,.0f} allocated GPU-hours); {rows:,} ledger rows for the hour.
+them new, {gpu_hours:,.0f} allocated GPU-hours); {rows:,} ledger rows for the hour, of
+{n_series:,} series (the pods' and every GPU's unallocated energy).
+Per row, PostgreSQL: a window {bytes_pg[0] / max(1, rows):.0f} B, a series
+{bytes_pg[1] / max(1, n_series):.0f} B; SQLite: {bytes_sqlite[0] / max(1, rows):.0f} B and
+{bytes_sqlite[1] / max(1, n_series):.0f} B (tables and indexes).
 
 | | SQLite | PostgreSQL | target |
 |---|---:|---:|---|
 | controller CPU to ingest the hour (fetch, compute, write, idle allocations) | **{cpu_sqlite:.2f} s** | **{cpu_pg:.2f} s** | < 5 s |
 | worst delay of a watch event handled meanwhile (p99) | **{worst_sqlite:.1f} ms** ({p99_sqlite:.1f}) | **{worst:.1f} ms** ({p99:.1f}) | < 100 ms |
-| bytes per allocated GPU-hour, steady state (windows every hour, series per new pod) | **{steady_sqlite:.0f} B** | **{steady_pg:.0f} B** | < 200 B |
+| bytes per allocated GPU-hour, steady state (the hour's window rows, a series row per new pod) | **{steady_sqlite:.0f} B** | **{steady_pg:.0f} B** | < 200 B |
 | bytes per allocated GPU-hour, this first hour (every series new) | {first_sqlite:.0f} B | {first_pg:.0f} B | |
 | a month of this cluster ({month_gpu_hours:,.0f} GPU-hours) | {steady_sqlite * month_gpu_hours / 1e6:.0f} MB | {steady_pg * month_gpu_hours / 1e6:.0f} MB | |
 

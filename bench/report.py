@@ -31,7 +31,7 @@ import numpy as np
 from sqlalchemy import create_engine, insert, text
 
 from bench.results import write_section
-from gpuquota.quota.report import cli
+from gpuquota.quota.report import build, cli
 from gpuquota.quota.store import db
 from gpuquota.quota.store.models import Allocation, LedgerProgress, UsageWindow
 
@@ -417,7 +417,11 @@ def check_ledger(csv_text: str, used_seconds: float) -> None:
     import io
 
     total = next(r for r in csv.DictReader(io.StringIO(csv_text)) if r["row"] == "total")
-    if abs(float(total["gpu_hours_used"]) - used_seconds / 3600) > 0.01:
+    # the ledger keeps one window's figures in single precision (models.UsageWindow): each
+    # rounded by at most 2**-24 of itself, so the total by at most that share of it
+    if abs(float(total["gpu_hours_used"]) - used_seconds / 3600) > max(
+        0.01, used_seconds / 3600 * 2**-24
+    ):
         raise SystemExit(
             f"report used {total['gpu_hours_used']} GPU-h, ledger {used_seconds / 3600:.2f}"
         )
@@ -427,8 +431,9 @@ def _verdict(seconds: float, target: float, store: str) -> str:
     if seconds < target:
         return f"{store} meets it"
     return (
-        f"{store} misses it on this machine ({seconds:.2f} s: the allocations' clip-and-sum, "
-        "the ledger's sum and the BestEffort-pod check each scan the month once)"
+        f"{store} misses it on this machine ({seconds:.2f} s: the allocations' clip-and-sum "
+        "and the ledger's sum each scan the month once, each with PostgreSQL's parallel "
+        "workers, on 2 cores)"
     )
 
 
@@ -544,7 +549,11 @@ CLI's own code path (`cli.build`: clip-and-sum in SQL, exact totals, CSV renderi
 usage: the store also holds the month's usage ledger, {saved["ledger_rows"]:,} hourly windows
 of {saved["ledger_series"]:,} pod series (about 2,000 GPUs x 720 hours: pods drawn at random
 among the month's, so the coverage is partial and even), so every run also sums used
-GPU-seconds, energy and coverage per namespace from the ledger; that query alone takes
+GPU-seconds, energy and coverage per namespace from the ledger. The report's independent
+reads run concurrently (quota/report/build.py `run_reads`: the report's connection and
+{build.READERS - 1} siblings from the pool, on PostgreSQL and on SQLite's read-only file), and the
+BestEffort-pod check reads a partial index of the BestEffort pods' rows
+(`ix_allocations_best_effort`), not the month's. The ledger query alone takes
 {ledger_pg:.2f} s on PostgreSQL and {ledger_sqlite:.2f} s on SQLite (median of 5). The ledger takes
 {ledger_bytes / 1e6:.0f} MB on PostgreSQL (tables and indexes; loaded in
 {saved["ledger_pg_s"]:.0f} s, SQLite {saved["ledger_sqlite_s"]:.0f} s).

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, delete, func, insert, select
+from sqlalchemy import Connection, Float, Table, and_, cast, delete, func, insert, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.quota.ledger.rules import HolderWindow, OpenHolder, Usage
@@ -106,7 +106,7 @@ class LedgerStore:
         stmt = self.store._insert(t)
         ex = stmt.excluded
         stmt = stmt.on_conflict_do_update(
-            index_elements=["cluster", "device_uuid", "holder_kind", "holder_uid"],
+            index_elements=["cluster", "holder_uid", "holder_kind", "device_uuid"],
             set_={
                 "namespace": ex.namespace,
                 "holder_name": ex.holder_name,
@@ -298,7 +298,8 @@ class LedgerStore:
                             t.c.holder_uid,
                             w.c.window_start,
                             func.max(w.c.window_seconds),
-                            func.sum(w.c.used_gpu_seconds),
+                            # single precision stored: summed in double (query.double)
+                            func.sum(cast(w.c.used_gpu_seconds, Float)),
                             func.max(w.c.sampled_seconds),
                         )
                         .join(t, t.c.id == w.c.series_id)

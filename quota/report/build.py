@@ -17,6 +17,8 @@ note saying which part is not covered. Open intervals count only up to the data'
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from fractions import Fraction
@@ -27,6 +29,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.quota.report import compute, period, query
 from gpuquota.quota.report.ratecard import RateCard
+from gpuquota.quota.store.db import concurrent_reads, sibling
+
+# At most this many connections read at once (the report's own and its siblings)
+READERS = 3
 
 # How old a live controller's heartbeat can be (a few flush intervals) in a report of the
 # present before the report notes that the data ends early.
@@ -132,56 +138,60 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         _check_window(window, now, ends, [c for c in scope.clusters if c in ends])
         # the latest any cluster in scope is known to (now, where one has no heartbeat)
         known_end = max(ends.values()) if ends and len(ends) == len(scope.clusters) else now
-        usage = query.usage(conn, keys, edges, now, scope=scope)
         quota_span: int | None = None
-        quota_rows: list[query.QuotaRow] = []
         if query.quota_applies(keys):
             # averages are over the part of the window the store knows
             quota_span = max(min(window.end, now, known_end) - window.start, 0)
-            if quota_span:
-                quota_rows = query.quota(
-                    conn, keys, window.start, window.end, now, request.cluster, scope
-                )
-        capacity = alloc = None
-        if idle:
-            alloc = query.usage(conn, ["model", "pool"], edges, now, scope=scope)
-            capacity = query.capacity(conn, edges, now, request.cluster, scope)
         ledger = query.ledger_present(conn, scope)
         ledger_until = query.ledger_progress(conn, scope) if ledger else {}
-        windows = None
-        if request.idle_allocations:
-            windows = (
-                query.holder_windows(conn, window.start, window.end, now, scope, ledger_until)
-                if ledger
-                else []
-            )
-        pod_usage = None
+        pod_keys: list[str] | None = None
         if request.prometheus and list(keys) != ["namespace"]:
             pod_keys = [*keys, "pod"] if "pod" not in keys else [*keys]
-            pod_usage = query.usage(conn, pod_keys, edges, now, scope=scope)
+        lo, hi = window.start, window.end
+        # the reads a request does not ask for
+        found: dict[str, Any] = {
+            "ledger_rows": [],
+            "unallocated_energy": {},
+            "quota": [],
+            "idle_allocated": [],
+            "idle_capacity": None,
+            "holder_windows": [] if request.idle_allocations else None,
+            "pod_usage": None,
+        }
+        # the independent reads it asks for, the heaviest first (each scans the window once)
+        jobs: dict[str, Callable[[Connection], Any]] = {
+            "usage": lambda c: query.usage(c, keys, edges, now, scope=scope)
+        }
+        if ledger:
+            jobs["ledger_rows"] = lambda c: query.ledger(c, keys, edges, now, scope)
+        jobs["best_effort_pods"] = lambda c: query.best_effort_pods(c, scope, lo, hi, now)
+        if idle:
+            jobs["idle_allocated"] = lambda c: query.usage(
+                c, ["model", "pool"], edges, now, scope=scope
+            )
+            jobs["idle_capacity"] = lambda c: query.capacity(c, edges, now, request.cluster, scope)
+        if pod_keys is not None:
+            jobs["pod_usage"] = lambda c: query.usage(c, pod_keys, edges, now, scope=scope)
+        if quota_span:
+            jobs["quota"] = lambda c: query.quota(c, keys, lo, hi, now, request.cluster, scope)
+        if ledger and request.idle_allocations:
+            jobs["holder_windows"] = lambda c: query.holder_windows(
+                c, lo, hi, now, scope, ledger_until
+            )
+        if ledger:
+            jobs["unallocated_energy"] = lambda c: query.unallocated_energy(c, lo, hi, now, scope)
+        jobs["gaps"] = lambda c: query.gaps(c, scope.clusters, lo, min(hi, now))
+        found.update(run_reads(conn, jobs))
         fetched = Fetched(
             buckets=buckets,
             edges=edges,
             clusters=scope.clusters,
             ends=ends,
             begins=begins,
-            usage=usage,
-            best_effort_pods=query.best_effort_pods(conn, scope, window.start, window.end, now),
-            gaps=query.gaps(conn, scope.clusters, window.start, min(window.end, now)),
             quota_span=quota_span,
-            quota=quota_rows,
-            idle_capacity=capacity,
-            idle_allocated=alloc or [],
             ledger=ledger,
             ledger_until=ledger_until,
-            ledger_rows=query.ledger(conn, keys, edges, now, scope) if ledger else [],
-            unallocated_energy=(
-                query.unallocated_energy(conn, window.start, window.end, now, scope)
-                if ledger
-                else {}
-            ),
-            holder_windows=windows,
-            pod_usage=pod_usage,
+            **found,
         )
     except SQLAlchemyError as exc:
         raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
@@ -193,12 +203,64 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
                 request.prometheus,
                 window.start,
                 min(window.end, now, known_end),
-                per_pod=pod_usage is not None,
+                per_pod=fetched.pod_usage is not None,
             )
         except prometheus.PrometheusError as exc:
             raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc
         fetched = dataclasses.replace(fetched, measured=measured)
     return fetched
+
+
+def run_reads(
+    conn: Connection, jobs: dict[str, Callable[[Connection], Any]], readers: int = READERS
+) -> dict[str, Any]:
+    """Each job's result, by name. Where the store serves reads side by side
+    (``db.concurrent_reads``: PostgreSQL, whose server does the work while each thread only
+    waits; a SQLite file read only, whose library works without the interpreter lock) the jobs
+    run concurrently, in the order given, on ``conn`` and up to ``readers - 1`` sibling
+    connections; elsewhere one after another on ``conn``. Each query has its own snapshot
+    either way (PostgreSQL's READ COMMITTED, as on one connection; SQLite's readers see the
+    last commit). The first error is raised once every thread has stopped."""
+    names = list(jobs)
+    if not concurrent_reads(conn) or readers <= 1 or len(names) <= 1:
+        return {name: jobs[name](conn) for name in names}
+    results: dict[str, Any] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    pending = iter(names)
+
+    def take() -> str | None:
+        with lock:
+            return None if errors else next(pending, None)
+
+    def work(c: Connection) -> None:
+        while (name := take()) is not None:
+            try:
+                results[name] = jobs[name](c)
+            except BaseException as exc:  # re-raised in the caller's thread
+                with lock:
+                    errors.append(exc)
+
+    def sibling_work() -> None:
+        try:
+            with sibling(conn) as c:
+                work(c)
+        except BaseException as exc:
+            with lock:
+                errors.append(exc)
+
+    threads = [
+        threading.Thread(target=sibling_work, name=f"report-read-{i}", daemon=True)
+        for i in range(min(readers, len(names)) - 1)
+    ]
+    for thread in threads:
+        thread.start()
+    work(conn)
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:

@@ -32,6 +32,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    text,
     union_all,
 )
 from sqlalchemy.engine import Connection
@@ -44,6 +45,7 @@ from gpuquota.quota.accounting.rules.claims import (
     ALLOCATION_PATH_DRA,
 )
 from gpuquota.quota.store.models import (
+    BEST_EFFORT_SQL,
     SPAN_CLASS_BOUNDS,
     SPAN_CLASS_SQL,
     Allocation,
@@ -186,7 +188,8 @@ def best_effort_pods(conn: Connection, scope: Scope, lo: int, hi: int, now: int)
     a = Allocation
     parts = scope.parts(lo, min(hi, now))
     scoped = union_all(
-        *(select(a.namespace, a.pod_uid).where(part, a.qos_class == "BestEffort") for part in parts)
+        # the partial index's own condition, literally (SQLite uses it only then)
+        *(select(a.namespace, a.pod_uid).where(part, text(BEST_EFFORT_SQL)) for part in parts)
     ).subquery("best_effort")
     rows = conn.execute(
         select(scoped.c.namespace, func.count(func.distinct(scoped.c.pod_uid))).group_by(
@@ -928,6 +931,16 @@ HOLDER_CLAIM = "claim"
 HOLDER_UNALLOCATED = "unallocated"
 
 
+# a window's figures, stored in single precision (models.UsageWindow)
+FIGURES = (UsageWindow.used_gpu_seconds, UsageWindow.sampled_seconds, UsageWindow.energy_joules)
+
+
+def double(column: Any) -> Any:
+    """A single-precision figure as double precision, before any arithmetic or sum (PostgreSQL
+    sums REAL in REAL)."""
+    return cast(column, Float)
+
+
 def ledger_present(conn: Connection, scope: Scope) -> bool:
     """Whether the usage ledger holds anything for the clusters in scope (its progress row,
     written by the controller's ingestion, or any series)."""
@@ -976,6 +989,7 @@ def _ledger_windows(
     lo, hi = edges[0], min(edges[-1], now)
     wend: Any = w.window_start + w.window_seconds
     length = cast(w.window_seconds, Float)
+    used, sampled, joules = (double(c) for c in FIGURES)
 
     def part(b0: int, b1: int) -> Any:
         return clipped(w.window_start, wend, t(b0), t(min(b1, now))) / length
@@ -1007,9 +1021,9 @@ def _ledger_windows(
         window) or cut by its edges (pro rata)."""
         inside: Any = 1 if whole else part(lo, hi)
         energy = [
-            func.sum(
-                w.energy_joules if whole and len(pairs) == 1 else w.energy_joules * part(b0, b1)
-            ).label(f"energy_{i}")
+            func.sum(joules if whole and len(pairs) == 1 else joules * part(b0, b1)).label(
+                f"energy_{i}"
+            )
             for i, (b0, b1) in enumerate(pairs)
         ]
         where = (
@@ -1030,8 +1044,8 @@ def _ledger_windows(
             select(
                 *group,
                 *labels,
-                func.sum(w.used_gpu_seconds * inside).label("used"),
-                func.sum(w.sampled_seconds * inside).label("sampled"),
+                func.sum(used * inside).label("used"),
+                func.sum(sampled * inside).label("sampled"),
                 *energy,
             )
             .select_from(stmt_from)
@@ -1071,7 +1085,7 @@ def unallocated_energy(
     wend: Any = w.window_start + w.window_seconds
     inside = clipped(w.window_start, wend, t(lo), t(hi)) / cast(w.window_seconds, Float)
     rows = conn.execute(
-        select(s.cluster, func.sum(w.energy_joules * inside))
+        select(s.cluster, func.sum(double(w.energy_joules) * inside))
         .select_from(w.__table__.join(s.__table__, s.id == w.series_id))
         .where(
             w.series_id.in_(ids),

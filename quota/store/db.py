@@ -149,6 +149,17 @@ def _sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
     return connect
 
 
+# an engine's execution option: its connections may read side by side (PostgreSQL: each its own
+# server process; a SQLite file's read-only connections: each its own, and Python's sqlite3
+# lets go of the interpreter lock while SQLite works)
+CONCURRENT_READS = "gpuquota_concurrent_reads"
+
+
+def concurrent_reads(conn: Connection) -> bool:
+    """Whether ``conn``'s store serves reads on several connections at once (``sibling``)."""
+    return bool(conn.get_execution_options().get(CONCURRENT_READS))
+
+
 def _engine(url: str, *, read_only: bool = False) -> Engine:
     try:
         parsed = make_url(url)
@@ -162,7 +173,11 @@ def _engine(url: str, *, read_only: bool = False) -> Engine:
     )
     if read_only and in_file and not str(parsed.database).startswith("file:"):
         assert parsed.database is not None
-        return create_engine("sqlite://", creator=_sqlite_reader(parsed.database))
+        return create_engine(
+            "sqlite://",
+            creator=_sqlite_reader(parsed.database),
+            execution_options={CONCURRENT_READS: True},
+        )
     if parsed.get_backend_name() == "sqlite":
         # wait for a concurrent writer (the report, a second replay) instead of failing
         if "timeout" not in parsed.query:
@@ -170,6 +185,7 @@ def _engine(url: str, *, read_only: bool = False) -> Engine:
     elif parsed.get_backend_name() == "postgresql":
         kwargs["pool_pre_ping"] = True
         kwargs["connect_args"] = {"connect_timeout": 10}
+        kwargs["execution_options"] = {CONCURRENT_READS: True}
     try:
         engine = create_engine(parsed, **kwargs)
     except (NoSuchModuleError, ImportError) as exc:
@@ -335,6 +351,26 @@ class StoreURLError(StoreError):
     """``--db`` is no database URL."""
 
 
+def report_session(conn: Connection) -> Connection:
+    """``conn`` with the session settings of the report's queries (PostgreSQL): they are short
+    aggregates, so compiling them with LLVM (JIT) costs more than it saves; and grouping
+    hundreds of thousands of rows in a hash table needs more than the default 4 MB, else
+    PostgreSQL sorts on disk."""
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SET jit = off"))
+        conn.execute(text("SET work_mem = '64MB'"))
+    return conn
+
+
+@contextmanager
+def sibling(conn: Connection) -> Iterator[Connection]:
+    """Another report connection to the store behind ``conn`` (its engine's pool, the same
+    session settings): for queries that run beside ``conn``'s (``concurrent_reads``)."""
+    other = report_session(conn.engine.connect())
+    with other:
+        yield other
+
+
 @contextmanager
 def reading(url: str) -> Iterator[Connection]:
     """A read-only connection for a report: the store at ``url`` at the schema revision this
@@ -357,13 +393,7 @@ def reading(url: str) -> Iterator[Connection]:
     store = open_store(url, read_only=True)
     try:
         try:
-            conn = store.engine.connect()
-            if conn.dialect.name == "postgresql":
-                # the report's queries are short aggregates: compiling them with LLVM (JIT)
-                # costs more than it saves; and grouping hundreds of thousands of rows in a
-                # hash table needs more than the default 4 MB, else PostgreSQL sorts on disk
-                conn.execute(text("SET jit = off"))
-                conn.execute(text("SET work_mem = '64MB'"))
+            conn = report_session(store.engine.connect())
         except DBAPIError as exc:
             raise StoreUnavailableError(
                 f"cannot connect to database {safe_url(url)}: {_describe(exc)}"

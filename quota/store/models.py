@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    REAL,
     BigInteger,
     Boolean,
     Float,
@@ -37,6 +38,10 @@ SPAN_CLASS_SQL = (
     )
     + f"    ELSE {len(SPAN_CLASS_BOUNDS)}\nEND)"
 )
+
+
+# the partial index ix_allocations_best_effort's condition; queries repeat it word for word
+BEST_EFFORT_SQL = "qos_class = 'BestEffort'"
 
 
 class Base(DeclarativeBase):
@@ -88,6 +93,15 @@ class Allocation(Base):
         # longest closed interval bounds the last class, read in one probe of the first index
         Index("ix_allocations_duration", text("(ended_at - started_at)")),
         Index("ix_allocations_span", "cluster", text(SPAN_CLASS_SQL), "started_at"),
+        # the report's BestEffort-pod check (migration 0008): the few rows of BestEffort pods
+        # only, not a scan of the window's rows (the condition must be written literally)
+        Index(
+            "ix_allocations_best_effort",
+            "cluster",
+            "started_at",
+            postgresql_where=text(BEST_EFFORT_SQL),
+            sqlite_where=text(BEST_EFFORT_SQL),
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -264,11 +278,12 @@ class UsageSeries(Base):
     """
 
     __tablename__ = "usage_series"
+    # the holder's UID leads the key: it serves the look-ups by holder (ingestion, idle
+    # allocations) too, with no index of its own
     __table_args__ = (
         UniqueConstraint(
-            "cluster", "device_uuid", "holder_kind", "holder_uid", name="uq_usage_series"
+            "cluster", "holder_uid", "holder_kind", "device_uuid", name="uq_usage_series"
         ),
-        Index("ix_usage_series_holder", "cluster", "holder_uid"),
     )
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
@@ -297,16 +312,23 @@ class UsageWindow(Base):
     """
 
     __tablename__ = "usage_windows"
-    __table_args__ = (Index("ix_usage_windows_start", "window_start"),)
+    # SQLite: the primary key's B-tree is the table (no rowid, no second copy of the key)
+    __table_args__ = (Index("ix_usage_windows_start", "window_start"), {"sqlite_with_rowid": False})
 
+    # columns in this order: PostgreSQL aligns each to its size, so this order pads nothing
     series_id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     window_start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-    window_seconds: Mapped[int] = mapped_column(Integer)
-    used_gpu_seconds: Mapped[float] = mapped_column(Float)
-    energy_joules: Mapped[float] = mapped_column(Float)
-    sampled_seconds: Mapped[float] = mapped_column(Float)
     end_used: Mapped[float | None] = mapped_column(Float, nullable=True)
     end_energy: Mapped[float | None] = mapped_column(Float, nullable=True)
+    window_seconds: Mapped[int] = mapped_column(Integer)
+    # one window's figures in single precision (PostgreSQL REAL: 4 bytes; SQLite stores 8):
+    # a relative rounding of at most 2**-24 (6e-8), e.g. 0.2 mJ of a GPU-hour at 700 W, under
+    # any meter's accuracy; queries sum them in double precision (cast first), so a month's total
+    # keeps that bound. The counters' end values stay double: they are large (a month of
+    # joules) and the next window's increase is a difference from them.
+    used_gpu_seconds: Mapped[float] = mapped_column(REAL)
+    energy_joules: Mapped[float] = mapped_column(REAL)
+    sampled_seconds: Mapped[float] = mapped_column(REAL)
 
 
 class LedgerProgress(Base):
