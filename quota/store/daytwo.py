@@ -4,7 +4,8 @@ older than a date (what it removes shown first). `gpuquota db backup` and `gpuqu
 
 Pruning keeps every bill after the cut-off exact: it removes only what lies wholly before it
 (closed intervals, closed label and capacity spans, quota samples superseded before it, the
-last sample before it stays, since it holds into the period after), and moves each cluster's
+last sample before it stays, since it holds into the period after; usage-ledger windows that
+ended before it, and the ledger series left with none), and moves each cluster's
 "data begins" to the cut-off, so a report of an older period says it is not covered instead
 of printing what is left as the whole truth (docs/report.md, "Missing is not zero").
 """
@@ -28,6 +29,8 @@ from gpuquota.quota.store.models import (
     NamespaceLabels,
     NodeCapacity,
     QuotaSample,
+    UsageSeries,
+    UsageWindow,
 )
 
 
@@ -89,7 +92,21 @@ def _closed_before(before: int) -> dict[str, tuple[Any, Any]]:
             NamespaceLabels,
             and_(NamespaceLabels.valid_to.is_not(None), NamespaceLabels.valid_to <= before),
         ),
+        "usage_windows": (
+            UsageWindow,
+            UsageWindow.window_start + UsageWindow.window_seconds <= before,
+        ),
     }
+
+
+def _series_left_without_windows(before: int) -> Any:
+    """Ledger series none of whose windows ends after the cut-off: once those windows go,
+    nothing refers to them (a series still counting has windows after it: its baseline)."""
+    later = select(UsageWindow.series_id).where(
+        UsageWindow.series_id == UsageSeries.id,
+        UsageWindow.window_start + UsageWindow.window_seconds > before,
+    )
+    return ~later.exists()
 
 
 def _superseded_samples(before: int) -> Any:
@@ -124,6 +141,7 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
                 for model, cond in _closed_before(before).values():
                     conn.execute(delete(model).where(cond))
                 conn.execute(delete(QuotaSample).where(_superseded_samples(before)))
+                conn.execute(delete(UsageSeries).where(_series_left_without_windows(before)))
                 conn.execute(
                     update(Cluster).where(Cluster.created_at < before).values(created_at=before)
                 )
@@ -142,4 +160,7 @@ def _count(conn: Connection, before: int) -> list[Prunable]:
     superseded = select(func.count()).select_from(QuotaSample.__table__)
     n = conn.execute(superseded.where(_superseded_samples(before))).scalar_one()
     found.append(Prunable("quota_samples", int(n)))
+    orphans = select(func.count()).select_from(UsageSeries)
+    n = conn.execute(orphans.where(_series_left_without_windows(before))).scalar_one()
+    found.append(Prunable("usage_series", int(n)))
     return found

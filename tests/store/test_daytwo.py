@@ -115,6 +115,21 @@ def test_prune_shows_first_then_removes_only_what_no_later_bill_needs(tmp_path: 
     path = tmp_path / "gpuquota.db"
     url = f"sqlite:///{path}"
     filled(url, tmp_path, hours=4.0)
+    # the usage ledger: a pod that stopped counting before the cut-off (its series goes with
+    # its windows) and one still counting after it (its old windows go, it stays)
+    with closing(sqlite3.connect(path)) as conn, conn:
+        for sid, uid in ((1, "uid-gone"), (2, "uid-on")):
+            conn.execute(
+                "INSERT INTO usage_series (id, cluster, device_uuid, holder_kind, holder_uid,"
+                " namespace, holder_name) VALUES (?, 'c', 'GPU-1', 'pod', ?, 'ns', ?)",
+                (sid, uid, uid),
+            )
+        conn.executemany(
+            "INSERT INTO usage_windows (series_id, window_start, window_seconds,"
+            " used_gpu_seconds, energy_joules, sampled_seconds, end_used, end_energy)"
+            " VALUES (?, ?, 3600, 1.0, 2.0, 3600.0, 1.0, 2.0)",
+            [(1, START), (1, START + 3600), (2, START + 3600), (2, START + 7200)],
+        )
     cut = "2026-01-01T02:00:00Z"
     after = ["--from", cut, "--to", "2026-01-01T04:00:00Z"]
     want = report(url, *after)
@@ -125,6 +140,7 @@ def test_prune_shows_first_then_removes_only_what_no_later_bill_needs(tmp_path: 
     assert counts(path) == rows  # the default only shows
     would = {ln.split()[-1]: int(ln.split()[-2]) for ln in shown.stdout.splitlines()[:-1]}
     assert would["allocations"] > 0 and would["quota_samples"] > 0
+    assert (would["usage_windows"], would["usage_series"]) == (3, 1)
     done = gpuquota("db", "prune", "--before", cut, "--db", url, "--yes")
     assert done.returncode == 0, done.stderr
     left = counts(path)
