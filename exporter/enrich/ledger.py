@@ -15,11 +15,17 @@ Activity (physical GPU-seconds per second), from the readings the collector alre
 * a whole GPU with one holder: GPM SM activity (``sm_active``), else NVML's utilisation
   ratio (``utilization``);
 * a GPU with several holders (time-slicing, MPS): each holder's processes' SM utilisation
-  (``process_sm``, ``NodeSnapshot.pod_usage`` from exporter/enrich/usage.py), capped at 1;
+  (``process_sm``, ``NodeSnapshot.pod_usage`` from exporter/enrich/usage.py), capped at 1,
+  from new samples only: the last sample the gauges hold for a few seconds adds nothing (a
+  process with no sample in a second used nothing in it, docs/real-h100.md);
 * a MIG instance: its own GPM SM activity x the profile's physical share, ``sm_active``
   (N/7, as the accounting's ``mig_share`` without overrides: the node agent imports nothing
   from gpuquota.quota, so tests/common/test_mig_share.py holds the two equal); several
   holders of one instance share it equally (NVML has no per-process utilisation on MIG).
+
+One used counter per holder and device, however it was measured: a GPU's first rounds, before
+its first GPM pair, measure utilisation, and the ``activity`` label names the latest round's
+way; the ledger reads the series as one counter across that label change.
 
 Energy. Each round's moment weighs ``power x dt`` (``dt`` where power is not read) and is split
 among the GPU's holders: by activity shares on a shared GPU, equally when nobody is active;
