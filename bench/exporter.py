@@ -44,7 +44,7 @@ from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
 from gpuquota.exporter.snapshot import NodeSnapshot
 from gpuquota.sim.apiserver import ApiServer
-from gpuquota.sim.harness import stop_process
+from gpuquota.sim.harness import free_port, stop_process
 from gpuquota.sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.spec import PRESETS
@@ -92,12 +92,6 @@ class Result:
     @property
     def cpu_per_1000(self) -> float:
         return self.cpu_seconds / self.collections * 1000 if self.collections else float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

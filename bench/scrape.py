@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import write_section
-from gpuquota.sim.harness import stop_process
+from gpuquota.sim.harness import free_port, stop_process
 from gpuquota.sim.nvml.control import SimNode
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,12 +54,6 @@ class Run:
     errors: str
     reopened: int  # held connections the server closed during the run (deadlines at work)
     command: str
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_ready(port: int, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:

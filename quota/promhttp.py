@@ -57,6 +57,21 @@ def get_json(url: str, base_url: str, timeout: float) -> dict[str, Any]:
     return doc
 
 
+def instant_query(base_url: str, promql: str, at: float, timeout: float) -> dict[str, Any]:
+    """The ``data`` of a successful /api/v1/query of ``promql`` evaluated at unix time ``at``."""
+    when = str(int(at)) if float(at).is_integer() else f"{at:.3f}"
+    params = urllib.parse.urlencode({"query": promql, "time": when})
+    body = get_json(f"{base_url.rstrip('/')}/api/v1/query?{params}", base_url, timeout)
+    if body.get("status") != "success":
+        raise PrometheusError(
+            f"Prometheus at {base_url}: query failed: {body.get('error', body.get('status'))}"
+        )
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise PrometheusError(f"Prometheus at {base_url}: answer without data")
+    return data
+
+
 def _error_detail(raw: bytes) -> str:
     try:
         doc = json.loads(raw)

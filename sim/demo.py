@@ -30,7 +30,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -48,7 +47,7 @@ from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG
 from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.sim.apiserver import ApiServer, Driver
 from gpuquota.sim.clock import SimClock
-from gpuquota.sim.harness import caught_up, poll, stop_process
+from gpuquota.sim.harness import caught_up, free_port, poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.kubelet.registration import KubeletStandIn
 from gpuquota.sim.ledgerdemo import ledger_act
@@ -65,13 +64,6 @@ DEFAULT_WORK = ROOT / "build" / "demo"
 
 def title(text: str) -> None:
     print(f"\n\033[1m== {text} ==\033[0m" if sys.stdout.isatty() else f"\n== {text} ==")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def http_get(url: str, timeout: float = 5.0) -> str:

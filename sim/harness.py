@@ -7,6 +7,7 @@ processes and wait for them to reach a state; these are the one implementation o
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -16,6 +17,13 @@ if TYPE_CHECKING:
     from gpuquota.sim.apiserver import ApiServer
 
 T = TypeVar("T")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for a program about to)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def poll(condition: Callable[[], T], timeout: float = 10.0, interval: float = 0.05) -> T | None:

@@ -17,6 +17,7 @@ energy per namespace, and each full-coverage namespace must match the truth with
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import sqlite3
@@ -29,11 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuquota.quota.promhttp import PrometheusError, instant_query
 from gpuquota.sim.apiserver import ApiServer
-from gpuquota.sim.harness import poll, stop_process
+from gpuquota.sim.harness import free_port, poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.promserver import scraping
+from gpuquota.sim.workload import rfc3339
 
 BIN = Path(sys.executable).parent
 GPU = "nvidia.com/gpu"
@@ -72,19 +75,6 @@ class DemoNode:
     restarts: int = 0
 
 
-def _rfc3339(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(t)))
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _uid(n: int) -> str:
     return f"5e1d9a00-0000-4000-8000-{n:012x}"
 
@@ -96,7 +86,7 @@ def node_object(name: str, labels: dict[str, str], capacity: dict[str, str]) -> 
         "metadata": {
             "name": name,
             "uid": _uid(0x100 + int(name[-1], 16)),
-            "creationTimestamp": _rfc3339(time.time() - 86400),
+            "creationTimestamp": rfc3339(int(time.time()) - 86400),
             "labels": {"kubernetes.io/hostname": name, "node-pool": "h100", **labels},
         },
         "spec": {},
@@ -117,7 +107,7 @@ def pod_object(pod: DemoPod, started: float) -> dict[str, Any]:
             "name": pod.name,
             "namespace": pod.namespace,
             "uid": pod.uid,
-            "creationTimestamp": _rfc3339(started),
+            "creationTimestamp": rfc3339(int(started)),
         },
         "spec": {
             "nodeName": pod.node,
@@ -134,7 +124,7 @@ def pod_object(pod: DemoPod, started: float) -> dict[str, Any]:
         },
         "status": {
             "phase": "Running",
-            "startTime": _rfc3339(started),
+            "startTime": rfc3339(int(started)),
             "qosClass": "Burstable",
             "conditions": [{"type": "PodScheduled", "status": "True"}],
             "containerStatuses": [
@@ -145,7 +135,7 @@ def pod_object(pod: DemoPod, started: float) -> dict[str, Any]:
                     "restartCount": 0,
                     "image": "registry.example/main:1.0",
                     "imageID": "",
-                    "state": {"running": {"startedAt": _rfc3339(started)}},
+                    "state": {"running": {"startedAt": rfc3339(int(started))}},
                 }
             ],
         },
@@ -175,7 +165,7 @@ class LedgerDemo:
         self.nodes: dict[str, DemoNode] = {}
         self.logs: dict[str, Path] = {}
         self.controller: subprocess.Popen[bytes] | None = None
-        self.controller_port = _free_port()
+        self.controller_port = free_port()
         self.prometheus_url = ""
         self.proc_root = work / "proc"
 
@@ -261,7 +251,7 @@ class LedgerDemo:
 
     def start_exporter(self, node: DemoNode) -> None:
         if node.port == 0:
-            node.port = _free_port()
+            node.port = free_port()
         log = node.work / f"gpu-exporter-{node.restarts}.log"
         args = [
             str(BIN / "gpu-exporter"),
@@ -332,20 +322,14 @@ class LedgerDemo:
             self.check_alive()
             try:
                 return check()
-            except (OSError, sqlite3.Error, ValueError, KeyError):
+            except (OSError, sqlite3.Error, ValueError, KeyError, PrometheusError):
                 return False
 
         if poll(ready, timeout, interval=0.2) is None:
             raise SystemExit(f"demo: gave up waiting for {what} after {timeout:.0f} s")
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        import urllib.parse
-        import urllib.request
-
-        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=5) as response:
-            body = json.load(response)
-        return list(body["data"]["result"])
+        return list(instant_query(self.prometheus_url, promql, time.time(), 5.0)["result"])
 
     def ingested_until(self) -> int:
         with sqlite3.connect(self.work / "ledger.db") as conn:
@@ -360,8 +344,7 @@ class LedgerDemo:
             for pod in node.pods:
                 self.api.apply("ADDED", pod_object(pod, started))
                 if pod.pid is not None:
-                    index = 0
-                    node.sim.add_process(index, pod.pid, 4 * 2**30)
+                    node.sim.add_process(0, pod.pid, 4 * 2**30)  # gpu-c's one GPU
             assert node.pod_resources is not None
             node.pod_resources.set_assignments(
                 [Assignment(p.namespace, p.name, "main", p.resource, p.device_ids)
@@ -475,7 +458,7 @@ class LedgerDemo:
         self.check(started, final)
 
     def check(self, started: float, final: int) -> None:
-        period = [f"--from={_rfc3339(started)}", f"--to={_rfc3339(final)}"]
+        period = [f"--from={rfc3339(int(started))}", f"--to={rfc3339(final)}"]
         doc = self.report([*period, "--by=namespace"])
         rows = {row["group"]["namespace"]: row for row in doc["rows"]}
         off: list[str] = []
@@ -562,7 +545,7 @@ class LedgerDemo:
 
 
 def _epoch(text: str) -> int:
-    return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone)
+    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
 
 
 def _num(value: Any, decimals: int = 1) -> str:

@@ -9,7 +9,6 @@ that folder answers queries about them as if it had scraped them.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
@@ -17,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuquota.sim.harness import stop_process, wait_for
+from gpuquota.sim.harness import free_port, stop_process, wait_for
 
 
 def binary(name: str = "prometheus") -> str:
@@ -47,16 +46,10 @@ class Served:
     url: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def serving(config: Path, tsdb: Path, *extra: str) -> Iterator[Served]:
     """Prometheus with ``config`` on ``tsdb``, ready (its /-/ready answers) until exit."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             binary(),

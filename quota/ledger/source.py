@@ -13,11 +13,9 @@ from __future__ import annotations
 
 import math
 import operator
-import urllib.parse
 from dataclasses import dataclass, field
-from typing import Any
 
-from gpuquota.quota.promhttp import PrometheusError, get_json
+from gpuquota.quota.promhttp import PrometheusError, instant_query
 
 # metric -> (holder kind, counter): the contract's names (exporter/expose/metrics.py)
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -65,19 +63,6 @@ def selector() -> str:
     return f'{{__name__=~"{names}"}}'
 
 
-def _query(base_url: str, promql: str, at: float, timeout: float) -> dict[str, Any]:
-    params = urllib.parse.urlencode({"query": promql, "time": f"{at:.3f}"})
-    body = get_json(f"{base_url.rstrip('/')}/api/v1/query?{params}", base_url, timeout)
-    if body.get("status") != "success":
-        raise PrometheusError(
-            f"Prometheus at {base_url}: query failed: {body.get('error', body.get('status'))}"
-        )
-    data = body.get("data")
-    if not isinstance(data, dict):
-        raise PrometheusError(f"Prometheus at {base_url}: answer without data")
-    return data
-
-
 def _shards(count: int) -> list[str]:
     """Selectors splitting the series by the device UUID's last two characters (hex, as
     NVIDIA's UUIDs are): ``count`` shards (1, 4, 16, 64 or 256) and one for the rest."""
@@ -115,7 +100,7 @@ def fetch_window(
     one would hold up the watch loop's thread for as long."""
     lo, hi = start - max_gap, start + window + max_gap
     span = hi - lo
-    data = _query(base_url, f"sum(count_over_time({selector()}[{span}s]))", hi, timeout)
+    data = instant_query(base_url, f"sum(count_over_time({selector()}[{span}s]))", hi, timeout)
     try:
         total = float(data["result"][0]["value"][1]) if data.get("result") else 0.0
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -135,7 +120,7 @@ def fetch_window(
             # Prometheus 3); samples on an edge come twice and are deduplicated
             length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
             promql = f'{{__name__=~"{names}"{shard}}}[{length}s]'
-            data = _query(base_url, promql, edges[i + 1], timeout)
+            data = instant_query(base_url, promql, edges[i + 1], timeout)
             if data.get("resultType") != "matrix":
                 raise PrometheusError(
                     f"Prometheus at {base_url}: expected a matrix result, got "

@@ -19,11 +19,10 @@ splits it).
 from __future__ import annotations
 
 import math
-import urllib.parse
 from dataclasses import dataclass
 from fractions import Fraction
 
-from gpuquota.quota.promhttp import PrometheusError, check_url, get_json
+from gpuquota.quota.promhttp import PrometheusError, check_url, instant_query
 from gpuquota.quota.report.compute import Report
 
 __all__ = ["PrometheusError", "check_url"]  # re-exported: the report's CLI imports them here
@@ -101,16 +100,9 @@ def busy_seconds(
     if seconds <= 0:
         return {}
     step = step_for(seconds)
-    params = urllib.parse.urlencode(
-        {"query": busy_query(seconds, step, measured=measured, by=by), "time": str(end)}
+    data = instant_query(
+        base_url, busy_query(seconds, step, measured=measured, by=by), end, timeout
     )
-    url = f"{base_url.rstrip('/')}/api/v1/query?{params}"
-    body = get_json(url, base_url, timeout)
-    if body.get("status") != "success":
-        raise PrometheusError(
-            f"Prometheus at {base_url}: query failed: {body.get('error', body.get('status'))}"
-        )
-    data = body.get("data") or {}
     if data.get("resultType") != "vector":
         raise PrometheusError(
             f"Prometheus at {base_url}: expected a vector result, got {data.get('resultType')!r}"

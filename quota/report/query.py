@@ -1121,7 +1121,11 @@ def ledger(
     if all(k in SERIES_KEYS for k in plain):
         # the series' own keys: one grouped scan of the windows, no join to the allocations
         direct = _ledger_windows(scope, edges, now, label_keys, plain)
-        return [_ledger_row(r, len(order), n, position) for r in conn.execute(select(direct))]
+        return [
+            _ledger_row(tuple(None if v is None else str(v) for v in r[: len(order)]),
+                        r[len(order) :], n, position)
+            for r in conn.execute(select(direct))
+        ]  # fmt: skip
     per = _ledger_windows(scope, edges, now, label_keys)
     s, a, c = UsageSeries, Allocation, ClaimAllocation
     label_cols = [per.c[f"label_{i}"] for i in range(len(label_keys))]
@@ -1171,17 +1175,18 @@ def ledger(
     rows = []
     for r in conn.execute(stmt):
         values, i = _key_values([*plain, *(f"label:{k}" for k in label_keys)], r)
-        used, sampled = float(r[i] or 0), float(r[i + 1] or 0)
-        energy = tuple(float(e or 0) for e in r[i + 2 : i + 2 + n])
-        rows.append(LedgerRow(tuple(values[p] for p in position), used, sampled, energy))
+        rows.append(_ledger_row(values, r[i:], n, position))
     return rows
 
 
-def _ledger_row(r: Sequence[Any], n_keys: int, n: int, position: Sequence[int]) -> LedgerRow:
-    values = tuple(None if v is None else str(v) for v in r[:n_keys])
-    used, sampled = float(r[n_keys] or 0), float(r[n_keys + 1] or 0)
-    energy = tuple(float(e or 0) for e in r[n_keys + 2 : n_keys + 2 + n])
-    return LedgerRow(tuple(values[p] for p in position), used, sampled, energy)
+def _ledger_row(
+    keys: Sequence[str | None], sums: Sequence[Any], n: int, position: Sequence[int]
+) -> LedgerRow:
+    """A group's key values (in query order) and its summed figures: used, sampled, then one
+    energy sum per price period."""
+    energy = tuple(float(e or 0) for e in sums[2 : 2 + n])
+    used, sampled = float(sums[0] or 0), float(sums[1] or 0)
+    return LedgerRow(tuple(keys[p] for p in position), used, sampled, energy)
 
 
 # the key columns every ledger branch carries, in order (GROUP_COLUMNS' names)

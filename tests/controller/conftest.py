@@ -32,7 +32,7 @@ from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.quota.store import db
 from gpuquota.sim import harness
 from gpuquota.sim.apiserver import ApiServer, Driver
-from gpuquota.sim.harness import wait_for
+from gpuquota.sim.harness import free_port, wait_for
 from gpuquota.sim.workload import Workload
 from tests.conftest import PgSchemas
 
@@ -227,10 +227,19 @@ def apiserver() -> Iterator[ApiServer]:
         yield api
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# Leader election with short timings: a standby takes over within seconds
+FAST_LEASE = (
+    "--lease-name",
+    "gpuquota",
+    "--lease-namespace",
+    "kube-system",
+    "--lease-duration",
+    "3",
+    "--renew-deadline",
+    "2",
+    "--retry-period",
+    "1",
+)
 
 
 class ControllerProcess:

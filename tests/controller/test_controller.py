@@ -19,6 +19,7 @@ from gpuquota.sim.apiserver import Driver
 from gpuquota.sim.harness import wait_for
 from gpuquota.sim.workload import generate
 from tests.controller.conftest import (
+    FAST_LEASE,
     ROOT,
     ControllerProcess,
     assert_exact,
@@ -164,21 +165,9 @@ def test_sigkill_at_random_points(apiserver, store, controllers):
 
 
 def test_leader_election_standby_takes_over(apiserver, store, controllers):
-    lease = [
-        "--lease-name",
-        "gpuquota",
-        "--lease-namespace",
-        "kube-system",
-        "--lease-duration",
-        "3",
-        "--renew-deadline",
-        "2",
-        "--retry-period",
-        "1",
-    ]
-    a = start(apiserver, store, controllers, *lease, identity="replica-a")
+    a = start(apiserver, store, controllers, *FAST_LEASE, identity="replica-a")
     ready(store)
-    b = start(apiserver, store, controllers, *lease, identity="replica-b")
+    b = start(apiserver, store, controllers, *FAST_LEASE, identity="replica-b")
     driver = Driver(apiserver, WL)
     driver.run(until=WL.start + 1800)
     wait_for(lambda: caught_up(store, apiserver), 20, "catch-up")
@@ -332,19 +321,7 @@ def test_leader_that_cannot_renew_stops_writing(apiserver, tmp_path, controllers
     url = f"sqlite:///{tmp_path / 'q.db'}?timeout=0.5"
     db.upgrade(url)
     store = Store("sqlite", url, url, None)
-    lease = [
-        "--lease-name",
-        "gpuquota",
-        "--lease-namespace",
-        "kube-system",
-        "--lease-duration",
-        "3",
-        "--renew-deadline",
-        "2",
-        "--retry-period",
-        "1",
-    ]
-    ctl = start(apiserver, store, controllers, *lease, identity="replica-a")
+    ctl = start(apiserver, store, controllers, *FAST_LEASE, identity="replica-a")
     ready(store)
     apiserver.refuse_for(6.0)
     assert ctl.proc is not None

@@ -12,7 +12,7 @@ from pathlib import Path
 from sqlalchemy import text as sql
 
 from gpuquota.sim.harness import wait_for
-from tests.controller.conftest import metric, ready, start
+from tests.controller.conftest import FAST_LEASE, metric, ready, start
 from tests.ledger.samples import Series, openmetrics, pod
 from tests.prometheus import create_blocks, serving
 
@@ -50,16 +50,7 @@ def test_only_the_leader_ingests_the_ledger(apiserver, store, controllers, tmp_p
     last_end = (now - 300) // H * H
     with serving(tmp_path / "tsdb", tmp_path) as prom:
         args = [
-            "--lease-name",
-            "gpuquota",
-            "--lease-namespace",
-            "kube-system",
-            "--lease-duration",
-            "3",
-            "--renew-deadline",
-            "2",
-            "--retry-period",
-            "1",
+            *FAST_LEASE,
             "--ledger-prometheus-url",
             prom.url,
             "--ledger-backfill",

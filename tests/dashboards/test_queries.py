@@ -28,12 +28,11 @@ import pytest
 
 from gpuquota.dashboards import generate
 from gpuquota.sim.apiserver import ApiServer
-from gpuquota.sim.harness import stop_process, wait_for
+from gpuquota.sim.harness import free_port, stop_process, wait_for
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.nvml.control import SimNode
 from tests.accounting import objects
 from tests.dashboards.grafana_schema import panels
-from tests.exporter.procs import free_port
 from tests.prometheus import Prometheus, running
 
 pytestmark = [pytest.mark.prometheus, pytest.mark.slow]

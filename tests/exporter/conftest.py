@@ -16,9 +16,9 @@ from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.expose.render import Renderer
 from gpuquota.exporter.expose.server import ExporterServer
 from gpuquota.exporter.expose.webconfig import ReloadingWebConfig, WebConfig
-from gpuquota.sim.harness import stop_process
+from gpuquota.sim.harness import free_port, stop_process
 from gpuquota.sim.nvml.control import SimNode
-from tests.exporter.procs import EXPORTER, Exporter, base_env, free_port
+from tests.exporter.procs import EXPORTER, Exporter, base_env
 
 NvmlOn = Callable[[Any], tuple[SimNode, NvmlApi]]
 

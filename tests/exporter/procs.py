@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,12 +12,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTER = [sys.executable, "-m", "gpuquota.exporter.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def base_env(**extra: str) -> dict[str, str]:

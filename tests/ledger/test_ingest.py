@@ -22,7 +22,7 @@ from gpuquota.quota.ledger.source import fetch_window
 from gpuquota.quota.promhttp import PrometheusError
 from gpuquota.quota.store.db import open_store
 from gpuquota.quota.store.models import LedgerProgress, UsageSeries, UsageWindow
-from tests.exporter.procs import free_port
+from gpuquota.sim.harness import free_port
 from tests.ledger.samples import T0, WINDOW, Series, openmetrics, pod
 from tests.prometheus import Prometheus, create_blocks, serving
 
