@@ -129,8 +129,8 @@ class HolderTotals:
     name: str
     uid: str  # the pod's or claim's UID (only holders whose UID is known are published)
     used_seconds: float  # physical GPU-seconds of activity, however measured
-    # how the latest measured round measured it: sm_active, utilization or process_sm
-    # ("" before any round measured it: the used counter is not published yet)
+    # how the latest round measured it: sm_active, utilization or process_sm ("" when the
+    # holder's latest round could not measure it: the used counter is left out of the scrape)
     activity: str
     energy_joules: float  # joules of the physical GPU apportioned to this holder
 

@@ -39,6 +39,10 @@ Never guessed: the first collection (no previous time, no previous energy readin
 collection, a lost device, a step longer than ``max_gap_s`` and an energy counter that went
 backwards add nothing and start a new baseline. Totals never decrease.
 
+Unmeasured is not idle. A round that holds a device but cannot measure a holder's activity
+adds nothing and leaves its used counter out of the scrape (energy stays), so the ledger sees
+no samples there and the bill shows the coverage it lost instead of idle time.
+
 UIDs. A holder's totals are kept from the first round it is seen; its series are published
 only once its UID is known (the pod directory, the DRA claim reader), the usage seen before
 then included in the first value. A holder that is gone keeps its series for ``retain_s``
@@ -100,6 +104,10 @@ class Holding:
 class Totals:
     used: float  # physical GPU-seconds, however measured
     activity: str  # how the latest measured round measured it ("" before any)
+    # whether the holder's latest round (while it held the device) measured its activity: a
+    # round that could not (no GPM, utilisation or per-process reading) unpublishes the used
+    # counter, so the ledger sees a gap, not a stretch of zero use with full coverage
+    measured: bool
     energy: float
     uid: str  # "" until known
     last_seen: float
@@ -257,7 +265,8 @@ def advance(
                 old = None  # the name now stands for another pod or claim: a new holder
             used = old.used if old is not None else 0.0
             activity = old.activity if old is not None else ""
-            if dt is not None and h.key in acts:
+            measured = h.key in acts and dt is not None
+            if measured and dt is not None:
                 # one counter whichever way it was measured (a GPU's first rounds, before its
                 # first GPM pair, measure utilisation): the ledger sees no reset when it switches
                 activity, value = acts[h.key]
@@ -265,6 +274,7 @@ def advance(
             totals[key] = Totals(
                 used=used,
                 activity=activity,
+                measured=measured,
                 energy=old.energy if old is not None else 0.0,
                 uid=uid,
                 last_seen=now,
@@ -339,7 +349,7 @@ def published(state: LedgerState) -> dict[str, tuple[HolderTotals, ...]]:
                 name=name,
                 uid=t.uid,
                 used_seconds=t.used,
-                activity=t.activity,
+                activity=t.activity if t.measured else "",
                 energy_joules=t.energy,
             )
         )

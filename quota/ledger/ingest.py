@@ -168,6 +168,7 @@ class Ingester:
                 base_used=used,
                 base_energy=energy,
                 max_gap=s.max_gap,
+                energy_only=series.holder_kind == "unallocated",
             )
             return usage if rules.stored(series.holder_kind, usage) else None
 

@@ -104,11 +104,14 @@ def window_usage(
     base_used: float | None,
     base_energy: float | None,
     max_gap: float,
+    energy_only: bool = False,
 ) -> Usage | None:
     """One series' row for the window [start, start + window), None when neither counter has a
     sample in it. Samples may reach ``max_gap`` either side of the window (for coverage).
-    Coverage comes from the used counter's samples, or the energy counter's for a series that
-    has only energy (unallocated energy)."""
+    Coverage comes from the used counter's samples; only a series that has nothing but energy
+    (``energy_only``: unallocated energy) takes the energy counter's. A holder's used counter
+    is absent while its agent cannot measure it: that time is not covered, whatever energy
+    was counted meanwhile."""
     end = start + window
 
     def inside(samples: Samples) -> bool:
@@ -121,7 +124,7 @@ def window_usage(
     energy_inc, end_energy = (
         increase(energy, start, end, base_energy) if has_energy else (0.0, base_energy)
     )
-    times = [t for t, _ in (used if used else energy)]
+    times = [t for t, _ in (energy if energy_only else used)]
     return Usage(
         used_inc,
         energy_inc,

@@ -131,6 +131,30 @@ def test_time_sliced_gpu_splits_activity_and_energy_by_process_sm() -> None:
     assert b.energy_joules == pytest.approx(50.0)
 
 
+def test_a_round_that_cannot_measure_leaves_the_used_counter_out() -> None:
+    """Unmeasured is not idle: a shared GPU whose per-process utilisation NVML did not answer
+    this round adds nothing and publishes no used counter (the ledger sees a gap, so the bill
+    shows lost coverage, not zero use); the next measured round continues the same counter."""
+    pods = {G0: (_ref("team-a", "a"), _ref("team-b", "b"))}
+    usage = {G0: (_usage("team-a", "a", 0.6), _usage("team-b", "b", 0.2))}
+    blind = _whole(T0, 200.0, process_utilization=None, power_watts=100.0)
+    state = _run([
+        _snap(T0, [_shared(0.6, 0.2, 0.0)], pods, pod_usage=usage),
+        _snap(T0 + 1, [_shared(0.6, 0.2, 100.0)], pods, pod_usage=usage),
+        _snap(T0 + 2, [blind], pods, pod_usage={G0: ()}),
+    ])  # fmt: skip
+    a = _totals(state, G0, "a")
+    assert (a.activity, a.used_seconds) == ("", pytest.approx(0.6))  # left out, nothing added
+    assert a.energy_joules > 0  # energy is still apportioned (equally: no activity known)
+    out = parse(Renderer().render(_snap(T0 + 2, [blind], pods, usage_totals=published(state))))
+    assert "gpu_pod_used_seconds_total" not in out
+    assert len(out["gpu_pod_energy_joules_total"]) == 2
+    state = advance(state, _snap(T0 + 3, [_shared(0.6, 0.2, 300.0)], pods, pod_usage=usage),
+                    UIDS, DEFAULT)  # fmt: skip
+    a = _totals(state, G0, "a")
+    assert (a.activity, a.used_seconds) == (PROCESS_SM, pytest.approx(1.2))
+
+
 def test_a_held_process_sample_adds_no_use() -> None:
     """The gauges keep a process's last sample a few seconds (exporter/collect/profiling.py);
     the counter takes only new samples: no sample in a second is no use that second (on a

@@ -61,6 +61,19 @@ def test_window_usage_none_without_samples_inside() -> None:
     )
 
 
+def test_a_holder_window_with_energy_but_no_used_samples_is_not_covered() -> None:
+    """The agent leaves a holder's used counter out while it cannot measure its activity:
+    the energy of that time counts, the time is not covered (never zero use, fully covered)."""
+    energy = [(100.0, 10.0), (130.0, 40.0), (160.0, 70.0)]
+    got = rules.window_usage([], energy, 100, 100, base_used=5.0, base_energy=10.0, max_gap=60)
+    assert got is not None
+    assert (got.used_gpu_seconds, got.energy_joules, got.sampled_seconds) == (0.0, 60.0, 0.0)
+    unallocated = rules.window_usage(
+        [], energy, 100, 100, base_used=None, base_energy=10.0, max_gap=60, energy_only=True
+    )
+    assert unallocated is not None and unallocated.sampled_seconds == 60.0
+
+
 def w(start: int, used: float, sampled: float = H) -> rules.HolderWindow:
     return rules.HolderWindow(start, H, used, sampled)
 
