@@ -678,6 +678,21 @@ def test_the_running_loop_spreads_the_slow_tier_over_rounds(nvml_on: NvmlOn) -> 
     assert sum(per_round) >= 8  # and every GPU's slow tier was read again (2 x 4 rounds)
 
 
+def _busy_h100s(
+    nvml_on: NvmlOn, queueing: str, sm: Callable[[int], float], tensor: float
+) -> tuple[SimNode, NvmlApi]:
+    """8 H100s at modelled NVML costs with the given queueing, every GPU busy: GPM activity
+    and one process with utilisation samples each, so every slow turn computes a GPM pair."""
+    spec = {"gpus": [{"model": "H100-SXM5-80GB", "count": 8}],
+            "nvml_costs": {"mode": "modelled", "queueing": queueing}}  # fmt: skip
+    node, api = nvml_on(spec)
+    for i in range(8):
+        node.set_gpm(i, sm_activity=sm(i), tensor_activity=tensor)
+        node.add_process(i, 4000 + i, 2**30)
+        node.set_process_utilization(i, 4000 + i, sm=0.9, memory=0.3)
+    return node, api
+
+
 @pytest.mark.parametrize("queueing", ["gpu", "library"])
 def test_gpm_pairs_take_turns_and_a_round_stays_under_100_ms_of_nvml(
     nvml_on: NvmlOn, queueing: str
@@ -686,13 +701,7 @@ def test_gpm_pairs_take_turns_and_a_round_stays_under_100_ms_of_nvml(
     # tier alone 59 ms on 8 H100s; GPM is now read on each GPU's slow turn. Counted in the
     # stand-in's modelled time (its cost table's sum, whatever the machine's load), no round
     # of the running loop carries 100 ms of NVML work, and the averages stay each GPU's own.
-    spec = {"gpus": [{"model": "H100-SXM5-80GB", "count": 8}],
-            "nvml_costs": {"mode": "modelled", "queueing": queueing}}  # fmt: skip
-    node, api = nvml_on(spec)
-    for i in range(8):
-        node.set_gpm(i, sm_activity=0.1 * (i + 1), tensor_activity=0.5)
-        node.add_process(i, 4000 + i, 2**30)
-        node.set_process_utilization(i, 4000 + i, sm=0.9, memory=0.3)
+    node, api = _busy_h100s(nvml_on, queueing, lambda i: 0.1 * (i + 1), tensor=0.5)
     collector = CollectLoop(api, interval=0.2, slow_interval=0.8)  # a 4-round slow cycle
     per_round: list[tuple[float, int]] = []  # (modelled NVML ms, GPM pairs) per round
     mark = [node.charged_ms(), node.call_count("nvmlGpmMetricsGet")]
@@ -708,7 +717,7 @@ def test_gpm_pairs_take_turns_and_a_round_stays_under_100_ms_of_nvml(
         wait_for(lambda: len(per_round) >= 11, timeout=60)
     finally:
         collector.stop()
-    later = per_round[1:11]  # the first is collect_once at start: every tier, no pair yet
+    later = per_round[1:11]  # the first is a start-up round: first samples, no pair yet
     assert per_round[0][1] == 0  # a first sample only: nothing to pair it with
     assert max(pairs for _ms, pairs in later) <= 2, later  # 8 GPUs over a 4-round cycle
     assert sum(pairs for _ms, pairs in later) >= 8  # every GPU's pair in 10 rounds
@@ -729,13 +738,8 @@ def test_start_up_reads_a_few_gpus_a_round_and_no_round_passes_100_ms_of_nvml(
     # rounds now read STARTUP_GPUS_PER_ROUND GPUs in full each, publish nothing until the
     # last of them (latest() None, so /readyz is not ready), and no round, start-up or
     # later, carries 100 ms of NVML work as the stand-in counts it.
-    spec = {"gpus": [{"model": "H100-SXM5-80GB", "count": 8}],
-            "nvml_costs": {"mode": "modelled", "queueing": queueing}}  # fmt: skip
-    node, api = nvml_on(spec)
+    node, api = _busy_h100s(nvml_on, queueing, lambda _i: 0.9, tensor=0.8)
     for i in range(8):
-        node.set_gpm(i, sm_activity=0.9, tensor_activity=0.8)
-        node.add_process(i, 4000 + i, 2**30)
-        node.set_process_utilization(i, 4000 + i, sm=0.9, memory=0.3)
         node.set(i, ecc_corrected_volatile=i + 1)
     collector = CollectLoop(api, interval=0.2, slow_interval=1.0)
     rounds: list[tuple[RoundDone, float, NodeSnapshot | None]] = []
