@@ -333,7 +333,8 @@ class UsageWindow(Base):
 
 class LedgerProgress(Base):
     """How far the usage ledger of one cluster is ingested: every window that ends at or
-    before ``ingested_until`` has its rows (or had no samples). Migration 0008."""
+    before ``ingested_until`` has its rows (or had no samples). Migration 0008. Its rows
+    before ``rolled_until`` are rolled up into day rows and final (migration 0009)."""
 
     __tablename__ = "ledger_progress"
 
@@ -341,6 +342,7 @@ class LedgerProgress(Base):
     window_seconds: Mapped[int] = mapped_column(Integer)
     ingested_until: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+    rolled_until: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class Heartbeat(Base):

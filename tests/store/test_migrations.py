@@ -73,6 +73,31 @@ def test_usage_ledger_migration_steps_up_and_down(empty_db_url: str) -> None:
     assert tables(empty_db_url) == TABLES - LEDGER
 
 
+def test_ledger_rollup_migration_keeps_progress_both_ways(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0008")
+    engine = create_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                text(
+                    "INSERT INTO ledger_progress (cluster, window_seconds, ingested_until,"
+                    " updated_at) VALUES ('c', 3600, 7200, 7300)"
+                )
+            )
+        db.upgrade(empty_db_url, "0009")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT ingested_until, rolled_until FROM ledger_progress"))
+            assert row.all() == [(7200, None)]  # nothing rolled up yet
+        db.downgrade(empty_db_url, "0008")
+        with engine.connect() as conn:
+            row = conn.execute(text("SELECT cluster, ingested_until FROM ledger_progress"))
+            assert row.all() == [("c", 7200)]
+            columns = {c["name"] for c in inspect(conn).get_columns("ledger_progress")}
+            assert "rolled_until" not in columns
+    finally:
+        engine.dispose()
+
+
 def test_gaps_and_quota_seq_migration_keeps_samples_both_ways(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0006")
     engine = create_engine(empty_db_url)
