@@ -11,6 +11,11 @@ beyond the back-fill), the sample just before the window, else 0 (the series is 
 below the previous one is a counter reset and counts from 0, as Prometheus' increase() does;
 nothing is extrapolated. ``sampled_seconds`` is the time between consecutive samples no further
 apart than ``max_gap``, clipped to the window.
+
+Once no window of a UTC day can be ingested again (it closed more than ``lookback`` ago) and
+the day ended ``rollup_after`` ago, each series' rows of the day are rolled up: a run of
+adjacent windows becomes one row with their sums and the last one's counter values, so a
+month of the ledger keeps about one row per holder, device and day instead of one per hour.
 """
 
 from __future__ import annotations
@@ -36,17 +41,19 @@ def plan(
     delay: int,
     lookback: int,
     backfill: int,
+    rolled_until: int | None = None,
 ) -> list[int]:
     """Starts of the windows to (re)ingest now, oldest first: none until a new window has
     closed ``delay`` ago; then the windows after ``ingested_until`` and those that closed in the
-    ``lookback`` before, never older than ``backfill`` before the last closed window's end.
-    ``ingested_until`` None (never ingested): the ``backfill`` last windows."""
+    ``lookback`` before, never older than ``backfill`` before the last closed window's end nor
+    than ``rolled_until`` (rolled-up days are final: their windows are no longer rows of their
+    own). ``ingested_until`` None (never ingested): the ``backfill`` last windows."""
     last_end = align(now - delay, window)
     if ingested_until is not None and ingested_until >= last_end:
         return []
     floor = last_end - max(backfill, window)
     first = floor if ingested_until is None else min(ingested_until, last_end) - lookback
-    first = max(align(first, window), align(floor, window))
+    first = max(align(first, window), align(floor, window), rolled_until or first)
     return list(range(first, last_end, window))
 
 
@@ -142,6 +149,79 @@ def stored(holder_kind: str, usage: Usage | None) -> bool:
     if usage is None:
         return False
     return holder_kind != "unallocated" or usage.energy_joules != 0 or usage.used_gpu_seconds != 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Roll-up
+
+DAY = 86400
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    """One stored row of a series: [window_start, window_start + window_seconds)."""
+
+    window_start: int
+    window_seconds: int
+    usage: Usage
+
+    @property
+    def window_end(self) -> int:
+        return self.window_start + self.window_seconds
+
+
+def rollup_days(
+    ingested_until: int,
+    rolled_until: int | None,
+    first_row: int | None,
+    *,
+    window: int,
+    lookback: int,
+    rollup_after: int | None,
+) -> list[int]:
+    """Starts of the UTC days to roll up now, oldest first: from ``rolled_until`` (else the day
+    of the oldest row, ``first_row``) to the last day that ended ``rollup_after`` ago and whose
+    windows can no longer be ingested again (the look-back before ``ingested_until``).
+    ``rollup_after`` None: never roll up."""
+    if rollup_after is None:
+        return []
+    final = align(ingested_until - lookback, window)
+    last_end = align(min(final, ingested_until - rollup_after), DAY)
+    start = rolled_until if rolled_until is not None else first_row
+    if start is None:
+        return []
+    return list(range(align(start, DAY), last_end, DAY))
+
+
+def roll_up(rows: Sequence[WindowRow]) -> list[WindowRow]:
+    """One series' rows, oldest first, rolled up: each run of adjacent rows (one ends where the
+    next starts) inside one UTC day becomes one row spanning the run, with the sums of used,
+    energy and sampled seconds and the run's last counter values (the next row's baseline, so
+    ingestion after the day reads the same baseline as before). Rows apart stay apart: a gap
+    keeps its meaning (no data) for coverage, idle allocations and the baselines."""
+    out: list[WindowRow] = []
+    for row in rows:
+        last = out[-1] if out else None
+        if (
+            last is None
+            or last.window_end != row.window_start
+            or align(last.window_start, DAY) != align(row.window_start, DAY)
+        ):
+            out.append(row)
+            continue
+        a, b = last.usage, row.usage
+        out[-1] = WindowRow(
+            last.window_start,
+            row.window_end - last.window_start,
+            Usage(
+                a.used_gpu_seconds + b.used_gpu_seconds,
+                a.energy_joules + b.energy_joules,
+                a.sampled_seconds + b.sampled_seconds,
+                b.end_used if b.end_used is not None else a.end_used,
+                b.end_energy if b.end_energy is not None else a.end_energy,
+            ),
+        )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,6 +33,53 @@ def test_plan() -> None:
     assert plan(10 * H, 20 * H + 300) == list(range(10 * H, 20 * H, H))
     # never ingested: the back-fill's windows
     assert plan(None, 20 * H + 300, backfill=2 * H) == [18 * H, 19 * H]
+    # rolled-up windows are final: never again, whatever the look-back or back-fill
+    assert plan(11 * H, 12 * H + 300, lookback=5 * H, rolled_until=10 * H) == [10 * H, 11 * H]
+    assert plan(None, 20 * H + 300, rolled_until=19 * H) == [19 * H]
+
+
+DAY = rules.DAY
+
+
+def row(
+    start: int, seconds: int = H, used: float = 1.0, end: float | None = None
+) -> rules.WindowRow:
+    return rules.WindowRow(start, seconds, rules.Usage(used, 2 * used, seconds, end, end))
+
+
+def test_roll_up_merges_adjacent_windows_of_a_day() -> None:
+    day = 20 * DAY
+    rows = [row(day - H, end=1), row(day, end=2), row(day + H, used=3, end=5)]
+    rows += [row(day + 3 * H, end=None), row(day + 4 * H, seconds=H // 2, end=9)]
+    got = rules.roll_up(rows)
+    assert [(r.window_start, r.window_seconds) for r in got] == [
+        (day - H, H),  # the day before stays apart, however adjacent
+        (day, 2 * H),
+        (day + 3 * H, H + H // 2),  # a gap (no row for day + 2h) starts a new run
+    ]
+    assert got[1].usage == rules.Usage(4.0, 8.0, 2 * H, 5, 5)  # sums; the last end values
+    assert got[2].usage.end_used == 9 and got[2].usage.sampled_seconds == H + H // 2
+    # an end value the last row lacks is the run's latest known
+    assert rules.roll_up([row(day, end=4), row(day + H, end=None)])[0].usage.end_used == 4
+    assert rules.roll_up(got) == got  # rolling up again changes nothing
+    assert rules.roll_up([]) == []
+
+
+def test_rollup_days() -> None:
+    def days(until: int, rolled: int | None, first: int | None, **kw: int | None) -> list[int]:
+        args = {"window": H, "lookback": H, "rollup_after": 0} | kw
+        return rules.rollup_days(until, rolled, first, **args)  # type: ignore[arg-type]
+
+    # a day is rolled up once no window of it can be ingested again (the look-back)
+    assert days(10 * DAY + H - 1, 9 * DAY, None) == []
+    assert days(10 * DAY + H, 9 * DAY, None) == [9 * DAY]
+    # ... and it ended --ledger-rollup-after ago
+    assert days(10 * DAY + H, 9 * DAY, None, rollup_after=DAY) == []
+    assert days(11 * DAY + H, 8 * DAY, None, rollup_after=DAY) == [8 * DAY, 9 * DAY]
+    # never rolled up: from the day of the oldest row; no rows: nothing
+    assert days(10 * DAY + H, None, 7 * DAY + 5 * H) == [7 * DAY, 8 * DAY, 9 * DAY]
+    assert days(10 * DAY + H, None, None) == []
+    assert days(10 * DAY + H, 9 * DAY, None, rollup_after=None) == []
 
 
 def test_increase_from_baseline_over_resets_without_extrapolation() -> None:
@@ -114,6 +161,7 @@ def test_idle_allocations() -> None:
         ({"backfill": 60}, "--ledger-backfill"),
         ({"idle_threshold": 1.5}, "--idle-threshold"),
         ({"idle_for": 60}, "--idle-for"),
+        ({"rollup_after": -1}, "--ledger-rollup-after"),
     ],
 )
 def test_settings_checked(change: dict[str, float], message: str) -> None:
