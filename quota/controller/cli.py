@@ -209,6 +209,14 @@ def add_ledger_options(parser: argparse.ArgumentParser) -> None:
         help="samples further apart than this leave the time between them uncovered (1m)",
     )
     group.add_argument(
+        "--ledger-rollup-after",
+        type=_never_or(_zero_or(seconds)),
+        default=86400,
+        metavar="DURATION",
+        help="roll each UTC day's window rows up into one row per holder and device once the "
+        "day ended this long ago and is past --ledger-lookback (1d; 'never' keeps them all)",
+    )
+    group.add_argument(
         "--idle-threshold",
         type=float,
         default=0.05,
@@ -234,6 +242,16 @@ def _zero_or(parse: Callable[[str], int]) -> Callable[[str], int]:
     return zero_or
 
 
+def _never_or(parse: Callable[[str], int]) -> Callable[[str], int | None]:
+    """A duration flag that also takes 'never' (None)."""
+
+    def never_or(text: str) -> int | None:
+        return None if text.strip() == "never" else parse(text)
+
+    never_or.__name__ = "duration"
+    return never_or
+
+
 def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
     """The ledger's settings from the flags, None when it is off; ValueError naming the flag."""
     if not args.ledger_prometheus_url:
@@ -251,6 +269,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
         max_gap=args.ledger_max_gap,
         idle_threshold=args.idle_threshold,
         idle_for=args.idle_for,
+        rollup_after=args.ledger_rollup_after,
     )
     problem = check_ledger(settings)
     if problem:

@@ -224,6 +224,16 @@ METRICS: tuple[ControllerMetric, ...] = (
         ledger=True,
     ),
     ControllerMetric(
+        "ledger_rolled_until",
+        "gpuquota_ledger_rolled_up_until_timestamp_seconds",
+        "gauge",
+        "Unix time up to which the usage ledger's window rows are rolled up into day rows "
+        "(--ledger-rollup-after): windows before it are final",
+        (),
+        "ledger_progress after each day rolled up, " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
         "ledger_windows",
         "gpuquota_ledger_windows_ingested",
         "counter",
@@ -356,6 +366,8 @@ def ledger_samples(facts: LedgerFacts) -> dict[str, list[Sample]]:
     out: dict[str, list[Sample]] = {s.attr: [] for s in METRICS if s.ledger}
     if facts.ingested_until is not None:
         out["ledger_ingested_until"] = [((), float(facts.ingested_until))]
+    if facts.rolled_until is not None:
+        out["ledger_rolled_until"] = [((), float(facts.rolled_until))]
     out["ledger_windows"] = [((), float(facts.windows))]
     out["ledger_errors"] = [((r,), float(n)) for r, n in sorted(facts.errors.items())]
     for idle in facts.idle:

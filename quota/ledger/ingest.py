@@ -6,7 +6,8 @@ connection and never touches the watch loop or the Accountant: a slow Prometheus
 delays the ledger, never an event, and its CPU work does not hold the watch loop's interpreter
 lock. Each turn it asks
 ``rules.plan`` which windows to (re)ingest, fetches each from Prometheus and replaces its rows
-in one transaction (ledger/write.py). Failures are logged once per change of state (the same
+in one transaction (ledger/write.py); then it rolls the days up whose windows are final
+(``--ledger-rollup-after``: rules.rollup_days, LedgerStore.roll_up_day). Failures are logged once per change of state (the same
 error again is not logged again) and retried with exponential backoff.
 """
 
@@ -48,6 +49,7 @@ class LedgerSettings:
     max_gap: int = 60
     idle_threshold: float = 0.05
     idle_for: int = 3600
+    rollup_after: int | None = 86400  # None: keep every window's row
     poll: float = 30.0  # seconds between turns when nothing is due
     timeout: float = 120.0  # one Prometheus query
     backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
@@ -69,6 +71,8 @@ def check(settings: LedgerSettings) -> str | None:
         return "--ledger-max-gap must be positive"
     if not 0 < s.idle_threshold <= 1:
         return f"--idle-threshold ({s.idle_threshold}) must be a ratio in (0, 1], e.g. 0.05"
+    if s.rollup_after is not None and s.rollup_after < 0:
+        return f"--ledger-rollup-after ({s.rollup_after}s) must be 0 or more, or never"
     if s.idle_for < s.window:
         return f"--idle-for ({s.idle_for}s) must be at least --ledger-window ({s.window}s)"
     return None
@@ -85,6 +89,7 @@ class LedgerFacts:
     idle: tuple[rules.Idle, ...] = ()
     failing: str | None = None
     turns: int = 0  # turns that ingested something (windows and idle allocations done)
+    rolled_until: int | None = None  # the end of the last UTC day rolled up
 
 
 class Ingester:
@@ -122,8 +127,9 @@ class Ingester:
         ledger = self._store()
         progress = ledger.progress()
         until = progress.ingested_until if progress else None
+        rolled = progress.rolled_until if progress else None
         if until is not None:
-            self._publish(ingested_until=until)
+            self._publish(ingested_until=until, rolled_until=rolled)
         due = rules.plan(
             until,
             self.clock(),
@@ -131,6 +137,7 @@ class Ingester:
             delay=s.delay,
             lookback=s.lookback,
             backfill=s.backfill,
+            rolled_until=rolled,
         )
         if until is not None and due and due[0] > until:
             log.warning(
@@ -150,8 +157,38 @@ class Ingester:
             until = self.facts.ingested_until
         if due:
             self.refresh_idle()
+            self.roll_up(rolled)
             self._publish(turns=self.facts.turns + 1)
         return len(due)
+
+    def roll_up(self, rolled_until: int | None) -> None:
+        """Roll up every day that is due (rules.rollup_days), oldest first, each in its own
+        transaction: stopping between two days leaves the rest for the next turn."""
+        s = self.settings
+        until = self.facts.ingested_until
+        if until is None or s.rollup_after is None:
+            return
+        ledger = self._store()
+        first = ledger.first_window_start() if rolled_until is None else None
+        days = rules.rollup_days(
+            until,
+            rolled_until,
+            first,
+            window=s.window,
+            lookback=s.lookback,
+            rollup_after=s.rollup_after,
+        )
+        for day in days:
+            if self._stop.is_set():
+                return
+            before, after = ledger.roll_up_day(day)
+            log.info(
+                "usage ledger: rolled up %s UTC: %d window rows into %d",
+                time.strftime("%Y-%m-%d", time.gmtime(day)),
+                before,
+                after,
+            )
+            self._publish(rolled_until=day + rules.DAY)
 
     def ingest_window(self, start: int) -> int:
         """Fetch and store one window; returns the rows written."""

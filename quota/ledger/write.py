@@ -3,20 +3,33 @@
 ``replace_window`` upserts the window's series, deletes the window's rows of the cluster and
 inserts the new ones, and moves ``ledger_progress`` forward, all in one transaction: ingesting
 a window again replaces its rows, and a failure anywhere leaves the store as it was, so nothing
-is counted twice or half.
+is counted twice or half. ``roll_up_day`` replaces a final day's rows of the cluster by their
+roll-up (rules.roll_up) and moves ``rolled_until``, in one transaction too.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Float, Table, and_, cast, delete, func, insert, select
+from sqlalchemy import (
+    Connection,
+    Float,
+    Table,
+    and_,
+    cast,
+    delete,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.ledger.rules import HolderWindow, OpenHolder, Usage
+from gpuquota.quota.ledger.rules import DAY, HolderWindow, OpenHolder, Usage, WindowRow, roll_up
 from gpuquota.quota.ledger.source import SeriesSamples
 from gpuquota.quota.store.db import Store, StoreUnavailableError, safe_url
 from gpuquota.quota.store.models import (
@@ -41,6 +54,7 @@ class Progress:
     window_seconds: int
     ingested_until: int
     updated_at: int
+    rolled_until: int | None = None
 
 
 def _table(model: type[Any]) -> Table:
@@ -76,8 +90,91 @@ class LedgerStore:
         return (
             None
             if row is None
-            else Progress(row.window_seconds, row.ingested_until, row.updated_at)
+            else Progress(row.window_seconds, row.ingested_until, row.updated_at, row.rolled_until)
         )
+
+    def first_window_start(self) -> int | None:
+        """The start of the cluster's oldest window row (None: no rows)."""
+        w, t = _table(UsageWindow), _table(UsageSeries)
+        try:
+            with self.store.engine.connect() as conn:
+                first = conn.execute(
+                    select(func.min(w.c.window_start))
+                    .select_from(w.join(t, t.c.id == w.c.series_id))
+                    .where(t.c.cluster == self.cluster)
+                ).scalar()
+        except SQLAlchemyError as exc:
+            raise self._failed("read from", exc) from None
+        return None if first is None else int(first)
+
+    def roll_up_day(self, day: int) -> tuple[int, int]:
+        """Roll the cluster's rows of the UTC day starting at ``day`` up (rules.roll_up) and
+        set ``rolled_until`` to the day's end, in one transaction. Returns (rows before, rows
+        after). Only series whose rows merge are rewritten."""
+        w, t, p = _table(UsageWindow), _table(UsageSeries), _table(LedgerProgress)
+        before = after = 0
+        try:
+            with self.store.engine.begin() as conn:
+                found = conn.execute(
+                    select(
+                        w.c.series_id,
+                        w.c.window_start,
+                        w.c.window_seconds,
+                        w.c.used_gpu_seconds,
+                        w.c.energy_joules,
+                        w.c.sampled_seconds,
+                        w.c.end_used,
+                        w.c.end_energy,
+                    )
+                    .select_from(w.join(t, t.c.id == w.c.series_id))
+                    .where(
+                        t.c.cluster == self.cluster,
+                        w.c.window_start >= day,
+                        w.c.window_start < day + DAY,
+                    )
+                    .order_by(w.c.series_id, w.c.window_start)
+                ).all()
+                rewrite: dict[int, list[WindowRow]] = {}
+                for sid, rows in itertools.groupby(found, key=lambda r: int(r[0])):
+                    own = [
+                        WindowRow(int(r[1]), int(r[2]), Usage(r[3], r[4], r[5], r[6], r[7]))
+                        for r in rows
+                    ]
+                    merged = roll_up(own)
+                    before += len(own)
+                    after += len(merged)
+                    if len(merged) < len(own):
+                        rewrite[sid] = merged
+                for chunk in _chunks([str(sid) for sid in rewrite]):
+                    conn.execute(
+                        delete(w).where(
+                            w.c.series_id.in_([int(x) for x in chunk]),
+                            w.c.window_start >= day,
+                            w.c.window_start < day + DAY,
+                        )
+                    )
+                rows_out = [
+                    {
+                        "series_id": sid,
+                        "window_start": r.window_start,
+                        "window_seconds": r.window_seconds,
+                        "used_gpu_seconds": r.usage.used_gpu_seconds,
+                        "energy_joules": r.usage.energy_joules,
+                        "sampled_seconds": r.usage.sampled_seconds,
+                        "end_used": r.usage.end_used,
+                        "end_energy": r.usage.end_energy,
+                    }
+                    for sid, merged in rewrite.items()
+                    for r in merged
+                ]
+                if rows_out:
+                    conn.execute(insert(w), rows_out)
+                conn.execute(
+                    update(p).where(p.c.cluster == self.cluster).values(rolled_until=day + DAY)
+                )
+        except SQLAlchemyError as exc:
+            raise self._failed("write to", exc) from None
+        return before, after
 
     def series_ids(self, conn: Connection, series: Sequence[SeriesSamples]) -> dict[Key, int]:
         """Upsert the series (labels: the last seen; a known GPU model is kept) and return

@@ -280,6 +280,17 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
             ],
             r"error: --ledger-window: 420s must divide a day",
         ),
+        "ledger-rollup-after": (
+            [
+                "--kubeconfig",
+                str(kc),
+                "--ledger-prometheus-url",
+                "http://prometheus:9090",
+                "--ledger-rollup-after",
+                "sometimes",
+            ],
+            r"error: argument --ledger-rollup-after: invalid duration 'sometimes'",
+        ),
     }
     # all at once: each is a fresh interpreter importing the kubernetes client
     procs = {
