@@ -15,6 +15,7 @@ Writes the `report` section of docs/benchmarks.md; the last line printed is
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ import numpy as np
 from sqlalchemy import create_engine, insert, text
 
 from bench.results import write_section
+from gpuquota.quota.ledger import rules
 from gpuquota.quota.report import build, cli
 from gpuquota.quota.store import db
 from gpuquota.quota.store.models import Allocation, LedgerProgress, UsageWindow
@@ -199,6 +201,23 @@ def ledger_rows(
             windows.append((sid, hour, 3600, used, joules, float(gpu_seconds), used, joules))
             hour += 3600
     return series, windows
+
+
+def rolled_up(windows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The hourly windows as the controller keeps a past month: each series' days rolled up
+    by the ledger's own rule (rules.roll_up; --ledger-rollup-after)."""
+    out: list[tuple[Any, ...]] = []
+    for sid, rows in itertools.groupby(windows, key=lambda w: w[0]):
+        hourly = [
+            rules.WindowRow(w[1], w[2], rules.Usage(w[3], w[4], w[5], w[6], w[7])) for w in rows
+        ]
+        out += [
+            (sid, r.window_start, r.window_seconds, r.usage.used_gpu_seconds,
+             r.usage.energy_joules, r.usage.sampled_seconds, r.usage.end_used,
+             r.usage.end_energy)
+            for r in rules.roll_up(hourly)
+        ]  # fmt: skip
+    return out
 
 
 def load_ledger_pg(url: str, series: list[Any], windows: list[Any], schema: str = SCHEMA) -> float:
@@ -504,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
     saved = json.loads(loads.read_text()) if loads.exists() else {}
     if not args.reuse or args.reload_ledger or "ledger_rows" not in saved:
         print("generating the month's usage ledger ...", file=sys.stderr)
-        series, windows = ledger_rows(month_intervals(args.pg_url, args.schema))
+        series, hourly = ledger_rows(month_intervals(args.pg_url, args.schema))
+        windows = rolled_up(hourly)
+        saved["ledger_hourly"] = len(hourly)
         saved["ledger_pg_s"] = load_ledger_pg(args.pg_url, series, windows, args.schema)
         saved["ledger_sqlite_s"] = load_ledger_sqlite(args.sqlite, series, windows)
         saved["ledger_rows"], saved["ledger_series"] = len(windows), len(series)
@@ -546,9 +567,11 @@ models, log-normal durations with a tail of multi-day jobs; {running:,} still ru
 jobs unfinished at the end of the year and 0.05 % long-running services); the
 report covers {MONTH} ({month_rows:,} intervals overlap it, {groups} namespaces). It is the
 CLI's own code path (`cli.build`: clip-and-sum in SQL, exact totals, CSV rendering), with
-usage: the store also holds the month's usage ledger, {saved["ledger_rows"]:,} hourly windows
+usage: the store also holds the month's usage ledger, {saved.get("ledger_hourly", 0):,} hourly windows
 of {saved["ledger_series"]:,} pod series (about 2,000 GPUs x 720 hours: pods drawn at random
-among the month's, so the coverage is partial and even), so every run also sums used
+among the month's, so the coverage is partial and even), rolled up into {saved["ledger_rows"]:,}
+rows as the controller keeps a past month (a row per run of adjacent windows per series and UTC
+day: `--ledger-rollup-after`, quota/ledger/rules.py `roll_up`), so every run also sums used
 GPU-seconds, energy and coverage per namespace from the ledger. The report's independent
 reads run concurrently (quota/report/build.py `run_reads`: the report's connection and
 {build.READERS - 1} siblings from the pool, on PostgreSQL and on SQLite's read-only file), and the
