@@ -193,18 +193,20 @@ def rollup_days(
     return list(range(align(start, DAY), last_end, DAY))
 
 
-def roll_up(rows: Sequence[WindowRow]) -> list[WindowRow]:
+def roll_up(rows: Sequence[WindowRow], *, across_gaps: bool = False) -> list[WindowRow]:
     """One series' rows, oldest first, rolled up: each run of adjacent rows (one ends where the
     next starts) inside one UTC day becomes one row spanning the run, with the sums of used,
     energy and sampled seconds and the run's last counter values (the next row's baseline, so
     ingestion after the day reads the same baseline as before). Rows apart stay apart: a gap
-    keeps its meaning (no data) for coverage, idle allocations and the baselines."""
+    keeps its meaning (no data) for coverage, idle allocations and the baselines. Except
+    ``across_gaps``: a series whose missing windows mean no increase (a GPU's unallocated
+    energy: ``stored``) has one row per day."""
     out: list[WindowRow] = []
     for row in rows:
         last = out[-1] if out else None
         if (
             last is None
-            or last.window_end != row.window_start
+            or (last.window_end != row.window_start and not across_gaps)
             or align(last.window_start, DAY) != align(row.window_start, DAY)
         ):
             out.append(row)
@@ -217,8 +219,8 @@ def roll_up(rows: Sequence[WindowRow]) -> list[WindowRow]:
                 a.used_gpu_seconds + b.used_gpu_seconds,
                 a.energy_joules + b.energy_joules,
                 a.sampled_seconds + b.sampled_seconds,
-                b.end_used if b.end_used is not None else a.end_used,
-                b.end_energy if b.end_energy is not None else a.end_energy,
+                b.end_used,
+                b.end_energy,
             ),
         )
     return out

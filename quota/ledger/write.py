@@ -118,6 +118,7 @@ class LedgerStore:
                 found = conn.execute(
                     select(
                         w.c.series_id,
+                        t.c.holder_kind,
                         w.c.window_start,
                         w.c.window_seconds,
                         w.c.used_gpu_seconds,
@@ -135,12 +136,12 @@ class LedgerStore:
                     .order_by(w.c.series_id, w.c.window_start)
                 ).all()
                 rewrite: dict[int, list[WindowRow]] = {}
-                for sid, rows in itertools.groupby(found, key=lambda r: int(r[0])):
+                for (sid, kind), rows in itertools.groupby(found, key=lambda r: (int(r[0]), r[1])):
                     own = [
-                        WindowRow(int(r[1]), int(r[2]), Usage(r[3], r[4], r[5], r[6], r[7]))
+                        WindowRow(int(r[2]), int(r[3]), Usage(r[4], r[5], r[6], r[7], r[8]))
                         for r in rows
                     ]
-                    merged = roll_up(own)
+                    merged = roll_up(own, across_gaps=kind == "unallocated")
                     before += len(own)
                     after += len(merged)
                     if len(merged) < len(own):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from gpuquota.quota.accounting.rows import Batch
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
@@ -59,6 +59,14 @@ def _series() -> list[Series]:
             BORN,
             END,
         ),
+        # GPU-9: held by someone in [D-2h, D-1h): no increase, no row for that window
+        Series(
+            "gpu_unallocated_energy_joules_total",
+            {"gpu": "5", "uuid": "GPU-9", "instance": "node-2:9400", "node": "node-2"},
+            lambda t: 50.0 * (min(t, D - 2 * H - 15) - BORN + max(0, t - (D - H))),
+            BORN,
+            END,
+        ),
     ]
 
 
@@ -84,14 +92,15 @@ Rows = dict[tuple[str, int], tuple[int, float, float, float, float | None, float
 
 
 def rows(db_url: str, cluster: str) -> Rows:
-    """(holder_uid, window_start) -> (seconds, used, energy, sampled, end_used, end_energy)."""
+    """(holder UID, or the device's UUID for unallocated energy, window_start) -> (seconds,
+    used, energy, sampled, end_used, end_energy)."""
     store = open_store(db_url)
     try:
         with store.engine.connect() as conn:
             s, w = UsageSeries.__table__, UsageWindow.__table__
             got = conn.execute(
                 select(
-                    s.c.holder_uid,
+                    func.coalesce(func.nullif(s.c.holder_uid, ""), s.c.device_uuid),
                     w.c.window_start,
                     w.c.window_seconds,
                     w.c.used_gpu_seconds,
@@ -187,7 +196,12 @@ def test_a_final_day_rolls_up_and_the_report_is_the_same(
     assert day_rows(daily, "u1") == [D - 4 * H]
     assert day_rows(hourly, "u2") == [D - 4 * H, D - 3 * H, D - H]
     assert day_rows(daily, "u2") == [D - 4 * H, D - H]
-    assert day_rows(daily, "") == [D - 4 * H]
+    assert day_rows(daily, "GPU-5") == [D - 4 * H]
+    # GPU-9's unallocated energy: no row for the hour it was held (no increase); rolled up,
+    # one row over the day's span: a missing unallocated window is no increase, not no data
+    assert day_rows(hourly, "GPU-9") == [D - 4 * H, D - 3 * H, D - H]
+    assert day_rows(daily, "GPU-9") == [D - 4 * H]
+    assert daily[("GPU-9", D - 4 * H)][0] == 4 * H
 
     def summed(uid: str, starts: list[int]) -> tuple[Any, ...]:
         parts = [hourly[(uid, s)] for s in starts]
@@ -202,9 +216,12 @@ def test_a_final_day_rolls_up_and_the_report_is_the_same(
     assert daily[("u1", D - 4 * H)][0] == 4 * H
     assert close(daily[("u2", D - 4 * H)], summed("u2", [D - 4 * H, D - 3 * H]))
     assert close(daily[("u2", D - H)], hourly[("u2", D - H)])
+    assert close(
+        daily[("GPU-9", D - 4 * H)][1:], summed("GPU-9", [D - 4 * H, D - 3 * H, D - H])[1:]
+    )
     # today's windows, the first of them ingested again from the rolled row's end: the same
     today = {k for k in hourly if k[1] >= D}
-    assert today == {k for k in daily if k[1] >= D} and len(today) == 9
+    assert today == {k for k in daily if k[1] >= D} and len(today) == 12
     for key in today:
         assert close(daily[key], hourly[key]), key
 

@@ -59,9 +59,16 @@ def test_roll_up_merges_adjacent_windows_of_a_day() -> None:
     ]
     assert got[1].usage == rules.Usage(4.0, 8.0, 2 * H, 5, 5)  # sums; the last end values
     assert got[2].usage.end_used == 9 and got[2].usage.sampled_seconds == H + H // 2
-    # an end value the last row lacks is the run's latest known
-    assert rules.roll_up([row(day, end=4), row(day + H, end=None)])[0].usage.end_used == 4
+    # the run's last row's end values, as they are (the next window's baseline reads them)
+    assert rules.roll_up([row(day, end=4), row(day + H, end=None)])[0].usage.end_used is None
     assert rules.roll_up(got) == got  # rolling up again changes nothing
+    # a series whose missing windows mean no increase (unallocated energy): a row per day
+    whole = rules.roll_up(rows, across_gaps=True)
+    assert [(r.window_start, r.window_seconds) for r in whole] == [
+        (day - H, H),
+        (day, 4 * H + H // 2),
+    ]
+    assert whole[1].usage.used_gpu_seconds == 6.0 and whole[1].usage.end_energy == 9
     assert rules.roll_up([]) == []
 
 
