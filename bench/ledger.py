@@ -45,6 +45,9 @@ from sqlalchemy import create_engine, text
 from bench.results import write_section
 from gpuquota.quota.accounting.rows import AllocationRow, Batch
 from gpuquota.quota.ledger.ingest import Ingester, LedgerProcess, LedgerSettings
+from gpuquota.quota.ledger.rules import DAY, Usage
+from gpuquota.quota.ledger.source import SeriesSamples
+from gpuquota.quota.ledger.write import LedgerStore
 from gpuquota.quota.store import db
 from gpuquota.sim import promserver
 
@@ -74,18 +77,17 @@ class Pod:
     watts: float
 
 
-def generate(
-    path: Path, start: int, gpus: int, pods_per_day: int, seed: int = 19
-) -> tuple[list[Pod], int, int]:
-    """OpenMetrics samples of [start - MARGIN, start + HOUR + MARGIN] into ``path``; returns
-    the pods overlapping it, the samples written and the series written."""
+def schedule(
+    lo: int, hi: int, gpus: int, pods_per_day: int, seed: int = 19
+) -> tuple[list[Pod], list[list[tuple[int, int]]]]:
+    """The pods that run on each GPU over [lo, hi) (each GPU busy BUSY of the time, pods of
+    gpus x 1 day / pods_per_day x BUSY seconds on average), and each GPU's held spans."""
     rng = random.Random(seed)
     cycle = gpus * 86400 / pods_per_day  # a GPU's pod plus the gap after it, on average
-    lo, hi = start - MARGIN, start + HOUR + MARGIN
     pods: list[Pod] = []
     held: list[list[tuple[int, int]]] = []
     for gpu in range(gpus):
-        t = start - int(rng.uniform(0, 3 * cycle))
+        t = lo + MARGIN - int(rng.uniform(0, 3 * cycle))
         spans: list[tuple[int, int]] = []
         while t < hi:
             length = max(60, int(rng.expovariate(1 / (cycle * BUSY))))
@@ -107,6 +109,16 @@ def generate(
                 spans.append((t, t + length))
             t += length + gap
         held.append(spans)
+    return pods, held
+
+
+def generate(
+    path: Path, start: int, gpus: int, pods_per_day: int, seed: int = 19
+) -> tuple[list[Pod], int, int]:
+    """OpenMetrics samples of [start - MARGIN, start + HOUR + MARGIN] into ``path``; returns
+    the pods overlapping it, the samples written and the series written."""
+    lo, hi = start - MARGIN, start + HOUR + MARGIN
+    pods, held = schedule(lo, hi, gpus, pods_per_day, seed)
     samples = 0
     series = 0
     times = range((lo // STEP) * STEP, hi + 1, STEP)
@@ -142,6 +154,111 @@ def generate(
             series += 1
         out.write("# EOF\n")
     return pods, samples, series
+
+
+def device_uuid(gpu: int) -> str:
+    return f"GPU-{gpu:08d}"
+
+
+@dataclass(frozen=True)
+class Day:
+    """A day of the ledger written hour by hour through the ingester's own writer, then rolled
+    up by its own roll-up: the rows and bytes of each stage."""
+
+    gpu_hours: float
+    series: int  # every series in the store: the day's pods' and the GPUs' unallocated
+    new_series: int  # series of the pods that started that day
+    hourly_rows: int
+    rolled_rows: int
+    hourly_bytes: tuple[int, int]  # (windows, series) after the day's 24 windows
+    rolled_bytes: tuple[int, int]  # the same after the roll-up (PostgreSQL: VACUUM FULL)
+    rollup_cpu_s: float
+
+
+def _day_windows(
+    day: int, pods: list[Pod], held: list[list[tuple[int, int]]]
+) -> list[tuple[int, list[tuple[SeriesSamples, Usage]]]]:
+    """Per hour of the day, each series' row as ingestion writes it: a pod's for every hour
+    it ran in (used, energy and sampled over the time it ran), a GPU's unallocated energy (60
+    W) for every hour it was not held all of."""
+    out = []
+    for hour in range(day, day + DAY, HOUR):
+        end = hour + HOUR
+        rows: list[tuple[SeriesSamples, Usage]] = []
+        for p in pods:
+            ran = min(p.end, end) - max(p.start, hour)
+            if ran <= 0:
+                continue
+            upto = min(p.end, end) - p.start
+            labels = SeriesSamples(
+                device_uuid(p.gpu), "pod", p.uid, p.namespace, p.name,
+                f"node-{p.gpu // 8}:9400", None, None, "sm_active",
+            )  # fmt: skip
+            rows.append(
+                (
+                    labels,
+                    Usage(p.activity * ran, p.watts * ran, float(ran), p.activity * upto,
+                          p.watts * upto),
+                )
+            )  # fmt: skip
+        for gpu, spans in enumerate(held):
+            busy = sum(max(0, min(e, end) - max(s, hour)) for s, e in spans)
+            if busy >= HOUR:
+                continue  # no increase: no row (rules.stored)
+            labels = SeriesSamples(
+                device_uuid(gpu), "unallocated", "", node=f"node-{gpu // 8}:9400"
+            )
+            joules = 60.0 * (HOUR - busy)
+            rows.append((labels, Usage(0.0, joules, float(HOUR), None, joules + hour)))
+        out.append((hour, rows))
+    return out
+
+
+def store_day(url: str, day: int, gpus: int, pods_per_day: int, sqlite: Path | None) -> Day:
+    """Write a day of windows into a fresh store, hour by hour (LedgerStore.replace_window),
+    then roll it up (LedgerStore.roll_up_day), measuring the bytes before and after."""
+    pods, held = schedule(day - MARGIN, day + DAY, gpus, pods_per_day, seed=23)
+    pods = [p for p in pods if p.end > day]
+    db.upgrade(url)
+    store = db.open_store(url)
+    ledger = LedgerStore(store, "bench-day")
+    windows = _day_windows(day, pods, held)
+    for hour, rows in windows:
+        usage = {s.key: u for s, u in rows}
+
+        def usage_of(
+            series: SeriesSamples, _base: object, found: dict[tuple[str, str, str], Usage] = usage
+        ) -> Usage:
+            return found[series.key]
+
+        ledger.replace_window(hour, HOUR, [s for s, _ in rows], usage_of)
+
+    def size() -> tuple[int, int]:
+        return sqlite_bytes(sqlite) if sqlite is not None else pg_bytes(url)
+
+    hourly = size()
+    cpu = time.process_time()
+    before, after = ledger.roll_up_day(day)
+    cpu = time.process_time() - cpu
+    store.close()
+    if sqlite is None:
+        engine = create_engine(url, isolation_level="AUTOCOMMIT")
+        with engine.connect() as conn:
+            for table in ("usage_windows", "usage_series"):
+                conn.execute(text(f"VACUUM FULL {table}"))
+        engine.dispose()
+    rolled = size()
+    gpu_hours = sum(min(p.end, day + DAY) - max(p.start, day) for p in pods) / HOUR
+    return Day(
+        gpu_hours,
+        series_count(url),
+        sum(1 for p in pods if p.start >= day),
+        before,
+        after,
+        hourly,
+        rolled,
+        cpu,
+    )
 
 
 def allocations(pods: list[Pod], at: int) -> Batch:
@@ -358,6 +475,19 @@ def run(args: argparse.Namespace, work: Path) -> int:
             delays[name] = during.worst_ms()
         (worst, p99), (worst_sqlite, p99_sqlite) = delays["pg"], delays["sqlite"]
     load_after = os.getloadavg()[0]
+    day = (start // DAY - 2) * DAY  # a whole past UTC day
+    print("a day of rows, then its roll-up ...", file=sys.stderr)
+    day_pg = store_day(
+        _pg_schema_url(args.pg_url, f"{SCHEMA}_day"), day, args.gpus, args.pods_per_day, None
+    )
+    day_path = work / "day.db"
+    day_sqlite = store_day(f"sqlite:///{day_path}", day, args.gpus, args.pods_per_day, day_path)
+
+    def day_per_gpu_hour(d: Day, rolled: bool) -> float:
+        """A day's window rows (rolled up or not) and a series row per pod that started in it,
+        per allocated GPU-hour of the day."""
+        windows, series_bytes = d.rolled_bytes if rolled else d.hourly_bytes
+        return (windows + series_bytes / max(1, d.series) * d.new_series) / d.gpu_hours
 
     def per_gpu_hour(sizes: tuple[int, int], steady: bool) -> float:
         """Window rows come every hour; a series row once per pod (and once per GPU for its
@@ -370,12 +500,15 @@ def run(args: argparse.Namespace, work: Path) -> int:
 
     first_pg, first_sqlite = per_gpu_hour(bytes_pg, False), per_gpu_hour(bytes_sqlite, False)
     steady_pg, steady_sqlite = per_gpu_hour(bytes_pg, True), per_gpu_hour(bytes_sqlite, True)
+    rolled_pg, rolled_sqlite = day_per_gpu_hour(day_pg, True), day_per_gpu_hour(day_sqlite, True)
+    unrolled_pg = day_per_gpu_hour(day_pg, False)
+    unrolled_sqlite = day_per_gpu_hour(day_sqlite, False)
     month_gpu_hours = gpu_hours * 730
     prom_per_sample = tsdb_bytes / samples
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     summary = (
         f"cpu_s_sqlite={cpu_sqlite:.2f} cpu_s_pg={cpu_pg:.2f} delay_ms={max(worst, worst_sqlite):.1f} "
-        f"bytes_per_gpu_hour_pg={steady_pg:.0f} bytes_per_gpu_hour_sqlite={steady_sqlite:.0f}"
+        f"bytes_per_gpu_hour_pg={rolled_pg:.0f} bytes_per_gpu_hour_sqlite={rolled_sqlite:.0f}"
     )
     markdown = f"""### Usage ledger: ingesting one hour of a 2,000-GPU cluster
 
@@ -397,9 +530,25 @@ Per row, PostgreSQL: a window {bytes_pg[0] / max(1, rows):.0f} B, a series
 |---|---:|---:|---|
 | controller CPU to ingest the hour (fetch, compute, write, idle allocations) | **{cpu_sqlite:.2f} s** | **{cpu_pg:.2f} s** | < 5 s |
 | worst delay of a watch event handled meanwhile (p99) | **{worst_sqlite:.1f} ms** ({p99_sqlite:.1f}) | **{worst:.1f} ms** ({p99:.1f}) | < 100 ms |
-| bytes per allocated GPU-hour, steady state (the hour's window rows, a series row per new pod) | **{steady_sqlite:.0f} B** | **{steady_pg:.0f} B** | < 200 B |
-| bytes per allocated GPU-hour, this first hour (every series new) | {first_sqlite:.0f} B | {first_pg:.0f} B | |
-| a month of this cluster ({month_gpu_hours:,.0f} GPU-hours) | {steady_sqlite * month_gpu_hours / 1e6:.0f} MB | {steady_pg * month_gpu_hours / 1e6:.0f} MB | |
+| bytes per allocated GPU-hour, steady state: a day's rows rolled up (`--ledger-rollup-after`, the default), a series row per pod | **{rolled_sqlite:.0f} B** | **{rolled_pg:.0f} B** | < 200 B |
+| the same day before its roll-up (hourly rows) | {unrolled_sqlite:.0f} B | {unrolled_pg:.0f} B | |
+| the hour ingested from Prometheus (hourly rows, a series row per new pod) | {steady_sqlite:.0f} B | {steady_pg:.0f} B | |
+| the hour, every series new (a ledger's first hour) | {first_sqlite:.0f} B | {first_pg:.0f} B | |
+| a month of this cluster ({month_gpu_hours:,.0f} GPU-hours), rolled up | {rolled_sqlite * month_gpu_hours / 1e6:.0f} MB | {rolled_pg * month_gpu_hours / 1e6:.0f} MB | |
+| controller CPU to roll a day up (once a day, in the ledger process) | {day_sqlite.rollup_cpu_s:.2f} s | {day_pg.rollup_cpu_s:.2f} s | |
+
+The day: {day_pg.gpu_hours:,.0f} allocated GPU-hours of {day_pg.new_series:,} new pods (the
+same cluster, another seed), written window by window through the ingester's own writer
+(`LedgerStore.replace_window`) and rolled up by its own roll-up (`LedgerStore.roll_up_day`):
+{day_pg.hourly_rows:,} hourly rows became {day_pg.rolled_rows:,}
+({day_pg.hourly_rows / day_pg.gpu_hours:.2f} and {day_pg.rolled_rows / day_pg.gpu_hours:.2f}
+rows per allocated GPU-hour). PostgreSQL: a rolled row {day_pg.rolled_bytes[0] / max(1, day_pg.rolled_rows):.0f} B, a series
+{day_pg.rolled_bytes[1] / max(1, day_pg.series):.0f} B; SQLite {day_sqlite.rolled_bytes[0] / max(1, day_sqlite.rolled_rows):.0f} B and
+{day_sqlite.rolled_bytes[1] / max(1, day_sqlite.series):.0f} B. Measured after `VACUUM FULL`
+on PostgreSQL: in a running store autovacuum makes the rolled-up hours' space reusable, so
+the table stays at the rolled-up rows plus the hourly rows of the days not yet rolled up
+(about {2 * day_pg.hourly_bytes[0] / 1e6:.0f} MB for two days of this cluster, a constant, not
+a share of each month).
 
 Watch delay: a stand-in watch handler in the controller's process (an event every 2 ms, each
 decoded like a pod) records how late each event is handled while the controller's ledger
