@@ -208,6 +208,8 @@ def test_db_upgrade_across_every_migration_with_data(tmp_path: Path) -> None:
                         row[key] = f"{key}-{i}"
                 if table.name == "clusters":
                     row["name"] = f"cluster-{i}"
+                if table.name == "usage_windows":  # its key (series_id, window_start) is data
+                    row["window_start"] = START + 3600 * i
                 conn.execute(sql_insert(table).values(**row))
                 written[table.name] = written.get(table.name, 0) + 1
         engine.dispose()
