@@ -1003,7 +1003,7 @@ def _ledger_windows(
     labels: list[Any] = []
     stmt_from: Any = w.__table__.join(s.__table__, s.id == w.series_id)
     if by is not None and any(SERIES_KEYS[k].class_ is UsageDevice for k in by):
-        stmt_from = stmt_from.join(UsageDevice.__table__, UsageDevice.id == s.device_id)
+        stmt_from = stmt_from.outerjoin(UsageDevice.__table__, UsageDevice.id == s.device_id)
     if label_keys:
         nl = NamespaceLabels
         stmt_from = stmt_from.outerjoin(
@@ -1161,7 +1161,7 @@ def ledger(
             )
             .select_from(
                 per.join(s.__table__, s.id == per.c.series_id)
-                .join(d.__table__, d.id == s.device_id)
+                .outerjoin(d.__table__, d.id == s.device_id)
                 .outerjoin(
                     src.__table__, and_(src.cluster == s.cluster, uid == s.holder_uid, *extra)
                 )
@@ -1276,7 +1276,7 @@ def holder_windows(
             w.sampled_seconds,
         )
         .select_from(
-            w.__table__.join(s.__table__, s.id == w.series_id).join(
+            w.__table__.join(s.__table__, s.id == w.series_id).outerjoin(
                 d.__table__, d.id == s.device_id
             )
         )

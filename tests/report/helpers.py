@@ -96,6 +96,7 @@ def ledger(
     kind: str = "pod",
     device: str = "GPU-0",
     mig_profile: str | None = None,
+    node: str = "node-1",
     cluster: str = "c1",
     progress: int | None = None,
 ) -> None:
@@ -113,7 +114,7 @@ def ledger(
                 .values(
                     cluster=cluster,
                     device_uuid=device,
-                    node="node-1",
+                    node=node,
                     gpu_model="NVIDIA H100 80GB HBM3",
                     mig_profile=mig_profile,
                 )
