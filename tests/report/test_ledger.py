@@ -154,7 +154,7 @@ def test_a_holder_without_allocation_rows_has_its_devices_node_and_model(
 ) -> None:
     # a pod the controller missed (no allocation row) on a GPU of node-7, and one it saw
     ledger(store, "uid-missed", [(T0, 1800, 1000, H)], name="missed", device="GPU-7", node="node-7")
-    store.alloc("ml", T0, T0 + H)
+    store.alloc("ml", T0, T0 + H, pod="seen")
     ledger(store, uid(store), [(T0, 3600, 2000, H)])
     # grouped by the series' own keys (the node: its device's), no join to the allocations
     by_node = rows_by(as_json(report, store, "--by", "node"), "node")
@@ -165,7 +165,7 @@ def test_a_holder_without_allocation_rows_has_its_devices_node_and_model(
     doc = as_json(report, store, "--by", "model,node,pod")
     found = {(r["group"]["model"], r["group"]["node"], r["group"]["pod"]): r for r in doc["rows"]}
     assert found[("NVIDIA H100 80GB HBM3", "node-7", "ml/missed")]["energy_joules"] == 1000
-    assert found[(H100, "node-1", "ml/pod-1")]["energy_joules"] == 2000
+    assert found[(H100, "node-1", "ml/seen")]["energy_joules"] == 2000
 
 
 def test_a_pod_with_two_resources_is_not_counted_twice(store: Store, report: Any) -> None:
