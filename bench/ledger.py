@@ -13,7 +13,9 @@ Prometheus. Then the controller's ingester (quota/ledger/ingest.py) ingests the 
   event is handled; the worst and p99 delay, and the same without ingestion for comparison;
 - bytes per allocated GPU-hour: the ledger tables' size in PostgreSQL and SQLite after the
   hour, per allocated GPU-hour of the hour, and in steady state (window rows every hour, a
-  series row per new pod), and what a month takes.
+  series row per new pod, the device rows once), and what a month takes. The devices' UUIDs
+  are real ones' shape ("GPU-" and a UUID, as NVML gives), so the bytes are those of a real
+  cluster.
 
     .venv/bin/python -m bench.ledger [--gpus 2000] [--pods-per-day 20000] [--pg-url URL]
 
@@ -55,7 +57,10 @@ HOUR = 3600
 STEP = 15
 MARGIN = 120  # samples this long either side of the hour (coverage at its edges)
 BUSY = 0.9
+MONTH_HOURS = 730
 SCHEMA = "bench_ledger"
+# a fixed namespace: the same GPU UUIDs on every run, as a real cluster's stay
+GPU_NAMESPACE = uuid.UUID("5d0c3b8e-19a4-4c2f-8e61-7b9d2a4f0c19")
 POD_JSON = json.dumps(
     {
         "metadata": {"name": "p", "namespace": "ns", "uid": str(uuid.uuid4()), "labels": {}},
@@ -63,6 +68,11 @@ POD_JSON = json.dumps(
         "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}] * 4},
     }
 )
+
+
+def gpu_uuid(gpu: int) -> str:
+    """The ``gpu``-th GPU's UUID, as NVML gives it: "GPU-" and a UUID (40 characters)."""
+    return f"GPU-{uuid.uuid5(GPU_NAMESPACE, f'bench/{gpu}')}"
 
 
 @dataclass(frozen=True)
@@ -130,7 +140,7 @@ def generate(
                 rate = p.activity if metric == "used_seconds" else p.watts
                 extra = ',activity="sm_active"' if metric == "used_seconds" else ""
                 labels = (
-                    f'{{gpu="{p.gpu % 8}",uuid="GPU-{p.gpu:08d}",instance="node-{p.gpu // 8}:9400",'
+                    f'{{gpu="{p.gpu % 8}",uuid="{gpu_uuid(p.gpu)}",instance="node-{p.gpu // 8}:9400",'
                     f'namespace="{p.namespace}",pod="{p.name}",pod_uid="{p.uid}"{extra}}}'
                 )
                 lines = [
@@ -143,7 +153,7 @@ def generate(
                 series += 1 if lines else 0
         out.write("# TYPE gpu_unallocated_energy_joules counter\n")
         for gpu, spans in enumerate(held):
-            labels = f'{{gpu="{gpu % 8}",uuid="GPU-{gpu:08d}",instance="node-{gpu // 8}:9400"}}'
+            labels = f'{{gpu="{gpu % 8}",uuid="{gpu_uuid(gpu)}",instance="node-{gpu // 8}:9400"}}'
             for t in times:
                 # 60 W while nobody holds it, counted from a day before the hour
                 busy = sum(max(0, min(e, t) - max(s, origin)) for s, e in spans)
@@ -156,10 +166,6 @@ def generate(
     return pods, samples, series
 
 
-def device_uuid(gpu: int) -> str:
-    return f"GPU-{gpu:08d}"
-
-
 @dataclass(frozen=True)
 class Day:
     """A day of the ledger written hour by hour through the ingester's own writer, then rolled
@@ -170,8 +176,8 @@ class Day:
     new_series: int  # series of the pods that started that day
     hourly_rows: int
     rolled_rows: int
-    hourly_bytes: tuple[int, int]  # (windows, series) after the day's 24 windows
-    rolled_bytes: tuple[int, int]  # the same after the roll-up (PostgreSQL: VACUUM FULL)
+    hourly_bytes: tuple[int, int, int]  # (windows, series, devices) after the day's windows
+    rolled_bytes: tuple[int, int, int]  # the same after the roll-up (PostgreSQL: VACUUM FULL)
     rollup_cpu_s: float
 
 
@@ -191,7 +197,7 @@ def _day_windows(
                 continue
             upto = min(p.end, end) - p.start
             labels = SeriesSamples(
-                device_uuid(p.gpu), "pod", p.uid, p.namespace, p.name,
+                gpu_uuid(p.gpu), "pod", p.uid, p.namespace, p.name,
                 f"node-{p.gpu // 8}:9400", None, None, "sm_active",
             )  # fmt: skip
             rows.append(
@@ -205,9 +211,7 @@ def _day_windows(
             busy = sum(max(0, min(e, end) - max(s, hour)) for s, e in spans)
             if busy >= HOUR:
                 continue  # no increase: no row (rules.stored)
-            labels = SeriesSamples(
-                device_uuid(gpu), "unallocated", "", node=f"node-{gpu // 8}:9400"
-            )
+            labels = SeriesSamples(gpu_uuid(gpu), "unallocated", "", node=f"node-{gpu // 8}:9400")
             joules = 60.0 * (HOUR - busy)
             rows.append((labels, Usage(0.0, joules, float(HOUR), None, joules + hour)))
         out.append((hour, rows))
@@ -233,7 +237,7 @@ def store_day(url: str, day: int, gpus: int, pods_per_day: int, sqlite: Path | N
 
         ledger.replace_window(hour, HOUR, [s for s, _ in rows], usage_of)
 
-    def size() -> tuple[int, int]:
+    def size() -> tuple[int, int, int]:
         return sqlite_bytes(sqlite) if sqlite is not None else pg_bytes(url)
 
     hourly = size()
@@ -244,14 +248,14 @@ def store_day(url: str, day: int, gpus: int, pods_per_day: int, sqlite: Path | N
     if sqlite is None:
         engine = create_engine(url, isolation_level="AUTOCOMMIT")
         with engine.connect() as conn:
-            for table in ("usage_windows", "usage_series"):
+            for table in LEDGER_TABLES:
                 conn.execute(text(f"VACUUM FULL {table}"))
         engine.dispose()
     rolled = size()
     gpu_hours = sum(min(p.end, day + DAY) - max(p.start, day) for p in pods) / HOUR
     return Day(
         gpu_hours,
-        series_count(url),
+        row_counts(url)[0],
         sum(1 for p in pods if p.start >= day),
         before,
         after,
@@ -381,35 +385,44 @@ def ingest_in_child(url: str, prom: str, start: int, pods: list[Pod], cluster: s
         )
 
 
-def pg_bytes(url: str) -> tuple[int, int]:
+LEDGER_TABLES = ("usage_windows", "usage_series", "usage_devices")
+
+
+def pg_bytes(url: str) -> tuple[int, int, int]:
+    """Bytes (table and indexes) of usage_windows, usage_series and usage_devices."""
     engine = create_engine(url)
     with engine.connect() as conn:
-        windows = conn.execute(text("SELECT pg_total_relation_size('usage_windows')")).scalar()
-        series = conn.execute(text("SELECT pg_total_relation_size('usage_series')")).scalar()
+        windows, series, devices = (
+            int(conn.execute(text(f"SELECT pg_total_relation_size('{t}')")).scalar() or 0)
+            for t in LEDGER_TABLES
+        )
     engine.dispose()
-    return int(windows or 0), int(series or 0)
+    return windows, series, devices
 
 
-def series_count(url: str) -> int:
+def row_counts(url: str) -> tuple[int, int]:
+    """Rows of usage_series and usage_devices."""
     engine = create_engine(url)
     with engine.connect() as conn:
-        n = conn.execute(text("SELECT count(*) FROM usage_series")).scalar()
+        series = conn.execute(text("SELECT count(*) FROM usage_series")).scalar()
+        devices = conn.execute(text("SELECT count(*) FROM usage_devices")).scalar()
     engine.dispose()
-    return int(n or 0)
+    return int(series or 0), int(devices or 0)
 
 
-def sqlite_bytes(path: Path) -> tuple[int, int]:
+def sqlite_bytes(path: Path) -> tuple[int, int, int]:
     conn = sqlite3.connect(path)
     conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     conn.execute("VACUUM")
     sizes = dict(
         conn.execute(
             "SELECT tbl_name, SUM(pgsize) FROM dbstat JOIN sqlite_master USING (name) "
-            "WHERE tbl_name IN ('usage_windows', 'usage_series') GROUP BY tbl_name"
+            f"WHERE tbl_name IN {LEDGER_TABLES} GROUP BY tbl_name"
         ).fetchall()
     )
     conn.close()
-    return int(sizes.get("usage_windows", 0)), int(sizes.get("usage_series", 0))
+    windows, series, devices = (int(sizes.get(t, 0)) for t in LEDGER_TABLES)
+    return windows, series, devices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -461,7 +474,7 @@ def run(args: argparse.Namespace, work: Path) -> int:
         cpu_pg, _ = ingest(pg_url, prom.url, start, pods, "bench")
         bytes_sqlite = sqlite_bytes(sqlite_path)
         bytes_pg = pg_bytes(pg_url)
-        n_series = series_count(pg_url)
+        n_series, n_devices = row_counts(pg_url)
         with WatchStandIn() as alone:
             time.sleep(5)
         idle_worst, idle_p99 = alone.worst_ms()
@@ -484,26 +497,31 @@ def run(args: argparse.Namespace, work: Path) -> int:
     day_sqlite = store_day(f"sqlite:///{day_path}", day, args.gpus, args.pods_per_day, day_path)
 
     def day_per_gpu_hour(d: Day, rolled: bool) -> float:
-        """A day's window rows (rolled up or not) and a series row per pod that started in it,
-        per allocated GPU-hour of the day."""
-        windows, series_bytes = d.rolled_bytes if rolled else d.hourly_bytes
-        return (windows + series_bytes / max(1, d.series) * d.new_series) / d.gpu_hours
+        """A day's window rows (rolled up or not), a series row per pod that started in it and
+        the device rows over a month (as per_gpu_hour), per allocated GPU-hour of the day."""
+        windows, series_bytes, device_bytes = d.rolled_bytes if rolled else d.hourly_bytes
+        series_part = series_bytes / max(1, d.series) * d.new_series
+        return (windows + series_part + device_bytes * 24 / MONTH_HOURS) / d.gpu_hours
 
-    def per_gpu_hour(sizes: tuple[int, int], steady: bool) -> float:
+    def per_gpu_hour(sizes: tuple[int, int, int], steady: bool) -> float:
         """Window rows come every hour; a series row once per pod (and once per GPU for its
-        unallocated energy): in steady state only the hour's new pods add series."""
-        windows, series_bytes = sizes
+        unallocated energy), a device row once per GPU: in steady state only the hour's new
+        pods add series, and the device rows, written once for the GPU's life, count for a
+        month of hours (a short life: more bytes per hour than a real GPU's years)."""
+        windows, series_bytes, device_bytes = sizes
         # the hour's series: its pods' and every GPU's unallocated energy (those without a row
         # this hour too); in steady state only the new pods add series
         per_series = series_bytes / max(1, n_series)
-        return (windows + (per_series * new_pods if steady else series_bytes)) / gpu_hours
+        series_part = per_series * new_pods if steady else series_bytes
+        device_part = device_bytes / MONTH_HOURS if steady else device_bytes
+        return (windows + series_part + device_part) / gpu_hours
 
     first_pg, first_sqlite = per_gpu_hour(bytes_pg, False), per_gpu_hour(bytes_sqlite, False)
     steady_pg, steady_sqlite = per_gpu_hour(bytes_pg, True), per_gpu_hour(bytes_sqlite, True)
     rolled_pg, rolled_sqlite = day_per_gpu_hour(day_pg, True), day_per_gpu_hour(day_sqlite, True)
     unrolled_pg = day_per_gpu_hour(day_pg, False)
     unrolled_sqlite = day_per_gpu_hour(day_sqlite, False)
-    month_gpu_hours = gpu_hours * 730
+    month_gpu_hours = gpu_hours * MONTH_HOURS
     prom_per_sample = tsdb_bytes / samples
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
     summary = (
@@ -523,8 +541,10 @@ time), one hour of the node agents' counters at a 15 s scrape interval, written 
 them new, {gpu_hours:,.0f} allocated GPU-hours); {rows:,} ledger rows for the hour, of
 {n_series:,} series (the pods' and every GPU's unallocated energy).
 Per row, PostgreSQL: a window {bytes_pg[0] / max(1, rows):.0f} B, a series
-{bytes_pg[1] / max(1, n_series):.0f} B; SQLite: {bytes_sqlite[0] / max(1, rows):.0f} B and
-{bytes_sqlite[1] / max(1, n_series):.0f} B (tables and indexes).
+{bytes_pg[1] / max(1, n_series):.0f} B, a device {bytes_pg[2] / max(1, n_devices):.0f} B
+({n_devices:,} devices); SQLite: {bytes_sqlite[0] / max(1, rows):.0f} B,
+{bytes_sqlite[1] / max(1, n_series):.0f} B and {bytes_sqlite[2] / max(1, n_devices):.0f} B
+(tables and indexes).
 
 | | SQLite | PostgreSQL | target |
 |---|---:|---:|---|
@@ -556,8 +576,9 @@ process (quota/ledger/ingest.py LedgerProcess, niced) ingests the hour; without 
 worst is {idle_worst:.1f} ms (p99 {idle_p99:.1f}); with the same ingestion in a thread of the
 controller's process instead (PostgreSQL) {thread_worst:.1f} ms (p99 {thread_p99:.1f}), which
 is why it runs in a process of its own. CPU is measured in the benchmark's process (the same
-code as the child runs, without its interpreter start). Bytes: `pg_total_relation_size` of usage_windows and
-usage_series (indexes included), SQLite's `dbstat` after VACUUM.
+code as the child runs, without its interpreter start). Bytes: `pg_total_relation_size` of usage_windows,
+usage_series and usage_devices (indexes included), SQLite's `dbstat` after VACUUM; device UUIDs
+of a real GPU's shape ("GPU-" and a UUID).
 
 Instead of the ledger, users keep Prometheus data for the month: this hour's blocks take
 {prom_per_sample:.2f} bytes per sample, {prom_per_sample * samples / gpu_hours:,.0f} B per

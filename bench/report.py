@@ -119,17 +119,15 @@ def batches(total: int, seed: int = 7) -> Iterator[list[tuple[Any, ...]]]:
 
 
 LEDGER_ROWS = 1_440_000  # 2,000 GPUs x 720 hours: a month of the usage ledger
+DEVICE_COLUMNS = ["id", "cluster", "device_uuid", "node", "gpu_model", "mig_profile"]
 SERIES_COLUMNS = [
     "id",
+    "device_id",
     "cluster",
-    "device_uuid",
     "holder_kind",
     "holder_uid",
     "namespace",
     "holder_name",
-    "node",
-    "gpu_model",
-    "mig_profile",
     "activity",
 ]
 WINDOW_COLUMNS = [
@@ -162,16 +160,21 @@ def month_intervals(url: str, schema: str = SCHEMA) -> list[tuple[Any, ...]]:
     return rows
 
 
+Rows = list[tuple[Any, ...]]
+
+
 def ledger_rows(
     intervals: list[tuple[Any, ...]], total: int = LEDGER_ROWS, seed: int = 11
-) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
-    """Ledger series (one per pod, holder = its UID) and hourly windows for about ``total``
+) -> tuple[Rows, Rows, Rows]:
+    """Ledger devices and series (one per pod, holder = its UID, each on a device of its own)
+    and hourly windows for about ``total``
     window rows: pods drawn at random, each with the same chance, so that their windows add up
     to about ``total`` (the other pods have no ledger rows: the month's coverage is the drawn
     share, spread evenly over the month and the namespaces). The used GPU-seconds are a random
     activity (beta-distributed, mean ~0.44) of the allocated GPU-seconds in the window, energy
     100 W idle + 500 W busy per GPU, fully sampled."""
     rng = np.random.default_rng(seed)
+    devices: list[tuple[Any, ...]] = []
     series: list[tuple[Any, ...]] = []
     windows: list[tuple[Any, ...]] = []
 
@@ -187,9 +190,8 @@ def ledger_rows(
         if rng.random() >= chance:
             continue
         sid = len(series) + 1
-        series.append(
-            (sid, "bench", f"GPU-{sid}", "pod", uid, ns, pod, node, model, None, "sm_active")
-        )
+        devices.append((sid, "bench", f"GPU-{sid}", node, model, None))
+        series.append((sid, sid, "bench", "pod", uid, ns, pod, "sm_active"))
         lo, hi = max(start, MONTH_START), min(NOW if end is None else end, MONTH_END)
         hour = lo - lo % 3600
         while hour < hi and len(windows) < total:
@@ -200,7 +202,7 @@ def ledger_rows(
             joules = gpu_seconds * 100 + used * 500
             windows.append((sid, hour, 3600, used, joules, float(gpu_seconds), used, joules))
             hour += 3600
-    return series, windows
+    return devices, series, windows
 
 
 def rolled_up(windows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -220,16 +222,21 @@ def rolled_up(windows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     return out
 
 
-def load_ledger_pg(url: str, series: list[Any], windows: list[Any], schema: str = SCHEMA) -> float:
+def load_ledger_pg(
+    url: str, devices: Rows, series: Rows, windows: Rows, schema: str = SCHEMA
+) -> float:
     engine = create_engine(_pg_schema_url(url, schema))
     indexes = list(UsageWindow.__table__.indexes)  # type: ignore[attr-defined]
     t0 = time.perf_counter()
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE usage_windows, usage_series, ledger_progress"))
+        conn.execute(text("TRUNCATE usage_windows, usage_series, usage_devices, ledger_progress"))
         for index in indexes:
             index.drop(conn)
         raw: Any = conn.connection.dbapi_connection
         with raw.cursor() as cur:
+            with cur.copy(f"COPY usage_devices ({', '.join(DEVICE_COLUMNS)}) FROM STDIN") as copy:
+                for row in devices:
+                    copy.write_row(row)
             with cur.copy(f"COPY usage_series ({', '.join(SERIES_COLUMNS)}) FROM STDIN") as copy:
                 for row in series:
                     copy.write_row(row)
@@ -243,21 +250,27 @@ def load_ledger_pg(url: str, series: list[Any], windows: list[Any], schema: str 
                 cluster="bench", window_seconds=3600, ingested_until=NOW, updated_at=NOW
             )
         )
+        conn.execute(text("ANALYZE usage_devices"))
         conn.execute(text("ANALYZE usage_series"))
         conn.execute(text("ANALYZE usage_windows"))
     engine.dispose()
     return time.perf_counter() - t0
 
 
-def load_ledger_sqlite(path: Path, series: list[Any], windows: list[Any]) -> float:
+def load_ledger_sqlite(path: Path, devices: Rows, series: Rows, windows: Rows) -> float:
     t0 = time.perf_counter()
     con = sqlite3.connect(path)
     con.execute("PRAGMA journal_mode=OFF")
     con.execute("PRAGMA synchronous=OFF")
-    for table in ("usage_windows", "usage_series", "ledger_progress"):
+    for table in ("usage_windows", "usage_series", "usage_devices", "ledger_progress"):
         con.execute(f"DELETE FROM {table}")
     for index in UsageWindow.__table__.indexes:  # type: ignore[attr-defined]
         con.execute(f"DROP INDEX IF EXISTS {index.name}")
+    con.executemany(
+        f"INSERT INTO usage_devices ({', '.join(DEVICE_COLUMNS)}) "
+        f"VALUES ({', '.join('?' * len(DEVICE_COLUMNS))})",
+        devices,
+    )
     con.executemany(
         f"INSERT INTO usage_series ({', '.join(SERIES_COLUMNS)}) "
         f"VALUES ({', '.join('?' * len(SERIES_COLUMNS))})",
@@ -478,6 +491,7 @@ def ledger_size(url: str, schema: str) -> int:
             text(
                 "SELECT pg_total_relation_size('usage_windows') "
                 "+ pg_total_relation_size('usage_series')"
+                "+ pg_total_relation_size('usage_devices')"
             )
         ).scalar()
     engine.dispose()
@@ -523,11 +537,11 @@ def main(argv: list[str] | None = None) -> int:
     saved = json.loads(loads.read_text()) if loads.exists() else {}
     if not args.reuse or args.reload_ledger or "ledger_rows" not in saved:
         print("generating the month's usage ledger ...", file=sys.stderr)
-        series, hourly = ledger_rows(month_intervals(args.pg_url, args.schema))
+        devices, series, hourly = ledger_rows(month_intervals(args.pg_url, args.schema))
         windows = rolled_up(hourly)
         saved["ledger_hourly"] = len(hourly)
-        saved["ledger_pg_s"] = load_ledger_pg(args.pg_url, series, windows, args.schema)
-        saved["ledger_sqlite_s"] = load_ledger_sqlite(args.sqlite, series, windows)
+        saved["ledger_pg_s"] = load_ledger_pg(args.pg_url, devices, series, windows, args.schema)
+        saved["ledger_sqlite_s"] = load_ledger_sqlite(args.sqlite, devices, series, windows)
         saved["ledger_rows"], saved["ledger_series"] = len(windows), len(series)
         saved["ledger_used"] = sum(w[3] for w in windows)
         saved["ledger_joules"] = sum(w[4] for w in windows)

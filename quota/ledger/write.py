@@ -24,6 +24,7 @@ from sqlalchemy import (
     delete,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -36,6 +37,7 @@ from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     LedgerProgress,
+    UsageDevice,
     UsageSeries,
     UsageWindow,
 )
@@ -178,25 +180,20 @@ class LedgerStore:
         return before, after
 
     def series_ids(self, conn: Connection, series: Sequence[SeriesSamples]) -> dict[Key, int]:
-        """Upsert the series (labels: the last seen; a known GPU model is kept) and return
-        their ids."""
+        """Upsert the series' devices (labels: the last seen; a known GPU model is kept), then
+        the series (labels: the last seen) and return their ids."""
         t = _table(UsageSeries)
         if not series:
             return {}
-        models = self._allocation_models(
-            conn, [s.holder_uid for s in series if s.gpu_model is None and s.holder_kind == "pod"]
-        )
+        devices = self._device_ids(conn, series)
         rows = [
             {
                 "cluster": self.cluster,
-                "device_uuid": s.device_uuid,
+                "device_id": devices[s.device_uuid],
                 "holder_kind": s.holder_kind,
                 "holder_uid": s.holder_uid,
                 "namespace": s.namespace,
                 "holder_name": s.holder_name,
-                "node": s.node,
-                "gpu_model": s.gpu_model or models.get(s.holder_uid),
-                "mig_profile": s.mig_profile,
                 "activity": s.activity,
             }
             for s in series
@@ -204,29 +201,88 @@ class LedgerStore:
         stmt = self.store._insert(t)
         ex = stmt.excluded
         stmt = stmt.on_conflict_do_update(
-            index_elements=["cluster", "holder_uid", "holder_kind", "device_uuid"],
+            index_elements=["cluster", "holder_uid", "holder_kind", "device_id"],
             set_={
                 "namespace": ex.namespace,
                 "holder_name": ex.holder_name,
-                "node": func.coalesce(ex.node, t.c.node),
-                "gpu_model": func.coalesce(ex.gpu_model, t.c.gpu_model),
-                "mig_profile": func.coalesce(ex.mig_profile, t.c.mig_profile),
                 "activity": func.coalesce(ex.activity, t.c.activity),
             },
         )
         conn.execute(stmt, rows)
+        uuid_of = {i: u for u, i in devices.items()}
         wanted = {s.key for s in series}
         ids: dict[Key, int] = {}
         uids = sorted({s.holder_uid for s in series})
         for chunk in _chunks(uids):
             for row in conn.execute(
-                select(t.c.id, t.c.device_uuid, t.c.holder_kind, t.c.holder_uid).where(
+                select(t.c.id, t.c.device_id, t.c.holder_kind, t.c.holder_uid).where(
                     t.c.cluster == self.cluster, t.c.holder_uid.in_(chunk)
                 )
             ):
-                key = (row.device_uuid, row.holder_kind, row.holder_uid)
+                key = (uuid_of.get(row.device_id, ""), row.holder_kind, row.holder_uid)
                 if key in wanted:
                     ids[key] = row.id
+        return ids
+
+    def _device_ids(self, conn: Connection, series: Sequence[SeriesSamples]) -> dict[str, int]:
+        """Upsert the series' devices and return their ids by UUID. A device's node, GPU model
+        and MIG profile: the last non-null value of its series here, else the stored one; where
+        no sample names a model, the stored one, else the allocation's of a pod holding it."""
+        d = _table(UsageDevice)
+        models = self._allocation_models(
+            conn, [s.holder_uid for s in series if s.gpu_model is None and s.holder_kind == "pod"]
+        )
+        labels: dict[str, dict[str, str | None]] = {}
+        fallback: dict[str, str] = {}  # device -> an allocation's model, where samples name none
+        for s in series:
+            seen = labels.setdefault(
+                s.device_uuid, {"node": None, "gpu_model": None, "mig_profile": None}
+            )
+            for name, value in (
+                ("node", s.node),
+                ("gpu_model", s.gpu_model),
+                ("mig_profile", s.mig_profile),
+            ):
+                if value is not None:
+                    seen[name] = value
+            if s.gpu_model is None and s.holder_uid in models:
+                fallback[s.device_uuid] = models[s.holder_uid]
+        named, filled = [], []  # GPU model from the samples; from an allocation (or none)
+        for uuid, seen in sorted(labels.items()):
+            values = {"cluster": self.cluster, "device_uuid": uuid, **seen}
+            if seen["gpu_model"] is None:
+                values["gpu_model"] = fallback.get(uuid)
+                filled.append(values)
+            else:
+                named.append(values)
+        ex = self.store._insert(d).excluded
+        for rows, model in (
+            (named, func.coalesce(ex.gpu_model, d.c.gpu_model)),
+            # an allocation's model (node labels' name) only where the device has none
+            (filled, func.coalesce(d.c.gpu_model, ex.gpu_model)),
+        ):
+            if not rows:
+                continue
+            merged = {
+                "node": func.coalesce(ex.node, d.c.node),
+                "gpu_model": model,
+                "mig_profile": func.coalesce(ex.mig_profile, d.c.mig_profile),
+            }
+            stmt = self.store._insert(d).on_conflict_do_update(
+                index_elements=["cluster", "device_uuid"],
+                set_=merged,
+                # only a change writes: a device is seen every window, it rarely changes
+                where=or_(*(value.is_distinct_from(d.c[k]) for k, value in merged.items())),
+            )
+            conn.execute(stmt, rows)
+        ids: dict[str, int] = {}
+        for chunk in _chunks(sorted(labels)):
+            for row in conn.execute(
+                select(d.c.id, d.c.device_uuid).where(
+                    d.c.cluster == self.cluster, d.c.device_uuid.in_(chunk)
+                )
+            ):
+                ids[row.device_uuid] = row.id
         return ids
 
     def _allocation_models(self, conn: Connection, uids: Sequence[str]) -> dict[str, str]:

@@ -57,6 +57,7 @@ from gpuquota.quota.store.models import (
     NamespaceLabels,
     NodeCapacity,
     QuotaSample,
+    UsageDevice,
     UsageSeries,
     UsageWindow,
 )
@@ -970,9 +971,14 @@ def ledger_progress(conn: Connection, scope: Scope) -> dict[str, int]:
     }
 
 
-# keys the ledger's series carry themselves, as the allocations do (the pod's namespace and
-# node, the cluster): grouped by these alone, the ledger needs no join to the allocations
-SERIES_KEYS = {"namespace": "namespace", "cluster": "cluster", "node": "node"}
+# keys the ledger's series carry themselves, as the allocations do (the pod's namespace, the
+# cluster; the node on the series' device): grouped by these alone, the ledger needs no join to
+# the allocations
+SERIES_KEYS: dict[str, Any] = {
+    "namespace": UsageSeries.namespace,
+    "cluster": UsageSeries.cluster,
+    "node": UsageDevice.node,
+}
 
 
 def _ledger_windows(
@@ -996,6 +1002,8 @@ def _ledger_windows(
 
     labels: list[Any] = []
     stmt_from: Any = w.__table__.join(s.__table__, s.id == w.series_id)
+    if by is not None and any(SERIES_KEYS[k].class_ is UsageDevice for k in by):
+        stmt_from = stmt_from.outerjoin(UsageDevice.__table__, UsageDevice.id == s.device_id)
     if label_keys:
         nl = NamespaceLabels
         stmt_from = stmt_from.outerjoin(
@@ -1010,9 +1018,7 @@ def _ledger_windows(
         labels = [nl.labels[k].as_string().label(f"label_{i}") for i, k in enumerate(label_keys)]
     # per series, or (``by``: SERIES_KEYS) straight per group
     group: list[Any] = (
-        [w.series_id.label("series_id")]
-        if by is None
-        else [getattr(s, SERIES_KEYS[k]).label(k) for k in by]
+        [w.series_id.label("series_id")] if by is None else [SERIES_KEYS[k].label(k) for k in by]
     )
     pairs = list(itertools.pairwise(edges))
 
@@ -1127,7 +1133,7 @@ def ledger(
             for r in conn.execute(select(direct))
         ]  # fmt: skip
     per = _ledger_windows(scope, edges, now, label_keys)
-    s, a, c = UsageSeries, Allocation, ClaimAllocation
+    s, d, a, c = UsageSeries, UsageDevice, Allocation, ClaimAllocation
     label_cols = [per.c[f"label_{i}"] for i in range(len(label_keys))]
     figures = [per.c.used, per.c.sampled, *(per.c[f"energy_{i}"] for i in range(n))]
 
@@ -1140,9 +1146,9 @@ def ledger(
             "pod_name": func.coalesce(src.pod_name, s.holder_name),
             "owner_kind": src.owner_kind,
             "owner_name": src.owner_name,
-            "node": func.coalesce(src.node, s.node),
+            "node": func.coalesce(src.node, d.node),
             "node_pool": src.node_pool,
-            "gpu_model": func.coalesce(src.gpu_model, s.gpu_model),
+            "gpu_model": func.coalesce(src.gpu_model, d.gpu_model),
             "cluster": s.cluster,
             "resource_name": src.resource_name,
             PATH_COLUMN: literal(path, String),
@@ -1154,7 +1160,9 @@ def ledger(
                 *(f * weight for f in figures),
             )
             .select_from(
-                per.join(s.__table__, s.id == per.c.series_id).outerjoin(
+                per.join(s.__table__, s.id == per.c.series_id)
+                .outerjoin(d.__table__, d.id == s.device_id)
+                .outerjoin(
                     src.__table__, and_(src.cluster == s.cluster, uid == s.holder_uid, *extra)
                 )
             )
@@ -1253,7 +1261,7 @@ def holder_windows(
     hi = min(hi, now)
     if hi <= lo or not scope.clusters:
         return []
-    w, s = UsageWindow, UsageSeries
+    w, s, d = UsageWindow, UsageSeries, UsageDevice
     rows = conn.execute(
         select(
             s.cluster,
@@ -1261,13 +1269,17 @@ def holder_windows(
             s.holder_uid,
             s.namespace,
             s.holder_name,
-            s.mig_profile,
+            d.mig_profile,
             w.window_start,
             w.window_seconds,
             w.used_gpu_seconds,
             w.sampled_seconds,
         )
-        .select_from(w.__table__.join(s.__table__, s.id == w.series_id))
+        .select_from(
+            w.__table__.join(s.__table__, s.id == w.series_id).outerjoin(
+                d.__table__, d.id == s.device_id
+            )
+        )
         .where(
             s.cluster.in_(scope.clusters),
             s.holder_kind.in_((HOLDER_POD, HOLDER_CLAIM)),

@@ -5,9 +5,10 @@ older than a date (what it removes shown first). `gpuquota db backup` and `gpuqu
 Pruning keeps every bill after the cut-off exact: it removes only what lies wholly before it
 (closed intervals, closed label and capacity spans, quota samples superseded before it, the
 last sample before it stays, since it holds into the period after; usage-ledger windows that
-ended before it, and the ledger series left with none), and moves each cluster's
-"data begins" to the cut-off, so a report of an older period says it is not covered instead
-of printing what is left as the whole truth (docs/report.md, "Missing is not zero").
+ended before it, the ledger series left with none, and the ledger devices left with no series),
+and moves each cluster's "data begins" to the cut-off, so a report of an older period says it
+is not covered instead of printing what is left as the whole truth (docs/report.md, "Missing
+is not zero").
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from gpuquota.quota.store.models import (
     NamespaceLabels,
     NodeCapacity,
     QuotaSample,
+    UsageDevice,
     UsageSeries,
     UsageWindow,
 )
@@ -109,6 +111,15 @@ def _series_left_without_windows(before: int) -> Any:
     return ~later.exists()
 
 
+def _devices_left_without_series(before: int) -> Any:
+    """Ledger devices none of whose series stays (each is left without windows after the
+    cut-off): once those series go, nothing refers to them."""
+    kept = select(UsageSeries.id).where(
+        UsageSeries.device_id == UsageDevice.id, ~_series_left_without_windows(before)
+    )
+    return ~kept.exists()
+
+
 def _superseded_samples(before: int) -> Any:
     """Quota samples before the cut-off that a later sample, also before it, replaced: the
     last one before the cut-off stays, it is the value in force at the cut-off."""
@@ -142,6 +153,7 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
                     conn.execute(delete(model).where(cond))
                 conn.execute(delete(QuotaSample).where(_superseded_samples(before)))
                 conn.execute(delete(UsageSeries).where(_series_left_without_windows(before)))
+                conn.execute(delete(UsageDevice).where(_devices_left_without_series(before)))
                 conn.execute(
                     update(Cluster).where(Cluster.created_at < before).values(created_at=before)
                 )
@@ -163,4 +175,7 @@ def _count(conn: Connection, before: int) -> list[Prunable]:
     orphans = select(func.count()).select_from(UsageSeries)
     n = conn.execute(orphans.where(_series_left_without_windows(before))).scalar_one()
     found.append(Prunable("usage_series", int(n)))
+    devices = select(func.count()).select_from(UsageDevice)
+    n = conn.execute(devices.where(_devices_left_without_series(before))).scalar_one()
+    found.append(Prunable("usage_devices", int(n)))
     return found

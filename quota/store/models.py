@@ -267,35 +267,54 @@ class Gap(Base):
     reason: Mapped[str] = mapped_column(String(32))  # gone | restart
 
 
-class UsageSeries(Base):
-    """One series of the usage ledger: what one holder used of one device. Migration 0008.
+class UsageDevice(Base):
+    """One device of the usage ledger: its UUID (unique cluster-wide) and its labels, once per
+    device instead of on each of its series. Migration 0010.
 
-    A holder is a pod (device plugin), a DRA ResourceClaim, or nobody ("unallocated": the
-    device's energy while no one held it, the node's idle energy). Keyed by the device's UUID
-    and the holder's UID, both unique cluster-wide; names are kept for reports of holders that
-    have no allocation row. ``activity`` is what the node agent measured activity with
-    (sm_active, utilization, process_sm): the last value seen.
+    ``node``, ``gpu_model`` and ``mig_profile``: the last non-null value seen in the node
+    agents' samples (the GPU model, where the samples name none, from the allocation of a pod
+    holding it). Reports of holders without allocation rows show them.
     """
 
-    __tablename__ = "usage_series"
-    # the holder's UID leads the key: it serves the look-ups by holder (ingestion, idle
-    # allocations) too, with no index of its own
-    __table_args__ = (
-        UniqueConstraint(
-            "cluster", "holder_uid", "holder_kind", "device_uuid", name="uq_usage_series"
-        ),
-    )
+    __tablename__ = "usage_devices"
+    __table_args__ = (UniqueConstraint("cluster", "device_uuid", name="uq_usage_devices"),)
 
     id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
     cluster: Mapped[str] = mapped_column(String(253))
-    device_uuid: Mapped[str] = mapped_column(String(64))
+    device_uuid: Mapped[str] = mapped_column(String(64))  # GPU-<uuid>, MIG-<uuid>
+    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
+
+
+class UsageSeries(Base):
+    """One series of the usage ledger: what one holder used of one device. Migrations 0008,
+    0010 (the device's columns moved to usage_devices).
+
+    A holder is a pod (device plugin), a DRA ResourceClaim, or nobody ("unallocated": the
+    device's energy while no one held it, the node's idle energy). Keyed by the device
+    (``device_id``: usage_devices.id) and the holder's UID, unique cluster-wide; names are kept
+    for reports of holders that have no allocation row. ``activity`` is what the node agent
+    measured activity with (sm_active, utilization, process_sm): the last value seen.
+    """
+
+    __tablename__ = "usage_series"
+    # the holder's UID leads the key after the cluster: it serves the look-ups by holder
+    # (ingestion, idle allocations) too, with no index of its own
+    __table_args__ = (
+        UniqueConstraint(
+            "cluster", "holder_uid", "holder_kind", "device_id", name="uq_usage_series"
+        ),
+    )
+
+    # columns in this order: the two 8-byte integers first, so PostgreSQL pads nothing
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    device_id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    cluster: Mapped[str] = mapped_column(String(253))
     holder_kind: Mapped[str] = mapped_column(String(16))  # pod | claim | unallocated
     holder_uid: Mapped[str] = mapped_column(String(64))  # "" for unallocated
     namespace: Mapped[str] = mapped_column(String(253))  # "" for unallocated
     holder_name: Mapped[str] = mapped_column(String(253))  # pod or claim name, "" unallocated
-    node: Mapped[str | None] = mapped_column(String(253), nullable=True)
-    gpu_model: Mapped[str | None] = mapped_column(String(253), nullable=True)
-    mig_profile: Mapped[str | None] = mapped_column(String(32), nullable=True)
     activity: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 

@@ -21,7 +21,7 @@ from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
 from gpuquota.quota.ledger.source import fetch_window
 from gpuquota.quota.promhttp import PrometheusError
 from gpuquota.quota.store.db import open_store
-from gpuquota.quota.store.models import LedgerProgress, UsageSeries, UsageWindow
+from gpuquota.quota.store.models import LedgerProgress, UsageDevice, UsageSeries, UsageWindow
 from gpuquota.sim.harness import free_port
 from tests.ledger.samples import T0, WINDOW, Series, openmetrics, pod
 from tests.prometheus import Prometheus, create_blocks, serving
@@ -160,17 +160,18 @@ def rows(db_url: str, cluster: str) -> dict[tuple[str, str, int], tuple[float, f
     store = open_store(db_url)
     try:
         with store.engine.connect() as conn:
-            s, w = UsageSeries.__table__, UsageWindow.__table__
+            s, w, d = UsageSeries.__table__, UsageWindow.__table__, UsageDevice.__table__
             got = conn.execute(
                 select(
                     s.c.holder_uid,
-                    s.c.device_uuid,
+                    d.c.device_uuid,
                     w.c.window_start,
                     w.c.used_gpu_seconds,
                     w.c.energy_joules,
                     w.c.sampled_seconds,
                 )
                 .join(w, w.c.series_id == s.c.id)
+                .join(d, d.c.id == s.c.device_id)
                 .where(s.c.cluster == cluster)
             ).all()
     finally:
@@ -221,9 +222,14 @@ def test_three_windows_exact_then_idempotent(
     store = open_store(db_url)
     try:
         with store.engine.connect() as conn:
-            s = UsageSeries.__table__
+            s, d = UsageSeries.__table__, UsageDevice.__table__
             labels = {
-                r.holder_uid: r for r in conn.execute(select(s).where(s.c.cluster == cluster))
+                r.holder_uid: r
+                for r in conn.execute(
+                    select(s, d.c.device_uuid, d.c.node)
+                    .join(d, d.c.id == s.c.device_id)
+                    .where(s.c.cluster == cluster)
+                )
             }
     finally:
         store.close()
@@ -343,9 +349,11 @@ def test_idle_allocations(prometheus: Prometheus, db_url: str, cluster: str) -> 
     store = open_store(db_url)
     try:
         with store.engine.connect() as conn:
-            s = UsageSeries.__table__
+            s, d = UsageSeries.__table__, UsageDevice.__table__
             model = conn.execute(
-                select(s.c.gpu_model).where(s.c.cluster == cluster, s.c.holder_uid == "u5")
+                select(d.c.gpu_model)
+                .join(s, s.c.device_id == d.c.id)
+                .where(s.c.cluster == cluster, s.c.holder_uid == "u5")
             ).scalar()
     finally:
         store.close()

@@ -18,7 +18,7 @@ from gpuquota.quota.accounting.rows import Batch
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
 from gpuquota.quota.report import cli
 from gpuquota.quota.store.db import open_store
-from gpuquota.quota.store.models import LedgerProgress, UsageSeries, UsageWindow
+from gpuquota.quota.store.models import LedgerProgress, UsageDevice, UsageSeries, UsageWindow
 from tests.ledger.samples import WINDOW, Series, openmetrics, pod
 from tests.ledger.test_ingest import _allocation
 from tests.prometheus import Prometheus, create_blocks, serving
@@ -97,10 +97,10 @@ def rows(db_url: str, cluster: str) -> Rows:
     store = open_store(db_url)
     try:
         with store.engine.connect() as conn:
-            s, w = UsageSeries.__table__, UsageWindow.__table__
+            s, w, d = UsageSeries.__table__, UsageWindow.__table__, UsageDevice.__table__
             got = conn.execute(
                 select(
-                    func.coalesce(func.nullif(s.c.holder_uid, ""), s.c.device_uuid),
+                    func.coalesce(func.nullif(s.c.holder_uid, ""), d.c.device_uuid),
                     w.c.window_start,
                     w.c.window_seconds,
                     w.c.used_gpu_seconds,
@@ -110,6 +110,7 @@ def rows(db_url: str, cluster: str) -> Rows:
                     w.c.end_energy,
                 )
                 .join(w, w.c.series_id == s.c.id)
+                .join(d, d.c.id == s.c.device_id)
                 .where(s.c.cluster == cluster)
             ).all()
     finally:

@@ -10,9 +10,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
-from gpuquota.quota.store.models import LedgerProgress, UsageSeries, UsageWindow
+from gpuquota.quota.store.models import LedgerProgress, UsageDevice, UsageSeries, UsageWindow
 from tests.report.conftest import Store, ts
 
 OCT = ts("2026-10-01T00:00:00")
@@ -96,16 +96,38 @@ def ledger(
     kind: str = "pod",
     device: str = "GPU-0",
     mig_profile: str | None = None,
+    node: str = "node-1",
     cluster: str = "c1",
     progress: int | None = None,
 ) -> None:
     """One ledger series (holder ``uid`` on ``device``) and its windows, each (start, used
     physical GPU-seconds, joules, sampled seconds), one hour long."""
     with store.engine.begin() as conn:
+        did = conn.execute(
+            select(UsageDevice.id).where(
+                UsageDevice.cluster == cluster, UsageDevice.device_uuid == device
+            )
+        ).scalar()
+        if did is None:
+            did = conn.execute(
+                insert(UsageDevice)
+                .values(
+                    cluster=cluster,
+                    device_uuid=device,
+                    node=node,
+                    gpu_model="NVIDIA H100 80GB HBM3",
+                    mig_profile=mig_profile,
+                )
+                .returning(UsageDevice.id)
+            ).scalar_one()
+        elif mig_profile is not None:
+            conn.execute(
+                update(UsageDevice).where(UsageDevice.id == did).values(mig_profile=mig_profile)
+            )
         sid = conn.execute(
             select(UsageSeries.id).where(
                 UsageSeries.cluster == cluster,
-                UsageSeries.device_uuid == device,
+                UsageSeries.device_id == did,
                 UsageSeries.holder_uid == uid,
             )
         ).scalar()
@@ -114,14 +136,11 @@ def ledger(
                 insert(UsageSeries)
                 .values(
                     cluster=cluster,
-                    device_uuid=device,
+                    device_id=did,
                     holder_kind=kind,
                     holder_uid=uid,
                     namespace=namespace,
                     holder_name=name,
-                    node="node-1",
-                    gpu_model="NVIDIA H100 80GB HBM3",
-                    mig_profile=mig_profile,
                     activity="sm_active",
                 )
                 .returning(UsageSeries.id)

@@ -16,7 +16,7 @@ import pytest
 from sqlalchemy import insert
 
 from gpuquota.quota.store.models import ClaimAllocation, UsageSeries
-from tests.report.conftest import A100, Store, ts
+from tests.report.conftest import A100, H100, Store, ts
 from tests.report.helpers import NOW, T0, WINDOW, H, assert_refused, ledger, uid
 
 
@@ -147,6 +147,25 @@ def test_pod_level_keys_join_by_pod_uid(store: Store, report: Any) -> None:
     store.labels("ml", {"team": "x"}, T0 - H, None)
     by_team = rows_by(as_json(report, store, "--by", "label:team"), "label:team")
     assert by_team["x"]["gpu_seconds_used"] == 3960
+
+
+def test_a_holder_without_allocation_rows_has_its_devices_node_and_model(
+    store: Store, report: Any
+) -> None:
+    # a pod the controller missed (no allocation row) on a GPU of node-7, and one it saw
+    ledger(store, "uid-missed", [(T0, 1800, 1000, H)], name="missed", device="GPU-7", node="node-7")
+    store.alloc("ml", T0, T0 + H, pod="seen")
+    ledger(store, uid(store), [(T0, 3600, 2000, H)])
+    # grouped by the series' own keys (the node: its device's), no join to the allocations
+    by_node = rows_by(as_json(report, store, "--by", "node"), "node")
+    assert by_node["node-7"]["gpu_seconds_used"] == 1800
+    assert by_node["node-1"]["gpu_seconds_used"] == 3600
+    # joined to the allocations: the missed pod keeps its series' name, its device's model
+    # (the NVML name) and node
+    doc = as_json(report, store, "--by", "model,node,pod")
+    found = {(r["group"]["model"], r["group"]["node"], r["group"]["pod"]): r for r in doc["rows"]}
+    assert found[("NVIDIA H100 80GB HBM3", "node-7", "ml/missed")]["energy_joules"] == 1000
+    assert found[(H100, "node-1", "ml/seen")]["energy_joules"] == 2000
 
 
 def test_a_pod_with_two_resources_is_not_counted_twice(store: Store, report: Any) -> None:

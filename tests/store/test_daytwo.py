@@ -115,20 +115,25 @@ def test_prune_shows_first_then_removes_only_what_no_later_bill_needs(tmp_path: 
     path = tmp_path / "gpuquota.db"
     url = f"sqlite:///{path}"
     filled(url, tmp_path, hours=4.0)
-    # the usage ledger: a pod that stopped counting before the cut-off (its series goes with
-    # its windows) and one still counting after it (its old windows go, it stays)
+    # the usage ledger: pods that stopped counting before the cut-off (their series go with
+    # their windows; the device only one of them held goes too) and one still counting after
+    # it (its old windows go, it and its device stay)
     with closing(sqlite3.connect(path)) as conn, conn:
-        for sid, uid in ((1, "uid-gone"), (2, "uid-on")):
+        conn.executemany(
+            "INSERT INTO usage_devices (id, cluster, device_uuid) VALUES (?, 'c', ?)",
+            [(1, "GPU-1"), (2, "GPU-2")],
+        )
+        for sid, device, uid in ((1, 2, "uid-gone"), (2, 1, "uid-on"), (3, 1, "uid-gone-too")):
             conn.execute(
-                "INSERT INTO usage_series (id, cluster, device_uuid, holder_kind, holder_uid,"
-                " namespace, holder_name) VALUES (?, 'c', 'GPU-1', 'pod', ?, 'ns', ?)",
-                (sid, uid, uid),
+                "INSERT INTO usage_series (id, device_id, cluster, holder_kind, holder_uid,"
+                " namespace, holder_name) VALUES (?, ?, 'c', 'pod', ?, 'ns', ?)",
+                (sid, device, uid, uid),
             )
         conn.executemany(
             "INSERT INTO usage_windows (series_id, window_start, window_seconds,"
             " used_gpu_seconds, energy_joules, sampled_seconds, end_used, end_energy)"
             " VALUES (?, ?, 3600, 1.0, 2.0, 3600.0, 1.0, 2.0)",
-            [(1, START), (1, START + 3600), (2, START + 3600), (2, START + 7200)],
+            [(1, START), (1, START + 3600), (2, START + 3600), (2, START + 7200), (3, START)],
         )
     cut = "2026-01-01T02:00:00Z"
     after = ["--from", cut, "--to", "2026-01-01T04:00:00Z"]
@@ -140,7 +145,7 @@ def test_prune_shows_first_then_removes_only_what_no_later_bill_needs(tmp_path: 
     assert counts(path) == rows  # the default only shows
     would = {ln.split()[-1]: int(ln.split()[-2]) for ln in shown.stdout.splitlines()[:-1]}
     assert would["allocations"] > 0 and would["quota_samples"] > 0
-    assert (would["usage_windows"], would["usage_series"]) == (3, 1)
+    assert (would["usage_windows"], would["usage_series"], would["usage_devices"]) == (4, 2, 1)
     done = gpuquota("db", "prune", "--before", cut, "--db", url, "--yes")
     assert done.returncode == 0, done.stderr
     left = counts(path)
@@ -185,6 +190,11 @@ def test_db_upgrade_across_every_migration_with_data(tmp_path: Path) -> None:
     written: dict[str, int] = {}
     for i, revision in enumerate(revisions):
         db.upgrade(url, revision)
+        now = counts(path)
+        for table, n in written.items():
+            assert now[table] >= n, (revision, table)  # the upgrade lost no row
+        # rows a migration derives from others (0010: a ledger device per series' device)
+        written.update({t: n for t, n in now.items() if t != "alembic_version"})
         engine = create_engine(url)
         meta = MetaData()
         meta.reflect(engine)

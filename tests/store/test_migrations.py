@@ -13,6 +13,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from gpuquota.quota.store import db
 from gpuquota.quota.store.models import Base
@@ -28,10 +29,12 @@ TABLES = {
     "namespace_labels",
     "node_capacity",
     "quota_samples",
+    "usage_devices",
     "usage_series",
     "usage_windows",
 }
 LEDGER = {"usage_series", "usage_windows", "ledger_progress"}  # migration 0008
+DEVICES = {"usage_devices"}  # migration 0010
 
 
 def tables(url: str) -> set[str]:
@@ -56,21 +59,21 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
 
 def test_claim_allocations_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0005")
-    assert tables(empty_db_url) == TABLES - LEDGER - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES - {"claim_allocations", "gaps"}
     db.upgrade(empty_db_url, "0006")
     assert "claim_allocations" in tables(empty_db_url)
     db.downgrade(empty_db_url, "0005")
     assert db.current(empty_db_url) == "0005"
-    assert tables(empty_db_url) == TABLES - LEDGER - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES - {"claim_allocations", "gaps"}
 
 
 def test_usage_ledger_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0007")
-    assert tables(empty_db_url) == TABLES - LEDGER
+    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES
     db.upgrade(empty_db_url, "0008")
-    assert tables(empty_db_url) == TABLES
+    assert tables(empty_db_url) == TABLES - DEVICES
     db.downgrade(empty_db_url, "0007")
-    assert tables(empty_db_url) == TABLES - LEDGER
+    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES
 
 
 def test_ledger_rollup_migration_keeps_progress_both_ways(empty_db_url: str) -> None:
@@ -94,6 +97,132 @@ def test_ledger_rollup_migration_keeps_progress_both_ways(empty_db_url: str) -> 
             assert row.all() == [("c", 7200)]
             columns = {c["name"] for c in inspect(conn).get_columns("ledger_progress")}
             assert "rolled_until" not in columns
+    finally:
+        engine.dispose()
+
+
+SERIES_0009 = text(
+    "INSERT INTO usage_series (id, cluster, device_uuid, holder_kind, holder_uid, namespace,"
+    " holder_name, node, gpu_model, mig_profile, activity) VALUES (:id, :cluster, :device,"
+    " :kind, :uid, :ns, :name, :node, :model, :mig, :activity)"
+)
+GPU_A = "GPU-2b5b9a54-7c5e-4f0e-9d36-0d6f3c1f7a01"
+MIG_B = "MIG-6e1d0c6a-3f3b-5a8e-b1f1-7f5d2a9c4e02"
+
+
+def _series(id: int, cluster: str, device: str, uid: str, **labels: str | None) -> dict:
+    row = {"id": id, "cluster": cluster, "device": device, "uid": uid, "kind": "pod"}
+    row.update(ns="ns", name=f"pod-{id}", node=None, model=None, mig=None, activity=None)
+    if not uid:
+        row.update(kind="unallocated", ns="", name="")
+    row.update(labels)
+    return row
+
+
+def test_usage_devices_migration_moves_device_labels_and_back(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0009")
+    engine = create_engine(empty_db_url)
+    series = [
+        # GPU_A in c1: its node changed (the latest non-null wins), a model only on an older
+        # series, no MIG profile
+        _series(1, "c1", GPU_A, "", node="node-1", model="NVIDIA H100 80GB HBM3"),
+        _series(2, "c1", GPU_A, "u2", node="node-1", activity="sm_active"),
+        _series(3, "c1", GPU_A, "u3", node="node-9", activity="utilization"),
+        _series(4, "c1", GPU_A, "u4"),
+        # a MIG device in c1, and the same UUID in another cluster: two devices
+        _series(5, "c1", MIG_B, "u2", node="node-2", model="NVIDIA A100", mig="3g.40gb"),
+        _series(6, "c2", MIG_B, "u6", node="node-7"),
+    ]
+    windows = text(
+        "INSERT INTO usage_windows (series_id, window_start, window_seconds, used_gpu_seconds,"
+        " energy_joules, sampled_seconds) VALUES (:id, 3600, 3600, 1.0, 2.0, 3600.0)"
+    )
+    try:
+        with engine.begin() as conn:
+            conn.execute(SERIES_0009, series)
+            conn.execute(windows, [{"id": s["id"]} for s in series])
+        db.upgrade(empty_db_url, "0010")
+        with engine.begin() as conn:
+            devices = {
+                (r.cluster, r.device_uuid): (r.id, r.node, r.gpu_model, r.mig_profile)
+                for r in conn.execute(text("SELECT * FROM usage_devices"))
+            }
+            assert {k: v[1:] for k, v in devices.items()} == {
+                ("c1", GPU_A): ("node-9", "NVIDIA H100 80GB HBM3", None),
+                ("c1", MIG_B): ("node-2", "NVIDIA A100", "3g.40gb"),
+                ("c2", MIG_B): ("node-7", None, None),
+            }
+            got = conn.execute(
+                text(
+                    "SELECT id, device_id, cluster, holder_kind, holder_uid, namespace,"
+                    " holder_name, activity FROM usage_series ORDER BY id"
+                )
+            ).all()
+            device_of = {1: ("c1", GPU_A), 2: ("c1", GPU_A), 3: ("c1", GPU_A)}
+            device_of.update({4: ("c1", GPU_A), 5: ("c1", MIG_B), 6: ("c2", MIG_B)})
+            assert [tuple(r) for r in got] == [
+                (s["id"], devices[device_of[s["id"]]][0], s["cluster"], s["kind"], s["uid"], *rest)
+                for s in series
+                for rest in [(s["ns"], s["name"], s["activity"])]
+            ]
+            columns = {c["name"] for c in inspect(conn).get_columns("usage_series")}
+            assert not columns & {"device_uuid", "node", "gpu_model", "mig_profile"}
+            # the new key: a holder once per device; new series go on after the kept ids
+            with pytest.raises(IntegrityError), conn.begin_nested():
+                conn.execute(
+                    text(
+                        "INSERT INTO usage_series (device_id, cluster, holder_kind, holder_uid,"
+                        " namespace, holder_name) VALUES (:d, 'c1', 'pod', 'u2', 'ns', 'x')"
+                    ),
+                    {"d": devices[("c1", GPU_A)][0]},
+                )
+            new = conn.execute(
+                text(
+                    "INSERT INTO usage_series (device_id, cluster, holder_kind, holder_uid,"
+                    " namespace, holder_name) VALUES (:d, 'c2', 'pod', 'u7', 'ns', 'pod-7')"
+                    " RETURNING id"
+                ),
+                {"d": devices[("c2", MIG_B)][0]},
+            ).scalar_one()
+            assert new > len(series)  # (PostgreSQL: the refused insert took a number)
+            n = conn.execute(text("SELECT count(*) FROM usage_windows")).scalar_one()
+            assert n == len(series)  # the windows keep their series ids
+        db.downgrade(empty_db_url, "0009")
+        assert "usage_devices" not in tables(empty_db_url)
+        with engine.begin() as conn:
+            got = conn.execute(
+                text(
+                    "SELECT id, cluster, device_uuid, holder_kind, holder_uid, namespace,"
+                    " holder_name, node, gpu_model, mig_profile, activity FROM usage_series"
+                    " ORDER BY id"
+                )
+            ).all()
+            # each series has its device's labels back (those of its device, one per device)
+            back = {
+                ("c1", GPU_A): ("node-9", "NVIDIA H100 80GB HBM3", None),
+                ("c1", MIG_B): ("node-2", "NVIDIA A100", "3g.40gb"),
+                ("c2", MIG_B): ("node-7", None, None),
+            }
+            want = [
+                (s["id"], s["cluster"], s["device"], s["kind"], s["uid"], s["ns"], s["name"])
+                + back[(s["cluster"], s["device"])]
+                + (s["activity"],)
+                for s in series
+            ]
+            want.append((new, "c2", MIG_B, "pod", "u7", "ns", "pod-7", "node-7", None, None, None))
+            assert [tuple(r) for r in got] == want
+            # the old key again, and ids go on
+            with pytest.raises(IntegrityError), conn.begin_nested():
+                conn.execute(SERIES_0009, _series(99, "c1", GPU_A, "u2"))
+            added = conn.execute(
+                text(
+                    "INSERT INTO usage_series (cluster, device_uuid, holder_kind, holder_uid,"
+                    " namespace, holder_name) VALUES ('c1', :d, 'pod', 'u9', 'ns', 'p')"
+                    " RETURNING id"
+                ),
+                {"d": GPU_A},
+            ).scalar_one()
+            assert added > new
     finally:
         engine.dispose()
 
