@@ -99,3 +99,27 @@ def test_an_unchanged_device_is_not_written_again(ledger_pg_url: str, cluster: s
             assert conn.execute(version, {"c": cluster}).scalar_one() != before
     finally:
         store.close()
+
+
+def test_an_unchanged_series_is_not_written_again(ledger_pg_url: str, cluster: str) -> None:
+    """On PostgreSQL (row versions, xmin): a series seen again with the same labels keeps its
+    row version; a changed name or activity writes."""
+    store = open_store(ledger_pg_url)
+    version = text("SELECT xmin::text FROM usage_series WHERE cluster = :c AND holder_uid = 'u1'")
+    try:
+        p1 = SeriesSamples(GPU, "pod", "u1", "ns", "p1", node="node-1", activity="sm_active")
+        _ids(store, cluster, [p1])
+        with store.engine.connect() as conn:
+            before = conn.execute(version, {"c": cluster}).scalar_one()
+        _ids(store, cluster, [p1])
+        _ids(store, cluster, [replace(p1, activity=None)])  # unknown now: kept, not written
+        with store.engine.connect() as conn:
+            assert conn.execute(version, {"c": cluster}).scalar_one() == before
+        _ids(store, cluster, [replace(p1, activity="utilization")])
+        with store.engine.connect() as conn:
+            assert conn.execute(version, {"c": cluster}).scalar_one() != before
+            s = UsageSeries.__table__
+            got = conn.execute(select(s.c.activity).where(s.c.cluster == cluster)).scalar_one()
+        assert got == "utilization"
+    finally:
+        store.close()
