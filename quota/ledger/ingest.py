@@ -419,13 +419,14 @@ def baseline(
     None (a new series: from 0, rules.increase)."""
     if stored is not None:
         window_start, window_seconds, end_used, end_energy = stored
-        before = any(t < start for t, _ in series.used) or any(t < start for t, _ in series.energy)
+        # samples are in time order: the first says whether any came before
+        before = any(samples[0][0] < start for samples in (series.used, series.energy) if samples)
         if window_start + window_seconds == start or not before:
             return (end_used or 0.0, end_energy or 0.0)
     return (None, None)
 
 
 def _inside(series: SeriesSamples, start: int, end: int) -> bool:
-    return any(start <= t < end for t, _ in series.used) or any(
-        start <= t < end for t, _ in series.energy
+    return rules.has_samples(series.used, start, end) or rules.has_samples(
+        series.energy, start, end
     )

@@ -20,9 +20,11 @@ month of the ledger keeps about one row per holder, device and day instead of on
 
 from __future__ import annotations
 
-import itertools
+import operator
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 # the labels that say which holder of which device a series is about
 HOLDER_KINDS = ("pod", "claim", "unallocated")
@@ -69,36 +71,57 @@ class Usage:
 
 
 Samples = Sequence[tuple[float, float]]  # (unix seconds, counter value), in time order
+_time, _value = operator.itemgetter(0), operator.itemgetter(1)
+
+
+def _span(samples: Samples, start: int, end: int) -> tuple[int, int]:
+    """Indexes [lo, hi) of the samples in [start, end) (samples in time order)."""
+    return bisect_left(samples, start, key=_time), bisect_left(samples, end, key=_time)
+
+
+def has_samples(samples: Samples, start: int, end: int) -> bool:
+    """Whether any sample lies in [start, end)."""
+    lo, hi = _span(samples, start, end)
+    return hi > lo
 
 
 def increase(samples: Samples, start: int, end: int, baseline: float | None) -> tuple[float, float]:
     """(increase, last value) of a counter over its samples in [start, end): from ``baseline``
     (else the last sample before ``start``, else 0); a drop is a reset and counts from 0.
     Callers check that the window has samples."""
-    prev = baseline
-    total = 0.0
-    last = 0.0
-    for t, v in samples:
-        if t < start:
-            if baseline is None:
-                prev = v
-            continue
-        if t >= end:
-            break
-        base = 0.0 if prev is None or v < prev else prev
-        total += v - base
-        prev = v
-        last = v
+    lo, hi = _span(samples, start, end)
+    if hi <= lo:
+        return 0.0, 0.0
+    prev = baseline if baseline is not None or lo == 0 else samples[lo - 1][1]
+    values = list(map(_value, samples[lo:hi]))
+    first, last = values[0], values[-1]
+    total = first - (0.0 if prev is None or first < prev else prev)
+    # a window's samples are thousands: the sums run in C; resets (drops) are rare
+    if any(map(operator.lt, values[1:], values)):
+        total += sum(map(_step, values, values[1:]))
+    else:
+        total += last - first
     return total, last
+
+
+def _step(prev: float, value: float) -> float:
+    """A counter's increase from one sample to the next: a drop is a reset, counted from 0."""
+    return value if value < prev else value - prev
 
 
 def sampled_seconds(times: Sequence[float], start: int, end: int, max_gap: float) -> float:
     """Seconds of [start, end) between consecutive samples at most ``max_gap`` apart."""
-    covered = 0.0
-    for a, b in itertools.pairwise(times):
-        if b - a > max_gap or b <= start or a >= end:
-            continue
-        covered += (end if b > end else b) - (start if a < start else a)
+    # the pairs that overlap the window: from the last time at or before start to the first
+    # at or after end; the sums run in C (a window has thousands of samples)
+    lo = max(0, bisect_right(times, start) - 1)
+    hi = bisect_left(times, end) + 1
+    part = times[lo:hi]
+    gaps = list(map(operator.sub, part[1:], part))
+    covered = float(sum(filter(partial(operator.ge, max_gap), gaps)))
+    if gaps and part[0] < start and gaps[0] <= max_gap:
+        covered -= start - part[0]  # the first pair reaches back before the window
+    if gaps and part[-1] > end and gaps[-1] <= max_gap:
+        covered -= part[-1] - end  # the last pair reaches past it
     return covered
 
 
@@ -120,18 +143,14 @@ def window_usage(
     is absent while its agent cannot measure it: that time is not covered, whatever energy
     was counted meanwhile."""
     end = start + window
-
-    def inside(samples: Samples) -> bool:
-        return any(start <= t < end for t, _ in samples)
-
-    has_used, has_energy = inside(used), inside(energy)
+    has_used, has_energy = has_samples(used, start, end), has_samples(energy, start, end)
     if not has_used and not has_energy:
         return None
     used_inc, end_used = increase(used, start, end, base_used) if has_used else (0.0, base_used)
     energy_inc, end_energy = (
         increase(energy, start, end, base_energy) if has_energy else (0.0, base_energy)
     )
-    times = [t for t, _ in (energy if energy_only else used)]
+    times = list(map(_time, energy if energy_only else used))
     return Usage(
         used_inc,
         energy_inc,

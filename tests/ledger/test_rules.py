@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuquota.quota.ledger import rules
 from gpuquota.quota.ledger.ingest import LedgerSettings, check
@@ -240,3 +244,54 @@ def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
 
     assert _sorted_unique(series.used) == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
     assert series.activity == "process_sm"  # the labels of the newest sample
+
+
+def _increase_step_by_step(
+    samples: list[tuple[float, float]], start: int, end: int, baseline: float | None
+) -> tuple[float, float]:
+    """rules.increase's rule, one sample at a time (what the summed-in-C version must equal)."""
+    prev, total, last = baseline, 0.0, 0.0
+    for t, v in samples:
+        if t < start:
+            prev = v if baseline is None else prev
+            continue
+        if t >= end:
+            break
+        total += v - (0.0 if prev is None or v < prev else prev)
+        prev, last = v, v
+    return total, last
+
+
+def _sampled_pair_by_pair(times: list[float], start: int, end: int, max_gap: float) -> float:
+    covered = 0.0
+    for a, b in itertools.pairwise(times):
+        if b - a <= max_gap and b > start and a < end:
+            covered += min(b, end) - max(a, start)
+    return covered
+
+
+@given(
+    steps=st.lists(
+        st.tuples(st.integers(1, 120), st.floats(-50, 100, allow_nan=False)), max_size=40
+    ),
+    first=st.integers(0, 400),
+    baseline=st.none() | st.floats(0, 1000, allow_nan=False),
+    max_gap=st.integers(1, 90),
+)
+def test_increase_and_coverage_equal_the_step_by_step_rule(
+    steps: list[tuple[int, float]], first: int, baseline: float | None, max_gap: int
+) -> None:
+    samples, t, v = [], first, 0.0
+    for dt, dv in steps:  # drops now and then: resets
+        t, v = t + dt, max(0.0, v + dv)
+        samples.append((float(t), v))
+    start, end = 300, 900
+    got, want = (
+        rules.increase(samples, start, end, baseline),
+        _increase_step_by_step(samples, start, end, baseline),
+    )
+    assert got == pytest.approx(want, abs=1e-6)
+    times = [s[0] for s in samples]
+    assert rules.sampled_seconds(times, start, end, max_gap) == pytest.approx(
+        _sampled_pair_by_pair(times, start, end, max_gap)
+    )
