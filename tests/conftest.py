@@ -31,6 +31,22 @@ os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get(
 os.environ.setdefault("GPUQUOTA_SIM_NVML_COSTS", "instant")
 
 
+# --- parallel workers (pytest-xdist: `-n 2 --dist loadfile` in pyproject.toml) -----------------
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On an xdist worker: modules with a test marked slow come first (order kept within each).
+
+    With ``--dist loadfile --no-loadscope-reorder`` a module is one unit of work, handed out in
+    this order, so a minutes-long module (the demo, the wheel, the FOCUS validator) starts at
+    once instead of last, leaving the other worker idle meanwhile. A serial run (``-n 0``)
+    keeps the plain order."""
+    if not hasattr(config, "workerinput"):
+        return
+    slow = {item.nodeid.partition("::")[0] for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.nodeid.partition("::")[0] not in slow)
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """URL of the real PostgreSQL server the tests use.

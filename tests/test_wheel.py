@@ -1,10 +1,16 @@
 """The wheel as a user installs it: built from this checkout, installed into a fresh virtual
 environment, and everything documented to run from it run from there: the console scripts,
-the store's migrations, and the NVML stand-in built and driven (never from site-packages)."""
+the store's migrations, and the NVML stand-in built and driven (never from site-packages).
+
+The wheel is built from a copy of the checkout's sources: building it regenerates the kubelet
+gRPC stubs next to their .proto files (setup.py) and rewrites build/lib and the egg-info, which
+in the checkout itself would rewrite modules that tests running beside this one (pytest-xdist
+workers) import."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import sqlite3
 import subprocess
@@ -15,6 +21,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# what a build of the sources does not read: environments, build output, caches
+NOT_SOURCES = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+    ".hypothesis",
+    ".whl",
+    ".gl",
+)
 
 
 def run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -31,7 +50,9 @@ def test_installed_wheel_runs_what_the_docs_say(tmp_path: Path) -> None:
     tools = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}"}  # protoc-gen-mypy
     wheels = tmp_path / "dist"
-    pip_wheel = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps"]
+    sources = tmp_path / "src"  # gpuquota/'s links to exporter/, quota/, ... stay links
+    shutil.copytree(ROOT, sources, symlinks=True, ignore=NOT_SOURCES)
+    pip_wheel = [sys.executable, "-m", "pip", "wheel", str(sources), "--no-deps"]
     run([*pip_wheel, "--no-build-isolation", "-q", "-w", str(wheels)], tmp_path, env)
     (wheel,) = wheels.glob("gpuquota-*.whl")
     fresh = tmp_path / "venv"
@@ -67,7 +88,7 @@ def test_installed_wheel_runs_what_the_docs_say(tmp_path: Path) -> None:
         work,
         user,
     )
-    assert str(ROOT) not in where and str(purelib) in where
+    assert str(ROOT) not in where and str(sources) not in where and str(purelib) in where
     generic = "import importlib.util as u; print([n for n in %r if u.find_spec(n)])"
     old_names = ["exporter", "quota", "sim", "dashboards", "cli_common"]
     assert run([str(py), "-c", generic % old_names], work, user).strip() == "[]"

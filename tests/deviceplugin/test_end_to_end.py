@@ -131,7 +131,14 @@ def test_xids_are_classified_as_the_table_says_and_recover(h100: Exporter) -> No
     assert got is not None
     assert got.devices[uuid[3]] == got.devices[uuid[4]] == got.devices[uuid[0]] == "Healthy"
 
-    verdicts = h100.health()
+    # the four XIDs are four events, read one after another: the fatal two can reach the plugin
+    # before the exporter has read the last one (it did on a loaded machine), so wait for that
+    def all_four() -> dict[str, dict[str, Any]] | None:
+        now = h100.health()
+        return now if all(now[uuid[gpu]]["reasons"] for gpu in (1, 2, 3, 4)) else None
+
+    verdicts = poll(all_four, PUSH_S)
+    assert verdicts is not None, h100.health()
     assert json.loads(h100.get("/api/v1/health"))["summary"]["unhealthy"] == 2
     expected = {1: ("unhealthy", "reboot_node", "xid_79"), 2: ("unhealthy", "reset_gpu", "xid_48"),
                 3: ("degraded", "restart_app", "xid_94"), 4: ("degraded", "restart_app", "xid_13")}  # fmt: skip

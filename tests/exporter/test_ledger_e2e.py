@@ -21,6 +21,7 @@ from gpuquota.exporter.app import build
 from gpuquota.exporter.cli import build_parser
 from gpuquota.exporter.snapshot import NodeSnapshot
 from gpuquota.sim.apiserver import ApiServer
+from gpuquota.sim.harness import wait_for
 from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
 from gpuquota.sim.nvml import spec
 from gpuquota.sim.nvml.control import SimNode
@@ -131,7 +132,13 @@ def test_scraped_counters_match_the_stand_ins_integral(
                 break
             time.sleep(0.05)
         assert latest is not None and len(latest.usage_totals) == 4, latest
-        time.sleep(8)
+        # more than 8 s of rounds: until a round ends more than 8 s after the first (a fixed
+        # 8 s sleep can end before that round when a loaded machine delays the rounds)
+        wait_for(
+            lambda: seen[-1].collected_at - seen[0].collected_at > 8,
+            timeout=60,
+            what="more than 8 s between the first and the last round",
+        )
         app.collector.stop()
         port = app.server.address[1]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:

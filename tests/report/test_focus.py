@@ -3,11 +3,14 @@ own validator (PyPI focus-validator 1.0.0, with multimethod<1.11 beside it to im
 
 The validator pins numpy 1.x, pandas and pandera versions our environment does not take (it
 would downgrade numpy), so the test makes it its own virtual environment, once, cached in
-build/focus-validator (delete the folder to rebuild it)."""
+build/focus-validator (delete the folder to rebuild it). Parallel test workers (pytest-xdist)
+and concurrent runs share that folder: a file lock lets one of them install it and the others
+wait, and a marker written last tells a complete install from one cut short."""
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import subprocess
 import sys
@@ -21,6 +24,7 @@ from tests.report.helpers import NOW, T0, WINDOW, H, assert_refused, ledger, uid
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / "build" / "focus-validator"
+LOCK = ROOT / "build" / "focus-validator.lock"
 REQUIREMENTS = ("focus-validator==1.0.0", "multimethod<1.11")
 # focus-validator 1.0.0's rule SkuPriceId_Nullable queries ChargeType, a FOCUS 0.5 column that
 # 1.0 renamed (ChargeCategory): on any FOCUS 1.0 file it fails with KeyError('ChargeType')
@@ -30,14 +34,19 @@ OVERRIDES = ("SkuPriceId_Nullable",)
 def validator() -> Path:
     """The validator's executable, installing it into its own venv the first time."""
     exe = VENV / "bin" / "focus-validator"
-    if exe.exists():
-        return exe
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run(
-        [str(VENV / "bin" / "pip"), "install", "--quiet", *REQUIREMENTS],
-        check=True,
-        timeout=900,
-    )
+    installed = VENV / ".installed"  # written once pip has finished
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one installer; the others wait for it
+        if installed.is_file() and installed.read_text() == "\n".join(REQUIREMENTS):
+            return exe
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
+        subprocess.run(
+            [str(VENV / "bin" / "pip"), "install", "--quiet", *REQUIREMENTS],
+            check=True,
+            timeout=900,
+        )
+        installed.write_text("\n".join(REQUIREMENTS))
     return exe
 
 
@@ -110,6 +119,7 @@ def test_focus_export_passes_the_finops_validator(
     assert "Validation succeeded." in out, out
 
 
+@pytest.mark.timeout(1200)  # it may wait for the validator's install (see validator())
 def test_the_validator_catches_a_broken_export(tmp_path: Path) -> None:
     """The check can fail: a row without its BilledCost is refused."""
     text = "BilledCost,BillingCurrency\n,EUR\n"  # most required columns missing too
