@@ -4,6 +4,7 @@ and ship inside the wheel."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -17,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 
 from gpuquota.quota.store import db
 from gpuquota.quota.store.models import Base
+from tests.test_wheel import NOT_SOURCES
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = {
@@ -303,13 +305,17 @@ def test_source_checkout_finds_the_repository_migrations() -> None:
 
 @pytest.mark.slow
 def test_wheel_ships_migrations_as_quota_migrations(tmp_path: Path) -> None:
+    # built from a copy of the sources, as tests/test_wheel.py does: a build in the checkout
+    # regenerates modules that tests running beside this one import
+    sources = tmp_path / "src"
+    shutil.copytree(ROOT, sources, symlinks=True, ignore=NOT_SOURCES)
     subprocess.run(
         [
             sys.executable,
             "-m",
             "pip",
             "wheel",
-            str(ROOT),
+            str(sources),
             "--no-deps",
             "--no-build-isolation",
             "-q",
