@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.quota.ledger.rules import DAY, HolderWindow, OpenHolder, Usage, WindowRow, roll_up
 from gpuquota.quota.ledger.source import SeriesSamples
-from gpuquota.quota.store.db import Store, StoreUnavailableError, safe_url
+from gpuquota.quota.store.db import Store, StoreError, StoreUnavailableError, safe_url
 from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
@@ -358,6 +358,16 @@ class LedgerStore:
         stamp = int(time.time()) if now is None else now
         try:
             with self.store.engine.begin() as conn:
+                # rolled-up days are final (rules.plan never asks for them): a window there
+                # would land beside its day's rolled row and count twice
+                rolled = conn.execute(
+                    select(p.c.rolled_until).where(p.c.cluster == self.cluster)
+                ).scalar()
+                if rolled is not None and start < rolled:
+                    raise StoreError(
+                        f"ledger window {start} of cluster {self.cluster!r} is in a rolled-up "
+                        f"day (before {rolled}): its rows are final"
+                    )
                 ids = self.series_ids(conn, series)
                 bases = self.baselines(conn, list(ids.values()), start)
                 rows = []

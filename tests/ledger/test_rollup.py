@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from gpuquota.quota.accounting.rows import Batch
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
 from gpuquota.quota.report import cli
-from gpuquota.quota.store.db import open_store
+from gpuquota.quota.store.db import StoreError, open_store
 from gpuquota.quota.store.models import LedgerProgress, UsageDevice, UsageSeries, UsageWindow
 from tests.ledger.samples import WINDOW, Series, openmetrics, pod
 from tests.ledger.test_ingest import _allocation
@@ -257,3 +257,7 @@ def test_a_final_day_rolls_up_and_the_report_is_the_same(
     }
     for key in today:
         assert close(after[key], daily[key]), key
+    # asked directly, a window of a rolled-up day is refused, and nothing changes
+    with pytest.raises(StoreError, match="is in a rolled-up day"):
+        again.ingest_window(D - H)
+    assert rows(db_url, rolled) == after
