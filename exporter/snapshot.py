@@ -101,6 +101,10 @@ class ProcessUtilization:
     # kept a few seconds for the gauges. A sum over time takes only new samples: a process
     # with no sample in a second used nothing in it (docs/real-h100.md).
     held: bool = False
+    # The time the latest ask's samples cover (since the ask before; 0 when held or a first
+    # ask) and the SM-seconds in it: what the usage counters add.
+    sampled_seconds: float = 0.0
+    sm_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +119,8 @@ class PodUsage:
     memory_used_bytes: int | None  # framebuffer, summed over its processes
     sm_ratio: float | None  # None where NVML has no per-process utilisation (MIG)
     memory_ratio: float | None
-    # sm_ratio over the processes' new samples only (none held): what the usage counters sum
-    sm_ratio_sampled: float | None = None
+    # SM-seconds of the processes' new samples (none held): what the usage counters add
+    sm_seconds_sampled: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

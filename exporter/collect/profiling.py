@@ -15,9 +15,11 @@ shorter than ``MIN_GPM_GAP`` the earlier sample is kept until the gap is long en
 last good averages are reported meanwhile. A GPU without GPM reports ``gpm=None`` (its series are left out, never 0).
 
 Per-process utilisation: the driver keeps one sample per second for each process that used
-the GPU; the reader asks for the samples newer than the newest it has seen, keeps the latest
-per process, and forgets a process with no sample for ``PROCESS_SAMPLE_TTL`` seconds (the
-driver only samples busy processes: no sample means idle). The driver has a new sample once a
+the GPU; the reader asks for the samples newer than the newest it has seen (NVML answers each
+busy process's utilisation over that time), keeps the latest per process with the seconds it
+covers (``sampled_seconds``, ``sm_seconds``: what the usage counters add, so an ask that comes
+late loses nothing), and forgets a process with no sample for ``PROCESS_SAMPLE_TTL`` seconds
+(the driver only samples busy processes: no sample means idle). The driver has a new sample once a
 second and the call costs about 2.2 ms per GPU, so it is asked at most once per
 ``PROCESS_SAMPLE_PERIOD`` per GPU, whatever the collection interval; the last values are
 reported in between.
@@ -46,6 +48,9 @@ PROCESS_SAMPLE_PERIOD = 1.0  # seconds: the driver's per-process sampling period
 # The loop asks on a GPU's turn, a whole number of rounds >= the period apart: a round that
 # starts a few milliseconds early must not miss its turn (and wait a whole cycle more).
 PROCESS_ASK_SLACK = 0.05  # seconds
+# The most time one answer is taken to cover: a GPU not asked for longer than this (a stalled
+# reader) loses the rest, as the driver's sample buffer does.
+PROCESS_SPAN_MAX = 30.0  # seconds
 
 _PERCENT = 0.01
 _MIB = 1024.0 * 1024.0
@@ -94,6 +99,9 @@ class _GpuState:
     processes_asked_at: float | None = None  # when the driver was last asked (clock)
     processes: dict[int, tuple[float, ProcessUtilization]] = field(default_factory=dict)
     last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
+    # the same, every sample held: what rounds that do not ask report (each new sample's
+    # seconds are added once, in the round that asked)
+    held_processes: tuple[ProcessUtilization, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +149,7 @@ class ProfilingReader:
             gpu["process_utilization"] = (
                 self._process_utilization(state, handle, reads)
                 if processes
-                else state.last_processes
+                else state.held_processes
             )
         return ProfilingValues(gpu=gpu, migs=migs)
 
@@ -156,7 +164,8 @@ class ProfilingReader:
             unit.last = None
         state.gpm_supported = None
         state.processes.clear()
-        state.last_processes = None
+        state.last_processes = state.held_processes = None
+        state.seen_us = 0  # the next answer is a baseline: nothing spans the loss
         state.processes_asked_at = None
 
     def _gpm(
@@ -200,28 +209,51 @@ class ProfilingReader:
         now = self._clock()
         asked = state.processes_asked_at
         if asked is not None and now - asked < PROCESS_SAMPLE_PERIOD - PROCESS_ASK_SLACK:
-            return state.last_processes  # the driver has no newer sample yet
+            return state.held_processes  # the driver has no newer sample yet
         state.processes_asked_at = now
-        samples = reads(self.api.process_utilization, handle, state.seen_us)
+        since = state.seen_us
+        samples = reads(self.api.process_utilization, handle, since)
         if samples is None:
-            state.last_processes = None
+            state.last_processes = state.held_processes = None
             return None
-        for pid, stamp, sm, memory, encoder, decoder in samples:
+        latest: dict[int, tuple[int, int, int, int]] = {}
+        covered_until: dict[int, int] = {}  # pid -> the end of what its samples covered
+        spans: dict[int, tuple[float, float]] = {}  # pid -> (seconds covered, SM-seconds)
+        for pid, stamp, sm, memory, encoder, decoder in sorted(samples, key=lambda s: s[1]):
             state.seen_us = max(state.seen_us, stamp)
+            latest[pid] = (sm, memory, encoder, decoder)
+            # An answer averages the time since `since` (NVML's documented contract); where a
+            # driver gives a process several samples, each covers the time since the one before.
+            # A first ask (since 0) is a baseline: what it averages over is not known.
+            start = covered_until.get(pid, since)
+            covered_until[pid] = max(start, stamp)
+            span = 0.0 if since == 0 else min(max(stamp - start, 0) / 1e6, PROCESS_SPAN_MAX)
+            seconds, sm_seconds = spans.get(pid, (0.0, 0.0))
+            spans[pid] = (seconds + span, sm_seconds + sm * _PERCENT * span)
+        for pid, (sm, memory, encoder, decoder) in latest.items():
+            seconds, sm_seconds = spans[pid]
             state.processes[pid] = (
                 now,
                 ProcessUtilization(
                     pid=pid,
-                    sm_ratio=sm / 100.0,
-                    memory_ratio=memory / 100.0,
-                    encoder_ratio=encoder / 100.0,
-                    decoder_ratio=decoder / 100.0,
+                    sm_ratio=sm * _PERCENT,
+                    memory_ratio=memory * _PERCENT,
+                    encoder_ratio=encoder * _PERCENT,
+                    decoder_ratio=decoder * _PERCENT,
+                    sampled_seconds=seconds,
+                    sm_seconds=sm_seconds,
                 ),
             )
         for pid in [p for p, (at, _u) in state.processes.items() if now - at > PROCESS_SAMPLE_TTL]:
             del state.processes[pid]
         state.last_processes = tuple(
-            u if at == now else replace(u, held=True)
+            u if at == now else _held(u)
             for at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
         )
+        state.held_processes = tuple(map(_held, state.last_processes))
         return state.last_processes
+
+
+def _held(u: ProcessUtilization) -> ProcessUtilization:
+    """``u`` as a sample kept for the gauges: it adds nothing more to the usage counters."""
+    return u if u.held else replace(u, held=True, sampled_seconds=0.0, sm_seconds=0.0)

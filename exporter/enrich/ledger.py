@@ -15,9 +15,12 @@ Activity (physical GPU-seconds per second), from the readings the collector alre
 * a whole GPU with one holder: GPM SM activity (``sm_active``), else NVML's utilisation
   ratio (``utilization``);
 * a GPU with several holders (time-slicing, MPS): each holder's processes' SM utilisation
-  (``process_sm``, ``NodeSnapshot.pod_usage`` from exporter/enrich/usage.py), capped at 1,
-  from new samples only: the last sample the gauges hold for a few seconds adds nothing (a
-  process with no sample in a second used nothing in it, docs/real-h100.md);
+  (``process_sm``, ``NodeSnapshot.pod_usage`` from exporter/enrich/usage.py). Its used
+  seconds are the SM-seconds of the new samples, over the time NVML says they cover (not
+  this round's step: the driver is asked once a second, whatever the collection interval, and
+  an answer that comes late covers the time since the ask before); the last sample the gauges
+  hold for a few seconds adds nothing (a process with no sample in a second used nothing in
+  it, docs/real-h100.md). The energy split weighs the latest ratios, capped at 1;
 * a MIG instance: its own GPM SM activity x the profile's physical share, ``sm_active``
   (N/7, as the accounting's ``mig_share`` without overrides: the node agent imports nothing
   from gpuquota.quota, so tests/common/test_mig_share.py holds the two equal); several
@@ -56,7 +59,7 @@ import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from gpuquota.exporter.snapshot import (
     DeviceSnapshot,
@@ -159,11 +162,21 @@ def _profile_share(profile: str) -> float | None:
     return None if match is None else min(1.0, int(match.group(1)) / MIG_SLICES)
 
 
+class Activity(NamedTuple):
+    """One holder's activity on one device this round."""
+
+    how: str  # SM_ACTIVE, UTILIZATION or PROCESS_SM
+    ratio: float  # physical GPUs of activity now (0-1): the energy split's weight
+    # physical GPU-seconds measured for the time they cover (process samples); None: ratio x
+    # the round's step
+    seconds: float | None = None
+
+
 def activities(
     device: DeviceSnapshot, holders: tuple[Holding, ...], pod_usage: tuple[PodUsage, ...]
-) -> dict[HolderKey, tuple[str, float]]:
-    """Holder -> (how measured, physical GPUs of activity) on ``device`` this round; a holder
-    without a usable reading is left out."""
+) -> dict[HolderKey, Activity]:
+    """Holder -> its :class:`Activity` on ``device`` this round; a holder without a usable
+    reading is left out."""
     if not holders:
         return {}
     if device.mig is not None:
@@ -172,34 +185,32 @@ def activities(
         if sm is None or share is None:
             return {}
         each = min(max(sm, 0.0), 1.0) * share / len(holders)
-        return {h.key: (SM_ACTIVE, each) for h in holders}
+        return {h.key: Activity(SM_ACTIVE, each) for h in holders}
     if device.mig_mode_enabled:
         return {}  # a MIG-enabled GPU's work is its instances'
     if len(holders) == 1:
         sm = device.gpm.sm_active if device.gpm is not None else None
         if sm is not None:
-            return {holders[0].key: (SM_ACTIVE, min(max(sm, 0.0), 1.0))}
+            return {holders[0].key: Activity(SM_ACTIVE, min(max(sm, 0.0), 1.0))}
         if device.gpu_utilization_ratio is not None:
             ratio = min(max(device.gpu_utilization_ratio, 0.0), 1.0)
-            return {holders[0].key: (UTILIZATION, ratio)}
+            return {holders[0].key: Activity(UTILIZATION, ratio)}
         return {}
     if device.process_utilization is None:
         return {}
     out = {}
     for h in holders:
-        sm = sum(
-            u.sm_ratio_sampled or 0.0  # new samples only: no sample in a second is no use
-            for u in pod_usage
-            if u.owner == KIND_POD and (u.namespace, u.pod) in h.pods
-        )
-        out[h.key] = (PROCESS_SM, min(max(sm, 0.0), 1.0))
+        mine = [u for u in pod_usage if u.owner == KIND_POD and (u.namespace, u.pod) in h.pods]
+        ratio = sum(u.sm_ratio or 0.0 for u in mine)
+        seconds = sum(u.sm_seconds_sampled or 0.0 for u in mine)
+        out[h.key] = Activity(PROCESS_SM, min(max(ratio, 0.0), 1.0), max(seconds, 0.0))
     return out
 
 
 def _split_gpu(
     gpu: DeviceSnapshot,
     held: Mapping[str, tuple[Holding, ...]],
-    active: Mapping[str, Mapping[HolderKey, tuple[str, float]]],
+    active: Mapping[str, Mapping[HolderKey, Activity]],
     instances: list[DeviceSnapshot],
 ) -> dict[SeriesKey | None, float]:
     """Fractions of this round's energy of one physical GPU per series (None: unallocated)."""
@@ -220,10 +231,11 @@ def _split_gpu(
     if not holders:
         return {None: 1.0}
     acts = active.get(gpu.uuid, {})
-    total = sum(a for _how, a in acts.values())
+    total = sum(a.ratio for a in acts.values())
     for h in holders:
         if len(holders) > 1 and total > 0:
-            out[(gpu.uuid, *h.key)] = acts.get(h.key, ("", 0.0))[1] / total
+            found = acts.get(h.key)
+            out[(gpu.uuid, *h.key)] = (found.ratio if found is not None else 0.0) / total
         else:
             out[(gpu.uuid, *h.key)] = 1.0 / len(holders)
     return out
@@ -252,7 +264,7 @@ def advance(
             learned[holder] = uid
     totals: dict[SeriesKey, Totals] = dict(state.totals)
     ok = {d.uuid: d for d in snapshot.devices if d.state is DeviceState.OK}
-    active: dict[str, dict[HolderKey, tuple[str, float]]] = {}
+    active: dict[str, dict[HolderKey, Activity]] = {}
     for uuid, holders in held.items():
         device = ok.get(uuid)
         if device is None:
@@ -269,8 +281,9 @@ def advance(
             if measured and dt is not None:
                 # one counter whichever way it was measured (a GPU's first rounds, before its
                 # first GPM pair, measure utilisation): the ledger sees no reset when it switches
-                activity, value = acts[h.key]
-                used += value * dt
+                found = acts[h.key]
+                activity = found.how
+                used += found.ratio * dt if found.seconds is None else found.seconds
             totals[key] = Totals(
                 used=used,
                 activity=activity,

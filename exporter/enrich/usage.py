@@ -68,10 +68,10 @@ class PodUsageEnricher:
             known = [m for m in (memory.get(p) for p in pids) if m is not None]
             has_util = device.process_utilization is not None
             sm = sum(utilization[p].sm_ratio for p in pids if p in utilization)
-            sampled = sum(
-                utilization[p].sm_ratio
-                for p in pids
-                if p in utilization and not utilization[p].held
+            new = [utilization[p] for p in pids if p in utilization]
+            # several processes of one pod: at most the whole GPU for the time they cover
+            sampled = min(
+                sum(u.sm_seconds for u in new), max((u.sampled_seconds for u in new), default=0.0)
             )
             mem = sum(utilization[p].memory_ratio for p in pids if p in utilization)
             out.append(
@@ -83,7 +83,7 @@ class PodUsageEnricher:
                     processes=sum(1 for p in pids if p in memory),
                     memory_used_bytes=sum(known) if known else None,
                     sm_ratio=min(sm, 1.0) if has_util else None,
-                    sm_ratio_sampled=min(sampled, 1.0) if has_util else None,
+                    sm_seconds_sampled=sampled if has_util else None,
                     memory_ratio=min(mem, 1.0) if has_util else None,
                 )
             )

@@ -29,6 +29,9 @@ enum gq_gpm_metric { GQ_GPM_METRICS(GQ_GPM_ENUM_ENTRY) GQ_GPM_COUNT };
 
 #define GQ_GPM_UNITS 8 /* unit 0: the whole GPU; unit 1 + m: MIG instance m (GQ_MAX_MIG) */
 #define GQ_MAX_PROC_UTIL 64
+/* Seconds of per-process samples the stand-in's driver keeps: an average asked for since an
+ * older lastSeenTimeStamp covers only the last GQ_PROC_UTIL_HISTORY_S seconds. */
+#define GQ_PROC_UTIL_HISTORY_S 30
 #define GQ_GPM_MIN_INTERVAL_NS 100000000LL /* closer samples read all zeros, as on an H100 */
 
 typedef struct {
@@ -37,13 +40,17 @@ typedef struct {
     int64_t base_ns;            /* wall clock the totals were folded at */
 } gq_gpm_unit;
 
+/* One process's utilisation in percent (sm, memory, encoder, decoder), as set now and as it
+ * was before the latest change (at changed_ns): enough to average any span of the last
+ * GQ_PROC_UTIL_HISTORY_S seconds that holds at most one change, which is how the tests and the
+ * demo drive it (a change, then seconds of steady work). Earlier changes are approximated by
+ * the value before the latest one. */
 typedef struct {
     uint32_t pid;
-    uint32_t sm_percent;
-    uint32_t memory_percent;
-    uint32_t encoder_percent;
-    uint32_t decoder_percent;
+    uint32_t now[4];
+    uint32_t before[4];
     uint32_t pad;
+    int64_t changed_ns;
 } gq_proc_util;
 
 typedef struct {

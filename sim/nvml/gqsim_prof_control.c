@@ -57,7 +57,8 @@ GQ_EXPORT double gqsim_get_gpm(void *vst, int gpu, int unit, int metric) {
     return p->gpm[unit].rate[metric];
 }
 
-/* Adds or replaces (same pid) one process's utilisation, in percent; -1 when full. */
+/* Adds or changes (same pid) one process's utilisation from now on, in percent; -1 when
+ * full. */
 GQ_EXPORT int gqsim_set_process_utilization(void *vst, int gpu, unsigned pid, unsigned sm,
                                             unsigned memory, unsigned encoder, unsigned decoder) {
     gq_state *st = vst;
@@ -73,7 +74,15 @@ GQ_EXPORT int gqsim_set_process_utilization(void *vst, int gpu, unsigned pid, un
         return -1;
     }
     gq_prof_begin(p);
-    p->proc_util[slot] = (gq_proc_util){pid, sm, memory, encoder, decoder, 0};
+    gq_proc_util *u = &p->proc_util[slot];
+    if (slot == n) memset(u, 0, sizeof(*u)); /* a new process was idle until now */
+    else memcpy(u->before, u->now, sizeof(u->before));
+    u->pid = pid;
+    u->now[0] = sm;
+    u->now[1] = memory;
+    u->now[2] = encoder;
+    u->now[3] = decoder;
+    u->changed_ns = gq_now_ns();
     if (slot == n) p->proc_util_count = n + 1;
     gq_prof_end(p);
     gq_unlock(st);

@@ -13,7 +13,7 @@
 #include "gqsim_costs.h"
 
 #define GQ_MAGIC 0x4751534d4e564d4cULL /* "GQSMNVML" */
-#define GQ_VERSION 3
+#define GQ_VERSION 4
 #define GQ_MAX_GPUS 16
 #define GQ_MAX_MIG 7
 #define GQ_MAX_PROCS 64

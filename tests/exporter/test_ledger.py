@@ -46,8 +46,9 @@ def _ref(ns: str, pod: str) -> PodRef:
     return PodRef(ns, pod, "main")
 
 
-def _usage(ns: str, pod: str, sm: float) -> PodUsage:
-    return PodUsage("pod", ns, pod, "main", 1, None, sm, 0.0, sm_ratio_sampled=sm)
+def _usage(ns: str, pod: str, sm: float, covered: float = 1.0) -> PodUsage:
+    """A pod whose processes' new samples report ``sm`` over ``covered`` seconds."""
+    return PodUsage("pod", ns, pod, "main", 1, None, sm, 0.0, sm_seconds_sampled=sm * covered)
 
 
 def _snap(
@@ -162,7 +163,7 @@ def test_a_held_process_sample_adds_no_use() -> None:
     pods = {G0: (_ref("team-a", "a"), _ref("team-b", "b"))}
     fresh = (_usage("team-a", "a", 0.6), _usage("team-b", "b", 0.2))
     held = (
-        PodUsage("pod", "team-a", "a", "main", 1, None, 0.6, 0.0, sm_ratio_sampled=0.0),
+        PodUsage("pod", "team-a", "a", "main", 1, None, 0.6, 0.0, sm_seconds_sampled=0.0),
         _usage("team-b", "b", 0.2),
     )
     snaps = [
@@ -174,6 +175,26 @@ def test_a_held_process_sample_adds_no_use() -> None:
     a, b = _totals(state, G0, "a"), _totals(state, G0, "b")
     assert (a.activity, a.used_seconds) == (PROCESS_SM, pytest.approx(0.6))  # one fresh step
     assert (b.activity, b.used_seconds) == (PROCESS_SM, pytest.approx(0.6))  # three
+
+
+def test_process_use_is_what_the_samples_cover_not_the_round_step() -> None:
+    """The driver is asked once a second whatever the collection interval, and an answer that
+    comes late covers the time since the ask before: a round with no new sample adds nothing,
+    the late one adds all it covers (a starved agent loses nothing)."""
+    pods = {G0: (_ref("team-a", "a"), _ref("team-b", "b"))}
+    held = (_usage("team-a", "a", 0.6, covered=0.0), _usage("team-b", "b", 0.2, covered=0.0))
+    steps = [(0.0, 1.0), (1.0, 1.0), (1.4, 0.0), (2.9, 1.9)]  # (round at, seconds covered)
+    snaps = [
+        _snap(T0 + at, [_shared(0.6, 0.2, 100.0 * at)], pods,
+              pod_usage={G0: held if not covered else
+                         (_usage("team-a", "a", 0.6, covered), _usage("team-b", "b", 0.2, covered))})
+        for at, covered in steps
+    ]  # fmt: skip
+    state = _run(snaps)
+    assert _totals(state, G0, "a").used_seconds == pytest.approx(0.6 * (1.0 + 1.9))
+    assert _totals(state, G0, "b").used_seconds == pytest.approx(0.2 * (1.0 + 1.9))
+    # the energy split weighs the latest ratios, held ones included (3:1 throughout)
+    assert _totals(state, G0, "a").energy_joules == pytest.approx(0.75 * 290.0)
 
 
 def test_mps_and_idle_moments_on_a_shared_gpu_split_energy_equally() -> None:

@@ -187,9 +187,26 @@ def test_scraped_counters_match_the_stand_ins_integral(
         0.8 * gpm_span(node.uuid(0)), rel=rel
     )
     assert energy("train", node.uuid(0)) == pytest.approx(truth_energy(0), rel=rel)
+    def covered(name: str, uuid: str) -> float:
+        """The seconds NVML's per-process answers covered for the pod's process: the first
+        answer is a baseline, each later one covers the time since the one before, in whole
+        seconds of the driver's clock (so within a second or so of the rounds' span)."""
+        pid = PODS[name][2]
+        return sum(
+            u.sampled_seconds
+            for snap in seen
+            for d in snap.devices
+            if d.uuid == uuid
+            for u in d.process_utilization or ()
+            if u.pid == pid
+        )
+
     # GPU 1, time-sliced: per-process SM 0.6 / 0.2, energy split 3:1
-    assert used("nb1", node.uuid(1), "process_sm") == pytest.approx(0.6 * span, rel=rel)
-    assert used("nb2", node.uuid(1), "process_sm") == pytest.approx(0.2 * span, rel=rel)
+    for name, sm in (("nb1", 0.6), ("nb2", 0.2)):
+        assert covered(name, node.uuid(1)) == pytest.approx(span, abs=1.5)
+        assert used(name, node.uuid(1), "process_sm") == pytest.approx(
+            sm * covered(name, node.uuid(1)), rel=rel
+        )
     assert energy("nb1", node.uuid(1)) == pytest.approx(0.75 * truth_energy(1), rel=rel)
     assert energy("nb2", node.uuid(1)) == pytest.approx(0.25 * truth_energy(1), rel=rel)
     # GPU 2, MIG: the 1g instance at 100 % counts 1/7 of a GPU; 6/7 of the energy is unheld

@@ -196,9 +196,11 @@ def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
     assert [
         (p.pid, p.sm_ratio, p.memory_ratio) for p in first.devices[0].process_utilization or ()
     ] == [(411, 0.92, 0.28)]
-    # the next round in the same second gets no new sample: the process keeps its value
+    # the next round in the same second gets no new sample: the process keeps its value, held
     second = collector.collect_once()
-    assert second.devices[0].process_utilization == first.devices[0].process_utilization
+    assert [
+        (p.pid, p.sm_ratio, p.held) for p in second.devices[0].process_utilization or ()
+    ] == [(411, 0.92, True)]
     native = parse(Renderer().render(second))
     at = {"gpu": "0", "uuid": node.uuid(0)}
     assert value(native, "gpu_process_sm_utilization_ratio", pid="411", **at) == 0.92
@@ -224,14 +226,26 @@ def test_process_utilization_is_asked_at_most_once_a_second_per_gpu(nvml_on: Nvm
     for _ in range(3):  # --interval=250ms: the driver has no newer sample yet
         now[0] += PROCESS_SAMPLE_PERIOD / 4
         between = collector.collect_once()
-        assert between.devices[0].process_utilization == first.devices[0].process_utilization
+        # the last answer again, for the gauges, held: its seconds were counted once
+        (kept,) = between.devices[0].process_utilization or ()
+        (asked_sample,) = first.devices[0].process_utilization or ()
+        assert (kept.pid, kept.sm_ratio, kept.held) == (
+            asked_sample.pid,
+            asked_sample.sm_ratio,
+            True,
+        )
+        assert kept.sm_seconds == 0.0
     assert calls() == asked
     now[0] += PROCESS_SAMPLE_PERIOD / 4  # a second after the last question
     node.set_process_utilization(0, 411, sm=0.5, memory=0.1)
     time.sleep(1.05)  # the stand-in's driver takes its next sample
     later = collector.collect_once()
     assert calls() > asked
-    assert [(p.pid, p.sm_ratio) for p in later.devices[0].process_utilization or ()] == [(411, 0.5)]
+    (sample,) = later.devices[0].process_utilization or ()
+    # the answer averages the time since the first answer's stamp: some of it before the change
+    assert sample.pid == 411 and 0.5 <= sample.sm_ratio < 0.92
+    assert sample.sampled_seconds >= 1.0
+    assert sample.sm_seconds == pytest.approx(sample.sm_ratio * sample.sampled_seconds)
 
 
 def test_a_process_with_no_new_sample_keeps_its_last_one_marked_held(nvml_on: NvmlOn) -> None:
@@ -246,9 +260,15 @@ def test_a_process_with_no_new_sample_keeps_its_last_one_marked_held(nvml_on: Nv
     node.set_process_utilization(0, 411, sm=0.0, memory=0.0)  # idle: the driver samples nothing
     time.sleep(1.05)
     now[0] += PROCESS_SAMPLE_PERIOD
+    # the next answer averages the time since the last one: busy until the change
+    (last,) = collector.collect_once().devices[0].process_utilization or ()
+    assert 0 < last.sm_ratio <= 0.92 and not last.held and last.sampled_seconds >= 1.0
+    time.sleep(1.05)
+    now[0] += PROCESS_SAMPLE_PERIOD
     (held,) = collector.collect_once().devices[0].process_utilization or ()
     # the gauge keeps the last value a few seconds; the usage counters take only new samples
-    assert (held.sm_ratio, held.held) == (0.92, True)
+    assert (held.sm_ratio, held.held) == (last.sm_ratio, True)
+    assert (held.sampled_seconds, held.sm_seconds) == (0.0, 0.0)
 
 
 def test_no_gpm_pair_spans_a_lost_gpu(nvml_on: NvmlOn) -> None:

@@ -129,6 +129,28 @@ def test_process_utilization_both_calls(nvml):
         pynvml.nvmlDeviceGetProcessUtilization(h, 0)
 
 
+def test_a_late_ask_gets_the_average_since_last_seen(nvml):
+    """NVML answers one structure per busy process over the samples since lastSeenTimeStamp:
+    idle seconds count as zero, and the driver keeps only so many seconds of them."""
+    node = nvml("h100x8")
+    h = pynvml.nvmlDeviceGetHandleByIndex(0)
+    node.set_process_utilization(0, 411, sm=0.6, memory=0.3)
+    (first,) = pynvml.nvmlDeviceGetProcessUtilization(h, 0)  # lastSeen 0: the values now
+    assert (first.smUtil, first.memUtil) == (60, 30)
+    time.sleep(2.1)
+    since = first.timeStamp - 4_000_000  # idle for the 4 s before it was set
+    (late,) = pynvml.nvmlDeviceGetProcessUtilization(h, since)
+    span = (late.timeStamp - since) / 1e6
+    busy = (late.timeStamp - first.timeStamp) / 1e6  # set less than a second after `first`
+    assert 60 * (busy - 1) / span - 1 <= late.smUtil <= 60 * busy / span + 1
+    (info,) = pynvml.nvmlDeviceGetProcessesUtilizationInfo(h, since)
+    assert info.smUtil == late.smUtil or info.timeStamp != late.timeStamp
+    (capped,) = pynvml.nvmlDeviceGetProcessUtilization(h, 1)  # older than the driver's buffer
+    assert capped.smUtil <= 60 * busy / 30 + 1 < late.smUtil
+    with pytest.raises(pynvml.NVMLError_NotFound):
+        pynvml.nvmlDeviceGetProcessUtilization(h, late.timeStamp)
+
+
 def test_process_utilization_not_supported_with_mig_on(nvml):
     node = nvml("a100-mig")
     node.set_process_utilization(0, 7, sm=0.5, memory=0.1)
