@@ -187,6 +187,7 @@ def test_scraped_counters_match_the_stand_ins_integral(
         0.8 * gpm_span(node.uuid(0)), rel=rel
     )
     assert energy("train", node.uuid(0)) == pytest.approx(truth_energy(0), rel=rel)
+
     def covered(name: str, uuid: str) -> float:
         """The seconds NVML's per-process answers covered for the pod's process: the first
         answer is a baseline, each later one covers the time since the one before, in whole

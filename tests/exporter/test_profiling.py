@@ -198,9 +198,9 @@ def test_process_utilization_per_pid(nvml_on: NvmlOn) -> None:
     ] == [(411, 0.92, 0.28)]
     # the next round in the same second gets no new sample: the process keeps its value, held
     second = collector.collect_once()
-    assert [
-        (p.pid, p.sm_ratio, p.held) for p in second.devices[0].process_utilization or ()
-    ] == [(411, 0.92, True)]
+    assert [(p.pid, p.sm_ratio, p.held) for p in second.devices[0].process_utilization or ()] == [
+        (411, 0.92, True)
+    ]
     native = parse(Renderer().render(second))
     at = {"gpu": "0", "uuid": node.uuid(0)}
     assert value(native, "gpu_process_sm_utilization_ratio", pid="411", **at) == 0.92
