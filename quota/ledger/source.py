@@ -5,8 +5,10 @@ selector: every raw sample from ``max_gap`` before the window to ``max_gap`` aft
 samples around the window give its coverage at the edges), grouped per ledger series (device
 UUID, holder kind, holder UID). A count first says how many samples there are; a big window is
 then asked in slices of time and shards of devices of about 5,000 samples each, so that no
-answer takes long to decode (decoding holds the interpreter lock the watch loop needs too). Raw samples are what the increase and coverage rules
-(ledger/rules.py) need: nothing is extrapolated or resampled by Prometheus.
+answer takes long to decode (decoding holds the interpreter lock the watch loop needs too);
+answers are decoded straight into float pairs (promhttp.matrix_query). Raw samples are what the
+increase and coverage rules (ledger/rules.py) need: nothing is extrapolated or resampled by
+Prometheus.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import math
 import operator
 from dataclasses import dataclass, field
 
-from gpuquota.quota.promhttp import PrometheusError, instant_query
+from gpuquota.quota.promhttp import MatrixSeries, PrometheusError, instant_query, matrix_query
 
 # metric -> (holder kind, counter): the contract's names (exporter/expose/metrics.py)
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -31,7 +33,7 @@ MODEL_LABELS = ("gpu_model", "modelName")
 # samples per query (about 35 bytes of JSON each): decoding 5,000 holds the interpreter lock for
 # a few milliseconds (up to 15 on a loaded 2-core machine)
 MAX_SAMPLES_PER_QUERY = 5_000
-_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+_second = operator.itemgetter(1)
 
 
 @dataclass
@@ -120,13 +122,7 @@ def fetch_window(
             # Prometheus 3); samples on an edge come twice and are deduplicated
             length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
             promql = f'{{__name__=~"{names}"{shard}}}[{length}s]'
-            data = instant_query(base_url, promql, edges[i + 1], timeout)
-            if data.get("resultType") != "matrix":
-                raise PrometheusError(
-                    f"Prometheus at {base_url}: expected a matrix result, got "
-                    f"{data.get('resultType')!r}"
-                )
-            group(data.get("result") or [], base_url, into=out)
+            group(matrix_query(base_url, promql, edges[i + 1], timeout), into=out)
     for series in out.values():
         if series.unsorted:
             series.used = _sorted_unique(series.used)
@@ -141,26 +137,22 @@ def _sorted_unique(samples: list[tuple[float, float]]) -> list[tuple[float, floa
 
 
 def group(
-    result: list[dict[str, object]],
-    base_url: str = "",
+    result: list[MatrixSeries],
     into: dict[tuple[str, str, str], SeriesSamples] | None = None,
 ) -> dict[tuple[str, str, str], SeriesSamples]:
     """Prometheus series -> ledger series. Several Prometheus series of one holder's counter
     (its activity label changed, the agent's pod moved) are one counter: their samples merge in
     time order (``fetch_window`` sorts them where they interleave), and the labels of the one
-    with the newest sample are kept. A series without a device UUID or a holder UID is
-    skipped. Adds to ``into`` when given."""
+    with the newest sample are kept. A series of another metric, or without a device UUID or a
+    holder UID, is skipped; NaN and infinite values are skipped. Adds to ``into`` when
+    given."""
     out: dict[tuple[str, str, str], SeriesSamples] = {} if into is None else into
     for item in result:
-        try:
-            labels = item["metric"]
-            values = item["values"]
-            assert isinstance(labels, dict) and isinstance(values, list)
-            kind, counter = COUNTERS[labels["__name__"]]
-        except (KeyError, TypeError, AssertionError) as exc:
-            raise PrometheusError(
-                f"Prometheus at {base_url}: malformed series {item!r:.200}"
-            ) from exc
+        labels = item.metric
+        found = COUNTERS.get(labels.get("__name__", ""))
+        if found is None:
+            continue
+        kind, counter = found
         device = labels.get("uuid", "")
         uid_label, name_label = HOLDER_LABELS.get(kind, ("", ""))
         uid = labels.get(uid_label, "") if uid_label else ""
@@ -171,26 +163,19 @@ def group(
         if series is None:
             series = out[key] = SeriesSamples(device, kind, uid)
         target = series.used if counter == "used" else series.energy
-        # timestamps come as JSON numbers, values as strings ("NaN" and infinities skipped)
-        try:  # loops in C: a window of a big cluster has millions of samples
-            times = list(map(_first, values))
-            numbers = list(map(float, map(_second, values)))
-        except (TypeError, ValueError, IndexError, KeyError) as exc:
-            raise PrometheusError(
-                f"Prometheus at {base_url}: malformed samples of {labels!r:.200}"
-            ) from exc
-        pairs = list(zip(times, numbers, strict=True))
-        if not all(map(math.isfinite, numbers)):
+        pairs = item.values
+        # one sum in C says whether every value is finite (a window has millions of samples)
+        if pairs and not math.isfinite(sum(map(_second, pairs))):
             pairs = [p for p in pairs if math.isfinite(p[1])]
         if target and pairs and pairs[0][0] <= target[-1][0]:
             # the next slice of the same series repeats the sample on their common edge;
             # anything else (two Prometheus series of one counter) is sorted at the end
             if pairs[0][0] == target[-1][0] and (len(pairs) < 2 or pairs[1][0] > pairs[0][0]):
-                del pairs[0]
+                pairs = pairs[1:]
             else:
                 series.unsorted = True
         target.extend(pairs)
-        newest = times[-1] if times else float("-inf")
+        newest = item.values[-1][0] if item.values else float("-inf")
         if newest >= series.newest:  # the labels of the newest samples win
             series.newest = newest
             if uid_label:

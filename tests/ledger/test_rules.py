@@ -226,16 +226,17 @@ def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
     """The activity label changed (a second pod joined a GPU: sm_active -> process_sm): the
     counter goes on in a new Prometheus series; the ledger merges both in time order."""
     from gpuquota.quota.ledger.source import group
+    from gpuquota.quota.promhttp import MatrixSeries
 
-    def item(activity: str, values: list[tuple[float, str]]) -> dict[str, object]:
+    def item(activity: str, values: list[tuple[float, float]]) -> MatrixSeries:
         labels = {"__name__": "gpu_pod_used_seconds_total", "uuid": "GPU-a", "pod_uid": "u"}
-        return {"metric": {**labels, "activity": activity, "pod": "p", "namespace": "n"},
-                "values": [list(v) for v in values]}  # fmt: skip
+        return MatrixSeries({**labels, "activity": activity, "pod": "p", "namespace": "n"},
+                            values)  # fmt: skip
 
     out = group(
         [
-            item("process_sm", [(130.0, "12"), (145.0, "15")]),
-            item("sm_active", [(100.0, "5"), (115.0, "NaN"), (116.0, "9")]),
+            item("process_sm", [(130.0, 12.0), (145.0, 15.0)]),
+            item("sm_active", [(100.0, 5.0), (115.0, float("nan")), (116.0, 9.0)]),
         ]
     )
     (series,) = out.values()
