@@ -15,6 +15,7 @@ whose data directory lives there).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import re
@@ -81,21 +82,7 @@ def throwaway_server() -> Iterator[str]:
             os.chown(folder, account.pw_uid, account.pw_gid)
             wrapper_dir = Path(tempfile.mkdtemp(prefix="gq-pgctl-", dir="/tmp"))
             executable = as_account_wrapper(pg_ctl, account, wrapper_dir)
-        port = port_for.select_random()
-        server = PostgreSQLExecutor(
-            executable=str(executable),
-            host="127.0.0.1",
-            port=port,
-            datadir=str(folder / "data"),
-            unixsocketdir=str(folder),
-            logfile=str(folder / "server.log"),
-            startparams="-w",
-            dbname="postgres",
-            user="postgres",
-            # fsync off: a throwaway server loses nothing worth keeping on a crash
-            postgres_options="-c fsync=off -c full_page_writes=off -c max_connections=200",
-        )
-        server.start()
+        server, port = _start(executable, folder)
         try:
             server.wait_for_postgres()
             yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
@@ -105,3 +92,34 @@ def throwaway_server() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
         if executable != pg_ctl:
             shutil.rmtree(executable.parent, ignore_errors=True)
+
+
+def _start(executable: Path, folder: Path, attempts: int = 3) -> tuple[PostgreSQLExecutor, int]:
+    """A started server on a free port. A port found free can be taken before the server binds
+    it (the other test worker starts its own server at the same time): then another port, in
+    a data directory of its own."""
+    for attempt in range(1, attempts + 1):
+        port = port_for.select_random()
+        server = PostgreSQLExecutor(
+            executable=str(executable),
+            host="127.0.0.1",
+            port=port,
+            datadir=str(folder / f"data-{attempt}"),
+            unixsocketdir=str(folder),
+            logfile=str(folder / f"server-{attempt}.log"),
+            startparams="-w",
+            dbname="postgres",
+            user="postgres",
+            # fsync off: a throwaway server loses nothing worth keeping on a crash
+            postgres_options="-c fsync=off -c full_page_writes=off -c max_connections=200",
+        )
+        try:
+            server.start()
+        except Exception:
+            with contextlib.suppress(Exception):  # nothing may be running to stop
+                server.stop()
+            if attempt == attempts:
+                raise
+            continue
+        return server, port
+    raise AssertionError("unreachable")

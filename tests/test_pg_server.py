@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
+import port_for
+import pytest
 from sqlalchemy import create_engine, text
 
 from tests.pg_server import find_pg_ctl, throwaway_server, unprivileged_account
@@ -25,3 +28,26 @@ def test_server_runs_unprivileged_and_is_removed_afterwards() -> None:
         assert encoding == "UTF8"
         assert find_pg_ctl().name == "pg_ctl"
     assert not data.exists()
+
+
+def test_a_port_taken_before_the_server_binds_it_means_another_port(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The other test worker (or anything else) can take the port picked as free before the
+    server binds it: the server starts on another one."""
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    picks = iter([busy])
+    real = port_for.select_random
+    monkeypatch.setattr(port_for, "select_random", lambda *a, **k: next(picks, None) or real())
+    try:
+        with throwaway_server() as url:
+            assert f":{busy}/" not in url
+            engine = create_engine(url)
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT 1")).scalar_one() == 1
+            engine.dispose()
+    finally:
+        taken.close()
