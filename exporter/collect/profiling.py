@@ -229,17 +229,17 @@ class ProfilingReader:
             covered_until[pid] = max(start, stamp)
             span = 0.0 if since == 0 else min(max(stamp - start, 0) / 1e6, PROCESS_SPAN_MAX)
             seconds, sm_seconds = spans.get(pid, (0.0, 0.0))
-            spans[pid] = (seconds + span, sm_seconds + sm * _PERCENT * span)
+            spans[pid] = (seconds + span, sm_seconds + sm / 100.0 * span)
         for pid, (sm, memory, encoder, decoder) in latest.items():
             seconds, sm_seconds = spans[pid]
             state.processes[pid] = (
                 now,
                 ProcessUtilization(
                     pid=pid,
-                    sm_ratio=sm * _PERCENT,
-                    memory_ratio=memory * _PERCENT,
-                    encoder_ratio=encoder * _PERCENT,
-                    decoder_ratio=decoder * _PERCENT,
+                    sm_ratio=sm / 100.0,
+                    memory_ratio=memory / 100.0,
+                    encoder_ratio=encoder / 100.0,
+                    decoder_ratio=decoder / 100.0,
                     sampled_seconds=seconds,
                     sm_seconds=sm_seconds,
                 ),

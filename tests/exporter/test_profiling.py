@@ -12,7 +12,12 @@ import pytest
 
 from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import NvmlApi
-from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD, ProfilingReader
+from gpuquota.exporter.collect.profiling import (
+    MIN_GPM_GAP,
+    PROCESS_SAMPLE_PERIOD,
+    PROCESS_SPAN_MAX,
+    ProfilingReader,
+)
 from gpuquota.exporter.collect.tiers import FIELD_TIERS, Tier
 from gpuquota.exporter.expose.metrics import METRICS
 from gpuquota.exporter.expose.render import Renderer, RenderOptions
@@ -346,3 +351,38 @@ def test_profiling_is_read_by_each_gpus_reader_at_its_rows_tier(nvml_on: NvmlOn)
     assert got.gpu["gpm"] is snapshot.devices[3].gpm
     assert got.gpu["process_utilization"] == snapshot.devices[3].process_utilization
     assert [p.pid for p in got.gpu["process_utilization"]] == [411]
+
+
+def test_each_answer_adds_the_time_it_covers_whatever_its_shape(nvml_on: NvmlOn) -> None:
+    """NVML documents one structure per busy process covering the time since lastSeen; a
+    driver may also give a process one sample per second. The reader takes either: each
+    sample covers the time since the one before it (the first since lastSeen), capped at
+    PROCESS_SPAN_MAX; the very first answer is a baseline. (Answers of a shape the stand-in
+    does not give are handed in through the reader's ``reads`` hook.)"""
+    _node, api = nvml_on("h100x8")
+    answers = [
+        [(411, 100_000_000, 90, 0, 0, 0)],  # the first ask (lastSeen 0): a baseline
+        [(411, 101_000_000, 50, 0, 0, 0), (411, 102_000_000, 70, 0, 0, 0),
+         (412, 102_000_000, 20, 0, 0, 0)],  # two per-second samples, one average
+        [(412, 200_000_000, 10, 0, 0, 0)],  # after a long stall: at most PROCESS_SPAN_MAX
+    ]  # fmt: skip
+    asked: list[int] = []
+
+    def reads(call: Callable[..., Any], handle: Any, since: int) -> Any:
+        asked.append(since)
+        return answers.pop(0)
+
+    now = [1000.0]
+    reader = ProfilingReader(api, clock=lambda: now[0])
+    (first,) = reader.read(0, None, (), reads, gpm=False).gpu["process_utilization"]
+    assert (first.sm_ratio, first.sampled_seconds, first.sm_seconds) == (0.9, 0.0, 0.0)
+    now[0] += PROCESS_SAMPLE_PERIOD
+    a, b = reader.read(0, None, (), reads, gpm=False).gpu["process_utilization"]
+    assert (a.pid, a.sm_ratio, a.sampled_seconds) == (411, 0.7, 2.0)
+    assert a.sm_seconds == pytest.approx(0.5 + 0.7)
+    assert (b.pid, b.sampled_seconds, b.sm_seconds) == (412, 2.0, pytest.approx(0.4))
+    now[0] += PROCESS_SAMPLE_PERIOD
+    _held, c = reader.read(0, None, (), reads, gpm=False).gpu["process_utilization"]
+    assert (c.pid, c.sampled_seconds) == (412, PROCESS_SPAN_MAX)
+    assert c.sm_seconds == pytest.approx(0.1 * PROCESS_SPAN_MAX)
+    assert asked == [0, 100_000_000, 102_000_000]  # the newest stamp seen, each time
