@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, update
+from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -147,6 +147,17 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
     store = open_store(url, read_only=not apply)
     try:
         with store.engine.begin() as conn:
+            if apply and store.dialect == "postgresql":
+                # A ledger write in flight (the ingester, a roll-up) may be giving a device or
+                # series that looks unused here its first window after the cut-off: wait for it
+                # and keep new ones out until this commits, so that every statement below sees
+                # it. (SQLite has one writer at a time already.)
+                conn.execute(
+                    text(
+                        "LOCK TABLE usage_windows, usage_series, usage_devices "
+                        "IN SHARE ROW EXCLUSIVE MODE"
+                    )
+                )
             found = _count(conn, before)
             if apply and any(p.rows for p in found):
                 for model, cond in _closed_before(before).values():
