@@ -19,7 +19,9 @@ the GPU; the reader asks for the samples newer than the newest it has seen (NVML
 busy process's utilisation over that time), keeps the latest per process with the seconds it
 covers (``sampled_seconds``, ``sm_seconds``: what the usage counters add, so an ask that comes
 late loses nothing), and forgets a process with no sample for ``PROCESS_SAMPLE_TTL`` seconds
-(the driver only samples busy processes: no sample means idle). The driver has a new sample once a
+(the driver only samples busy processes: no sample means idle). A GPU with no busy sample yet
+asks from the wall-clock time of its last idle answer (``PROCESS_BASELINE_EVERY``), so the
+first busy second after a quiet start counts too. The driver has a new sample once a
 second and the call costs about 2.2 ms per GPU, so it is asked at most once per
 ``PROCESS_SAMPLE_PERIOD`` per GPU, whatever the collection interval; the last values are
 reported in between.
@@ -51,6 +53,15 @@ PROCESS_ASK_SLACK = 0.05  # seconds
 # The most time one answer is taken to cover: a GPU not asked for longer than this (a stalled
 # reader) loses the rest, as the driver's sample buffer does.
 PROCESS_SPAN_MAX = 30.0  # seconds
+# A GPU with no busy process since the agent started has no sample timestamp to ask from. After
+# an answer with nothing busy, the next ask starts from that ask's wall-clock time less a period
+# (NVML stamps samples with the host's CPU time in microseconds), so a process's first busy
+# second counts too. Every PROCESS_BASELINE_EVERY such asks one asks from 0 instead, and an
+# answer stamped before the time asked from or more than PROCESS_CLOCK_SKEW_MAX after the wall
+# clock is a baseline and turns this off: a driver on another clock loses a first second, not
+# every sample.
+PROCESS_BASELINE_EVERY = 120  # asks
+PROCESS_CLOCK_SKEW_MAX = 60.0  # seconds
 
 _PERCENT = 0.01
 _MIB = 1024.0 * 1024.0
@@ -96,6 +107,9 @@ class _GpuState:
     gpm_supported: bool | None = None  # None: not asked yet
     units: dict[int | None, _GpmUnit] = field(default_factory=dict)  # GPU instance id or None
     seen_us: int = 0  # newest process-utilisation sample timestamp
+    idle_asked_us: int = 0  # wall clock of the last ask that found nothing busy, seen_us 0
+    wall_asks: int = 0  # asks in a row from the wall clock
+    wall_clock_ok: bool = True  # False: the driver's stamps are not this host's wall clock
     processes_asked_at: float | None = None  # when the driver was last asked (clock)
     processes: dict[int, tuple[float, ProcessUtilization]] = field(default_factory=dict)
     last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
@@ -116,9 +130,15 @@ class ProfilingReader:
     """Reads GPM and per-process utilisation for the collector, keeping the state they need
     between rounds."""
 
-    def __init__(self, api: NvmlApi, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        api: NvmlApi,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.api = api
         self._clock = clock
+        self._wall = wall
         self._gpus: dict[int, _GpuState] = {}
 
     def read(
@@ -166,6 +186,7 @@ class ProfilingReader:
         state.processes.clear()
         state.last_processes = state.held_processes = None
         state.seen_us = 0  # the next answer is a baseline: nothing spans the loss
+        state.idle_asked_us = state.wall_asks = 0
         state.processes_asked_at = None
 
     def _gpm(
@@ -203,6 +224,15 @@ class ProfilingReader:
         unit.previous_at = taken_at
         return unit.last
 
+    @staticmethod
+    def _since(state: _GpuState) -> tuple[int, bool]:
+        """The timestamp to ask for samples after, and whether it comes from the wall clock."""
+        if state.seen_us or not state.idle_asked_us or not state.wall_clock_ok:
+            return state.seen_us, False
+        if state.wall_asks >= PROCESS_BASELINE_EVERY:
+            return 0, False
+        return state.idle_asked_us - int(PROCESS_SAMPLE_PERIOD * 1e6), True
+
     def _process_utilization(
         self, state: _GpuState, handle: Handle, reads: Reads
     ) -> tuple[ProcessUtilization, ...] | None:
@@ -211,11 +241,20 @@ class ProfilingReader:
         if asked is not None and now - asked < PROCESS_SAMPLE_PERIOD - PROCESS_ASK_SLACK:
             return state.held_processes  # the driver has no newer sample yet
         state.processes_asked_at = now
-        since = state.seen_us
+        since, from_wall = self._since(state)
+        wall_us = int(self._wall() * 1e6)
         samples = reads(self.api.process_utilization, handle, since)
         if samples is None:
             state.last_processes = state.held_processes = None
             return None
+        state.wall_asks = state.wall_asks + 1 if from_wall else 0
+        if not samples and state.seen_us == 0:
+            state.idle_asked_us = wall_us
+        if samples and from_wall:
+            stamps = [s[1] for s in samples]
+            if min(stamps) <= since or max(stamps) > wall_us + PROCESS_CLOCK_SKEW_MAX * 1e6:
+                state.wall_clock_ok = False
+                since = 0  # not the time these samples cover: a baseline
         latest: dict[int, tuple[int, int, int, int]] = {}
         covered_until: dict[int, int] = {}  # pid -> the end of what its samples covered
         spans: dict[int, tuple[float, float]] = {}  # pid -> (seconds covered, SM-seconds)
@@ -224,7 +263,7 @@ class ProfilingReader:
             latest[pid] = (sm, memory, encoder, decoder)
             # An answer averages the time since `since` (NVML's documented contract); where a
             # driver gives a process several samples, each covers the time since the one before.
-            # A first ask (since 0) is a baseline: what it averages over is not known.
+            # An ask from 0 is a baseline: what it averages over is not known.
             start = covered_until.get(pid, since)
             covered_until[pid] = max(start, stamp)
             span = 0.0 if since == 0 else min(max(stamp - start, 0) / 1e6, PROCESS_SPAN_MAX)

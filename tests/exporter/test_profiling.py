@@ -14,6 +14,7 @@ from gpuquota.exporter.collect.loop import CollectLoop
 from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.collect.profiling import (
     MIN_GPM_GAP,
+    PROCESS_BASELINE_EVERY,
     PROCESS_SAMPLE_PERIOD,
     PROCESS_SPAN_MAX,
     ProfilingReader,
@@ -386,3 +387,49 @@ def test_each_answer_adds_the_time_it_covers_whatever_its_shape(nvml_on: NvmlOn)
     assert (c.pid, c.sampled_seconds) == (412, PROCESS_SPAN_MAX)
     assert c.sm_seconds == pytest.approx(0.1 * PROCESS_SPAN_MAX)
     assert asked == [0, 100_000_000, 102_000_000]  # the newest stamp seen, each time
+
+
+def test_a_gpu_idle_since_start_counts_its_first_busy_second(nvml_on: NvmlOn) -> None:
+    """No busy sample yet, so no driver timestamp to ask from: after an answer with nothing
+    busy, the next ask starts from that ask's wall-clock time less a period, and its answer
+    counts (on the stand-in, exactly). A driver whose stamps are not on the wall clock makes
+    that answer a baseline, and every PROCESS_BASELINE_EVERY idle asks one asks from 0."""
+    _node, api = nvml_on("h100x8")
+    answers: list[list[tuple[int, int, int, int, int, int]]] = []
+    asked: list[int] = []
+
+    def reads(call: Callable[..., Any], handle: Any, since: int) -> Any:
+        asked.append(since)
+        return answers.pop(0)
+
+    now, wall = [1000.0], [1_800_000_000.25]
+    reader = ProfilingReader(api, clock=lambda: now[0], wall=lambda: wall[0])
+
+    def ask(*answer: tuple[int, int, int, int, int, int]) -> Any:
+        answers.append(list(answer))
+        got = reader.read(0, None, (), reads, gpm=False).gpu["process_utilization"]
+        now[0] += PROCESS_SAMPLE_PERIOD
+        wall[0] += PROCESS_SAMPLE_PERIOD
+        return got
+
+    assert ask() == ()  # nothing busy since the driver's samples began
+    (first,) = ask((411, 1_800_000_001_000_000, 40, 0, 0, 0))
+    assert asked == [0, 1_799_999_999_250_000]  # the idle ask's wall clock less a second
+    assert first.sampled_seconds == pytest.approx(1.75)  # from there to the stamp
+    assert first.sm_seconds == pytest.approx(0.4 * 1.75)
+
+    # a driver on another clock: the answer is stamped before the time asked from
+    skewed = ProfilingReader(api, clock=lambda: now[0], wall=lambda: wall[0] + 3600.0)
+    reader = skewed
+    assert ask() == ()
+    (odd,) = ask((411, 1_800_000_010_000_000, 40, 0, 0, 0))
+    assert (odd.sampled_seconds, odd.sm_seconds) == (0.0, 0.0)  # a baseline
+    assert asked[-1] > 1_800_000_010_000_000
+
+    # a long idle spell: one ask in PROCESS_BASELINE_EVERY is from 0
+    reader = ProfilingReader(api, clock=lambda: now[0], wall=lambda: wall[0])
+    del asked[:]
+    for _ in range(PROCESS_BASELINE_EVERY + 2):
+        assert ask() == ()
+    assert asked[0] == 0 and asked[PROCESS_BASELINE_EVERY + 1] == 0
+    assert all(since > 0 for since in asked[1 : PROCESS_BASELINE_EVERY + 1])
