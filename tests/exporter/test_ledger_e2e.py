@@ -122,6 +122,10 @@ def test_scraped_counters_match_the_stand_ins_integral(
     app = build(args)
     seen: list[NodeSnapshot] = []
     app.collector.subscribe(seen.append)
+    # The per-process answers are stamped with whole seconds and average the time since the
+    # stamp before: start in a second after the one the processes became busy in, so that
+    # every answer after the first (a baseline) covers busy time only.
+    time.sleep(1.0 - time.time() % 1.0 + 0.01)
     app.start()
     try:
         # the counters start once every holder's UID is known
@@ -188,25 +192,35 @@ def test_scraped_counters_match_the_stand_ins_integral(
     )
     assert energy("train", node.uuid(0)) == pytest.approx(truth_energy(0), rel=rel)
 
-    def covered(name: str, uuid: str) -> float:
+    def covered(name: str, uuid: str, attributed: bool = False) -> float:
         """The seconds NVML's per-process answers covered for the pod's process: the first
         answer is a baseline, each later one covers the time since the one before, in whole
-        seconds of the driver's clock (so within a second or so of the rounds' span)."""
-        pid = PODS[name][2]
+        seconds of the driver's clock (so within a second or so of the rounds' span).
+        ``attributed``: only rounds that already knew the pod held the GPU and the process was
+        the pod's (the agent learns these from the kubelet and /proc, which a loaded machine
+        can delay a round or two)."""
+        namespace, _uid, pid = PODS[name]
         return sum(
             u.sampled_seconds
             for snap in seen
             for d in snap.devices
             if d.uuid == uuid
+            and (
+                not attributed
+                or (any(p.namespace == namespace and p.pod == name
+                        for p in snap.pod_usage.get(uuid, ()))
+                    and any(r.namespace == namespace and r.pod == name
+                            for r in snap.pods.get(uuid, ())))
+            )
             for u in d.process_utilization or ()
             if u.pid == pid
-        )
+        )  # fmt: skip
 
     # GPU 1, time-sliced: per-process SM 0.6 / 0.2, energy split 3:1
     for name, sm in (("nb1", 0.6), ("nb2", 0.2)):
         assert covered(name, node.uuid(1)) == pytest.approx(span, abs=1.5)
         assert used(name, node.uuid(1), "process_sm") == pytest.approx(
-            sm * covered(name, node.uuid(1)), rel=rel
+            sm * covered(name, node.uuid(1), attributed=True), rel=rel
         )
     assert energy("nb1", node.uuid(1)) == pytest.approx(0.75 * truth_energy(1), rel=rel)
     assert energy("nb2", node.uuid(1)) == pytest.approx(0.25 * truth_energy(1), rel=rel)
