@@ -112,6 +112,9 @@ class _GpuState:
     wall_clock_ok: bool = True  # False: the driver's stamps are not this host's wall clock
     processes_asked_at: float | None = None  # when the driver was last asked (clock)
     processes: dict[int, tuple[float, ProcessUtilization]] = field(default_factory=dict)
+    # pid -> the stamp of its newest sample: a real driver samples each process at its own
+    # phase of the second (docs/real-h100.md), so what a sample covers is per process
+    stamps: dict[int, int] = field(default_factory=dict)
     last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
     # the same, every sample held: what rounds that do not ask report (each new sample's
     # seconds are added once, in the round that asked)
@@ -184,6 +187,7 @@ class ProfilingReader:
             unit.last = None
         state.gpm_supported = None
         state.processes.clear()
+        state.stamps.clear()
         state.last_processes = state.held_processes = None
         state.seen_us = 0  # the next answer is a baseline: nothing spans the loss
         state.idle_asked_us = state.wall_asks = 0
@@ -261,14 +265,16 @@ class ProfilingReader:
         for pid, stamp, sm, memory, encoder, decoder in sorted(samples, key=lambda s: s[1]):
             state.seen_us = max(state.seen_us, stamp)
             latest[pid] = (sm, memory, encoder, decoder)
-            # An answer averages the time since `since` (NVML's documented contract); where a
-            # driver gives a process several samples, each covers the time since the one before.
-            # An ask from 0 is a baseline: what it averages over is not known.
-            start = covered_until.get(pid, since)
+            # A sample covers the time since the process's sample before (its own phase of
+            # the second on a real driver), else since `since`; where a driver gives a process
+            # several samples, each covers the time since the one before. An ask from 0 is a
+            # baseline: what it averages over is not known.
+            start = covered_until.get(pid) or state.stamps.get(pid) or since
             covered_until[pid] = max(start, stamp)
             span = 0.0 if since == 0 else min(max(stamp - start, 0) / 1e6, PROCESS_SPAN_MAX)
             seconds, sm_seconds = spans.get(pid, (0.0, 0.0))
             spans[pid] = (seconds + span, sm_seconds + sm / 100.0 * span)
+        state.stamps.update(covered_until)
         for pid, (sm, memory, encoder, decoder) in latest.items():
             seconds, sm_seconds = spans[pid]
             state.processes[pid] = (
@@ -285,6 +291,7 @@ class ProfilingReader:
             )
         for pid in [p for p, (at, _u) in state.processes.items() if now - at > PROCESS_SAMPLE_TTL]:
             del state.processes[pid]
+            state.stamps.pop(pid, None)
         state.last_processes = tuple(
             u if at == now else _held(u)
             for at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)

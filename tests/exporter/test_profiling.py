@@ -433,3 +433,45 @@ def test_a_gpu_idle_since_start_counts_its_first_busy_second(nvml_on: NvmlOn) ->
         assert ask() == ()
     assert asked[0] == 0 and asked[PROCESS_BASELINE_EVERY + 1] == 0
     assert all(since > 0 for since in asked[1 : PROCESS_BASELINE_EVERY + 1])
+
+
+# nvmlDeviceGetProcessUtilization on an H200 (driver 580.159.04, docs/real-h100.md), asked
+# about once a second with the newest stamp seen, two processes time-slicing the GPU: each
+# process is sampled at its own phase of the second (.13 or .33), one structure per process.
+H200_ANSWERS = [
+    [(458, 1795847992134073, 15), (457, 1795847993134650, 72)],  # asked from 0
+    [(457, 1795847994134474, 80), (458, 1795847993333692, 20)],
+    [(457, 1795847995134065, 66), (458, 1795847995332783, 33)],
+    [(458, 1795847996133594, 20), (457, 1795847996332686, 80)],
+    [(458, 1795847997332604, 20), (457, 1795847997133772, 80)],
+    [(458, 1795847998332851, 20), (457, 1795847998134079, 80)],
+    [(458, 1795847999134333, 20), (457, 1795847999333040, 80)],
+]
+
+
+def test_each_process_covers_the_time_since_its_own_sample_before(nvml_on: NvmlOn) -> None:
+    """On a real driver the processes' samples have their own phases: a sample covers the
+    time since that process's sample before, not since the newest stamp of any process (which
+    would cut up to a second off the process sampled earlier, each time)."""
+    _node, api = nvml_on("h100x8")
+    answers = [[(pid, stamp, sm, 0, 0, 0) for pid, stamp, sm in a] for a in H200_ANSWERS]
+    asked: list[int] = []
+
+    def reads(call: Callable[..., Any], handle: Any, since: int) -> Any:
+        asked.append(since)
+        return answers.pop(0)
+
+    now = [1000.0]
+    reader = ProfilingReader(api, clock=lambda: now[0], wall=lambda: 1_795_847_990.0 + now[0])
+    covered: dict[int, float] = {457: 0.0, 458: 0.0}
+    sm_seconds: dict[int, float] = {457: 0.0, 458: 0.0}
+    for _ in H200_ANSWERS:
+        for u in reader.read(0, None, (), reads, gpm=False).gpu["process_utilization"]:
+            covered[u.pid] += u.sampled_seconds
+            sm_seconds[u.pid] += u.sm_seconds
+        now[0] += PROCESS_SAMPLE_PERIOD
+    # each process: from its baseline sample to its newest one, nothing cut, nothing twice
+    assert covered[457] == pytest.approx((1795847999333040 - 1795847993134650) / 1e6)
+    assert covered[458] == pytest.approx((1795847999134333 - 1795847992134073) / 1e6)
+    assert sm_seconds[457] == pytest.approx(0.8 * covered[457], rel=0.05)
+    assert asked[1:] == [max(s for _p, s, _v in a) for a in H200_ANSWERS[:-1]]
