@@ -128,32 +128,23 @@ def matrix_query(base_url: str, promql: str, at: float, timeout: float) -> list[
     raw = get_body(_query_url(base_url, promql, at), base_url, timeout)
     try:
         answer = _MATRIX.decode(raw)
-    except msgspec.ValidationError:
-        # not the expected shape, or values the fast path does not take ("+Inf"): the
-        # generic path decodes those and names whatever is wrong
-        return _matrix_of(_data(_json_object(raw, base_url), base_url), base_url)
-    except msgspec.DecodeError as exc:
-        raise PrometheusError(f"Prometheus at {base_url}: response is not JSON") from exc
-    if answer.status != "success":
-        raise PrometheusError(
-            f"Prometheus at {base_url}: query failed: {answer.error or answer.status}"
-        )
-    if answer.data is None:
-        raise PrometheusError(f"Prometheus at {base_url}: answer without data")
-    if answer.data.resultType != "matrix":
-        raise _not_a_matrix(base_url, answer.data.resultType)
-    return answer.data.result
-
-
-def _not_a_matrix(base_url: str, kind: object) -> PrometheusError:
-    return PrometheusError(f"Prometheus at {base_url}: expected a matrix result, got {kind!r}")
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        answer = None
+    data = answer.data if answer is not None and answer.status == "success" else None
+    if data is not None and data.resultType == "matrix":
+        return data.result
+    # anything else (an error, another shape, values the fast path does not take such as
+    # "+Inf", not JSON at all): the generic path decodes it or names what is wrong
+    return _matrix_of(_data(_json_object(raw, base_url), base_url), base_url)
 
 
 def _matrix_of(data: dict[str, Any], base_url: str) -> list[MatrixSeries]:
     """A decoded ``data`` of a range-vector answer as :class:`MatrixSeries`, or
     PrometheusError naming the first thing wrong."""
     if data.get("resultType") != "matrix":
-        raise _not_a_matrix(base_url, data.get("resultType"))
+        raise PrometheusError(
+            f"Prometheus at {base_url}: expected a matrix result, got {data.get('resultType')!r}"
+        )
     out = []
     for item in data.get("result") or []:
         try:

@@ -98,7 +98,8 @@ def _start(executable: Path, folder: Path, attempts: int = 3) -> tuple[PostgreSQ
     """A started server on a free port. A port found free can be taken before the server binds
     it (the other test worker starts its own server at the same time): then another port, in
     a data directory of its own."""
-    for attempt in range(1, attempts + 1):
+    attempt = 1
+    while True:
         port = port_for.select_random()
         server = PostgreSQLExecutor(
             executable=str(executable),
@@ -115,11 +116,10 @@ def _start(executable: Path, folder: Path, attempts: int = 3) -> tuple[PostgreSQ
         )
         try:
             server.start()
+            return server, port
         except Exception:
             with contextlib.suppress(Exception):  # nothing may be running to stop
                 server.stop()
             if attempt == attempts:
                 raise
-            continue
-        return server, port
-    raise AssertionError("unreachable")
+            attempt += 1

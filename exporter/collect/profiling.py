@@ -116,9 +116,6 @@ class _GpuState:
     # phase of the second (docs/real-h100.md), so what a sample covers is per process
     stamps: dict[int, int] = field(default_factory=dict)
     last_processes: tuple[ProcessUtilization, ...] | None = None  # the latest answer
-    # the same, every sample held: what rounds that do not ask report (each new sample's
-    # seconds are added once, in the round that asked)
-    held_processes: tuple[ProcessUtilization, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +167,7 @@ class ProfilingReader:
                 values["gpm"] = self._gpm(state, handle, gi, reads, gpm)
         if not mig_instance_ids:
             gpu["process_utilization"] = (
-                self._process_utilization(state, handle, reads)
-                if processes
-                else state.held_processes
+                self._process_utilization(state, handle, reads) if processes else _kept(state)
             )
         return ProfilingValues(gpu=gpu, migs=migs)
 
@@ -188,7 +183,7 @@ class ProfilingReader:
         state.gpm_supported = None
         state.processes.clear()
         state.stamps.clear()
-        state.last_processes = state.held_processes = None
+        state.last_processes = None
         state.seen_us = 0  # the next answer is a baseline: nothing spans the loss
         state.idle_asked_us = state.wall_asks = 0
         state.processes_asked_at = None
@@ -243,13 +238,13 @@ class ProfilingReader:
         now = self._clock()
         asked = state.processes_asked_at
         if asked is not None and now - asked < PROCESS_SAMPLE_PERIOD - PROCESS_ASK_SLACK:
-            return state.held_processes  # the driver has no newer sample yet
+            return _kept(state)  # the driver has no newer sample yet
         state.processes_asked_at = now
         since, from_wall = self._since(state)
         wall_us = int(self._wall() * 1e6)
         samples = reads(self.api.process_utilization, handle, since)
         if samples is None:
-            state.last_processes = state.held_processes = None
+            state.last_processes = None
             return None
         state.wall_asks = state.wall_asks + 1 if from_wall else 0
         if not samples and state.seen_us == 0:
@@ -296,8 +291,13 @@ class ProfilingReader:
             u if at == now else _held(u)
             for at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
         )
-        state.held_processes = tuple(map(_held, state.last_processes))
         return state.last_processes
+
+
+def _kept(state: _GpuState) -> tuple[ProcessUtilization, ...] | None:
+    """What a round that does not ask reports: the latest answer, every sample held (its
+    seconds were added once, in the round that asked)."""
+    return None if state.last_processes is None else tuple(map(_held, state.last_processes))
 
 
 def _held(u: ProcessUtilization) -> ProcessUtilization:
