@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 
 from gpuquota.quota.ledger.source import SeriesSamples
 from gpuquota.quota.ledger.write import LedgerStore
@@ -66,7 +66,15 @@ def test_prune_waits_for_a_ledger_write_in_flight(pg_schemas: Any) -> None:
             target=lambda: pruned.append(prune(url, START + 2 * HOUR, apply=True))
         )
         pruning.start()
-        time.sleep(1.0)  # prune has started and waits on the write
+        # commit only once prune waits on the write's locks (else the race is not run)
+        deadline = time.monotonic() + 60
+        with store.engine.connect() as watch:
+            while not watch.execute(
+                text("SELECT count(*) FROM pg_locks WHERE NOT granted")
+            ).scalar_one():
+                assert time.monotonic() < deadline, "prune never waited on the write"
+                assert pruning.is_alive(), "prune ended without waiting on the write"
+                time.sleep(0.05)
         transaction.commit()
         conn.close()
         pruning.join(60)
