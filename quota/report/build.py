@@ -86,7 +86,10 @@ class Fetched:
     quota_span: int | None  # None: the grouping has no quota view
     quota: list[query.QuotaRow]
     idle_capacity: list[query.CapacityRow] | None  # None: no idle table asked for
-    idle_allocated: list[query.UsageRow]
+    idle_allocated: list[query.UsageRow]  # keyed (model, pool, cluster), over idle_edges
+    # per cluster, the parts of the window the store covers (compute.covered_spans)
+    covered: dict[str, list[tuple[int, int]]]
+    idle_edges: list[int]  # edges cut at the covered spans' boundaries too (the idle view)
     ledger: bool  # the store has a usage ledger for the clusters in scope
     ledger_until: dict[str, int]
     ledger_rows: list[query.LedgerRow]
@@ -142,6 +145,20 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         if query.quota_applies(keys):
             # averages are over the part of the window the store knows
             quota_span = max(min(window.end, now, known_end) - window.start, 0)
+        gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
+        # every cluster the store knows (one with nodes and no allocation yet has capacity)
+        known = (request.cluster,) if request.cluster is not None else tuple(clusters)
+        covered = compute.covered_spans(
+            known,
+            query.data_begins(conn, known),
+            {c.cluster: c.known_until for c in query.coverage(conn, known) if c.known_until},
+            query.gaps(conn, known, window.start, min(window.end, now)),
+            window.start,
+            min(window.end, now),
+        )
+        idle_edges = compute.sub_windows(
+            window.start, window.end, edges, compute.span_edges(covered)
+        )
         ledger = query.ledger_present(conn, scope)
         ledger_until = query.ledger_progress(conn, scope) if ledger else {}
         pod_keys: list[str] | None = None
@@ -167,20 +184,26 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         jobs["best_effort_pods"] = lambda c: query.best_effort_pods(c, scope, lo, hi, now)
         if idle:
             jobs["idle_allocated"] = lambda c: query.usage(
-                c, ["model", "pool"], edges, now, scope=scope
+                c, ["model", "pool", "cluster"], idle_edges, now, scope=scope
             )
-            jobs["idle_capacity"] = lambda c: query.capacity(c, edges, now, request.cluster, scope)
+            jobs["idle_capacity"] = lambda c: query.capacity(
+                c, idle_edges, now, request.cluster, scope
+            )
         if pod_keys is not None:
             jobs["pod_usage"] = lambda c: query.usage(c, pod_keys, edges, now, scope=scope)
+        # quota rows per namespace always: a group spanning namespaces adds them up in
+        # compute.quota_figures (each over its own sampled time)
+        quota_keys = keys if "namespace" in keys else ["namespace", *keys]
         if quota_span:
-            jobs["quota"] = lambda c: query.quota(c, keys, lo, hi, now, request.cluster, scope)
+            jobs["quota"] = lambda c: query.quota(
+                c, quota_keys, lo, hi, now, request.cluster, scope
+            )
         if ledger and request.idle_allocations:
             jobs["holder_windows"] = lambda c: query.holder_windows(
                 c, lo, hi, now, scope, ledger_until
             )
         if ledger:
             jobs["unallocated_energy"] = lambda c: query.unallocated_energy(c, lo, hi, now, scope)
-        jobs["gaps"] = lambda c: query.gaps(c, scope.clusters, lo, min(hi, now))
         found.update(run_reads(conn, jobs))
         fetched = Fetched(
             buckets=buckets,
@@ -191,6 +214,9 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             quota_span=quota_span,
             ledger=ledger,
             ledger_until=ledger_until,
+            gaps=gaps,
+            covered=covered,
+            idle_edges=idle_edges,
             **found,
         )
     except SQLAlchemyError as exc:
@@ -271,7 +297,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
     ends, begins = fetched.ends, fetched.begins
     report = compute.aggregate(keys, fetched.usage, edges, card, buckets)
     report.coverage = {c: ends.get(c) for c in fetched.clusters}
-    report.window_end = min(window.end, now)
+    report.window_start, report.window_end = window.start, min(window.end, now)
     # a report of the present may trail a live controller's heartbeat by a flush interval
     # or so: that is now, not an end worth a note (the refusal above has no such grace)
     grace = LIVE_GRACE_SECONDS if report.window_end >= now else 0
@@ -284,13 +310,21 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
         )
     report.best_effort_pods = fetched.best_effort_pods
     report.gaps = fetched.gaps
+    report.covered = fetched.covered
     if fetched.quota_span is not None:
         report.quota_span = fetched.quota_span
-        report.quota = (
-            compute.quota_figures(fetched.quota, fetched.quota_span) if fetched.quota_span else []
-        )
+        report.quota = []
+        if fetched.quota_span:
+            report.quota, report.quota_totals = compute.quota_figures(
+                fetched.quota,
+                fetched.quota_span,
+                keys if "namespace" in keys else ["namespace", *keys],
+                "namespace" not in keys,
+            )
     if fetched.idle_capacity is not None:
-        report.idle = compute.idle(fetched.idle_capacity, fetched.idle_allocated, edges, card)
+        report.idle = compute.idle(
+            fetched.idle_capacity, fetched.idle_allocated, fetched.idle_edges, card, fetched.covered
+        )
     # the usage ledger: used GPU-seconds, energy, coverage per group
     report.ledger, report.ledger_until = fetched.ledger, fetched.ledger_until
     report.unallocated_energy = {c: Fraction(j) for c, j in fetched.unallocated_energy.items() if j}

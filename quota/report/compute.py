@@ -1,8 +1,8 @@
 """Pure report arithmetic: grouped SQL rows -> exact per-group figures.
 
 Everything stays exact until display: raw usage in unit-seconds (whole numbers, but for a shared
-DRA claim split among its pods: then Fractions), physical usage and money as Fractions. ``apportion`` rounds a column so that its rounded rows add up to the
-rounded total exactly (largest remainder), which is what the totals row shows.
+DRA claim split among its pods: then Fractions), physical usage and money as Fractions. The renderers round each figure from its own exact value
+(``round_half_up``), and a total from the exact sum of its rows.
 """
 
 from __future__ import annotations
@@ -109,7 +109,12 @@ class Group(_Freezable):
 
 @dataclass
 class QuotaFigure:
-    """Quota use of one group, quota and resource (raw units of that resource) over the window."""
+    """Quota use of one group, quota and resource (raw units of that resource) over the window.
+
+    A group spanning several namespaces (a label, a cluster) adds up its namespaces' quotas:
+    the averages are sums of each namespace's average over the time it had samples (never
+    diluted by time without any), unused unit-seconds add up, and the coverage is the mean of
+    the namespaces' coverages (sampled namespace-seconds over namespaces x the window)."""
 
     keys: tuple[str | None, ...]
     quota_name: str | None
@@ -117,9 +122,17 @@ class QuotaFigure:
     avg_used: Fraction
     avg_hard: Fraction
     unused_seconds: Fraction
-    sampled_seconds: Fraction  # how much of the window had samples
+    sampled_seconds: Fraction  # sampled seconds, summed over the group's namespaces
     peak_used: Fraction | None
     peak_hard: Fraction | None
+    namespaces: int = 1  # how many namespaces' quotas the figure adds up
+    span: int = 0  # seconds of the window the figures are over
+
+    @property
+    def coverage(self) -> Fraction:
+        """The share of the window (per namespace, averaged) with quota samples: at most 1."""
+        whole = self.namespaces * self.span
+        return min(self.sampled_seconds / whole, Fraction(1)) if whole else Fraction(0)
 
 
 @dataclass
@@ -130,6 +143,8 @@ class IdleRow:
     allocated_seconds: Fraction = Fraction(0)  # physical
     idle_seconds: Fraction = Fraction(0)
     idle_cost: Fraction = Fraction(0)
+    # allocatable physical GPU-seconds outside the covered time: neither idle nor priced
+    uncovered_seconds: Fraction = Fraction(0)
 
 
 @dataclass(frozen=True)
@@ -166,9 +181,11 @@ class Report(_Freezable):
     best_effort_pods: dict[str, int] = field(default_factory=dict)
     # quota figures per group, quota and resource; None: the grouping has no quota view
     quota: list[QuotaFigure] | None = None
+    quota_totals: list[QuotaTotal] = field(default_factory=list)  # per resource
     quota_span: int = 0  # seconds of the window the quota averages are over
     # where each cluster's data ends (None: no heartbeat), for the coverage note
     coverage: dict[str, int | None] = field(default_factory=dict)
+    window_start: int = 0
     window_end: int = 0  # the window's end as computed (the earlier of its end and now)
     # clusters whose data ends inside the window, well before its end: the report says so
     ends_early: dict[str, int] = field(default_factory=dict)
@@ -178,6 +195,9 @@ class Report(_Freezable):
     # spans the window overlaps in which a kind was not followed (pods created and deleted
     # inside one may be missing): said in every format
     gaps: list[GapRecord] = field(default_factory=list)
+    # per cluster, the parts of the window the store covers (covered_spans): idle and its
+    # cost count only these; the notes and the JSON name them
+    covered: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # whether the store has a usage ledger for the clusters in scope (the used/energy columns)
     ledger: bool = False
     # per cluster, up to when the ledger is ingested (no entry: no progress row)
@@ -304,25 +324,130 @@ def _sort_key(keys: tuple[str | None, ...]) -> tuple[str, ...]:
     return tuple("" if k is None else k for k in keys)
 
 
-def quota_figures(quotas: Iterable[QuotaRow], window_seconds: int) -> list[QuotaFigure]:
-    """Time-weighted quota figures, one per group, quota and resource, sorted by group."""
-    span = Fraction(window_seconds)
-    figures = [
-        QuotaFigure(
-            q.keys,
-            q.quota_name,
-            q.resource_name,
-            Fraction(q.used_seconds) / span,
-            Fraction(q.hard_seconds) / span,
-            Fraction(q.unused_seconds),
-            Fraction(q.sampled_seconds),
-            None if q.peak_used is None else Fraction(q.peak_used),
-            None if q.peak_hard is None else Fraction(q.peak_hard),
-        )
-        for q in quotas
-    ]
+@dataclass(frozen=True)
+class QuotaTotal:
+    """One resource's quota figures over the whole report: each namespace's quota counted
+    once (however many label groups it passed through), its averages over its sampled time."""
+
+    resource_name: str
+    avg_used: Fraction
+    avg_hard: Fraction
+    unused_seconds: Fraction
+
+
+def quota_figures(
+    quotas: Iterable[QuotaRow],
+    window_seconds: int,
+    query_keys: Sequence[str] = ("namespace",),
+    namespace_added: bool = False,
+) -> tuple[list[QuotaFigure], list[QuotaTotal]]:
+    """Time-weighted quota figures, one per group, quota and resource, sorted by group, and
+    the totals per resource.
+
+    Each row's averages are over the time it had samples (unknown time is not zero). The rows
+    are per namespace (``query_keys`` name their keys); where the report's groups have no
+    namespace key (``namespace_added``: it is the first), the namespaces of one group are
+    added up (QuotaFigure)."""
+    found: dict[tuple[Any, ...], QuotaFigure] = {}
+    # per (namespace and its other plain keys, quota, resource): used, hard, unused, sampled
+    own: dict[tuple[Any, ...], list[Fraction]] = {}
+    plain_at = [i for i, k in enumerate(query_keys) if not k.startswith("label:")]
+    for q in quotas:
+        sampled = Fraction(q.sampled_seconds)
+        avg_used = Fraction(q.used_seconds) / sampled if sampled else Fraction(0)
+        avg_hard = Fraction(q.hard_seconds) / sampled if sampled else Fraction(0)
+        whose = (tuple(q.keys[i] for i in plain_at), q.quota_name, q.resource_name)
+        acc = own.setdefault(whose, [Fraction(0)] * 4)
+        for j, v in enumerate((q.used_seconds, q.hard_seconds, q.unused_seconds, sampled)):
+            acc[j] += Fraction(v)
+        keys, name = q.keys, q.quota_name
+        if namespace_added:
+            keys, name = keys[1:], None
+        f = found.get((keys, name, q.resource_name))
+        if f is None:
+            found[(keys, name, q.resource_name)] = QuotaFigure(
+                keys,
+                name,
+                q.resource_name,
+                avg_used,
+                avg_hard,
+                Fraction(q.unused_seconds),
+                sampled,
+                None if q.peak_used is None or namespace_added else Fraction(q.peak_used),
+                None if q.peak_hard is None or namespace_added else Fraction(q.peak_hard),
+                1,
+                window_seconds,
+            )
+            continue
+        f.avg_used += avg_used
+        f.avg_hard += avg_hard
+        f.unused_seconds += Fraction(q.unused_seconds)
+        f.sampled_seconds += sampled
+        f.namespaces += 1
+    figures = list(found.values())
     figures.sort(key=lambda f: (_sort_key(f.keys), f.quota_name or "", f.resource_name))
-    return figures
+    sums: dict[str, list[Fraction]] = {}
+    for (_keys, _name, resource), (used, hard, unused, sampled) in own.items():
+        t = sums.setdefault(resource, [Fraction(0)] * 3)
+        if sampled:
+            t[0] += used / sampled
+            t[1] += hard / sampled
+        t[2] += unused
+    totals = [QuotaTotal(r, *sums[r]) for r in sorted(sums)]
+    return figures, totals
+
+
+# gap kinds that say nothing about GPUs held or allocatable: their spans stay covered
+GAP_KINDS_COVERED = frozenset({"ResourceQuota", "Namespace"})
+
+
+def covered_spans(
+    clusters: Iterable[str],
+    begins: dict[str, int],
+    ends: dict[str, int],
+    gaps: Iterable[GapRecord],
+    lo: int,
+    hi: int,
+) -> dict[str, list[tuple[int, int]]]:
+    """Per cluster, the parts of [lo, hi) the store covers: after its data begins (the first
+    time the store knew the cluster, moved to a prune's cut by ``db prune``), before it ends
+    (the last heartbeat or replayed event) and outside every recorded gap of a kind that
+    holds or offers GPUs (pods, nodes, claims). Unknown time is never priced: the idle view
+    counts capacity only here. A cluster without a clusters row (or heartbeat) is taken as
+    covered from ``lo`` (up to ``hi``)."""
+    out: dict[str, list[tuple[int, int]]] = {}
+    holes: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for gap in gaps:
+        if gap.kind not in GAP_KINDS_COVERED:
+            holes[gap.cluster].append((gap.started_at, gap.ended_at))
+    for cluster in clusters:
+        a, b = max(lo, begins.get(cluster, lo)), min(hi, ends.get(cluster, hi))
+        spans: list[tuple[int, int]] = []
+        cursor = a
+        for g0, g1 in sorted(holes.get(cluster, [])):
+            if g0 > cursor:
+                spans.append((cursor, min(g0, b)))
+            cursor = max(cursor, g1)
+            if cursor >= b:
+                break
+        if cursor < b:
+            spans.append((cursor, b))
+        out[cluster] = [(x, y) for x, y in spans if y > x]
+    return out
+
+
+def span_edges(covered: dict[str, list[tuple[int, int]]]) -> list[int]:
+    """Every boundary of the covered spans: sub-window cuts, so that each sub-window is wholly
+    inside or wholly outside a cluster's covered time."""
+    return sorted({t for spans in covered.values() for span in spans for t in span})
+
+
+def _is_covered(
+    covered: dict[str, list[tuple[int, int]]] | None, cluster: str | None, a: int, b: int
+) -> bool:
+    if covered is None or cluster is None or cluster not in covered:
+        return covered is None or cluster is None
+    return any(x <= a and b <= y for x, y in covered[cluster])
 
 
 def idle(
@@ -330,26 +455,41 @@ def idle(
     allocated: Iterable[UsageRow],
     edges: Sequence[int],
     card: RateCard | None,
+    covered: dict[str, list[tuple[int, int]]] | None = None,
 ) -> list[IdleRow]:
     """Idle physical GPU-seconds per (model, pool): allocatable minus allocated, per sub-window
-    (never below zero), priced at the model's rate in force."""
+    (never below zero), priced at the model's rate in force.
+
+    Only covered time counts (``covered``: per cluster, :func:`covered_spans`; ``edges`` must
+    include their boundaries; the allocated rows then carry the cluster as their third key):
+    allocatable seconds outside it are kept apart as ``uncovered_seconds``, never idle. Both
+    sides are the store's physical GPUs: a rate card's ``mig_fractions`` price allocations,
+    they do not change capacity, so they never move idle."""
     cap: dict[tuple[str | None, str | None], list[Fraction]] = {}
+    uncovered: dict[tuple[str | None, str | None], Fraction] = defaultdict(Fraction)
     n = len(edges) - 1
     for c in capacity:
         per = physical_per_row(c, None)
-        acc = cap.setdefault((c.gpu_model, c.node_pool), [Fraction(0)] * n)
+        key = (c.gpu_model, c.node_pool)
+        acc = cap.setdefault(key, [Fraction(0)] * n)
         for i, s in enumerate(c.seconds):
-            acc[i] += per * s
+            if _is_covered(covered, c.cluster, edges[i], edges[i + 1]):
+                acc[i] += per * s
+            else:
+                uncovered[key] += per * s
     used: dict[tuple[str | None, str | None], list[Fraction]] = {}
     for u in allocated:
-        per = physical_per_row(u, card) / u.split
+        per = physical_per_row(u, None) / u.split
+        cluster = u.keys[2] if len(u.keys) > 2 else None
         acc = used.setdefault((u.keys[0], u.keys[1]), [Fraction(0)] * n)
         for i, s in enumerate(u.seconds):
-            acc[i] += per * s
+            if _is_covered(covered, cluster, edges[i], edges[i + 1]):
+                acc[i] += per * s
     rows = []
     for key in sorted(set(cap) | set(used), key=lambda k: (k[0] or "", k[1] or "")):
         c_s, u_s = cap.get(key, [Fraction(0)] * n), used.get(key, [Fraction(0)] * n)
         row = IdleRow(key[0], key[1], sum(c_s, Fraction(0)), sum(u_s, Fraction(0)))
+        row.uncovered_seconds = uncovered.get(key, Fraction(0))
         for i in range(n):
             free = max(c_s[i] - u_s[i], Fraction(0))
             row.idle_seconds += free
@@ -525,22 +665,8 @@ def idle_runs(
     return out
 
 
-def apportion(values: Sequence[Fraction], decimals: int) -> tuple[list[int], int]:
-    """Round each value to ``decimals`` places (as integers of 10**-decimals) so that the rounded
-    values add up exactly to the rounded total: largest-remainder rounding. Every value moves to
-    its floor or its ceiling; returns (rounded values, rounded total)."""
-    scale = 10**decimals
-    scaled = [Fraction(v) * scale for v in values]
-    total = sum(scaled, Fraction(0))
-    target = _round_half_up(total)
-    floors = [s.numerator // s.denominator for s in scaled]
-    short = target - sum(floors)
-    # hand the missing units to the largest remainders (ties: earlier rows first)
-    order = sorted(range(len(scaled)), key=lambda i: (-(scaled[i] - floors[i]), i))
-    for i in order[: max(short, 0)]:
-        floors[i] += 1
-    return floors, target
-
-
-def _round_half_up(x: Fraction) -> int:
-    return int((x + Fraction(1, 2)).__floor__())
+def round_half_up(x: Fraction) -> int:
+    """The integer nearest ``x``, halves away from zero: the report's one rounding rule
+    (render.py), applied to each figure's own exact value."""
+    n = int((abs(x) + Fraction(1, 2)).__floor__())
+    return -n if x < 0 else n

@@ -658,6 +658,7 @@ class CapacityRow:
     physical_gpus: float
     seconds: tuple[int, ...]  # per sub-window
     share: Fraction = Fraction(1)  # the exact physical share of one unit, as stored
+    cluster: str | None = None  # None: not told apart (every sub-window counts as covered)
 
 
 def capacity(
@@ -667,7 +668,7 @@ def capacity(
     cluster: str | None = None,
     scope: Scope | None = None,
 ) -> list[CapacityRow]:
-    """Allocatable GPU seconds of GPU nodes per model, pool and sub-window."""
+    """Allocatable GPU seconds of GPU nodes per cluster, model, pool and sub-window."""
     c = NodeCapacity
     scope = scope or Scope.of(conn, cluster)
     end: Any = func.coalesce(c.ended_at, scope.open_end(c.cluster, now))
@@ -684,6 +685,7 @@ def capacity(
         c.physical_gpus,
         c.share_numerator,
         c.share_denominator,
+        c.cluster,
     ]
     stmt = select(*group, *windows).where(
         c.started_at < hi, or_(c.ended_at > lo, c.ended_at.is_(None))
@@ -698,8 +700,9 @@ def capacity(
             r[2],
             int(r[3]),
             float(r[4]),
-            tuple(int(s or 0) for s in r[7 : 7 + n]),
+            tuple(int(s or 0) for s in r[8 : 8 + n]),
             Fraction(int(r[5]), int(r[6])),
+            str(r[7]),
         )
         for r in conn.execute(stmt.group_by(*group))
     ]

@@ -1,7 +1,11 @@
 """Formatting of a computed report: terminal table, CSV and JSON.
 
-All three show the same rounded numbers: each additive column is rounded with
-``compute.apportion`` so the totals row is exactly the sum of the rows shown above it.
+One rounding rule, the same in every view (docs/report.md, "Rounding"): each figure the table
+prints is rounded half up from its own exact value (so the same seconds print the same figure
+in every row and every view, whatever the neighbours or --top), and a total is rounded from
+the exact sum of its rows, so it is within the rounding of the printed rows (at most half a
+unit of the last place per row away from their sum). CSV and JSON carry the exact values,
+unrounded (as the nearest binary double).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from gpuquota.quota.report.compute import (
     IdleRow,
     QuotaFigure,
     Report,
-    apportion,
+    round_half_up,
 )
 from gpuquota.quota.report.period import Period
 
@@ -74,12 +78,17 @@ def columns(report: Report) -> list[Column]:
         )
     )
     if any(g.idle_seconds is not None for g in report.groups):
-        cols.append(Column("idle_gpu_hours", "idle GPU-h", 2, _hours(lambda g: g.idle_seconds)))
+        # the group's share of the idle table's total: its own name, not the table's
+        cols.append(
+            Column(
+                "spread_idle_gpu_hours", "spread idle GPU-h", 2, _hours(lambda g: g.idle_seconds)
+            )
+        )
         if report.priced:
             cols.append(
                 Column(
-                    f"idle_cost_{report.currency}",
-                    f"idle cost {report.currency}",
+                    f"spread_idle_cost_{report.currency}",
+                    f"spread idle {report.currency}",
                     2,
                     lambda g: g.idle_cost,
                 )
@@ -91,12 +100,12 @@ def columns(report: Report) -> list[Column]:
         sampled = _hours(lambda g: g.measured_seconds)
         phys = _hours(lambda g: g.physical_seconds)
         cols += [
-            _percent("measured_pct", "measured %", sampled, phys),
-            _percent("utilisation_pct", "util %", used, sampled),
-            Column("used_gpu_hours", "busy GPU-h", 2, used),
+            _percent("measured_pct", "prom measured %", sampled, phys),
+            _percent("utilisation_pct", "prom util %", used, sampled),
+            Column("used_gpu_hours", "prom busy GPU-h", 2, used),
             Column(
                 "idle_while_allocated_gpu_hours",
-                "idle-alloc GPU-h",
+                "prom not-busy GPU-h",
                 2,
                 _hours(
                     lambda g: (
@@ -187,12 +196,39 @@ def _percent(
 class Cell:
     scaled: int | None  # value in units of 10**-decimals; None: blank
     decimals: int
+    exact: Fraction | None = None  # the unrounded value (CSV and JSON carry it)
 
     def text(self) -> str:
+        """The table's figure: rounded half up to ``decimals`` places."""
         return "" if self.scaled is None else format_scaled(self.scaled, self.decimals)
 
     def number(self) -> float | None:
-        return None if self.scaled is None else self.scaled / 10**self.decimals
+        """The exact value as the nearest double (JSON)."""
+        if self.scaled is None:
+            return None
+        return float(self.exact) if self.exact is not None else self.scaled / 10**self.decimals
+
+    def machine(self) -> str:
+        """The exact value as text (CSV): the shortest repr of the nearest double."""
+        value = self.number()
+        return "" if value is None else exact_text(value)
+
+
+def exact_text(value: float) -> str:
+    """A machine format's number: whole numbers without a fraction, else Python's shortest
+    round-tripping repr (never an exponent for the sizes a bill has)."""
+    if value == int(value) and abs(value) < 1e15:
+        return f"{int(value)}.0"
+    text = repr(value)
+    return text if "e" not in text else f"{value:.17f}".rstrip("0")
+
+
+def cell(value: Fraction | None, decimals: int) -> Cell:
+    """One figure under the rounding rule: rounded half up from its own exact value."""
+    if value is None:
+        return Cell(None, decimals)
+    exact = Fraction(value)
+    return Cell(round_half_up(exact * 10**decimals), decimals, exact)
 
 
 def format_scaled(n: int, decimals: int) -> str:
@@ -204,22 +240,19 @@ def format_scaled(n: int, decimals: int) -> str:
 def table_cells(
     groups: Sequence[Group], cols: Sequence[Column]
 ) -> tuple[list[list[Cell]], list[Cell]]:
-    """Rounded cells per row and the totals row (sums of the shown rows)."""
+    """Cells per row and the totals row: each rounded from its own exact value (a total from
+    the exact sum of its rows)."""
     rows: list[list[Cell]] = [[] for _ in groups]
     totals: list[Cell] = []
     for col in cols:
         raw = [col.value(g) for g in groups]
+        for r, v in zip(rows, raw, strict=True):
+            r.append(cell(v, col.decimals))
         if col.total == "sum":
-            scaled, total = apportion([v or Fraction(0) for v in raw], col.decimals)
-            for r, v, s in zip(rows, raw, scaled, strict=True):
-                r.append(Cell(None if v is None else s, col.decimals))
-            present = any(v is not None for v in raw)
-            totals.append(Cell(total if present else None, col.decimals))
+            present = [v for v in raw if v is not None]
+            totals.append(cell(sum(present, Fraction(0)) if present else None, col.decimals))
         else:
-            scale = 10**col.decimals
-            for r, v in zip(rows, raw, strict=True):
-                r.append(Cell(None if v is None else round(v * scale), col.decimals))
-            cell = Cell(None, col.decimals)
+            total_cell = Cell(None, col.decimals)
             if col.total == "ratio" and col.ratio is not None:
                 num = [col.ratio[0](g) for g in groups]
                 den = [col.ratio[1](g) for g in groups]
@@ -230,8 +263,8 @@ def table_cells(
                     (b for a, b in zip(num, den, strict=True) if a is not None and b), Fraction(0)
                 )
                 if d:
-                    cell = Cell(round(n * 100 * scale / d), col.decimals)
-            totals.append(cell)
+                    total_cell = cell(n * 100 / d, col.decimals)
+            totals.append(total_cell)
     return rows, totals
 
 
@@ -241,18 +274,16 @@ RAW_SECONDS_SPLIT_DECIMALS = 3
 
 def raw_seconds_cells(groups: Sequence[Group]) -> tuple[list[Cell], Cell]:
     """``gpu_seconds_raw`` per row and its total: whole unit-seconds, exact, unless a shared DRA
-    claim's time is split among its pods (a pod-level key); then rounded to milliseconds the
-    way every column is, so that the rows still add up to the total shown."""
+    claim's time is split among its pods (a pod-level key); then the exact value."""
     values = [Fraction(g.raw_seconds) for g in groups]
     whole = all(v.denominator == 1 for v in values)
     decimals = 0 if whole else RAW_SECONDS_SPLIT_DECIMALS
-    scaled, total = apportion(values, decimals)
-    return [Cell(s, decimals) for s in scaled], Cell(total, decimals)
+    return [cell(v, decimals) for v in values], cell(sum(values, Fraction(0)), decimals)
 
 
-def _raw_number(cell: Cell) -> int | float | None:
+def _raw_number(c: Cell) -> int | float | None:
     """A JSON number: an integer where the value is whole seconds."""
-    return cell.scaled if cell.decimals == 0 else cell.number()
+    return c.scaled if c.decimals == 0 else c.number()
 
 
 def _key_text(value: str | None) -> str:
@@ -269,24 +300,34 @@ def idle_columns(
     ]
     if priced:
         cols.append((f"idle_cost_{currency}", f"idle cost {currency}", 2, lambda r: r.idle_cost))
+    cols.append(
+        (
+            "uncovered_allocatable_gpu_hours",
+            "uncovered GPU-h",
+            2,
+            lambda r: r.uncovered_seconds / HOUR,
+        )
+    )
     return cols
 
 
-def idle_cells(report: Report) -> tuple[list[str], list[list[str]], list[str]]:
+def idle_cells(report: Report) -> tuple[list[str], list[list[Cell]], list[Cell]]:
+    """Field names, one row of cells per model and pool (after the two key cells), and the
+    totals: each cell rounded from its own exact value."""
     assert report.idle is not None
     cols = idle_columns(report.priced, report.currency)
-    rows: list[list[str]] = [[_key_text(r.gpu_model), _key_text(r.node_pool)] for r in report.idle]
-    totals = ["TOTAL", ""]
+    rows: list[list[Cell]] = [[] for _ in report.idle]
+    totals: list[Cell] = []
     for _name, _header, decimals, get in cols:
-        scaled, total = apportion([get(r) for r in report.idle], decimals)
-        for row, s in zip(rows, scaled, strict=True):
-            row.append(format_scaled(s, decimals))
-        totals.append(format_scaled(total, decimals))
+        values = [get(r) for r in report.idle]
+        for row, v in zip(rows, values, strict=True):
+            row.append(cell(v, decimals))
+        totals.append(cell(sum(values, Fraction(0)), decimals))
     # idle share of allocatable, a ratio: not summed
     for row, r in zip(rows, report.idle, strict=True):
-        row.append(_pct(r.idle_seconds, r.allocatable_seconds))
+        row.append(_pct_cell(r.idle_seconds, r.allocatable_seconds))
     totals.append(
-        _pct(
+        _pct_cell(
             sum((r.idle_seconds for r in report.idle), Fraction(0)),
             sum((r.allocatable_seconds for r in report.idle), Fraction(0)),
         )
@@ -295,8 +336,12 @@ def idle_cells(report: Report) -> tuple[list[str], list[list[str]], list[str]]:
     return names, rows, totals
 
 
+def _pct_cell(a: Fraction, b: Fraction) -> Cell:
+    return cell(a * 100 / b if b else None, 1)
+
+
 def _pct(a: Fraction, b: Fraction) -> str:
-    return format_scaled(round(a * 1000 / b), 1) if b else ""
+    return _pct_cell(a, b).text()
 
 
 QuotaGetter = Callable[[QuotaFigure], Fraction | None]
@@ -310,33 +355,43 @@ QUOTA_COLUMNS: list[tuple[str, str, QuotaGetter, bool]] = [
 ]
 
 
-def quota_cells(report: Report) -> tuple[list[str], list[list[str]], list[list[str]]]:
-    """Field names, one row per group/quota/resource, and one total per resource (figures of
-    different resources are different units: they are never added up)."""
+def quota_cells(report: Report) -> tuple[list[str], list[list[Cell]], list[list[Cell]]]:
+    """Field names (after the keys, quota and resource), one row of cells per
+    group/quota/resource, and one total row per resource (figures of different resources are
+    different units: they are never added up). A total counts each namespace's quota once
+    (compute.QuotaTotal), so it need not be the sum of label groups a namespace moved
+    between; peaks and the sampled share have none."""
     assert report.quota is not None
     figures = report.quota
-    names = [*report.keys, "quota", "resource", *[c[0] for c in QUOTA_COLUMNS], "sampled_pct"]
-    rows = [[*map(_key_text, f.keys), f.quota_name or "", f.resource_name] for f in figures]
+    names = [*[c[0] for c in QUOTA_COLUMNS], "sampled_pct"]
+    rows: list[list[Cell]] = [[] for _ in figures]
     resources = sorted({f.resource_name for f in figures})
-    totals = [["TOTAL", *[""] * len(report.keys), r] for r in resources]
-    for _name, _header, get, summed in QUOTA_COLUMNS:
+    totals: list[list[Cell]] = [[] for _ in resources]
+    whole = {t.resource_name: t for t in report.quota_totals}
+    for name, _header, get, summed in QUOTA_COLUMNS:
         for t, resource in zip(totals, resources, strict=True):
             members = [i for i, f in enumerate(figures) if f.resource_name == resource]
-            values = [get(figures[i]) for i in members]
-            if summed:
-                scaled, total = apportion([v or Fraction(0) for v in values], 2)
-                for i, v, sc in zip(members, values, scaled, strict=True):
-                    rows[i].append("" if v is None else format_scaled(sc, 2))
-                t.append(format_scaled(total, 2))
-            else:
-                for i, v in zip(members, values, strict=True):
-                    rows[i].append("" if v is None else format_scaled(round(v * 100), 2))
-                t.append("")
+            for i in members:
+                rows[i].append(cell(get(figures[i]), 2))
+            total = whole.get(resource)
+            value = None
+            if summed and total is not None:
+                value = {
+                    "quota_avg_used": total.avg_used,
+                    "quota_avg_hard": total.avg_hard,
+                    "quota_unused_gpu_hours": total.unused_seconds / HOUR,
+                }[name]
+            t.append(cell(value, 2))
     for row, f in zip(rows, figures, strict=True):
-        row.append(_pct(f.sampled_seconds, Fraction(report.quota_span)))
+        row.append(cell(f.coverage * 100, 1))
     for t in totals:
-        t.append("")
+        t.append(Cell(None, 1))
     return names, rows, totals
+
+
+def quota_keys(report: Report, f: QuotaFigure) -> list[str]:
+    """The key cells of a quota row: the group's keys, the quota's name and the resource."""
+    return [*map(_key_text, f.keys), f.quota_name or "", f.resource_name]
 
 
 def notes(report: Report) -> list[str]:
@@ -431,6 +486,23 @@ def coverage_notes(report: Report) -> list[str]:
             "`gpuquota replay`): nothing to report"
         ]
     out = []
+    whole = [(report.window_start, report.window_end)]
+    partial = {c: spans for c, spans in report.covered.items() if spans != whole}
+    if partial:
+        where = "; ".join(
+            f"cluster {c!r} " + (", ".join(f"{_utc(a)} .. {_utc(b)}" for a, b in spans) or "none")
+            for c, spans in sorted(report.covered.items())
+        )
+        out.append(
+            f"covered time: {where} (where the data begins and ends, less recorded gaps; "
+            "allocatable capacity and idle count only this time)"
+        )
+    uncovered = sum((r.uncovered_seconds for r in report.idle or []), Fraction(0))
+    if uncovered:
+        out.append(
+            f"{cell(uncovered / HOUR, 2).text()} allocatable GPU-h fall outside the covered "
+            "time (column uncovered GPU-h): not priced, not idle"
+        )
     for cluster, until in sorted(report.ends_early.items()):
         if until < report.window_end:
             out.append(
@@ -558,14 +630,19 @@ def render_table(report: Report, period: Period) -> str:
     if not report.groups:
         out.insert(2, "(no GPU usage in this period)")
     if report.idle is not None:
-        _names, irows, itot = idle_cells(report)
+        _names, icells, itot = idle_cells(report)
         headers = [
             "model",
             "node pool",
             *[c[1] for c in idle_columns(report.priced, report.currency)],
             "idle %",
         ]
-        ilines = _fit([headers, *irows, itot], 2)
+        irows = [
+            [_key_text(r.gpu_model), _key_text(r.node_pool), *(c.text() for c in line)]
+            for r, line in zip(report.idle, icells, strict=True)
+        ]
+        itext = ["TOTAL", "", *(c.text() for c in itot)]
+        ilines = _fit([headers, *irows, itext], 2)
         irule = "-" * max(len(line) for line in ilines)
         out += [
             "",
@@ -578,7 +655,15 @@ def render_table(report: Report, period: Period) -> str:
             ilines[-1],
         ]
     if report.quota:
-        _qnames, qrows, qtot = quota_cells(report)
+        _qnames, qcells, qtotals = quota_cells(report)
+        qrows = [
+            [*quota_keys(report, f), *(c.text() for c in line)]
+            for f, line in zip(report.quota, qcells, strict=True)
+        ]
+        qtot = [
+            ["TOTAL", *[""] * len(report.keys), resource, *(c.text() for c in line)]
+            for resource, line in zip(_quota_resources(report), qtotals, strict=True)
+        ]
         headers = [
             *report.keys,
             "quota",
@@ -625,7 +710,7 @@ def idle_allocations_table(report: Report) -> list[str]:
         "idle since",
         "idle until",
         "open",
-        "idle GPU-h",
+        "idle alloc GPU-h",
         "activity %",
     ]
     body = [_idle_allocation_values(r) for r in report.idle_allocations]
@@ -643,12 +728,24 @@ def render_csv(report: Report) -> str:
     idle_rows: list[list[str]] = []
     idle_total: list[str] = []
     if report.idle is not None:
-        idle_names, idle_rows, idle_total = idle_cells(report)
+        idle_names, icells, itot = idle_cells(report)
+        idle_rows = [
+            [_key_text(r.gpu_model), _key_text(r.node_pool), *(c.machine() for c in line)]
+            for r, line in zip(report.idle, icells, strict=True)
+        ]
+        idle_total = ["TOTAL", "", *(c.machine() for c in itot)]
     quota_names: list[str] = []
     quota_lines: list[tuple[str, list[str]]] = []
     if report.quota:
-        quota_names, qrows, qtot = quota_cells(report)
-        quota_lines = [("quota", r) for r in qrows] + [("quota_total", ["", *t[1:]]) for t in qtot]
+        names, qcells, qtotals = quota_cells(report)
+        quota_names = [*report.keys, "quota", "resource", *names]
+        quota_lines = [
+            ("quota", [*quota_keys(report, f), *(c.machine() for c in line)])
+            for f, line in zip(report.quota, qcells, strict=True)
+        ] + [
+            ("quota_total", [*[""] * (len(report.keys) + 1), r, *(c.machine() for c in line)])
+            for r, line in zip(_quota_resources(report), qtotals, strict=True)
+        ]
     key_names = list(report.keys)
     fields = ["row", *key_names, *[c.name for c in cols], "gpu_seconds_raw"]
     fields += [n for n in idle_names if n not in fields]
@@ -664,12 +761,14 @@ def render_csv(report: Report) -> str:
     for g, r, raw in zip(report.groups, rows, raw_cells, strict=True):
         record: dict[str, Any] = {"row": "group"}
         record.update({k: _key_text(v) for k, v in zip(key_names, g.keys, strict=True)})
-        record.update({c.name: cell.text() for c, cell in zip(cols, r, strict=True)})
-        record["gpu_seconds_raw"] = raw.text()
+        record.update({c.name: x.machine() for c, x in zip(cols, r, strict=True)})
+        record["gpu_seconds_raw"] = raw.text() if raw.decimals == 0 else raw.machine()
         writer.writerow(record)
     total_record: dict[str, Any] = {"row": "total"}
-    total_record.update({c.name: cell.text() for c, cell in zip(cols, totals, strict=True)})
-    total_record["gpu_seconds_raw"] = raw_total.text()
+    total_record.update({c.name: x.machine() for c, x in zip(cols, totals, strict=True)})
+    total_record["gpu_seconds_raw"] = (
+        raw_total.text() if raw_total.decimals == 0 else raw_total.machine()
+    )
     writer.writerow(total_record)
     for line in idle_rows:
         writer.writerow({"row": "idle", **dict(zip(idle_names, line, strict=True))})
@@ -709,7 +808,7 @@ def render_json(report: Report, period: Period) -> str:
         "group_by": list(report.keys),
         "currency": report.currency,
         "rows": [],
-        "total": {c.name: cell.number() for c, cell in zip(cols, totals, strict=True)},
+        "total": {c.name: x.number() for c, x in zip(cols, totals, strict=True)},
         "notes": {
             "estimated_intervals": report.estimated_intervals,
             "unpriced_models": report.unpriced_models,
@@ -725,7 +824,7 @@ def render_json(report: Report, period: Period) -> str:
     doc["total"]["gpu_seconds_raw"] = _raw_number(raw_total)
     for g, r, raw in zip(report.groups, rows, raw_cells, strict=True):
         entry: dict[str, Any] = {"group": dict(zip(report.keys, g.keys, strict=True))}
-        entry.update({c.name: cell.number() for c, cell in zip(cols, r, strict=True)})
+        entry.update({c.name: x.number() for c, x in zip(cols, r, strict=True)})
         entry["gpu_seconds_raw"] = _raw_number(raw)
         entry.update(_ledger_exact(g))
         doc["rows"].append(entry)
@@ -742,16 +841,25 @@ def render_json(report: Report, period: Period) -> str:
             ],
         }
     if report.idle is not None:
-        names, irows, itot = idle_cells(report)
+        names, icells, itot = idle_cells(report)
         doc["idle"] = {
             "rows": [
-                _idle_record(names, line, r) for line, r in zip(irows, report.idle, strict=True)
+                {
+                    "model": r.gpu_model,
+                    "node_pool": r.node_pool,
+                    **{n: c.number() for n, c in zip(names[2:], line, strict=True)},
+                }
+                for line, r in zip(icells, report.idle, strict=True)
             ],
-            "total": {n: _num(v) for n, v in zip(names[2:], itot[2:], strict=True)},
+            "total": {n: c.number() for n, c in zip(names[2:], itot, strict=True)},
         }
     doc["coverage"] = {
         c: None if until is None else {"data_ends": _utc(until), "data_ends_unix": until}
         for c, until in sorted(report.coverage.items())
+    }
+    doc["covered"] = {
+        c: [{"start": _utc(a), "end": _utc(b), "start_unix": a, "end_unix": b} for a, b in spans]
+        for c, spans in sorted(report.covered.items())
     }
     doc["gaps"] = [
         {
@@ -821,7 +929,7 @@ IDLE_ALLOCATION_FIELDS = (
     "idle_since",
     "idle_until",
     "still_idle",
-    "idle_gpu_hours",
+    "idle_allocated_gpu_hours",
     "activity_pct",
 )
 
@@ -862,7 +970,6 @@ def _idle_allocation_values(r: IdleAllocation, *, json: bool = False) -> list[An
 def quota_json(report: Report) -> dict[str, Any]:
     """Quota figures per group, quota and resource; totals per resource (null: no data)."""
     names, rows, totals = quota_cells(report)
-    n = len(report.keys)
     return {
         "window_seconds": report.quota_span,
         "rows": [
@@ -870,25 +977,20 @@ def quota_json(report: Report) -> dict[str, Any]:
                 "group": dict(zip(report.keys, f.keys, strict=True)),
                 "quota": f.quota_name,
                 "resource": f.resource_name,
-                **{k: _num(v) for k, v in zip(names[n + 2 :], line[n + 2 :], strict=True)},
+                "namespaces": f.namespaces,
+                **{k: c.number() for k, c in zip(names, line, strict=True)},
             }
             for f, line in zip(report.quota or [], rows, strict=True)
         ],
         "totals": {
-            t[n + 1]: {k: _num(v) for k, v in zip(names[n + 2 :], t[n + 2 :], strict=True)}
-            for t in totals
+            r: {k: c.number() for k, c in zip(names, line, strict=True)}
+            for r, line in zip(_quota_resources(report), totals, strict=True)
         },
     }
 
 
-def _idle_record(names: Sequence[str], line: Sequence[str], row: IdleRow) -> dict[str, Any]:
-    record: dict[str, Any] = {"model": row.gpu_model, "node_pool": row.node_pool}
-    record.update({n: _num(v) for n, v in zip(names[2:], line[2:], strict=True)})
-    return record
-
-
-def _num(text: str) -> float | None:
-    return float(text) if text else None
+def _quota_resources(report: Report) -> list[str]:
+    return sorted({f.resource_name for f in report.quota or []})
 
 
 def _iso(t: int, period: Period) -> str:

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from gpuquota.quota.report.compute import (
     OTHER,
     aggregate,
-    apportion,
     fold_top,
     idle,
+    round_half_up,
     spread_idle,
     sub_windows,
 )
@@ -71,8 +71,8 @@ def test_split_rows_charge_each_pod_its_share_exactly() -> None:
         assert g.cost == (Fraction(3, 7) * 100 * 4 + Fraction(3, 7) * 2) / 3 / 3600
         assert g.estimated_raw_seconds == Fraction(101, 3)
     assert sum(g.raw_seconds for g in report.groups) == 101
-    shown, total = apportion([g.raw_seconds for g in report.groups], 3)
-    assert sum(shown) == total == 101_000
+    shown = [round_half_up(g.raw_seconds * 1000) for g in report.groups]
+    assert shown == [33_667] * 3  # each third rounds alike; the total 101_000 is within 3 x 0.5
 
 
 def test_sub_windows_keep_only_inner_cuts() -> None:
@@ -156,9 +156,14 @@ def test_fold_top_keeps_totals() -> None:
     assert report.groups[-1].raw_seconds == 100 + 200 + 300
 
 
-def test_apportion_thirds() -> None:
-    values = [Fraction(1, 3)] * 3
-    assert apportion(values, 2) == ([34, 33, 33], 100)
+def test_the_same_value_rounds_alike_whatever_its_neighbours() -> None:
+    """One rounding rule (docs/report.md): each figure from its own exact value, halves up;
+    two rows with the same seconds print the same figure (largest-remainder rounding of a
+    column gave 0.34, 0.33, 0.33 for three equal thirds)."""
+    assert [round_half_up(Fraction(1, 3) * 100)] * 3 == [33, 33, 33]
+    assert round_half_up(Fraction(5, 2)) == 3
+    assert round_half_up(Fraction(-5, 2)) == -3
+    assert round_half_up(Fraction(249, 100)) == 2
 
 
 @settings(max_examples=60, deadline=None)
@@ -168,15 +173,15 @@ def test_apportion_thirds() -> None:
     ),
     st.integers(min_value=0, max_value=3),
 )
-def test_apportion_rows_sum_to_rounded_total_and_stay_within_one_unit(
+def test_a_rounded_total_is_within_the_rounding_of_its_rows(
     values: list[Fraction], decimals: int
 ) -> None:
-    rounded, total = apportion(values, decimals)
-    assert sum(rounded) == total
     scale = 10**decimals
-    assert abs(total - sum(values) * scale) <= Fraction(1, 2)
+    rounded = [round_half_up(v * scale) for v in values]
+    total = round_half_up(sum(values, Fraction(0)) * scale)
     for v, r in zip(values, rounded, strict=True):
-        assert r - 1 < v * scale < r + 1 or v * scale == r
+        assert abs(v * scale - r) <= Fraction(1, 2)
+    assert abs(total - sum(rounded)) <= Fraction(len(values) + 1, 2)
 
 
 def test_chart_draws_other_in_its_own_grey(tmp_path: Path) -> None:

@@ -116,8 +116,9 @@ def test_table_and_csv_carry_the_same_columns(store: Store, report: Any) -> None
     rows = {
         r["namespace"]: r for r in csv.DictReader(io.StringIO(result.out)) if r["row"] == "group"
     }
-    assert rows["ml"]["gpu_hours_used"] == "1.00"
-    assert rows["ml"]["energy_kwh"] == "0.20"
+    # CSV carries the exact figures, unrounded (docs/report.md, "Rounding")
+    assert float(rows["ml"]["gpu_hours_used"]) == 1.0
+    assert float(rows["ml"]["energy_kwh"]) == 0.2
     assert rows["batch"]["gpu_hours_used"] == ""
     assert rows["batch"]["usage_coverage_pct"] == ""
     assert "no usage data" in result.err
@@ -309,7 +310,7 @@ def test_idle_allocations(store: Store, report: Any) -> None:
     sleepy, waiting = found["sleepy"], found["waiting"]
     assert sleepy["idle_since"] == "2026-10-05T10:00:00Z"
     assert sleepy["idle_until"] == "2026-10-05T13:00:00Z" and not sleepy["still_idle"]
-    assert sleepy["idle_gpu_hours"] == pytest.approx(3 * (3600 - 36) / 3600, abs=0.01)
+    assert sleepy["idle_allocated_gpu_hours"] == pytest.approx(3 * (3600 - 36) / 3600, abs=0.01)
     assert sleepy["owner"] == "Job/idle" and sleepy["activity_pct"] == 1.0
     assert waiting["still_idle"] and waiting["idle_until"] is None
     assert waiting["gpus"] == 2

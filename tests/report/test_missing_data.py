@@ -25,9 +25,14 @@ NOW = "2026-11-22T00:00:00Z"
 H = 3600
 
 
-def heartbeat(store: Store, at: int, cluster: str = "c1", holder: str = "replay") -> None:
+def heartbeat(
+    store: Store, at: int, cluster: str = "c1", holder: str = "replay", begins: int | None = None
+) -> None:
+    """The cluster's data ends at ``at`` (and begins there too, unless ``begins`` says)."""
     with store.engine.begin() as conn:
-        conn.execute(insert(Cluster).values(name=cluster, created_at=at))
+        conn.execute(
+            insert(Cluster).values(name=cluster, created_at=at if begins is None else begins)
+        )
         conn.execute(
             insert(Heartbeat).values(cluster=cluster, holder=holder, at=at, resource_versions={})
         )
@@ -66,7 +71,7 @@ def test_open_intervals_end_where_the_data_ends_and_the_report_says_so(
     store.alloc("ml", OCT + H, None, qos_class="BestEffort")
     store.alloc("ml", OCT, OCT + 2 * H)
     store.capacity("n1", OCT, None, units=8)
-    heartbeat(store, OCT + 10 * H)
+    heartbeat(store, OCT + 10 * H, begins=OCT)
     doc = doc_of(report, store, "--month", "2026-10", "--idle")
     assert doc["rows"][0]["gpu_seconds_raw"] == 9 * H + 2 * H  # not up to the end of October
     assert doc["idle"]["total"]["allocatable_gpu_hours"] == 8 * 10
