@@ -130,6 +130,11 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
     buckets, edges = _edges(request)
     try:
         clusters = query.known_clusters(conn)
+        if not clusters:  # an empty bill would read as "nothing used": refuse it
+            raise ReportError(
+                "the store holds no data yet (no cluster was ever recorded: run `gpuquota "
+                "controller` or `gpuquota replay` against it first): nothing to report"
+            )
         if request.cluster is not None and request.cluster not in clusters:
             known = ", ".join(repr(c) for c in clusters) or "none: the store is empty"
             raise ReportError(
@@ -160,6 +165,13 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             window.start, window.end, edges, compute.span_edges(covered)
         )
         ledger = query.ledger_present(conn, scope)
+        if request.idle_allocations and not ledger:
+            where = ", ".join(repr(c) for c in scope.clusters)
+            raise ReportError(
+                f"--idle-allocations: the store has no usage ledger for {where} (the node "
+                "agents' per-process usage, ingested by `gpuquota controller "
+                "--ledger-prometheus-url`): there is nothing to find idle allocations in"
+            )
         ledger_until = query.ledger_progress(conn, scope) if ledger else {}
         pod_keys: list[str] | None = None
         if request.prometheus and list(keys) != ["namespace"]:
@@ -308,6 +320,16 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
         raise ReportError(
             f"no data for the period {window.label()}: the store's data begins after it ({where})"
         )
+    if not report.groups and fetched.covered and not any(fetched.covered.values()):
+        where = "; ".join(
+            f"{c!r} from {_when(begins[c], window) if c in begins else '?'} to "
+            f"{_when(ends[c], window) if c in ends else 'now'}"
+            for c in sorted(fetched.covered)
+        )
+        raise ReportError(
+            f"no data for the period {window.label()}: the store covers none of it ({where}, "
+            "less recorded gaps)"
+        )
     report.best_effort_pods = fetched.best_effort_pods
     report.gaps = fetched.gaps
     report.covered = fetched.covered
@@ -338,6 +360,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
             request.idle_for,
             window.start,
             min(window.end, now),
+            fetched.ledger_until,
         )
     if fetched.measured is not None and request.prometheus:
         from gpuquota.quota.report import prometheus

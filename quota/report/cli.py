@@ -304,6 +304,15 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
             "--format focus: one row per charge period and namespace: leave --by out "
             f"(got --by {','.join(keys)})"
         )
+    for wanted, flag in (
+        (args.idle_allocations, "--idle-allocations"),
+        (args.prometheus, "--prometheus"),
+    ):
+        if args.format == "focus" and wanted:
+            raise ReportError(
+                f"--format focus: cannot carry {flag} (FOCUS rows are charges); use "
+                "--format table, csv or json for it"
+            )
     if args.format == "focus" and args.top is not None:
         raise ReportError("--format focus: --top does not apply (every namespace is a row)")
     if args.format == "focus" and card is None:

@@ -603,13 +603,15 @@ def idle_runs(
     min_seconds: int,
     lo: int,
     hi: int,
+    ingested: dict[str, int] | None = None,
 ) -> list[IdleAllocation]:
     """The contract's idle rule over each holder's ledger windows (sorted by holder, then
     time): maximal runs of consecutive windows (each starting where the last ended) whose
     activity (quota/ledger/rules.py ``activity``: used / (sampled x physical GPUs held), the
     controller's rule) stayed under ``threshold``,
     lasting at least ``min_seconds`` inside [lo, hi). A window without samples ends a run:
-    unknown is not idle."""
+    unknown is not idle. A run is still idle only where the period reaches as far as the
+    ledger is ingested (``ingested``, per cluster); else it closes at the period's end."""
     out: list[IdleAllocation] = []
     run: list[HolderWindow] = []
 
@@ -617,6 +619,10 @@ def idle_runs(
         if not run:
             return
         since, until = max(run[0].start, lo), min(run[-1].end, hi)
+        # a run reaching past the period closes at its end: still idle only where the period
+        # reaches the newest ledger window
+        reach = (ingested or {}).get(run[0].cluster)
+        still = still and run[-1].end <= hi and (reach is None or hi >= reach)
         if until - since >= min_seconds:
             first = run[0]
             used = sum((Fraction(w.used) for w in run), Fraction(0))

@@ -69,7 +69,8 @@ GROUP_COLUMNS: dict[str, tuple[Any, ...]] = {
     "node": (Allocation.node,),
     "pool": (Allocation.node_pool,),
     "cluster": (Allocation.cluster,),
-    "owner": (Allocation.owner_kind, Allocation.owner_name),
+    # an owner is keyed within its namespace: Job/eval of two namespaces are two owners
+    "owner": (Allocation.namespace, Allocation.owner_kind, Allocation.owner_name),
     "resource": (Allocation.resource_name,),
     "pod": (Allocation.namespace, Allocation.pod_name),
     # which way the GPUs were allocated: device-plugin (extended resources) or dra (claims)
@@ -427,9 +428,9 @@ def _key_values(keys: Sequence[str], row: Sequence[Any]) -> tuple[tuple[str | No
     i = 0
     for key in keys:
         if key == "owner":
-            kind, name = row[i], row[i + 1]
-            values.append(f"{kind}/{name}" if name else None)
-            i += 2
+            namespace, kind, name = row[i], row[i + 1], row[i + 2]
+            values.append(f"{namespace}/{kind}/{name}" if name else None)
+            i += 3
         elif key == "pod":
             values.append(f"{row[i]}/{row[i + 1]}")
             i += 2

@@ -340,10 +340,6 @@ def _pct_cell(a: Fraction, b: Fraction) -> Cell:
     return cell(a * 100 / b if b else None, 1)
 
 
-def _pct(a: Fraction, b: Fraction) -> str:
-    return _pct_cell(a, b).text()
-
-
 QuotaGetter = Callable[[QuotaFigure], Fraction | None]
 # (field, heading, getter, summed in the per-resource totals)
 QUOTA_COLUMNS: list[tuple[str, str, QuotaGetter, bool]] = [
@@ -571,6 +567,13 @@ def prometheus_notes(report: Report) -> list[str]:
     if report.prometheus is None:
         return []
     out = []
+    if report.ledger:
+        out.append(
+            f"two activity sources on this page: the prom columns are Prometheus' answers at "
+            f"{report.prometheus} (the exporter's utilisation: time the GPU was busy), the "
+            "used GPU-h, eff. % and idle alloc GPU-h columns the usage ledger (per-process "
+            "samples the controller ingested); they measure differently and need not agree"
+        )
     missing = [g for g in report.groups if g.measured_seconds is None and g.physical_seconds]
     if missing:
         names = ", ".join(" / ".join(map(_key_text, g.keys)) for g in missing)

@@ -138,7 +138,7 @@ def test_split_by_pod_matches_a_second_by_second_count(store: Store, seed: int) 
         by_owner = report(store, lo, hi, "owner", "namespace")
         for (owner, ns), g in by_owner.items():
             assert ns == "dra"
-            assert g.raw_seconds == raw.get(str(owner).split("/", 1)[1], 0)
+            assert g.raw_seconds == raw.get(str(owner).split("/", 2)[2], 0)
         # the split adds up to the claims' union, which is what the namespace gets
         (ns_group,) = report(store, lo, hi, "namespace").values()
         assert ns_group.raw_seconds == union == sum(raw.values())

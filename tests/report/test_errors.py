@@ -74,6 +74,7 @@ def test_last_takes_the_shared_duration_grammar(
     from gpuquota.cli_common.durations import parse_duration
 
     sqlite_store.clear()
+    sqlite_store.alloc("ml", 0, 60)  # a store with data (an empty one is refused)
     result = report("--last", last, "--json", "--now", "2026-10-02T00:00:00Z", db=sqlite_store)
     assert result.rc == 0, result.err
     period = json.loads(result.out)["period"]
@@ -103,6 +104,7 @@ def test_not_a_url(report: Any) -> None:
 
 def test_unreachable_prometheus(report: Any, sqlite_store: Store) -> None:
     sqlite_store.clear()
+    sqlite_store.alloc("ml", 0, 60)  # a store with data (an empty one is refused first)
     url = f"http://127.0.0.1:{closed_port()}"
     assert_refused(
         report("--prometheus", url, db=sqlite_store), "cannot reach Prometheus", url, status=1

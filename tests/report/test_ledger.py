@@ -138,8 +138,8 @@ def test_pod_level_keys_join_by_pod_uid(store: Store, report: Any) -> None:
     store.alloc("ml", T0, T0 + H, owner=("Job", "b"))
     ledger(store, uid(store), [(T0, 360, 500, H)], device="GPU-1")
     by_owner = rows_by(as_json(report, store, "--by", "owner"), "owner")
-    assert by_owner["Job/a"]["gpu_seconds_used"] == 3600
-    assert by_owner["Job/b"]["gpu_seconds_used"] == 360
+    assert by_owner["ml/Job/a"]["gpu_seconds_used"] == 3600
+    assert by_owner["ml/Job/b"]["gpu_seconds_used"] == 360
     # the allocation's model and pool (node labels), not the series' NVML name
     by_model = rows_by(as_json(report, store, "--by", "model,pool"), "model")
     assert by_model[A100]["energy_joules"] == 1000

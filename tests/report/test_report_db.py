@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.report.conftest import A100, H100, Store, ts
+from tests.report.helpers import assert_refused
 
 OCT = ts("2026-10-01T00:00:00")
 NOV = ts("2026-11-01T00:00:00")
@@ -153,7 +154,7 @@ def test_group_keys(store: Store, report: Any) -> None:
     doc = rows_json(report, store, "--month", "2026-10", "--by", "namespace,model")
     assert set(by_group(doc)) == {("ml", H100), ("ml", A100)}
     assert set(by_group(rows_json(report, store, "--month", "2026-10", "--by", "owner"))) == {
-        ("Job/a",),
+        ("ml/Job/a",),
         (None,),
     }
     assert set(by_group(rows_json(report, store, "--month", "2026-10", "--by", "node,pool"))) == {
@@ -316,7 +317,13 @@ def test_chart_is_drawn(store: Store, report: Any, tmp_path: Path) -> None:
         )
 
 
-def test_empty_period_gives_a_zero_report(store: Store, report: Any) -> None:
+def test_empty_store_is_refused_and_a_covered_period_without_use_is_zero(
+    store: Store, report: Any
+) -> None:
+    """An empty store is no bill of zero (a monthly job would file it): exit 2, one line. A
+    period the store covers with no GPU use in it is a true zero."""
+    assert_refused(report("--month", "2026-10", "--now", NOW, db=store), "holds no data yet")
+    store.alloc("ml", OCT - 2 * H, OCT - H)  # the store's data, before the period
     doc = rows_json(report, store, "--month", "2026-10")
     assert doc["rows"] == [] and doc["total"]["gpu_seconds_raw"] == 0
     table = report("--month", "2026-10", "--now", NOW, db=store)

@@ -85,7 +85,7 @@ def test_dra_usage_beside_device_plugin_usage_in_every_view(store: Store, report
     assert by_team[("gamma", "dra")]["gpu_seconds_raw"] == dra_raw[DRA_NAMESPACE]
     # by owner: a shared claim's time split among the pods using it (one Deployment here)
     by_owner = groups(run(report, store, "--by", "owner,path"))
-    assert ("Deployment/infer", "dra") in by_owner
+    assert (f"{DRA_NAMESPACE}/Deployment/infer", "dra") in by_owner
     # by pod: each pod's equal share of the shared claim's time at each instant
     by_pod = groups(run(report, store, "--by", "pod,path"))
     assert (f"{DRA_NAMESPACE}/infer-7c9d8f-a1b2c", "dra") in by_pod
@@ -125,7 +125,7 @@ def test_shared_claim_split_equally_among_its_pods_by_pod_level_keys(store: Stor
     assert any(g.raw_seconds.denominator > 1 for g in dra_pods.values())
 
     by_owner = exact(store, "owner", "path")
-    per_owner = truth.dra_split_seconds(lambda s: s.owner)
+    per_owner = truth.dra_split_seconds(lambda s: f"{s.namespace}/{s.owner}")  # within its ns
     dra_owners = {k[0]: g for k, g in by_owner.items() if k[1] == "dra"}
     assert set(dra_owners) == set(per_owner)
     for owner, (raw, phys) in per_owner.items():
