@@ -36,6 +36,7 @@ import sys
 import textwrap
 import time
 import urllib.request
+from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from fractions import Fraction
@@ -371,9 +372,8 @@ def hours(seconds: Fraction | int) -> str:
 
 
 def near(reported: float | None, seconds: Fraction | int) -> bool:
-    """A GPU-hour figure printed to 2 decimals against exact seconds (the report apportions
-    its rounding so that rows add up to the total: one hundredth either way)."""
-    return reported is not None and abs(reported - float(seconds) / 3600) <= 0.0101
+    """A GPU-hour figure (JSON: exact) against exact seconds, to the table's hundredth."""
+    return reported is not None and abs(reported - float(seconds) / 3600) <= 0.005
 
 
 def month_of(t: int) -> str:
@@ -404,7 +404,19 @@ def check_views(db: str, workload: Workload) -> None:
         if not ok:
             off.append(f"namespace {ns}")
     idle = {(r["model"], r["node_pool"]): r for r in doc.get("idle", {}).get("rows", [])}
-    allocatable, allocated = truth.allocatable_seconds(), truth.allocated_seconds()
+    # idle counts only the time the store covers (docs/report.md, covered time): the truth's
+    # allocatable over the same spans
+    spans = [(s["start_unix"], s["end_unix"]) for c in doc["covered"].values() for s in c]
+    for cluster, covered in sorted(doc["covered"].items()):
+        where = ", ".join(f"{s['start']} .. {s['end']}" for s in covered) or "none"
+        print(f"    covered time of cluster {cluster!r}: {where}")
+    uncovered = doc.get("idle", {}).get("total", {}).get("uncovered_allocatable_gpu_hours")
+    print(f"    allocatable GPU-h outside it (not idle, not priced): {uncovered}")
+    allocatable: dict[tuple[str, str], Fraction] = defaultdict(Fraction)
+    for lo, hi in spans:
+        for key, seconds in truth.allocatable_seconds(lo, hi).items():
+            allocatable[key] += seconds
+    allocated = truth.allocated_seconds()
     print(
         f"    {'idle: model / pool':<40} {'allocatable':>11} {'truth':>8} {'idle':>8} {'truth':>8}"
     )

@@ -527,6 +527,9 @@ class LedgerDemo:
         self.say("\n".join(line for line in shown.stdout.splitlines()
                            if not line.startswith("note:")))  # fmt: skip
         doc = self.report(args)
+        for cluster, spans in sorted(doc["covered"].items()):  # what the bill can speak for
+            where = ", ".join(f"{s['start']} .. {s['end']}" for s in spans) or "none"
+            self.say(f"covered time of cluster {cluster!r}: {where}")
         idle = [
             row
             for row in doc["idle_allocations"]["rows"]

@@ -43,7 +43,7 @@ period (half-open [start, end); default: this month so far; --tz zone, default U
   or a replay's last event), whichever is earliest; the report notes where the data ends.
 
 group keys (--by, comma-separated or repeated; default namespace):
-  namespace, model, node, pool (node pool), cluster, owner (Kind/name), resource
+  namespace, model, node, pool (node pool), cluster, owner (namespace/Kind/name), resource
   (resource name; a DRA claim's device class), pod (namespace/pod), path (device-plugin:
   extended resources such as nvidia.com/gpu; dra: ResourceClaims), label:<key> (the
   namespace's label as it was at the time). Every view counts both allocation paths; a
@@ -57,8 +57,8 @@ columns:
   cost              physical GPU-hours x the rate in force when it happened (--rate-card)
   share %           share of the physical GPU-hours of all groups
   est. GPU-h        raw GPU-hours of intervals closed by estimate (controller downtime)
-  idle GPU-h        with --spread-idle: the fleet's idle GPU-hours shared among groups
-  util %, busy GPU-h, idle-alloc GPU-h   with --prometheus: measured utilisation, per
+  spread idle GPU-h with --spread-idle: the idle table's idle GPU-hours shared among groups
+  prom util %, prom busy GPU-h, prom not-busy GPU-h   with --prometheus: utilisation, per
                     pod where the exporter runs --pod-usage (a shared GPU's busy time split
                     by each pod's SM use), else split evenly among the pods holding a GPU
   used GPU-h, eff. %, idle alloc GPU-h, energy kWh, energy cost, kg CO2e, coverage %
@@ -74,8 +74,10 @@ columns:
                     used and hard, peak used and hard, unused unit-hours (hard - used) and
                     the share of the period with quota samples; with --by namespace or a
                     namespace label
-  Totals add up exactly: figures stay exact until display and each column is rounded so
-  the rows shown sum to the total shown.
+  Rounding: each figure is rounded half up from its own exact value, a total from the exact
+  sum of its rows (so within half a unit per row of the rows shown); CSV and JSON carry the
+  exact values. Idle and allocatable count only the time the store covers (after its data
+  begins, before it ends, outside recorded gaps); the rest is "uncovered GPU-h", not idle.
 
 examples:
   gpuquota report --month 2026-10 --rate-card ratecard.yaml
@@ -92,6 +94,7 @@ examples:
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
 says how much of the allocated time Prometheus covers, and util % is over that part only.
+An empty store, or a period the store covers none of, is exit 2, never an empty bill.
 
 On an error nothing is printed on stdout: the report is computed before any of it is.
 
