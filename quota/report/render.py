@@ -785,7 +785,7 @@ def render_csv(report: Report) -> str:
     if report.idle_allocations is not None:
         idle_fields = fields[len(fields) - len(IDLE_ALLOCATION_FIELDS) :]
         for idle in report.idle_allocations:
-            values = _idle_allocation_values(idle)
+            values = _idle_allocation_values(idle, machine=True)
             values[7] = "" if idle.still_idle else values[7]
             writer.writerow(
                 {"row": "idle_allocation", **dict(zip(idle_fields, values, strict=True))}
@@ -818,7 +818,7 @@ def render_json(report: Report, period: Period) -> str:
             "unmatched_rate_card_models": report.unmatched_card_models,
             "best_effort_gpu_pods": report.best_effort_pods,
             "unallocated_energy_joules": {
-                c: round(float(j), 1) for c, j in sorted(report.unallocated_energy.items())
+                c: float(j) for c, j in sorted(report.unallocated_energy.items())
             },
             "messages": notes(report),
         },
@@ -886,10 +886,10 @@ def render_json(report: Report, period: Period) -> str:
 def _ledger_exact(g: Group) -> dict[str, Any]:
     """The ledger's figures of one group in base units (null: no usage data, not zero)."""
     return {
-        "gpu_seconds_used": _round(g.used_seconds, 3),
-        "energy_joules": _round(g.energy_joules, 1),
-        "usage_coverage_ratio": _round(g.coverage, 4),
-        "carbon_grams_co2e": _round(g.carbon_grams, 1),
+        "gpu_seconds_used": _exact(g.used_seconds),
+        "energy_joules": _exact(g.energy_joules),
+        "usage_coverage_ratio": _exact(g.coverage),
+        "carbon_grams_co2e": _exact(g.carbon_grams),
     }
 
 
@@ -907,19 +907,19 @@ def _ledger_total(report: Report) -> dict[str, Any]:
     sampled = sum((g.sampled_seconds or Fraction(0) for g in groups), Fraction(0))
     carbon = [g.carbon_grams for g in with_data if g.carbon_grams is not None]
     return {
-        "gpu_seconds_used": _round(
-            sum((g.used_seconds or Fraction(0) for g in groups), Fraction(0)), 3
+        "gpu_seconds_used": _exact(
+            sum((g.used_seconds or Fraction(0) for g in groups), Fraction(0))
         ),
-        "energy_joules": _round(
-            sum((g.energy_joules or Fraction(0) for g in groups), Fraction(0)), 1
-        ),
-        "usage_coverage_ratio": _round(min(sampled / raw, Fraction(1)) if raw else None, 4),
-        "carbon_grams_co2e": _round(sum(carbon, Fraction(0)) if carbon else None, 1),
+        "energy_joules": _exact(sum((g.energy_joules or Fraction(0) for g in groups), Fraction(0))),
+        "usage_coverage_ratio": _exact(min(sampled / raw, Fraction(1)) if raw else None),
+        "carbon_grams_co2e": _exact(sum(carbon, Fraction(0)) if carbon else None),
     }
 
 
-def _round(value: Fraction | None, decimals: int) -> float | None:
-    return None if value is None else round(float(value), decimals)
+def _exact(value: Fraction | None) -> float | None:
+    """A JSON figure in base units: exact, as the nearest double (the rounding rule: JSON and
+    CSV carry unrounded values)."""
+    return None if value is None else float(value)
 
 
 IDLE_ALLOCATION_FIELDS = (
@@ -937,11 +937,14 @@ IDLE_ALLOCATION_FIELDS = (
 )
 
 
-def _idle_allocation_values(r: IdleAllocation, *, json: bool = False) -> list[Any]:
-    hours = round(float(r.idle_seconds / HOUR), 2)
-    activity = round(float(r.activity * 100), 1)
-    gpus = round(float(r.gpus), 3)
+def _idle_allocation_values(
+    r: IdleAllocation, *, json: bool = False, machine: bool = False
+) -> list[Any]:
+    """One idle run's cells: the table's rounded under the rounding rule; exact numbers for
+    JSON (``json``) and CSV (``machine``)."""
+    hours, activity, gpus = r.idle_seconds / HOUR, r.activity * 100, r.gpus
     if json:
+        hours, activity, gpus = float(hours), float(activity), float(gpus)  # type: ignore[assignment]
         return [
             r.cluster,
             r.namespace,
@@ -961,12 +964,12 @@ def _idle_allocation_values(r: IdleAllocation, *, json: bool = False) -> list[An
         r.holder_kind,
         r.name,
         r.owner or "",
-        f"{gpus:g}",
+        f"{float(gpus):g}",
         _utc(r.since),
         "(still idle)" if r.still_idle else _utc(r.until),
         "yes" if r.still_idle else "no",
-        f"{hours:.2f}",
-        f"{activity:.1f}",
+        cell(hours, 2).machine() if machine else cell(hours, 2).text(),
+        cell(activity, 1).machine() if machine else cell(activity, 1).text(),
     ]
 
 
