@@ -152,12 +152,12 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             quota_span = max(min(window.end, now, known_end) - window.start, 0)
         gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
         # every cluster the store knows (one with nodes and no allocation yet has capacity)
-        known = (request.cluster,) if request.cluster is not None else tuple(clusters)
+        in_view = (request.cluster,) if request.cluster is not None else tuple(clusters)
         covered = compute.covered_spans(
-            known,
-            query.data_begins(conn, known),
-            {c.cluster: c.known_until for c in query.coverage(conn, known) if c.known_until},
-            query.gaps(conn, known, window.start, min(window.end, now)),
+            in_view,
+            query.data_begins(conn, in_view),
+            {c.cluster: c.known_until for c in query.coverage(conn, in_view) if c.known_until},
+            query.gaps(conn, in_view, window.start, min(window.end, now)),
             window.start,
             min(window.end, now),
         )

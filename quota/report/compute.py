@@ -358,8 +358,9 @@ def quota_figures(
         avg_hard = Fraction(q.hard_seconds) / sampled if sampled else Fraction(0)
         whose = (tuple(q.keys[i] for i in plain_at), q.quota_name, q.resource_name)
         acc = own.setdefault(whose, [Fraction(0)] * 4)
-        for j, v in enumerate((q.used_seconds, q.hard_seconds, q.unused_seconds, sampled)):
+        for j, v in enumerate((q.used_seconds, q.hard_seconds, q.unused_seconds)):
             acc[j] += Fraction(v)
+        acc[3] += sampled
         keys, name = q.keys, q.quota_name
         if namespace_added:
             keys, name = keys[1:], None
