@@ -543,7 +543,7 @@ class LedgerDemo:
             )
         self.say(
             f"\nvision/notebook-idle: idle since {idle[0]['idle_since']} at "
-            f"{idle[0]['activity_pct']} % activity: a reclaim candidate (nothing is evicted)"
+            f"{idle[0]['activity_pct']:.1f} % activity: a reclaim candidate (nothing is evicted)"
         )
 
 

@@ -148,8 +148,10 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         known_end = max(ends.values()) if ends and len(ends) == len(scope.clusters) else now
         quota_span: int | None = None
         if query.quota_applies(keys):
-            # averages are over the part of the window the store knows
-            quota_span = max(min(window.end, now, known_end) - window.start, 0)
+            # the part of the window the store knows: after the data begins (the earliest
+            # cluster in scope), before it ends
+            known_start = max(window.start, min(begins.values(), default=window.start))
+            quota_span = max(min(window.end, now, known_end) - known_start, 0)
         gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
         # every cluster the store knows (one with nodes and no allocation yet has capacity)
         in_view = (request.cluster,) if request.cluster is not None else tuple(clusters)

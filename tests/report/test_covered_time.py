@@ -143,3 +143,14 @@ def test_quota_averages_take_only_sampled_time(store: Store, report: Any) -> Non
     assert row["quota_avg_used"] == 2.0
     assert row["quota_peak_hard"] == 8.0
     assert row["sampled_pct"] == 50.0
+
+
+def test_quota_coverage_is_over_the_time_the_store_knows(store: Store, report: Any) -> None:
+    # a replayed recording of the month's last day, reported for the whole month
+    known(store, OCT - 24 * H, OCT)
+    store.alloc("ml", OCT - 24 * H, OCT - 23 * H)
+    store.quota("ml", OCT - 24 * H, 8, 1)
+    doc = doc_of(report, store, "--month", "2026-09")
+    (row,) = doc["quota"]["rows"]
+    assert row["sampled_pct"] == 100.0  # not 1/30 of the month the store never saw
+    assert row["quota_avg_hard"] == 8.0
