@@ -12,7 +12,14 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from gpuquota.quota.store.models import LedgerProgress, UsageDevice, UsageSeries, UsageWindow
+from gpuquota.quota.store.models import (
+    Cluster,
+    Heartbeat,
+    LedgerProgress,
+    UsageDevice,
+    UsageSeries,
+    UsageWindow,
+)
 from tests.report.conftest import Store, ts
 
 OCT = ts("2026-10-01T00:00:00")
@@ -169,3 +176,14 @@ def ledger(
 def uid(store: Store) -> str:
     """The pod UID of the allocation ``store.alloc`` wrote last."""
     return f"uid-{store._seq}"
+
+
+def known(store: Store, begins: int, ends: int, cluster: str = "c1") -> None:
+    """The cluster's data covers [begins, ends) (its clusters row and its heartbeat)."""
+    with store.engine.begin() as conn:
+        conn.execute(insert(Cluster).values(name=cluster, created_at=begins))
+        conn.execute(
+            insert(Heartbeat).values(
+                cluster=cluster, holder="replay", at=ends, resource_versions={}
+            )
+        )

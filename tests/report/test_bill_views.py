@@ -12,8 +12,7 @@ from sqlalchemy import insert
 from gpuquota.quota.report.prometheus import busy_query, step_for
 from gpuquota.quota.store.models import Gap
 from tests.report.conftest import A100, Store, ts
-from tests.report.helpers import Canned, assert_refused, ledger, uid, vector
-from tests.report.test_covered_time import known
+from tests.report.helpers import Canned, assert_refused, known, ledger, uid, vector
 
 OCT = ts("2026-10-01T00:00:00")
 H = 3600

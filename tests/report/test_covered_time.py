@@ -10,25 +10,15 @@ from typing import Any
 from sqlalchemy import insert
 
 from gpuquota.quota.store import daytwo
-from gpuquota.quota.store.models import Cluster, Gap, Heartbeat
+from gpuquota.quota.store.models import Gap
 from tests.report.conftest import Store, ts
+from tests.report.helpers import known
 
 SEP = ts("2026-09-01T00:00:00")
 SEP30 = ts("2026-09-30T00:00:00")
 OCT = ts("2026-10-01T00:00:00")
 H = 3600
 NOW = "2026-11-22T00:00:00Z"
-
-
-def known(store: Store, begins: int, ends: int, cluster: str = "c1") -> None:
-    """The cluster's data covers [begins, ends) (its clusters row and its heartbeat)."""
-    with store.engine.begin() as conn:
-        conn.execute(insert(Cluster).values(name=cluster, created_at=begins))
-        conn.execute(
-            insert(Heartbeat).values(
-                cluster=cluster, holder="replay", at=ends, resource_versions={}
-            )
-        )
 
 
 def doc_of(report: Any, store: Store, *argv: str) -> dict[str, Any]:
