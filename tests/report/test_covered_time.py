@@ -5,12 +5,15 @@ never shown as idle."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import insert
 
+from gpuquota.quota import cli as gpuquota
 from gpuquota.quota.store import daytwo
 from gpuquota.quota.store.models import Gap
+from gpuquota.sim.workload import generate
 from tests.report.conftest import Store, ts
 from tests.report.helpers import known
 
@@ -144,3 +147,24 @@ def test_quota_coverage_is_over_the_time_the_store_knows(store: Store, report: A
     (row,) = doc["quota"]["rows"]
     assert row["sampled_pct"] == 100.0  # not 1/30 of the month the store never saw
     assert row["quota_avg_hard"] == 8.0
+
+
+def test_a_replayed_trace_reported_from_the_month_start_prices_the_same_idle(
+    store: Store, report: Any, tmp_path: Path
+) -> None:
+    """The issue's own reproduction: a replayed recording whose first event is on 2026-09-30,
+    reported with --from 2026-09-01, priced idle for the weeks before it (its nodes were
+    created earlier); now the idle is the recording's, and the rest is named uncovered."""
+    workload = generate(3, hours=2, start=SEP30)
+    events = tmp_path / "events.jsonl"
+    events.write_text("\n".join(workload.lines()) + "\n")
+    assert gpuquota.main(["replay", str(events), "--db", store.url, "--cluster", "rec"]) == 0
+    card = card_of(tmp_path)
+    wide = doc_of(report, store, "--from", "2026-09-01", "--to", "2026-10-01", "--idle",
+                  "--rate-card", card)  # fmt: skip
+    narrow = doc_of(report, store, "--from", "2026-09-30", "--to", "2026-10-01", "--idle",
+                    "--rate-card", card)  # fmt: skip
+    for name in ("allocatable_gpu_hours", "idle_gpu_hours", "idle_cost_USD"):
+        assert wide["idle"]["total"][name] == narrow["idle"]["total"][name], name
+    covered = sum(s["end_unix"] - s["start_unix"] for s in wide["covered"]["rec"])
+    assert covered <= workload.end - SEP30
