@@ -483,7 +483,13 @@ def coverage_notes(report: Report) -> list[str]:
         ]
     out = []
     whole = [(report.window_start, report.window_end)]
-    partial = {c: spans for c, spans in report.covered.items() if spans != whole}
+    # a live controller's heartbeat trails now by a flush or so: that is no end worth a note
+    live = {
+        c
+        for c, spans in report.covered.items()
+        if len(spans) == 1 and spans[0][0] == report.window_start and c not in report.ends_early
+    }
+    partial = {c: spans for c, spans in report.covered.items() if spans != whole and c not in live}
     if partial:
         where = "; ".join(
             f"cluster {c!r} " + (", ".join(f"{_utc(a)} .. {_utc(b)}" for a, b in spans) or "none")
