@@ -161,6 +161,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="log verbosity (default info)",
     )
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log debug messages (--log-level debug), and show the traceback of an unexpected "
+        "error",
+    )
     return parser
 
 
@@ -175,15 +182,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # back from the collect thread, which reads NVML and renders: Python's default 5 ms
     # switch interval then lands in the scrape latency (bench/scrape.py: p99 about halved).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = "DEBUG" if args.verbose else args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return run(args)
     except UsageError as exc:
         return _fail(str(exc), 2)
     except SetupError as exc:
         return _fail(str(exc), 1)
+    except Exception as exc:  # one line, as --help's exit status says; -v shows the traceback
+        if args.verbose:
+            raise
+        return _fail(f"unexpected {type(exc).__name__}: {exc} (run with -v for details)", 1)
 
 
 def run(args: argparse.Namespace) -> int:

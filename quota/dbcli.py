@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         db.downgrade(args.db, args.revision)
         print(f"{db.safe_url(args.db)}: at revision {db.current(args.db) or 'base (empty)'}")
         return 0
-    revision = db.current(args.db)
+    revision = db.current(args.db, refuse_foreign=True)
     head = db.head_revision()
     if revision is None:
         print(f"{db.safe_url(args.db)}: empty (latest is {head}; run `gpuquota db upgrade`)")
@@ -94,6 +94,11 @@ def _prune(args: argparse.Namespace) -> int:
         before = period.parse_instant(args.before, UTC, "--before")
     except period.PeriodError as exc:
         raise db.StoreError(str(exc)) from None
+    if before < 0:
+        raise db.StoreError(
+            f"--before: {args.before!r} is before 1970-01-01 (the Unix epoch), when no store "
+            "holds anything: a typo?"
+        )
     if before > time.time():
         raise db.StoreError(f"--before: {args.before!r} is in the future: that would remove today")
     found = daytwo.prune(args.db, before, apply=args.yes)

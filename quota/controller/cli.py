@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from fractions import Fraction
 from types import FrameType
 from typing import Any
 
@@ -24,6 +25,7 @@ from prometheus_client import start_http_server
 
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag, whole_seconds_flag
+from gpuquota.cli_common.ratios import ratio_flag
 from gpuquota.kube import client as kubeapi
 from gpuquota.quota.accounting.accountant import Accountant
 from gpuquota.quota.accounting.rules.pods import raw_prefilter
@@ -218,10 +220,11 @@ def add_ledger_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--idle-threshold",
-        type=float,
-        default=0.05,
+        type=ratio_flag(),
+        default=Fraction(5, 100),
         metavar="RATIO",
-        help="an allocation whose activity stays under this is idle (0.05)",
+        help="an allocation whose activity stays under this is idle: a ratio (0.05) or a "
+        "percentage (5%%), as the report's flag (default 5%%)",
     )
     group.add_argument(
         "--idle-for",
@@ -267,7 +270,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
         lookback=args.ledger_lookback,
         backfill=args.ledger_backfill,
         max_gap=args.ledger_max_gap,
-        idle_threshold=args.idle_threshold,
+        idle_threshold=float(args.idle_threshold),
         idle_for=args.idle_for,
         rollup_after=args.ledger_rollup_after,
     )

@@ -11,8 +11,6 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from decimal import Decimal, InvalidOperation
-from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
+from gpuquota.cli_common.ratios import parse_ratio
 from gpuquota.quota.options import add_db_option
 from gpuquota.quota.report import period, query, ratecard, render
 from gpuquota.quota.report.build import ReportError, ReportRequest, build_report, first_line
@@ -47,7 +46,8 @@ group keys (--by, comma-separated or repeated; default namespace):
   (resource name; a DRA claim's device class), pod (namespace/pod), path (device-plugin:
   extended resources such as nvidia.com/gpu; dra: ResourceClaims), label:<key> (the
   namespace's label as it was at the time). Every view counts both allocation paths; a
-  claim shared by several pods counts once (its time goes to the pod carrying it).
+  claim shared by several pods counts once; pod-level keys (owner, pod) split its time
+  equally among the pods using it at each instant.
 
 columns:
   GPU-h raw         GPU-hours in the units pods requested (a MIG slice or a shared
@@ -181,9 +181,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ledger.add_argument(
         "--idle-threshold",
-        metavar="PCT",
+        metavar="RATIO",
         default="5%",
-        help="activity under this is idle: a percentage (5%%, or 5) (default 5%%)",
+        help="activity under this is idle: a ratio (0.05) or a percentage (5%%), as the "
+        "controller's flag (default 5%%)",
     )
     ledger.add_argument(
         "--idle-for",
@@ -301,7 +302,10 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
             card = ratecard.load(args.rate_card)
         except ratecard.RateCardError as exc:
             raise ReportError(f"rate card {exc}") from exc
-    threshold = parse_percent(args.idle_threshold, "--idle-threshold")
+    try:
+        threshold = parse_ratio(args.idle_threshold)
+    except ValueError as exc:
+        raise ReportError(f"--idle-threshold: {exc}") from None
     if args.format == "focus" and list(keys) != ["namespace"]:
         raise ReportError(
             "--format focus: one row per charge period and namespace: leave --by out "
@@ -341,18 +345,6 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         idle_threshold=threshold,
         idle_for=int(args.idle_for),
     )
-
-
-def parse_percent(text: str, flag: str) -> Fraction:
-    """``5%`` or ``5`` as the fraction 5/100; ReportError unless in [0, 100]."""
-    value = str(text).strip().removesuffix("%").strip()
-    try:
-        number = Fraction(Decimal(value))
-    except (InvalidOperation, ValueError, OverflowError):
-        raise ReportError(f"{flag}: {text!r} is not a percentage (e.g. 5%)") from None
-    if not 0 <= number <= 100:
-        raise ReportError(f"{flag}: {text!r} must be between 0% and 100%")
-    return number / 100
 
 
 def build(args: argparse.Namespace) -> tuple[str, list[str]]:

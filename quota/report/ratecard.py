@@ -47,6 +47,8 @@ _TOP_KEYS = {
     "carbon_g_per_kwh",
 }
 _ENTRY_KEYS = {"rate", "from"}
+# the largest number a card may hold (a GPU-hour, a kWh, g CO2e per kWh)
+MAX_NUMBER = 1_000_000_000
 _MIG_PROFILE = re.compile(r"^\d+g\.\d+gb(\+me)?$")
 
 
@@ -253,6 +255,10 @@ def _number(value: Any, name: str, key: str) -> Fraction:
         raise RateCardError(name, key, f"expected a number, got {value!r}") from exc
     if not number.is_finite():
         raise RateCardError(name, key, f"expected a finite number, got {value!r}")
+    if abs(number) > MAX_NUMBER:
+        # no price, fraction or intensity is this large: a typo, and past what a float (JSON,
+        # CSV) can carry once multiplied by hours
+        raise RateCardError(name, key, f"{value!r} is beyond {MAX_NUMBER:,}: a typo?")
     return Fraction(number)
 
 

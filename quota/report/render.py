@@ -422,7 +422,22 @@ def notes(report: Report) -> list[str]:
         + quota_notes(report)
         + prometheus_notes(report)
         + pool_notes(report)
+        + label_notes(report)
     )
+
+
+def label_notes(report: Report) -> list[str]:
+    """A label key no namespace carried in the period: every row reads (none), which would
+    otherwise look like a real answer (a misspelt key, a label added after the period)."""
+    out = []
+    for at, key in enumerate(report.keys):
+        used = [g for g in report.groups if g.raw_seconds]
+        if key.startswith("label:") and used and all(g.keys[at] is None for g in used):
+            out.append(
+                f"--by {key}: no namespace carried the label {key[len('label:') :]!r} in this "
+                "period, so every row is (none): check the key's spelling"
+            )
+    return out
 
 
 def ledger_notes(report: Report) -> list[str]:

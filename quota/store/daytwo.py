@@ -22,7 +22,7 @@ from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url
+from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url, sqlite_reader
 from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
@@ -57,11 +57,15 @@ def backup(url: str, target: Path) -> int:
         raise StoreError(f"--to: {target} exists; give a new file (nothing is overwritten)")
     partial = target.with_name(f".{target.name}.partial")
     try:
-        with sqlite3.connect(f"{source.resolve().as_uri()}?mode=ro", uri=True) as src:
+        # read as the report reads: read-only, and in a read-only folder without WAL's -shm
+        src = sqlite_reader(str(source))()
+        try:
             with sqlite3.connect(partial) as dst:
                 src.backup(dst)
                 dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
             dst.close()
+        finally:
+            src.close()
         partial.replace(target)
     except (sqlite3.Error, OSError) as exc:
         partial.unlink(missing_ok=True)

@@ -121,7 +121,7 @@ def safe_url(url: str) -> str:
         return "<invalid URL>"
 
 
-def _sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
+def sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
     """Connections that never write to a SQLite store: read-only (``mode=ro``), or, where the
     folder cannot be written (a backup handed to finance, a read-only volume) and so WAL's
     shared-memory file cannot be made, ``immutable=1`` (no locks, no -shm), which is safe only
@@ -175,7 +175,7 @@ def _engine(url: str, *, read_only: bool = False) -> Engine:
         assert parsed.database is not None
         return create_engine(
             "sqlite://",
-            creator=_sqlite_reader(parsed.database),
+            creator=sqlite_reader(parsed.database),
             execution_options={CONCURRENT_READS: True},
         )
     if parsed.get_backend_name() == "sqlite":
@@ -208,6 +208,15 @@ def _engine(url: str, *, read_only: bool = False) -> Engine:
 def _describe(exc: BaseException) -> str:
     orig = getattr(exc, "orig", None) or exc
     return " ".join(str(orig).split()) or type(orig).__name__
+
+
+def _connect_error(url: str, exc: DBAPIError) -> StoreError:
+    """What a failed connection means: a file that is no SQLite database is bad input (the
+    user named the wrong file, exit 2); anything else is a database that does not answer."""
+    orig = getattr(exc, "orig", None)
+    if isinstance(orig, sqlite3.DatabaseError) and "not a database" in str(orig):
+        return StoreError(f"database {safe_url(url)}: the file is not a SQLite database")
+    return StoreUnavailableError(f"cannot connect to database {safe_url(url)}: {_describe(exc)}")
 
 
 def _missing_file(url: str) -> bool:
@@ -244,9 +253,7 @@ def _connected(url: str, *, create: bool = False, read_only: bool = False) -> It
         try:
             connection = engine.connect()
         except DBAPIError as exc:
-            raise StoreUnavailableError(
-                f"cannot connect to database {safe_url(url)}: {_describe(exc)}"
-            ) from None
+            raise _connect_error(url, exc) from None
         with connection:
             yield connection
     finally:
@@ -290,7 +297,8 @@ def _refuse_foreign(
     from alembic.runtime.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    tables = sorted(inspect(connection).get_table_names())
+    # alembic's own bookkeeping table stays behind a downgrade to base: still ours, and empty
+    tables = sorted(set(inspect(connection).get_table_names()) - {"alembic_version"})
     revision = MigrationContext.configure(connection).get_current_revision()
     ours = {r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
     if revision in ours or not tables:
@@ -316,20 +324,23 @@ def downgrade(url: str, revision: str) -> None:
             raise StoreError(f"migration of {safe_url(url)} failed: {_describe(exc)}") from None
 
 
-def current(url: str) -> str | None:
-    """The database's schema revision, None for an empty database."""
+def current(url: str, *, refuse_foreign: bool = False) -> str | None:
+    """The database's schema revision, None for an empty database; with ``refuse_foreign``
+    StoreError for a database that holds tables of someone else's (upgrade refuses it)."""
     from alembic.runtime.migration import MigrationContext
 
     if _missing_file(url):
         return None  # as empty as it gets, and left uncreated
     with _connected(url, read_only=True) as connection:
+        if refuse_foreign:  # a foreign database is no "empty store to upgrade"
+            _refuse_foreign(connection, url, "it has no gpuquota schema revision to show")
         return MigrationContext.configure(connection).get_current_revision()
 
 
 def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool = False) -> Store:
     """Connect to the store at ``url``; with ``migrate`` bring its schema to the latest
     revision first, else refuse a database that is not at it. ``read_only``: never write
-    (a SQLite file is opened read-only, in a read-only folder too; see _sqlite_reader)."""
+    (a SQLite file is opened read-only, in a read-only folder too; see sqlite_reader)."""
     if migrate:
         upgrade(url)
     else:
@@ -395,9 +406,7 @@ def reading(url: str) -> Iterator[Connection]:
         try:
             conn = report_session(store.engine.connect())
         except DBAPIError as exc:
-            raise StoreUnavailableError(
-                f"cannot connect to database {safe_url(url)}: {_describe(exc)}"
-            ) from None
+            raise _connect_error(url, exc) from None
         with conn:
             yield conn
     finally:

@@ -330,11 +330,39 @@ def test_idle_allocations(store: Store, report: Any) -> None:
 def test_idle_threshold_is_checked(report: Any, sqlite_store: Store) -> None:
     assert_refused(
         report(*WINDOW, "--idle-allocations", "--idle-threshold", "lots", db=sqlite_store),
-        "--idle-threshold: 'lots' is not a percentage",
+        "--idle-threshold",
+        "'lots' is no ratio (0.05) or percentage (5%)",
     )
     assert_refused(
         report(*WINDOW, "--idle-threshold", "120%", db=sqlite_store),
-        "--idle-threshold: '120%' must be between 0% and 100%",
+        "--idle-threshold",
+        "'120%' is outside 0-1",
+    )
+
+
+def test_idle_threshold_reads_as_the_controllers(report: Any, sqlite_store: Store) -> None:
+    """Issue 27 (fails on 4b1b947, where the report read 0.05 as 0.05 % and 5 as 5 %): a bare
+    number is the controller's ratio, a percentage carries its sign, and a bare number over 1
+    (the old percentage spelling) is refused instead of guessed."""
+    from fractions import Fraction
+
+    from gpuquota.cli_common.commandline import OneLineParser
+    from gpuquota.quota.controller import cli as controller_cli
+    from gpuquota.quota.report import cli as report_cli
+
+    for spelling in ("0.05", "5%"):
+        parser = OneLineParser(prog="gpuquota")
+        controller_cli.add_arguments(parser)
+        args, _ = parser.parse_known_args(["--idle-threshold", spelling])
+        assert args.idle_threshold == Fraction(5, 100), spelling
+        parser = OneLineParser(prog="gpuquota")
+        report_cli.add_arguments(parser)
+        args, _ = parser.parse_known_args(["--idle-threshold", spelling])
+        assert report_cli.request_of(args).idle_threshold == Fraction(5, 100), spelling
+    assert_refused(
+        report(*WINDOW, "--idle-threshold", "5", db=sqlite_store),
+        "--idle-threshold",
+        "for a percentage write 5%",
     )
 
 

@@ -104,6 +104,9 @@ def test_dates_follow_the_cards_timezone(tmp_path: Path) -> None:
         ("default_rate: 1\nmig_fractions:\n  big: 0.5\n", "mig_fractions.big", "MIG profile"),
         ("default_rate: 1\nmig_fractions:\n  1g.10gb: 1.5\n", "mig_fractions.1g.10gb", "(0, 1]"),
         ("default_rate: 1\ntimezone: Nowhere/Land\n", "timezone", "unknown time zone"),
+        # issue 27 (fail on 4b1b947: 1e400 loaded, then `--json` crashed converting it)
+        ("default_rate: 1e400\n", "default_rate", "beyond 1,000,000,000"),
+        ("default_rate: 1\nenergy_price_per_kwh: 2e9\n", "energy_price_per_kwh", "beyond"),
         ("default_rate: [1\n", "line 2", "invalid YAML"),
         # issue 18 (fail on 6c36c52: a duplicate was accepted, last wins; a bad date named
         # "document", no key path)
