@@ -264,3 +264,35 @@ def test_focus_says_where_idle_is(report: Any, store: Store, tmp_path: Path) -> 
     assert result.rc == 0, result.err
     assert "Idle GPU capacity" not in result.out
     assert "idle GPU-hours are in no row" in result.err
+
+
+def test_spread_idle_rows_match_the_reports_namespaces(
+    report: Any, store: Store, tmp_path: Path
+) -> None:
+    """Idle rows carry each namespace's share as `--by namespace --spread-idle` computes it,
+    even where a namespace has several SKUs (an even spread is per namespace, not per SKU)."""
+    card = tmp_path / "card.yaml"
+    card.write_text(CARD)
+    store.alloc("ml", T0, T0 + 3 * H)
+    store.alloc("ml", T0, T0 + H, model=A100)
+    store.alloc("ml", T0, T0 + H, physical=Fraction(1, 7), resource="nvidia.com/mig-1g.10gb")
+    store.alloc("web", T0, T0 + H)
+    store.capacity("node-1", T0, None)
+    store.capacity("node-2", T0, None, units=2, model=A100)
+    argv = (*WINDOW, *NOW, "--rate-card", str(card), "--spread-idle", "even")
+    focus = report(*argv, "--format", "focus", db=store)
+    assert focus.rc == 0, focus.err
+    hours: dict[str, Fraction] = {}
+    cost: dict[str, Fraction] = {}
+    for r in csv.DictReader(io.StringIO(focus.out)):
+        if r["SkuMeter"] == "Idle GPU capacity":
+            ns = r["SubAccountId"]
+            hours[ns] = hours.get(ns, Fraction(0)) + Fraction(r["PricingQuantity"])
+            cost[ns] = cost.get(ns, Fraction(0)) + Fraction(r["BilledCost"])
+    table = json.loads(report(*argv, "--json", db=store).out)
+    expected = {row["group"]["namespace"]: row for row in table["rows"]}
+    assert set(hours) == set(expected) == {"ml", "web"}
+    for ns, row in expected.items():
+        assert abs(hours[ns] - Fraction(str(row["idle_gpu_hours"]))) < Fraction(1, 100)
+        assert abs(cost[ns] - Fraction(str(row["idle_cost_EUR"]))) < Fraction(1, 100)
+    assert abs(hours["ml"] - hours["web"]) < Fraction(1, 10**5)  # even: one share each
