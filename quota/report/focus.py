@@ -119,14 +119,15 @@ def _decimal(value: Fraction) -> str:
 
 def _price(value: Fraction) -> str:
     """A unit price: exact where it has a finite decimal form (rate cards are decimals),
-    else to 12 places."""
-    for places in range(13):
+    else to 12 places; never without a decimal point (a reader infers the column's type
+    from its values, and FOCUS prices are decimals: "2" would make it an integer column)."""
+    for places in range(1, 13):
         if (value * 10**places).denominator == 1:
             break
     scaled = round(value * 10**places)
     whole, frac = divmod(abs(scaled), 10**places)
     sign = "-" if scaled < 0 else ""
-    return f"{sign}{whole}.{frac:0{places}d}" if places else f"{sign}{whole}"
+    return f"{sign}{whole}.{frac:0{places}d}"
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,9 @@
 own validator (PyPI focus-validator 2.2.1, against the FOCUS 1.2 rules it bundles).
 
 The validator needs Python >= 3.12 and pins numpy 1.x, pandas, polars and duckdb versions our
-environment does not take, so the test makes it its own virtual environment, once, with the
-newest Python >= 3.12 the machine has, cached in build/focus-validator (delete the folder to
-rebuild it). Parallel test workers (pytest-xdist) and concurrent runs share that folder: a file
+environment does not take, so the test makes it its own virtual environment, once, with a
+Python >= 3.12 the machine has (3.12 first: numpy 1.x has wheels up to 3.12), cached in
+build/focus-validator (delete the folder to rebuild it). Parallel test workers (pytest-xdist) and concurrent runs share that folder: a file
 lock lets one of them install it and the others wait, and a marker written last tells a
 complete install from one cut short. A machine without such a Python fails the test: the
 export is not checked, so it does not pass."""
@@ -33,6 +33,7 @@ VENV = ROOT / "build" / "focus-validator"
 LOCK = ROOT / "build" / "focus-validator.lock"
 # pyarrow is unpinned there, and pyarrow 22 on needs numpy 2, which the validator refuses
 REQUIREMENTS = ("focus-validator==2.2.1", "pyarrow<22")
+BINARY = ("--only-binary", "numpy,pandas,pyarrow,polars,duckdb")
 # what our export is: the applicability criteria of the rules that apply to it (the rest are
 # features it does not have: availability zones, commitments, capacity reservations, regions,
 # several account types or currencies); the test validates with none and with these
@@ -50,13 +51,13 @@ CRITERIA = (
 
 def python312() -> str:
     """A Python >= 3.12 that runs (pyenv's shims are on PATH for versions not selected, and
-    fail when run): the newest found, else AssertionError naming what was tried."""
-    names = ["python3.14", "python3.13", "python3.12"]
+    fail when run), 3.12 first: the validator pins numpy 1.x, which has wheels up to 3.12
+    only (on a newer Python pip would spend many minutes compiling it, and fail); else
+    AssertionError naming what was tried."""
+    names = ["python3.12", "python3.13", "python3.14"]
     candidates = [p for n in names if (p := shutil.which(n))]
     root = os.environ.get("PYENV_ROOT", str(Path.home() / ".pyenv"))
-    candidates += sorted(
-        (str(p) for p in Path(root).glob("versions/3.1[2-9]*/bin/python3")), reverse=True
-    )
+    candidates += sorted(str(p) for p in Path(root).glob("versions/3.1[2-9]*/bin/python3"))
     for exe in candidates:
         done = subprocess.run(
             [exe, "-c", "import sys; print(sys.version_info >= (3, 12), sys.executable)"],
@@ -82,7 +83,8 @@ def validator() -> Path:
             return exe
         subprocess.run([python312(), "-m", "venv", "--clear", str(VENV)], check=True)
         subprocess.run(
-            [str(VENV / "bin" / "pip"), "install", "--quiet", *REQUIREMENTS],
+            # wheels only for the compiled ones: no Python they have no wheel for
+            [str(VENV / "bin" / "pip"), "install", "--quiet", *BINARY, *REQUIREMENTS],
             check=True,
             timeout=900,
         )
@@ -178,17 +180,19 @@ def test_focus_export_passes_the_finops_validator(
     assert gpu == [
         # day one: 14 h of ml's H100 at 2, web's 2 A100s for an hour and its 1/7 slice for 2 h
         ("2026-10-05T00:00:00Z", "2026-10-06T00:00:00Z", "ml", f"gpu/{H100}/nvidia.com/gpu",
-         "14.000000", "2", "28.000000"),
+         "14.000000", "2.0", "28.000000"),
         ("2026-10-05T00:00:00Z", "2026-10-06T00:00:00Z", "web", f"gpu/{A100}/nvidia.com/gpu",
-         "2.000000", "1", "2.000000"),
+         "2.000000", "1.0", "2.000000"),
         ("2026-10-05T00:00:00Z", "2026-10-06T00:00:00Z", "web", mig,
-         "0.285714", "2", "0.571429"),
+         "0.285714", "2.0", "0.571429"),
         # day two is split where the H100's rate changes (12:00): 12 h at 2, 4 h at 3.5
         ("2026-10-06T00:00:00Z", "2026-10-06T12:00:00Z", "ml", f"gpu/{H100}/nvidia.com/gpu",
-         "12.000000", "2", "24.000000"),
+         "12.000000", "2.0", "24.000000"),
         ("2026-10-06T12:00:00Z", "2026-10-07T00:00:00Z", "ml", f"gpu/{H100}/nvidia.com/gpu",
          "4.000000", "3.5", "14.000000"),
     ]  # fmt: skip
+    # prices are decimals even where whole: the validator types a column by its values
+    assert all(re.fullmatch(r"\d+\.\d+", r["ListUnitPrice"]) for r in rows)
     by_meter: dict[str, list[dict[str, str]]] = {}
     for r in rows:
         by_meter.setdefault(r["SkuMeter"], []).append(r)
@@ -220,9 +224,11 @@ def test_focus_export_passes_the_finops_validator(
     billed = sum(Fraction(r["BilledCost"]) for r in rows)
     expected = sum(Fraction(str(total[f"{k}_EUR"])) for k in ("cost", "energy_cost", "idle_cost"))
     assert abs(billed - expected) < Fraction(1, 100), (billed, expected, total)
-    for criteria in ((), CRITERIA):
-        failed, summary = validate(tmp_path, result.out, *criteria)
-        assert failed == [], summary
+    # the rules that apply to every dataset, and those too that apply to what this export is
+    # (each store's export once: the validator takes seconds a run)
+    criteria = () if store.url.startswith("sqlite") else CRITERIA
+    failed, summary = validate(tmp_path, result.out, *criteria)
+    assert failed == [], summary
 
 
 @pytest.mark.timeout(1200)  # it may wait for the validator's install (see validator())
