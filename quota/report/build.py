@@ -61,7 +61,8 @@ class ReportRequest:
     spread_idle: Literal["proportional", "even"] | None = None
     top: int | None = None  # keep the N largest groups, fold the rest into (other)
     chart_buckets: bool = False  # split the window into calendar buckets for a chart
-    day_buckets: bool = False  # split it into calendar days (the FOCUS export's periods)
+    # split it into calendar days, and where a price changes (the FOCUS export's periods)
+    day_buckets: bool = False
     prometheus: str | None = None  # base URL for measured utilisation (namespace groups)
     # the idle-allocations view (the usage ledger's rule): activity under the threshold for at
     # least idle_for seconds of consecutive ledger windows
@@ -114,6 +115,11 @@ def _edges(request: ReportRequest) -> tuple[list[int], list[int]]:
         if request.chart_buckets
         else [window.start, window.end]
     )
+    if request.day_buckets and card is not None:
+        # a FOCUS charge period has one unit price: split days where a price changes
+        buckets = compute.sub_windows(
+            window.start, window.end, buckets, card.boundaries(window.start, window.end)
+        )
     # pricing, and the ledger's energy per bucket, need the buckets among the edges
     edges = compute.sub_windows(
         window.start, window.end, buckets, card.boundaries(window.start, window.end) if card else []

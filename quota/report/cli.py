@@ -88,8 +88,10 @@ examples:
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
   gpuquota report --month previous --idle-allocations --idle-for 2h
   gpuquota report --month previous --rate-card ratecard.yaml --format focus > focus.csv
-                                     (FinOps FOCUS 1.0: one row per day, namespace and
-                                     charge: allocated GPU-hours, energy)
+                                     (FinOps FOCUS 1.2: one row per SKU and charge
+                                     period: allocated GPU-hours per model and resource
+                                     per day, energy, used GPU-hours; with --spread-idle
+                                     each namespace's idle GPU-hours too)
 
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
@@ -199,7 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("table", "csv", "json", "focus"),
         default="table",
-        help="output format (default table); focus: a FinOps FOCUS 1.0 CSV export",
+        help="output format (default table); focus: a FinOps FOCUS 1.2 CSV export",
     )
     fmt.add_argument(
         "--json", dest="format", action="store_const", const="json", help="same as --format json"
@@ -306,20 +308,29 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         threshold = parse_ratio(args.idle_threshold)
     except ValueError as exc:
         raise ReportError(f"--idle-threshold: {exc}") from None
-    if args.format == "focus" and list(keys) != ["namespace"]:
+    if args.format == "focus" and args.by:
         raise ReportError(
-            "--format focus: one row per charge period and namespace: leave --by out "
-            f"(got --by {','.join(keys)})"
+            "--format focus: one row per namespace, SKU (GPU model and resource) and charge "
+            f"period: leave --by out (got --by {','.join(keys)})"
         )
-    for wanted, flag in (
-        (args.idle_allocations, "--idle-allocations"),
-        (args.prometheus, "--prometheus"),
-    ):
-        if args.format == "focus" and wanted:
-            raise ReportError(
-                f"--format focus: cannot carry {flag} (FOCUS rows are charges); use "
-                "--format table, csv or json for it"
-            )
+    if args.format == "focus" and args.idle and args.spread_idle is None:
+        raise ReportError(
+            "--format focus: --idle alone has no FOCUS rows (idle capacity is no namespace's "
+            "charge): add --spread-idle proportional|even to charge it to the namespaces"
+        )
+    if args.format == "focus":
+        from gpuquota.quota.report import focus
+
+        for flag, given in (
+            ("--idle-allocations", args.idle_allocations),
+            ("--prometheus", args.prometheus),
+        ):
+            if given:
+                raise ReportError(
+                    f"--format focus: {flag} is a view FOCUS rows do not carry (costs and "
+                    "quantities only): leave it out, or ask for it in another --format"
+                )
+        keys = list(focus.KEYS)
     if args.format == "focus" and args.top is not None:
         raise ReportError("--format focus: --top does not apply (every namespace is a row)")
     if args.format == "focus" and card is None:
@@ -367,7 +378,14 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     elif args.format == "focus":
         from gpuquota.quota.report import focus
 
-        output, notes = focus.render_focus(report, window), render.notes(report)
+        assert request.card is not None  # request_of refuses focus without a rate card
+        output = focus.render_focus(report, window, request.card, request.spread_idle)
+        notes = render.notes(report)
+        if request.spread_idle is None:
+            notes.append(
+                "--format focus: the fleet's idle GPU-hours are in no row (they are nobody's "
+                "charge); --spread-idle proportional|even adds each namespace's share as rows"
+            )
     elif args.format == "json":
         output, notes = render.render_json(report, window), []
     else:
