@@ -222,7 +222,7 @@ def test_focus_export_passes_the_finops_validator(
     table = report(*argv, "--spread-idle", "proportional", "--json", db=store)
     total = json.loads(table.out)["total"]
     billed = sum(Fraction(r["BilledCost"]) for r in rows)
-    expected = sum(Fraction(str(total[f"{k}_EUR"])) for k in ("cost", "energy_cost", "idle_cost"))
+    expected = sum(Fraction(str(total[f"{k}_EUR"])) for k in ("cost", "energy_cost", "spread_idle_cost"))
     assert abs(billed - expected) < Fraction(1, 100), (billed, expected, total)
     # the rules that apply to every dataset, and those too that apply to what this export is
     # (each store's export once: the validator takes seconds a run)
@@ -299,6 +299,6 @@ def test_spread_idle_rows_match_the_reports_namespaces(
     expected = {row["group"]["namespace"]: row for row in table["rows"]}
     assert set(hours) == set(expected) == {"ml", "web"}
     for ns, row in expected.items():
-        assert abs(hours[ns] - Fraction(str(row["idle_gpu_hours"]))) < Fraction(1, 100)
-        assert abs(cost[ns] - Fraction(str(row["idle_cost_EUR"]))) < Fraction(1, 100)
+        assert abs(hours[ns] - Fraction(str(row["spread_idle_gpu_hours"]))) < Fraction(1, 100)
+        assert abs(cost[ns] - Fraction(str(row["spread_idle_cost_EUR"]))) < Fraction(1, 100)
     assert abs(hours["ml"] - hours["web"]) < Fraction(1, 10**5)  # even: one share each
