@@ -194,6 +194,11 @@ class Ingester:
         """Fetch and store one window; returns the rows written."""
         s = self.settings
         found = fetch_window(s.prometheus_url, start, s.window, s.max_gap, s.timeout)
+        series = [x for x in found.values() if _inside(x, start, start + s.window)]
+        # holders whose allocation ended: their coverage stops at its end
+        ended = self._store().holder_ends(
+            [(x.holder_kind, x.holder_uid) for x in series if x.holder_kind != "unallocated"]
+        )
 
         def usage_of(series: SeriesSamples, base: Baseline | None) -> rules.Usage | None:
             used, energy = baseline(series, base, start)
@@ -206,10 +211,10 @@ class Ingester:
                 base_energy=energy,
                 max_gap=s.max_gap,
                 energy_only=series.holder_kind == "unallocated",
+                held_until=ended.get((series.holder_kind, series.holder_uid)),
             )
             return usage if rules.stored(series.holder_kind, usage) else None
 
-        series = [x for x in found.values() if _inside(x, start, start + s.window)]
         return self._store().replace_window(start, s.window, series, usage_of)
 
     def refresh_idle(self) -> None:

@@ -135,13 +135,17 @@ def window_usage(
     base_energy: float | None,
     max_gap: float,
     energy_only: bool = False,
+    held_until: int | None = None,
 ) -> Usage | None:
     """One series' row for the window [start, start + window), None when neither counter has a
     sample in it. Samples may reach ``max_gap`` either side of the window (for coverage).
     Coverage comes from the used counter's samples; only a series that has nothing but energy
     (``energy_only``: unallocated energy) takes the energy counter's. A holder's used counter
     is absent while its agent cannot measure it: that time is not covered, whatever energy
-    was counted meanwhile."""
+    was counted meanwhile. ``held_until``: the end of the holder's allocation, where it has
+    ended: coverage stops there (a finished holder's last values stay published for the
+    agent's retention, 10 minutes, and would otherwise count as covered time it did not
+    hold)."""
     end = start + window
     has_used, has_energy = has_samples(used, start, end), has_samples(energy, start, end)
     if not has_used and not has_energy:
@@ -151,10 +155,11 @@ def window_usage(
         increase(energy, start, end, base_energy) if has_energy else (0.0, base_energy)
     )
     times = list(map(_time, energy if energy_only else used))
+    covered_until = end if held_until is None else max(start, min(end, held_until))
     return Usage(
         used_inc,
         energy_inc,
-        sampled_seconds(times, start, end, max_gap),
+        sampled_seconds(times, start, covered_until, max_gap) if covered_until > start else 0.0,
         end_used,
         end_energy,
     )

@@ -452,6 +452,32 @@ class LedgerStore:
             for r in found
         ]
 
+    def holder_ends(self, holders: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """(holder kind, UID) -> the end of its allocation, for the pods and claims among
+        ``holders`` whose every allocation row has ended (the latest end); open or unknown
+        holders are left out."""
+        out: dict[tuple[str, str], int] = {}
+        try:
+            with self.store.engine.connect() as conn:
+                for kind, table, uid_column in (
+                    ("pod", _table(Allocation), "pod_uid"),
+                    ("claim", _table(ClaimAllocation), "claim_uid"),
+                ):
+                    uid = table.c[uid_column]
+                    wanted = sorted({u for k, u in holders if k == kind})
+                    for chunk in _chunks(wanted):
+                        for row in conn.execute(
+                            select(uid, func.max(table.c.ended_at))
+                            .where(table.c.cluster == self.cluster, uid.in_(chunk))
+                            .group_by(uid)
+                            # every row ended: no open one (count of ends = count of rows)
+                            .having(func.count(table.c.ended_at) == func.count())
+                        ):
+                            out[(kind, str(row[0]))] = int(row[1])
+        except SQLAlchemyError as exc:
+            raise self._failed("read from", exc) from None
+        return out
+
     def holder_windows(self, uids: Sequence[str], since: int) -> dict[str, list[HolderWindow]]:
         """Per holder UID, its windows starting at or after ``since``: used summed over its
         devices, sampled the most of any device."""
