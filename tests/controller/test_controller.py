@@ -291,6 +291,17 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
             ],
             r"error: argument --ledger-rollup-after: invalid duration 'sometimes'",
         ),
+        "ledger-rollup-tz": (
+            [
+                "--kubeconfig",
+                str(kc),
+                "--ledger-prometheus-url",
+                "http://prometheus:9090",
+                "--ledger-rollup-tz",
+                "Europe/Atlantis",
+            ],
+            r"error: --ledger-rollup-tz: unknown time zone 'Europe/Atlantis'",
+        ),
     }
     # all at once: each is a fresh interpreter importing the kubernetes client
     procs = {
