@@ -222,7 +222,11 @@ class Controller:
                 case Listed(kind, observed_at, items):  # facts only, nothing closes
                     for obj in items:
                         # the watch resumes from the stored version, not the objects' own
-                        self.acct.apply("MODIFIED", obj, observed_at, from_watch=False)
+                        try:
+                            self.acct.apply("MODIFIED", obj, observed_at, from_watch=False)
+                        except acc.AccountingError as exc:  # the rest of the list still counts
+                            self.metrics.accounting_errors.labels(kind).inc()
+                            log.warning("%s skipped: %s", kind, exc)
                     self._since_flush += len(items)
         except acc.AccountingError as exc:
             self.metrics.accounting_errors.labels(msg.kind).inc()
