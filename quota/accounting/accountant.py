@@ -14,7 +14,7 @@ same rows, and events older than what the store holds are recognised as already 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuquota.quota.accounting.pending import PendingWrites
@@ -65,6 +65,8 @@ class Accountant:
         self.config = config
         self.holder = holder
         self.retention_seconds = retention_seconds
+        # (kind, reason) of each new gap, for the controller's metric; None: nobody listens
+        self.on_gap: Callable[[str, str], None] | None = None
         self.pending_writes = PendingWrites()
         context = TrackerContext(config, self.pending_writes)
         self.nodes = NodeTracker(context)
@@ -199,9 +201,12 @@ class Accountant:
             )
 
     def gap(self, kind: str, start: int, end: int, reason: str) -> None:
-        """Record that ``kind`` was not followed over [start, end); written at the next flush."""
+        """Record that ``kind`` was not followed over [start, end); written at the next flush.
+        ``on_gap`` (the controller's metric), if set, hears of each new one."""
         key = (kind, start)
         old = self._gaps.get(key)
+        if old is None and self.on_gap is not None:
+            self.on_gap(kind, reason)
         if old is not None:
             end = max(end, old.ended_at)
         self._gaps[key] = GapRow(kind, start, end, reason)

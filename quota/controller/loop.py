@@ -86,6 +86,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
     ):
         self.kube, self.acct, self.metrics, self.settings = kube, accountant, metrics, settings
+        accountant.on_gap = lambda kind, reason: metrics.gaps.labels(kind, reason).inc()
         self.clock = clock
         self.stop_event = threading.Event()
         # bounded: a burst of events waits in the socket, not in memory
