@@ -105,6 +105,10 @@ class ProcessUtilization:
     # ask) and the SM-seconds in it: what the usage counters add.
     sampled_seconds: float = 0.0
     sm_seconds: float = 0.0
+    # True: the answer this sample came in was a baseline (asked from 0: the first after the
+    # agent started or the GPU came back, or a driver on another clock), so the time it
+    # covers is unknown: it measures nothing, it is not a second of no use
+    baseline: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,6 @@
-"""`gpuquota db`: create or migrate the store's schema, show its revision, back it up, and
-prune history older than a date (docs/operations.md, day two)."""
+"""`gpuquota db`: create or migrate the store's schema, show its revision, back it up,
+prune history older than a date, and check that no row dangles (docs/operations.md, day
+two)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ examples:
   gpuquota db backup --db sqlite:///gpuquota.db --to backup-2026-10-31.db  # online, consistent
   gpuquota db prune --before 2025-11-01 --db sqlite:///gpuquota.db         # shows what goes
   gpuquota db prune --before 2025-11-01 --db sqlite:///gpuquota.db --yes   # removes it
+  gpuquota db check --db sqlite:///gpuquota.db           # exit 1 when rows dangle
 
 Only upgrade creates a SQLite file: current and downgrade never do.
 
@@ -60,7 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prune.add_argument(
         "--yes", action="store_true", help="remove it (without: only say what would go)"
     )
-    for sub in (up, down, cur, back, prune):
+    check = action(
+        "check", "find rows that refer to rows that are not there (exit 1 when any is found)"
+    )
+    for sub in (up, down, cur, back, prune, check):
         add_db_option(sub)
 
 
@@ -71,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.db_action == "prune":
         return _prune(args)
+    if args.db_action == "check":
+        return _check(args)
     if args.db_action == "upgrade":
         db.upgrade(args.db, args.revision)
         print(f"{db.safe_url(args.db)}: at revision {db.current(args.db)}")
@@ -113,4 +120,22 @@ def _prune(args: argparse.Namespace) -> int:
         print(
             f"removed {total} rows; reports of periods before {when} now say they are not covered"
         )
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    found = daytwo.check(args.db)
+    for d in found:
+        line = f"{d.rows:>9} {d.table} referring to {d.refers_to}"
+        if d.rows and d.table == "usage_windows":
+            line += (
+                f": {d.used_gpu_seconds / 3600:.3f} used GPU-h and "
+                f"{d.energy_joules / 3.6e6:.3f} kWh that no report shows"
+            )
+        print(line)
+    dangling = sum(d.rows for d in found)
+    if dangling:
+        print(f"{db.safe_url(args.db)}: {dangling} dangling rows (docs/operations.md, db check)")
+        return 1
+    print(f"{db.safe_url(args.db)}: no dangling rows")
     return 0

@@ -19,7 +19,8 @@ its line number before anything is written. That includes a time the recording c
 seen: an ``observedAt`` later than now, or an object timestamp later than the line's
 ``observedAt`` (without one: than now), each allowing CLOCK_SKEW (5 minutes) for clocks that
 disagree; a ``deletionTimestamp`` is a deadline (the delete request plus the grace period) and
-may be later by ``deletionGracePeriodSeconds``. One far-future time would otherwise move the
+may be later by ``deletionGracePeriodSeconds`` (acc.unseen_time: the live controller applies
+the same rule). One far-future time would otherwise move the
 recording's end, and every open allocation with it (docs/accounting.md, "Input ranges"). Like every gpuquota command that writes, it
 refuses a store that is not at the latest schema revision unless given ``--migrate``. At the
 end it records the cluster's heartbeat at the last replayed event: the report counts
@@ -57,8 +58,7 @@ from gpuquota.quota.options import (
 from gpuquota.quota.store.db import open_store, safe_url
 
 DEFAULT_FLUSH_EVERY = 5000
-#: how far a recorded time may run ahead of the clock that recorded it (clocks disagree)
-CLOCK_SKEW = 300
+CLOCK_SKEW = acc.CLOCK_SKEW  # how far a recorded time may run ahead of its recording clock
 PROGRESS_MIN_BYTES = 1 << 20
 PROGRESS_LOG_SECONDS = 10.0  # without a terminal: one progress line in the log this often
 
@@ -221,19 +221,7 @@ def too_late(event: Event, now: int) -> str | None:
     seen, seen_as = (
         (event.observed_at, "its observedAt") if event.observed_at is not None else (now, "now")
     )
-    meta = event.obj.get("metadata")
-    grace = meta.get("deletionGracePeriodSeconds") if isinstance(meta, Mapping) else None
-    for path, at in acc.timestamps(event.obj):
-        allowed = seen + CLOCK_SKEW
-        if path == "metadata.deletionTimestamp" and isinstance(grace, int) and grace > 0:
-            allowed += grace  # a deadline: the request's time plus the grace period
-        if at > allowed:
-            return (
-                f"{path} {acc.format_time(at)} is later than {seen_as} "
-                f"({acc.format_time(seen)}) by more than the {CLOCK_SKEW} s of clock skew "
-                "allowed: the recording cannot have seen it"
-            )
-    return None
+    return acc.unseen_time(event.obj, seen, seen_as)
 
 
 def check(event: Event, name: str, config: acc.AccountingConfig) -> str | None:

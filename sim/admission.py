@@ -56,6 +56,20 @@ def request(
     return req
 
 
+def _substring(text: Any, start: Any, end: Any = None) -> Any:
+    """Kubernetes CEL's strings extension ``<string>.substring(start[, end])`` (cel-python has
+    no extension library): an index out of range is an error, as on the real server."""
+    n = len(text)
+    stop = n if end is None else int(end)
+    if not 0 <= int(start) <= stop <= n:
+        raise ValueError(f"substring: index out of range: {start}, {stop} of {n}")
+    return celpy.celtypes.StringType(str(text)[int(start) : stop])
+
+
+# the functions of Kubernetes' CEL libraries a policy here uses that cel-python lacks
+K8S_FUNCTIONS: dict[str, Any] = {"substring": _substring}
+
+
 class Policy:
     def __init__(self, policy: dict[str, Any]) -> None:
         self.spec = policy["spec"]
@@ -66,7 +80,9 @@ class Policy:
                 raise ValueError(
                     f"cel-python cannot evaluate optional syntax; use has() instead: {expression}"
                 )
-            self._programs[expression] = self.env.program(self.env.compile(expression))
+            self._programs[expression] = self.env.program(
+                self.env.compile(expression), functions=K8S_FUNCTIONS
+            )
 
     def _expressions(self) -> list[str]:
         spec = self.spec

@@ -779,6 +779,11 @@ class ApiServer:
             rv_q = query.get("resourceVersion", "")
             if rv_q and query.get("resourceVersionMatch") == "Exact" and int(rv_q) < st.compacted:
                 raise ApiError(410, "Expired", f"too old resource version: {rv_q} ({st.compacted})")
+            if rv_q and query.get("resourceVersionMatch") == "NotOlderThan" and int(rv_q) > st.rv:
+                # a version not handed out yet: the real server waits ~3 s for its cache, then
+                raise ApiError(
+                    504, "Timeout", f"Too large resource version: {rv_q}, current: {st.rv}"
+                )
             if token:
                 try:
                     key, offset = json.loads(base64.urlsafe_b64decode(token))
@@ -975,12 +980,12 @@ class ApiServer:
                     yield json.dumps({"type": "ERROR", "object": bad.status()}).encode() + b"\n"
                     return
                 if since > st.rv:
-                    # a version this server never handed out (one of an earlier server): the
-                    # real one answers "Too large resource version" (504 Timeout)
-                    large = ApiError(
-                        504, "Timeout", f"Too large resource version: {since}, current: {st.rv}"
-                    )
-                    yield json.dumps({"type": "ERROR", "object": large.status()}).encode() + b"\n"
+                    # a version this server never handed out (one of an earlier server, or
+                    # from before an etcd restore): a real one (watch cache on) answers HTTP
+                    # 200 and then nothing, no event and no bookmark, until timeoutSeconds
+                    # (docs/real-kube-apiserver.md); a list NotOlderThan it says 504
+                    while time.monotonic() < deadline and self._watch_gen == gen:
+                        st.lock.wait(min(0.2, max(0.0, deadline - time.monotonic())))
                     return
                 if since < st.compacted:
                     err = ApiError(

@@ -28,7 +28,10 @@ reported in between.
 
 A GPU that is lost (or needs a reset) is forgotten (``forget``, called by the collector): when
 it comes back its first GPM sample starts a new pair, so no average spans the time it was gone,
-and nothing read before the loss is reported after it.
+and nothing read before the loss is reported after it. Its first per-process answer is asked
+from 0, a baseline whose samples cover unknown time: they are marked ``baseline`` (and so are
+the rounds that repeat them until the next ask), and the usage counters take them as
+unmeasured, not as idle (exporter/enrich/ledger.py).
 """
 
 from __future__ import annotations
@@ -282,13 +285,15 @@ class ProfilingReader:
                     decoder_ratio=decoder / 100.0,
                     sampled_seconds=seconds,
                     sm_seconds=sm_seconds,
+                    baseline=since == 0,
                 ),
             )
         for pid in [p for p, (at, _u) in state.processes.items() if now - at > PROCESS_SAMPLE_TTL]:
             del state.processes[pid]
             state.stamps.pop(pid, None)
+        # older samples kept for the gauges are no baseline once an answer covers time
         state.last_processes = tuple(
-            u if at == now else _held(u)
+            u if at == now else replace(_held(u), baseline=since == 0)
             for at, u in sorted(state.processes.values(), key=lambda e: e[1].pid)
         )
         return state.last_processes

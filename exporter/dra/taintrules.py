@@ -51,13 +51,20 @@ def fences_of(rules: list[Obj]) -> list[Fence]:
     return fences
 
 
+RULE_NAME_MAX = 253  # a DNS subdomain
+RULE_NAME_KEPT = 200  # a long name keeps at least this much of gpuquota-<node>-<device>
+
+
 def rule_name(node: str, device: str) -> str:
-    """``gpuquota-<node>-<device>``; a DNS subdomain of at most 253 characters."""
+    """``gpuquota-<node>-<device>``, a DNS subdomain of at most 253 characters. A longer one
+    (a node name of over 180 characters) is cut to 242, without the dots and hyphens it then
+    ends with (a label ends with a letter or digit), and ends in ``-`` and 10 hex digits of
+    its SHA-256, so it stays unique; the admission policy checks its first 200 characters."""
     name = f"gpuquota-{node}-{device}".lower()
-    if len(name) <= 253:
+    if len(name) <= RULE_NAME_MAX:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:10]
-    return f"{name[:242]}-{digest}"
+    return f"{name[:242].rstrip('.-')}-{digest}"
 
 
 def owner_labels(node: str) -> dict[str, str]:

@@ -43,8 +43,10 @@ collection, a lost device, a step longer than ``max_gap_s`` and an energy counte
 backwards add nothing and start a new baseline. Totals never decrease.
 
 Unmeasured is not idle. A round that holds a device but cannot measure a holder's activity
-adds nothing and leaves its used counter out of the scrape (energy stays), so the ledger sees
-no samples there and the bill shows the coverage it lost instead of idle time.
+(no per-process answer, or a baseline one: the first after the agent started or the GPU came
+back, whose samples cover unknown time) adds nothing and leaves its used counter out of the
+scrape (energy stays), so the ledger sees no samples there and the bill shows the coverage it
+lost instead of idle time.
 
 UIDs. A holder's totals are kept from the first round it is seen; its series are published
 only once its UID is known (the pod directory, the DRA claim reader), the usage seen before
@@ -170,6 +172,9 @@ class Activity(NamedTuple):
     # physical GPU-seconds measured for the time they cover (process samples); None: ratio x
     # the round's step
     seconds: float | None = None
+    # False: the ratio is known (it weighs the energy split) but no time is measured (a
+    # baseline per-process answer): the used counter is left out, as unmeasured
+    measured: bool = True
 
 
 def activities(
@@ -198,12 +203,17 @@ def activities(
         return {}
     if device.process_utilization is None:
         return {}
+    # a baseline answer (the first after a loss) covers unknown time: its ratios still weigh
+    # the energy split, but it measures no use (a measured zero would read as idle time)
+    baseline = any(u.baseline for u in device.process_utilization)
     out = {}
     for h in holders:
         mine = [u for u in pod_usage if u.owner == KIND_POD and (u.namespace, u.pod) in h.pods]
         ratio = sum(u.sm_ratio or 0.0 for u in mine)
         seconds = sum(u.sm_seconds_sampled or 0.0 for u in mine)
-        out[h.key] = Activity(PROCESS_SM, min(max(ratio, 0.0), 1.0), max(seconds, 0.0))
+        out[h.key] = Activity(
+            PROCESS_SM, min(max(ratio, 0.0), 1.0), max(seconds, 0.0), measured=not baseline
+        )
     return out
 
 
@@ -277,7 +287,7 @@ def advance(
                 old = None  # the name now stands for another pod or claim: a new holder
             used = old.used if old is not None else 0.0
             activity = old.activity if old is not None else ""
-            measured = h.key in acts and dt is not None
+            measured = h.key in acts and acts[h.key].measured and dt is not None
             if measured and dt is not None:
                 # one counter whichever way it was measured (a GPU's first rounds, before its
                 # first GPM pair, measure utilisation): the ledger sees no reset when it switches

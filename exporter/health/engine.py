@@ -23,7 +23,10 @@ from data by exporter/health/config.py), and what it concludes is a verdict
   own reasons anyway; the restored one is what holds a GPU whose XID the new process never
   saw. It is released only once the device answers NVML with nothing pending, and, for a
   fence put up for a reboot, once the node has booted since the fence was set (a restart of
-  the exporter is not a reboot); other fences, after a quiet period without a repeat.
+  the exporter is not a reboot); other fences, after a quiet period without a repeat. A
+  restored fence's device that an answering NVML does not list at all (a MIG instance
+  reconfigured away, a board replaced) is released by the same clock, without NVML's word,
+  and forgotten: it is not "missing", there is nothing left to hand out.
 """
 
 from __future__ import annotations
@@ -160,6 +163,13 @@ class DeviceTracker:
         for uuid in list(self._known):
             if uuid in seen:
                 continue
+            if snapshot.ok and uuid in self._restored and self._known[uuid].index < 0:
+                # a restored fence's device that NVML, answering, does not list (and this
+                # process never saw): not "missing", nothing to hand out; released as a
+                # listed one would be, without NVML's word on it
+                if self._release_unlisted(uuid, now):
+                    self._forget(uuid)
+                continue
             parent = self._known[uuid].parent_uuid
             if parent is not None and parent in answering:
                 # A MIG instance gone from a GPU that answers: MIG was reconfigured, not broken.
@@ -248,6 +258,16 @@ class DeviceTracker:
         elif now - restored_at < self.config.quiet_period_s:
             return  # as an XID would: held until a quiet period without a repeat passed
         del self._restored[device.uuid]
+
+    def _release_unlisted(self, uuid: str, now: float) -> bool:
+        """Whether the restored fence of a device NVML does not list can go: a fence for a
+        reboot once the node has booted since it was set (a GPU that fell off the bus may
+        come back with it), any other after a quiet period (a MIG instance reconfigured away,
+        a board replaced)."""
+        fence, restored_at = self._restored[uuid]
+        if fence.action >= Action.REBOOT_NODE:
+            return self.boot_time is not None and self.boot_time > fence.since
+        return now - restored_at >= self.config.quiet_period_s
 
     def _forget(self, uuid: str) -> None:
         self._restored.pop(uuid, None)

@@ -394,6 +394,27 @@ class Kube:
         selector = self.field_selectors.get(kind)
         return [("fieldSelector", selector)] if selector else []
 
+    def reached(self, kind: str, version: str) -> bool:
+        """Whether the server has handed out ``version`` of ``kind`` (one stored before an
+        etcd restore may be ahead of it, and a real server answers a watch from it with
+        silence until timeoutSeconds). Compared by the server, never here: a consistent list
+        first (a watch cache serves one only once it caught up with etcd, so it no longer
+        lags the versions handed out), then a one-item list NotOlderThan ``version``: "Too
+        large resource version" means not reached."""
+        query = [("limit", "1"), *self._selector(kind)]
+        self.call("GET", self.paths[kind], query)
+        try:
+            self.call(
+                "GET",
+                self.paths[kind],
+                [*query, ("resourceVersion", version), ("resourceVersionMatch", "NotOlderThan")],
+            )
+        except ApiStatusError as exc:
+            if "too large resource version" in str(exc).lower():
+                return False
+            raise
+        return True
+
     def list(self, kind: str, keep: Callable[[Obj], bool] | None = None) -> tuple[list[Obj], str]:
         """Every object of ``kind`` (paged, one consistent snapshot) and the list's version.
 

@@ -5,7 +5,8 @@
 - :class:`Resync`: a full list and its resourceVersion; whatever is known but missing from it
   vanished while unwatched. ``gap_from`` (unix seconds) is set when the kind was not followed
   from then until the list (a 410 Gone, or a first list after a restart): a gap in the record.
-- :class:`Event`: one watch event (ADDED, MODIFIED, DELETED, or a real BOOKMARK).
+- :class:`Event`: one watch event (ADDED, MODIFIED, DELETED, or a BOOKMARK: a real one, or one
+  carrying only the version of events the loop ignored).
 - :class:`Synced`: every kind is current (listed, or its resumed watch proven); sent once.
 """
 

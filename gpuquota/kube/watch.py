@@ -13,12 +13,19 @@ The rules, from what a real kube-apiserver does (docs/architecture.md, "watch"):
   resourceVersion. The client read timeout is only a last resort, above ``timeoutSeconds``.
 - **A resourceVersion is opaque**: stored, sent back, never compared. One the server never
   handed out ("Too large resource version", e.g. stored before an etcd restore) is treated
-  like 410 Gone: relist.
+  like 410 Gone: relist. A real server answers a watch from such a version with silence until
+  ``timeoutSeconds``, so a resumed watch that ended without a single line is proven only once
+  the server says it reached the version (``Kube.reached``: a consistent list, then a list
+  NotOlderThan it).
 - **Current means proven.** A kind is *current* once a list of it completed, or, when resuming
-  from a stored version after a restart, once the resumed watch delivered an event or a
-  bookmark, or ended cleanly at its (short, :attr:`Timeouts.proof`) ``timeoutSeconds`` without
-  410 Gone: the server then replayed everything since the stored version. Until then, and from
-  a 410 until the relist that follows it is queued, the kind is not current.
+  from a stored version after a restart, once the resumed watch ended cleanly at its (short,
+  :attr:`Timeouts.proof`) ``timeoutSeconds`` without 410 Gone: the server then replayed
+  everything since the stored version. An event of the replay proves only that the version is
+  still served, not that the replay is complete. Until then, and from a 410 until the relist
+  that follows it is queued, the kind is not current.
+- **Ignored objects move the version too.** The consumer stores the kind's version with its
+  heartbeat; events of objects it ignores (pods without GPUs) reach it as BOOKMARKs carrying
+  only their version, so a restart does not replay them.
 - **Gaps are facts.** A relist that follows a 410 (or a first list after a restart) cannot
   know what came and went in between: its :class:`Resync` carries ``gap_from``, the last time
   the kind was known current, and the consumer records the span.
@@ -122,6 +129,8 @@ class WatchLoop(threading.Thread):
         self._resuming = False  # watching from a stored version not yet proven
         # the last time the kind was known current: where a gap found by a 410 starts
         self.confirmed_at: int | None = None
+        self._unsent: str | None = None  # the version of ignored events not yet sent on
+        self._version_sent_at = 0
 
     @property
     def healthy(self) -> bool:
@@ -214,6 +223,24 @@ class WatchLoop(threading.Thread):
                 self.metrics.restart(self.kind, "error")
                 self.stop_event.wait(delay)
 
+    def _ignored_version(self, now: int, version: Any) -> None:
+        """An ignored object's version still moves the kind's: the consumer stores it (a
+        restart resumes from there instead of replaying, or getting 410 Gone for, events it
+        ignores). Sent as a BOOKMARK at most once a second, the rest with the next one, the
+        next kept event or the watch's end, so ignoring stays cheap."""
+        if not version:
+            return
+        self._unsent = str(version)
+        if now - self._version_sent_at >= 1:
+            self._send_version(now)
+
+    def _send_version(self, now: int) -> None:
+        if self._unsent is None:
+            return
+        marker = {"kind": self.kind, "metadata": {"resourceVersion": self._unsent}}
+        put(self.out, Event(self.kind, now, "BOOKMARK", marker), self.stop_event)
+        self._unsent, self._version_sent_at = None, now
+
     def _opened(self) -> None:
         # accepted, which proves nothing yet: a 410 comes as the stream's first line
         self.open = True
@@ -225,9 +252,11 @@ class WatchLoop(threading.Thread):
         proving = self._resuming
         timeouts = self.kube.timeouts
         timeout = min(timeouts.proof, timeouts.watch) if proving else None
+        delivered = False
         for event in self.kube.watch(self.kind, self.version, self._opened, timeout):
             if self.stop_event.is_set():
                 return
+            delivered = True
             etype = event.get("type")
             obj: Any = event.get("object")
             if etype == "ERROR":
@@ -242,18 +271,32 @@ class WatchLoop(threading.Thread):
             if version:
                 self.version = str(version)
             now = self.clock()
-            if self._resuming:
-                self._resuming = False
-                log.info("%s: the resumed watch is current (an event arrived)", self.kind)
-            self._proven(now)
+            # a resumed watch's events are its replay: one proves the stored version is still
+            # served, not that the replay is complete (a heartbeat written then, before the
+            # rest is applied, would close a pod deleted later in the replay after its end);
+            # only the watch's clean end proves it (below)
+            if not self._resuming:
+                self._proven(now)
             if etype != "BOOKMARK" and self.keep is not None and not self._keeps(str(etype), obj):
                 self.metrics.event(self.kind, str(etype))
                 self.metrics.ignored(self.kind)
+                self._ignored_version(now, version)
                 continue
+            self._unsent = None
             put(self.out, Event(self.kind, now, str(etype), obj), self.stop_event)
         if self.stop_event.is_set():
             return
-        # the server ended the watch (timeoutSeconds): everything up to now was delivered
+        self._send_version(self.clock())
+        # the server ended the watch (timeoutSeconds): everything up to now was delivered,
+        # unless it said nothing at all because the stored version is one it has not handed
+        # out (an etcd restore): a real server answers that with silence, not an error
+        if self._resuming and not delivered and not self.kube.reached(self.kind, self.version):
+            log.warning(
+                "%s: the server has not reached the stored version %s (restored?): relisting",
+                self.kind,
+                self.version,
+            )
+            raise GoneError()
         if self._resuming:
             self._resuming = False
             log.info("%s: the resumed watch is current (ended without 410)", self.kind)

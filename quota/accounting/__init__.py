@@ -74,6 +74,7 @@ from gpuquota.quota.accounting.rules.nodes import (
     node_gpus,
 )
 from gpuquota.quota.accounting.rules.parse import (
+    CLOCK_SKEW,
     AccountingError,
     format_time,
     last_written,
@@ -81,6 +82,8 @@ from gpuquota.quota.accounting.rules.parse import (
     parse_quantity,
     parse_time,
     timestamps,
+    unseen_time,
+    without_unseen_times,
 )
 from gpuquota.quota.accounting.rules.pods import (
     TERMINAL_PHASES,
@@ -108,6 +111,7 @@ from gpuquota.quota.accounting.rules.shares import (
 )
 
 __all__ = [
+    "CLOCK_SKEW",
     "DEFAULT_CONFIG",
     "DEFAULT_GPU_PREFIXES",
     "DEFAULT_GPU_RESOURCES",
@@ -160,4 +164,6 @@ __all__ = [
     "quota_gpu_resource",
     "reason_rank",
     "timestamps",
+    "unseen_time",
+    "without_unseen_times",
 ]

@@ -13,14 +13,19 @@ same rows, and events older than what the store holds are recognised as already 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpuquota.quota.accounting.pending import PendingWrites
 from gpuquota.quota.accounting.rows import AllocationRow, Batch, GapRow, HeartbeatRow, RowStore
 from gpuquota.quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
 from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG, AccountingConfig
-from gpuquota.quota.accounting.rules.parse import AccountingError
+from gpuquota.quota.accounting.rules.parse import (
+    AccountingError,
+    unseen_time,
+    without_unseen_times,
+)
 from gpuquota.quota.accounting.rules.quotas import QuotaFacts
 from gpuquota.quota.accounting.trackers import claims as dra_trackers
 from gpuquota.quota.accounting.trackers.base import Tracker, TrackerContext
@@ -28,6 +33,8 @@ from gpuquota.quota.accounting.trackers.namespaces import NamespaceTracker
 from gpuquota.quota.accounting.trackers.nodes import NodeTracker
 from gpuquota.quota.accounting.trackers.pods import PodTracker
 from gpuquota.quota.accounting.trackers.quotas import QuotaTracker
+
+log = logging.getLogger(__name__)
 
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
 DEFAULT_RETENTION_SECONDS = 3600
@@ -58,6 +65,8 @@ class Accountant:
         self.config = config
         self.holder = holder
         self.retention_seconds = retention_seconds
+        # (kind, reason) of each new gap, for the controller's metric; None: nobody listens
+        self.on_gap: Callable[[str, str], None] | None = None
         self.pending_writes = PendingWrites()
         context = TrackerContext(config, self.pending_writes)
         self.nodes = NodeTracker(context)
@@ -134,8 +143,17 @@ class Accountant:
         if event_type == "BOOKMARK":
             return
         tracker = self.trackers.get(kind)
-        if tracker is not None:  # other kinds are not accounted
-            tracker.apply(obj, event_type == "DELETED", observed_at)
+        if tracker is None:
+            return  # other kinds are not accounted
+        # the rule replay refuses a recording by: a time later than the event was seen
+        unseen = unseen_time(obj, observed_at, "when it was seen")
+        if unseen is not None:
+            if event_type != "DELETED":
+                raise AccountingError(unseen)
+            # the deletion itself is certain when seen: applied without the impossible times
+            log.warning("%s deleted with %s; that time is ignored", kind, unseen)
+            obj = without_unseen_times(obj, obj, observed_at)
+        tracker.apply(obj, event_type == "DELETED", observed_at)
 
     def seen_version(self, kind: str, version: str) -> None:
         """Record the latest resourceVersion of ``kind`` (stored with the next heartbeat)."""
@@ -166,18 +184,29 @@ class Accountant:
             self.gap(kind, gap_from, observed_at, reason)
         self._first_seen = min(self._first_seen or observed_at, observed_at)
         objects = list(objects)
+        skipped: list[str] = []
         for obj in objects:
             if obj.get("kind") is None:
                 obj = {**obj, "kind": kind}
-            self.apply("MODIFIED", obj, observed_at, from_watch=False)
+            try:
+                self.apply("MODIFIED", obj, observed_at, from_watch=False)
+            except AccountingError as exc:  # one bad object must not stop the relist
+                skipped.append(str(exc))
         tracker.vanish({tracker.identity(obj) for obj in objects}, known)
         if version:
             self.seen_version(kind, version)
+        if skipped:
+            raise AccountingError(
+                f"{len(skipped)} listed object(s) skipped, the rest applied; first: {skipped[0]}"
+            )
 
     def gap(self, kind: str, start: int, end: int, reason: str) -> None:
-        """Record that ``kind`` was not followed over [start, end); written at the next flush."""
+        """Record that ``kind`` was not followed over [start, end); written at the next flush.
+        ``on_gap`` (the controller's metric), if set, hears of each new one."""
         key = (kind, start)
         old = self._gaps.get(key)
+        if old is None and self.on_gap is not None:
+            self.on_gap(kind, reason)
         if old is not None:
             end = max(end, old.ended_at)
         self._gaps[key] = GapRow(kind, start, end, reason)

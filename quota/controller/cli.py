@@ -215,8 +215,15 @@ def add_ledger_options(parser: argparse.ArgumentParser) -> None:
         type=_never_or(_zero_or(seconds)),
         default=86400,
         metavar="DURATION",
-        help="roll each UTC day's window rows up into one row per holder and device once the "
+        help="roll each day's window rows up into one row per holder and device once the "
         "day ended this long ago and is past --ledger-lookback (1d; 'never' keeps them all)",
+    )
+    group.add_argument(
+        "--ledger-rollup-tz",
+        default="UTC",
+        metavar="ZONE",
+        help="the time zone whose days are rolled up: the one reports are run in (their --tz), "
+        "so that a month's days are whole rows (UTC; e.g. Europe/Berlin)",
     )
     group.add_argument(
         "--idle-threshold",
@@ -273,6 +280,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
         idle_threshold=float(args.idle_threshold),
         idle_for=args.idle_for,
         rollup_after=args.ledger_rollup_after,
+        rollup_tz=args.ledger_rollup_tz,
     )
     problem = check_ledger(settings)
     if problem:

@@ -86,6 +86,7 @@ class Controller:
         clock: Callable[[], float] = time.time,
     ):
         self.kube, self.acct, self.metrics, self.settings = kube, accountant, metrics, settings
+        accountant.on_gap = lambda kind, reason: metrics.gaps.labels(kind, reason).inc()
         self.clock = clock
         self.stop_event = threading.Event()
         # bounded: a burst of events waits in the socket, not in memory
@@ -222,7 +223,11 @@ class Controller:
                 case Listed(kind, observed_at, items):  # facts only, nothing closes
                     for obj in items:
                         # the watch resumes from the stored version, not the objects' own
-                        self.acct.apply("MODIFIED", obj, observed_at, from_watch=False)
+                        try:
+                            self.acct.apply("MODIFIED", obj, observed_at, from_watch=False)
+                        except acc.AccountingError as exc:  # the rest of the list still counts
+                            self.metrics.accounting_errors.labels(kind).inc()
+                            log.warning("%s skipped: %s", kind, exc)
                     self._since_flush += len(items)
         except acc.AccountingError as exc:
             self.metrics.accounting_errors.labels(msg.kind).inc()

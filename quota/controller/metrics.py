@@ -111,6 +111,16 @@ METRICS: tuple[ControllerMetric, ...] = (
         "Each full list after the first",
     ),
     ControllerMetric(
+        "gaps",
+        "gpuquota_controller_gaps",
+        "counter",
+        "Gaps recorded, by kind and reason (gone: a relist after 410 Gone; restart: downtime "
+        "the resumed watch could not replay): objects created and deleted inside one may be "
+        "missing from reports",
+        ("kind", "reason"),
+        "Each gap the Accountant records (the gaps table)",
+    ),
+    ControllerMetric(
         "db_errors",
         "gpuquota_controller_database_errors",
         "counter",
@@ -416,6 +426,7 @@ class ControllerMetrics:
     events: Counter
     watch_restarts: Counter
     relists: Counter
+    gaps: Counter
     db_errors: Counter
     flush_lag: Gauge
     last_flush: Gauge

@@ -7,7 +7,8 @@ delays the ledger, never an event, and its CPU work does not hold the watch loop
 lock. Each turn it asks
 ``rules.plan`` which windows to (re)ingest, fetches each from Prometheus and replaces its rows
 in one transaction (ledger/write.py); then it rolls the days up whose windows are final
-(``--ledger-rollup-after``: rules.rollup_days, LedgerStore.roll_up_day). Failures are logged once per change of state (the same
+(``--ledger-rollup-after``, in the days of ``--ledger-rollup-tz``: rules.rollup_days,
+LedgerStore.roll_up_day). Failures are logged once per change of state (the same
 error again is not logged again) and retried with exponential backoff.
 """
 
@@ -23,8 +24,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from multiprocessing.connection import Connection
 from typing import Protocol
+from zoneinfo import ZoneInfo
 
 from gpuquota.quota.ledger import rules
 from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
@@ -50,6 +53,7 @@ class LedgerSettings:
     idle_threshold: float = 0.05
     idle_for: int = 3600
     rollup_after: int | None = 86400  # None: keep every window's row
+    rollup_tz: str = rules.UTC  # the billing time zone whose days are rolled up
     poll: float = 30.0  # seconds between turns when nothing is due
     timeout: float = 120.0  # one Prometheus query
     backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
@@ -75,7 +79,7 @@ def check(settings: LedgerSettings) -> str | None:
         return f"--ledger-rollup-after ({s.rollup_after}s) must be 0 or more, or never"
     if s.idle_for < s.window:
         return f"--idle-for ({s.idle_for}s) must be at least --ledger-window ({s.window}s)"
-    return None
+    return rules.check_zone(s.rollup_tz, s.window, time.time())
 
 
 @dataclass
@@ -177,23 +181,30 @@ class Ingester:
             window=s.window,
             lookback=s.lookback,
             rollup_after=s.rollup_after,
+            zone=s.rollup_tz,
         )
         for day in days:
             if self._stop.is_set():
                 return
-            before, after = ledger.roll_up_day(day)
+            before, after = ledger.roll_up_day(day, s.rollup_tz)
             log.info(
-                "usage ledger: rolled up %s UTC: %d window rows into %d",
-                time.strftime("%Y-%m-%d", time.gmtime(day)),
+                "usage ledger: rolled up %s (%s): %d window rows into %d",
+                datetime.fromtimestamp(day, ZoneInfo(s.rollup_tz)).strftime("%Y-%m-%d %H:%M"),
+                s.rollup_tz,
                 before,
                 after,
             )
-            self._publish(rolled_until=day + rules.DAY)
+            self._publish(rolled_until=rules.next_day(day, s.rollup_tz))
 
     def ingest_window(self, start: int) -> int:
         """Fetch and store one window; returns the rows written."""
         s = self.settings
         found = fetch_window(s.prometheus_url, start, s.window, s.max_gap, s.timeout)
+        series = [x for x in found.values() if _inside(x, start, start + s.window)]
+        # holders whose allocation ended: their coverage stops at its end
+        ended = self._store().holder_ends(
+            [(x.holder_kind, x.holder_uid) for x in series if x.holder_kind != "unallocated"]
+        )
 
         def usage_of(series: SeriesSamples, base: Baseline | None) -> rules.Usage | None:
             used, energy = baseline(series, base, start)
@@ -206,10 +217,10 @@ class Ingester:
                 base_energy=energy,
                 max_gap=s.max_gap,
                 energy_only=series.holder_kind == "unallocated",
+                held_until=ended.get((series.holder_kind, series.holder_uid)),
             )
             return usage if rules.stored(series.holder_kind, usage) else None
 
-        series = [x for x in found.values() if _inside(x, start, start + s.window)]
         return self._store().replace_window(start, s.window, series, usage_of)
 
     def refresh_idle(self) -> None:

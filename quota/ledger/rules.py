@@ -12,10 +12,12 @@ below the previous one is a counter reset and counts from 0, as Prometheus' incr
 nothing is extrapolated. ``sampled_seconds`` is the time between consecutive samples no further
 apart than ``max_gap``, clipped to the window.
 
-Once no window of a UTC day can be ingested again (it closed more than ``lookback`` ago) and
+Once no window of a day can be ingested again (it closed more than ``lookback`` ago) and
 the day ended ``rollup_after`` ago, each series' rows of the day are rolled up: a run of
 adjacent windows becomes one row with their sums and the last one's counter values, so a
 month of the ledger keeps about one row per holder, device and day instead of one per hour.
+Days are those of the billing time zone (``--ledger-rollup-tz``, UTC by default): a report
+in that zone finds every day's rows whole, so no rolled row is prorated by time.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ import operator
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
+from datetime import date, datetime, timedelta
+from functools import lru_cache, partial
+from zoneinfo import ZoneInfo
 
 # the labels that say which holder of which device a series is about
 HOLDER_KINDS = ("pod", "claim", "unallocated")
@@ -135,13 +139,17 @@ def window_usage(
     base_energy: float | None,
     max_gap: float,
     energy_only: bool = False,
+    held_until: int | None = None,
 ) -> Usage | None:
     """One series' row for the window [start, start + window), None when neither counter has a
     sample in it. Samples may reach ``max_gap`` either side of the window (for coverage).
     Coverage comes from the used counter's samples; only a series that has nothing but energy
     (``energy_only``: unallocated energy) takes the energy counter's. A holder's used counter
     is absent while its agent cannot measure it: that time is not covered, whatever energy
-    was counted meanwhile."""
+    was counted meanwhile. ``held_until``: the end of the holder's allocation, where it has
+    ended: coverage stops there (a finished holder's last values stay published for the
+    agent's retention, 10 minutes, and would otherwise count as covered time it did not
+    hold)."""
     end = start + window
     has_used, has_energy = has_samples(used, start, end), has_samples(energy, start, end)
     if not has_used and not has_energy:
@@ -151,10 +159,11 @@ def window_usage(
         increase(energy, start, end, base_energy) if has_energy else (0.0, base_energy)
     )
     times = list(map(_time, energy if energy_only else used))
+    covered_until = end if held_until is None else max(start, min(end, held_until))
     return Usage(
         used_inc,
         energy_inc,
-        sampled_seconds(times, start, end, max_gap),
+        sampled_seconds(times, start, covered_until, max_gap) if covered_until > start else 0.0,
         end_used,
         end_energy,
     )
@@ -174,6 +183,54 @@ def stored(holder_kind: str, usage: Usage | None) -> bool:
 # Roll-up
 
 DAY = 86400
+UTC = "UTC"
+
+
+@lru_cache(maxsize=8)
+def _zone(name: str) -> ZoneInfo:
+    return ZoneInfo(name)
+
+
+def _midnight(day: date, zone: str) -> int:
+    """The first instant of ``day`` in ``zone`` (a midnight that a DST change skips maps
+    forward: the first instant of that day)."""
+    return int(datetime(day.year, day.month, day.day, tzinfo=_zone(zone)).timestamp())
+
+
+def day_start(t: int, zone: str = UTC) -> int:
+    """The start of the day of ``zone`` that holds ``t``."""
+    if zone == UTC:
+        return align(t, DAY)
+    start = _midnight(datetime.fromtimestamp(t, _zone(zone)).date(), zone)
+    return min(start, t)
+
+
+def next_day(t: int, zone: str = UTC) -> int:
+    """The start of the day of ``zone`` after the one that holds ``t``."""
+    if zone == UTC:
+        return align(t, DAY) + DAY
+    return _midnight(datetime.fromtimestamp(t, _zone(zone)).date() + timedelta(days=1), zone)
+
+
+def check_zone(zone: str, window: int, now: float) -> str | None:
+    """What makes ``zone`` unusable for the roll-up with ``window``, None when nothing: an
+    unknown name, or a midnight (over the two years from ``now``) that is not a window edge
+    (a row cannot be cut, and a window across midnight would be prorated again)."""
+    try:
+        _zone(zone)
+    except (ValueError, OSError, KeyError) as exc:
+        return f"--ledger-rollup-tz: unknown time zone {zone!r} ({type(exc).__name__})"
+    t = day_start(int(now), zone)
+    for _ in range(2 * 366):
+        if t % window:
+            offset = datetime.fromtimestamp(t, _zone(zone)).strftime("%z")
+            return (
+                f"--ledger-rollup-tz: midnight in {zone} (UTC{offset}) is not a multiple of "
+                f"--ledger-window ({window}s) after the epoch: use a window that divides the "
+                "zone's offsets (e.g. 15m or 30m)"
+            )
+        t = next_day(t, zone)
+    return None
 
 
 @dataclass(frozen=True)
@@ -197,24 +254,33 @@ def rollup_days(
     window: int,
     lookback: int,
     rollup_after: int | None,
+    zone: str = UTC,
 ) -> list[int]:
-    """Starts of the UTC days to roll up now, oldest first: from ``rolled_until`` (else the day
-    of the oldest row, ``first_row``) to the last day that ended ``rollup_after`` ago and whose
-    windows can no longer be ingested again (the look-back before ``ingested_until``).
-    ``rollup_after`` None: never roll up."""
+    """Starts of the days of ``zone`` to roll up now, oldest first (each ends at its
+    ``next_day``): from ``rolled_until`` (else the day of the oldest row, ``first_row``) to the
+    last day that ended ``rollup_after`` ago and whose windows can no longer be ingested again
+    (the look-back before ``ingested_until``). A ``rolled_until`` inside a day (the zone was
+    changed) starts a part day that ends at the day's end. ``rollup_after`` None: never."""
     if rollup_after is None:
         return []
     final = align(ingested_until - lookback, window)
-    last_end = align(min(final, ingested_until - rollup_after), DAY)
+    last_end = day_start(min(final, ingested_until - rollup_after), zone)
     start = rolled_until if rolled_until is not None else first_row
     if start is None:
         return []
-    return list(range(align(start, DAY), last_end, DAY))
+    days = []
+    day = start if rolled_until is not None else day_start(start, zone)
+    while day < last_end:
+        days.append(day)
+        day = next_day(day, zone)
+    return days
 
 
-def roll_up(rows: Sequence[WindowRow], *, across_gaps: bool = False) -> list[WindowRow]:
+def roll_up(
+    rows: Sequence[WindowRow], *, across_gaps: bool = False, zone: str = UTC
+) -> list[WindowRow]:
     """One series' rows, oldest first, rolled up: each run of adjacent rows (one ends where the
-    next starts) inside one UTC day becomes one row spanning the run, with the sums of used,
+    next starts) inside one day of ``zone`` becomes one row spanning the run, with the sums of used,
     energy and sampled seconds and the run's last counter values (the next row's baseline, so
     ingestion after the day reads the same baseline as before). Rows apart stay apart: a gap
     keeps its meaning (no data) for coverage, idle allocations and the baselines. Except
@@ -226,7 +292,7 @@ def roll_up(rows: Sequence[WindowRow], *, across_gaps: bool = False) -> list[Win
         if (
             last is None
             or (last.window_end != row.window_start and not across_gaps)
-            or align(last.window_start, DAY) != align(row.window_start, DAY)
+            or day_start(last.window_start, zone) != day_start(row.window_start, zone)
         ):
             out.append(row)
             continue

@@ -30,7 +30,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.ledger.rules import DAY, HolderWindow, OpenHolder, Usage, WindowRow, roll_up
+from gpuquota.quota.ledger.rules import (
+    UTC,
+    HolderWindow,
+    OpenHolder,
+    Usage,
+    WindowRow,
+    next_day,
+    roll_up,
+)
 from gpuquota.quota.ledger.source import SeriesSamples
 from gpuquota.quota.store.db import Store, StoreError, StoreUnavailableError, safe_url
 from gpuquota.quota.store.models import (
@@ -109,11 +117,12 @@ class LedgerStore:
             raise self._failed("read from", exc) from None
         return None if first is None else int(first)
 
-    def roll_up_day(self, day: int) -> tuple[int, int]:
-        """Roll the cluster's rows of the UTC day starting at ``day`` up (rules.roll_up) and
-        set ``rolled_until`` to the day's end, in one transaction. Returns (rows before, rows
-        after). Only series whose rows merge are rewritten."""
+    def roll_up_day(self, day: int, zone: str = UTC) -> tuple[int, int]:
+        """Roll the cluster's rows of the day of ``zone`` starting at ``day`` up (rules.roll_up)
+        and set ``rolled_until`` to the day's end, in one transaction. Returns (rows before,
+        rows after). Only series whose rows merge are rewritten."""
         w, t, p = _table(UsageWindow), _table(UsageSeries), _table(LedgerProgress)
+        end = next_day(day, zone)
         before = after = 0
         try:
             with self.store.engine.begin() as conn:
@@ -133,7 +142,7 @@ class LedgerStore:
                     .where(
                         t.c.cluster == self.cluster,
                         w.c.window_start >= day,
-                        w.c.window_start < day + DAY,
+                        w.c.window_start < end,
                     )
                     .order_by(w.c.series_id, w.c.window_start)
                 ).all()
@@ -143,7 +152,7 @@ class LedgerStore:
                         WindowRow(int(r[2]), int(r[3]), Usage(r[4], r[5], r[6], r[7], r[8]))
                         for r in rows
                     ]
-                    merged = roll_up(own, across_gaps=kind == "unallocated")
+                    merged = roll_up(own, across_gaps=kind == "unallocated", zone=zone)
                     before += len(own)
                     after += len(merged)
                     if len(merged) < len(own):
@@ -153,7 +162,7 @@ class LedgerStore:
                         delete(w).where(
                             w.c.series_id.in_([int(x) for x in chunk]),
                             w.c.window_start >= day,
-                            w.c.window_start < day + DAY,
+                            w.c.window_start < end,
                         )
                     )
                 rows_out = [
@@ -172,9 +181,7 @@ class LedgerStore:
                 ]
                 if rows_out:
                     conn.execute(insert(w), rows_out)
-                conn.execute(
-                    update(p).where(p.c.cluster == self.cluster).values(rolled_until=day + DAY)
-                )
+                conn.execute(update(p).where(p.c.cluster == self.cluster).values(rolled_until=end))
         except SQLAlchemyError as exc:
             raise self._failed("write to", exc) from None
         return before, after
@@ -451,6 +458,32 @@ class LedgerStore:
             for kind, found in (("pod", pods), ("claim", claims))
             for r in found
         ]
+
+    def holder_ends(self, holders: Sequence[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """(holder kind, UID) -> the end of its allocation, for the pods and claims among
+        ``holders`` whose every allocation row has ended (the latest end); open or unknown
+        holders are left out."""
+        out: dict[tuple[str, str], int] = {}
+        try:
+            with self.store.engine.connect() as conn:
+                for kind, table, uid_column in (
+                    ("pod", _table(Allocation), "pod_uid"),
+                    ("claim", _table(ClaimAllocation), "claim_uid"),
+                ):
+                    uid = table.c[uid_column]
+                    wanted = sorted({u for k, u in holders if k == kind})
+                    for chunk in _chunks(wanted):
+                        for row in conn.execute(
+                            select(uid, func.max(table.c.ended_at))
+                            .where(table.c.cluster == self.cluster, uid.in_(chunk))
+                            .group_by(uid)
+                            # every row ended: no open one (count of ends = count of rows)
+                            .having(func.count(table.c.ended_at) == func.count())
+                        ):
+                            out[(kind, str(row[0]))] = int(row[1])
+        except SQLAlchemyError as exc:
+            raise self._failed("read from", exc) from None
+        return out
 
     def holder_windows(self, uids: Sequence[str], since: int) -> dict[str, list[HolderWindow]]:
         """Per holder UID, its windows starting at or after ``since``: used summed over its

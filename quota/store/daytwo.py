@@ -194,3 +194,55 @@ def _count(conn: Connection, before: int) -> list[Prunable]:
     n = conn.execute(devices.where(_devices_left_without_series(before))).scalar_one()
     found.append(Prunable("usage_devices", int(n)))
     return found
+
+
+@dataclass(frozen=True)
+class Dangling:
+    """Rows that refer to a row that is not there (the store has no foreign keys: the ledger
+    writes and prunes in bulk), and what a report loses with them."""
+
+    table: str
+    rows: int
+    refers_to: str
+    used_gpu_seconds: float = 0.0  # usage_windows only: what reports silently leave out
+    energy_joules: float = 0.0
+
+
+def check(url: str) -> list[Dangling]:
+    """Every kind of dangling row of the store, counted (read-only): ledger windows whose
+    series is gone, series whose device is gone or belongs to another cluster. A report
+    joins through these references, so such rows drop out of every bill unseen."""
+    store = open_store(url, read_only=True)
+    w, s, d = UsageWindow.__table__, UsageSeries.__table__, UsageDevice.__table__
+    no_series = ~select(s.c.id).where(s.c.id == w.c.series_id).exists()
+    no_device = ~select(d.c.id).where(d.c.id == s.c.device_id).exists()
+    other_cluster = select(d.c.id).where(d.c.id == s.c.device_id, d.c.cluster != s.c.cluster)
+    try:
+        with store.engine.connect() as conn:
+            windows = conn.execute(
+                select(
+                    func.count(),
+                    func.coalesce(func.sum(w.c.used_gpu_seconds), 0.0),
+                    func.coalesce(func.sum(w.c.energy_joules), 0.0),
+                ).where(no_series)
+            ).one()
+            found = [
+                Dangling(
+                    "usage_windows",
+                    int(windows[0]),
+                    "a missing usage_series row (series_id)",
+                    float(windows[1]),
+                    float(windows[2]),
+                )
+            ]
+            for cond, what in (
+                (no_device, "a missing usage_devices row (device_id)"),
+                (other_cluster.exists(), "a usage_devices row of another cluster (device_id)"),
+            ):
+                n = conn.execute(select(func.count()).select_from(s).where(cond)).scalar_one()
+                found.append(Dangling("usage_series", int(n), what))
+            return found
+    except SQLAlchemyError as exc:
+        raise StoreError(f"check of {safe_url(url)} failed: {_describe(exc)}") from None
+    finally:
+        store.close()

@@ -138,6 +138,8 @@ def test_cut_stalled_gone_watches_api_and_database_outages(apiserver, store, con
     text = ctl.metrics()
     assert metric(text, "gpuquota_controller_watch_restarts_total", reason="stalled") >= 1
     assert metric(text, "gpuquota_controller_relists_total") >= 1
+    # the relist after 410 Gone recorded a gap: the GPUQuotaGapRecorded alert's counter
+    assert metric(text, "gpuquota_controller_gaps_total", reason="gone") >= 1
     assert ctl.terminate() == 0
     assert "store is back" in ctl.log()
     assert_exact(store, WL)
@@ -290,6 +292,17 @@ def test_bad_input_gives_one_clear_line(tmp_path, apiserver):
                 "sometimes",
             ],
             r"error: argument --ledger-rollup-after: invalid duration 'sometimes'",
+        ),
+        "ledger-rollup-tz": (
+            [
+                "--kubeconfig",
+                str(kc),
+                "--ledger-prometheus-url",
+                "http://prometheus:9090",
+                "--ledger-rollup-tz",
+                "Europe/Atlantis",
+            ],
+            r"error: --ledger-rollup-tz: unknown time zone 'Europe/Atlantis'",
         ),
     }
     # all at once: each is a fresh interpreter importing the kubernetes client

@@ -363,3 +363,31 @@ def test_a_driver_older_than_the_api_version_selector_fields_is_refused_without_
         del parent[last]
         decision = DTR_POLICY.decide(_req("CREATE"), rule, None)
         assert not decision.allowed and not decision.error, (path, decision.message)
+
+
+# a node name as long as Kubernetes allows (253), the 242nd character of its rule name a dot
+LONG_NODE = "n" * 232 + "." + "m" * 20
+
+
+def test_a_rule_for_a_device_of_a_node_with_a_long_name_is_valid_and_admitted() -> None:
+    """gpuquota-<node>-<device> over 253 characters: the exporter's name is a valid DNS
+    subdomain (cut without a trailing dot, then a hash) and the policy admits it for its own
+    node, and only for it."""
+    import re
+
+    name = rule_name(LONG_NODE, "gpu-0")
+    label = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+    assert len(name) <= 253 and re.fullmatch(rf"{label}(\.{label})*", name), name
+    mine = _rule(LONG_NODE)
+    req = _req("CREATE", node=LONG_NODE)
+    assert admitted(DTR_POLICY, req, mine, None)
+    assert admitted(DTR_POLICY, _req("UPDATE", node=LONG_NODE), _stored(mine), _stored(mine))
+    # the name of another node's rule (its first 200 characters differ), or without the hash
+    other = LONG_NODE.replace("n", "o", 1)
+    for what, wrong in (
+        ("another node's name", rule_name(other, "gpu-0")),
+        ("no hash", name[:-11]),
+    ):
+        obj = {**mine, "metadata": {**mine["metadata"], "name": wrong}}
+        decision = DTR_POLICY.decide(req, obj, None)
+        assert not decision.allowed and not decision.error, (what, decision.message)

@@ -281,6 +281,34 @@ def test_a_failed_collection_or_a_lost_gpu_adds_nothing_and_starts_a_new_baselin
     assert (a.activity, a.used_seconds) == (SM_ACTIVE, pytest.approx(1.5))
 
 
+def test_the_first_per_process_answer_after_a_loss_is_unmeasured_not_idle() -> None:
+    """A shared GPU comes back from a loss: its first per-process answer is a baseline (asked
+    from 0), which covers unknown time. Taken as a measured zero it would publish the used
+    counter unchanged, and the ledger would read the round as idle, covered time; it is left
+    out instead (a gap: lost coverage), and the next answer counts what it covers."""
+    pods = {G0: (_ref("team-a", "a"), _ref("team-b", "b"))}
+    usage = {G0: (_usage("team-a", "a", 0.6), _usage("team-b", "b", 0.2))}
+    first = (_usage("team-a", "a", 0.6, covered=0.0), _usage("team-b", "b", 0.2, covered=0.0))
+    baseline = _whole(
+        T0, 300.0, power_watts=100.0,
+        process_utilization=(ProcessUtilization(1, 0.6, 0, 0, 0, baseline=True),),
+    )  # fmt: skip
+    state = _run([
+        _snap(T0, [_shared(0.6, 0.2, 0.0)], pods, pod_usage=usage),
+        _snap(T0 + 1, [_shared(0.6, 0.2, 100.0)], pods, pod_usage=usage),
+        _snap(T0 + 2, [gpu(0, state=DeviceState.LOST, energy_joules=None)], pods),
+        _snap(T0 + 3, [baseline], pods, pod_usage={G0: first}),
+    ])  # fmt: skip
+    a = _totals(state, G0, "a")
+    assert (a.activity, a.used_seconds) == ("", pytest.approx(0.6))  # left out, not idle
+    out = parse(Renderer().render(_snap(T0 + 3, [baseline], pods, usage_totals=published(state))))
+    assert "gpu_pod_used_seconds_total" not in out
+    state = advance(state, _snap(T0 + 4, [_shared(0.6, 0.2, 400.0)], pods, pod_usage=usage),
+                    UIDS, DEFAULT)  # fmt: skip
+    a = _totals(state, G0, "a")
+    assert (a.activity, a.used_seconds) == (PROCESS_SM, pytest.approx(1.2))
+
+
 def test_counters_never_decrease_even_when_the_energy_counter_goes_back() -> None:
     pods = {G0: (_ref("team-a", "a"),)}
     energies = [0.0, 100.0, 100.0, 250.0, 10.0, 60.0, 60.0, 90.0]

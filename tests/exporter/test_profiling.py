@@ -389,6 +389,44 @@ def test_each_answer_adds_the_time_it_covers_whatever_its_shape(nvml_on: NvmlOn)
     assert asked == [0, 100_000_000, 102_000_000]  # the newest stamp seen, each time
 
 
+def test_an_answer_asked_from_0_is_marked_a_baseline_until_the_next_ask(nvml_on: NvmlOn) -> None:
+    """After a loss (``forget``) the next ask is from 0: its samples cover unknown time, so
+    they are marked ``baseline`` (the usage counters take them as unmeasured, not idle), and
+    so are the rounds that repeat them; the next answer is no baseline, nor are the samples
+    it keeps from before."""
+    _node, api = nvml_on("h100x8")
+    answers = [
+        [(411, 100_000_000, 90, 0, 0, 0)],
+        [(411, 101_000_000, 50, 0, 0, 0), (412, 101_000_000, 20, 0, 0, 0)],
+        [(411, 200_000_000, 90, 0, 0, 0)],  # after the loss: asked from 0
+        [(412, 201_000_000, 30, 0, 0, 0)],  # 411 has no new sample: held
+    ]
+    asked: list[int] = []
+
+    def reads(call: Callable[..., Any], handle: Any, since: int) -> Any:
+        asked.append(since)
+        return answers.pop(0)
+
+    now = [1000.0]
+    reader = ProfilingReader(api, clock=lambda: now[0])
+
+    def read() -> Any:
+        got = reader.read(0, None, (), reads, gpm=False).gpu["process_utilization"]
+        return [(u.pid, u.baseline, u.held) for u in got]
+
+    assert read() == [(411, True, False)]  # the agent's first ask
+    now[0] += PROCESS_SAMPLE_PERIOD
+    assert read() == [(411, False, False), (412, False, False)]
+    reader.forget(0)
+    now[0] += PROCESS_SAMPLE_PERIOD
+    assert read() == [(411, True, False)]
+    now[0] += PROCESS_SAMPLE_PERIOD / 4  # too soon to ask: the answer repeated, held
+    assert read() == [(411, True, True)]
+    now[0] += PROCESS_SAMPLE_PERIOD
+    assert read() == [(411, False, True), (412, False, False)]
+    assert asked == [0, 100_000_000, 0, 200_000_000]
+
+
 def test_a_gpu_idle_since_start_counts_its_first_busy_second(nvml_on: NvmlOn) -> None:
     """No busy sample yet, so no driver timestamp to ask from: after an answer with nothing
     busy, the next ask starts from that ask's wall-clock time less a period, and its answer

@@ -81,6 +81,32 @@ def test_fences_merge_to_the_most_drastic_action_and_can_be_turned_off() -> None
     assert off.restored == frozenset()
 
 
+def test_a_restored_fence_of_a_device_nvml_no_longer_lists_is_released() -> None:
+    """The fenced MIG instance was reconfigured away (or the board replaced) while the
+    exporter was down: NVML answers and does not list it. Its restored fence held it, as
+    "missing", for ever; now it goes after the quiet period (a reboot fence: once the node
+    has booted since), and the device leaves the verdict."""
+    gone_mig = Fence("MIG-00000009", Action.RESET_GPU, "xid_48", FENCED_AT)
+    gone_gpu = Fence("GPU-00000009", Action.REBOOT_NODE, "xid_79", FENCED_AT)
+    t = DeviceTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT - 500)
+    t.restore([gone_mig, gone_gpu], now=2_000)
+    t.observe_snapshot(node(*gpus(2)), now=2_001)
+    assert _state(t, gone_mig.uuid) == (State.UNHEALTHY, Action.RESET_GPU, [RESTORED])
+    t.observe_snapshot(node(*gpus(2)), now=2_011)
+    assert t.health.get(gone_mig.uuid) is None and gone_mig.uuid not in t.restored
+    # not rebooted since the reboot fence: held (a GPU off the bus may come back with one)
+    assert _state(t, gone_gpu.uuid) == (State.UNHEALTHY, Action.REBOOT_NODE, [RESTORED])
+    rebooted = DeviceTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT + 60)
+    rebooted.restore([gone_gpu], now=2_000)
+    rebooted.observe_snapshot(node(*gpus(2)), now=2_001)
+    assert rebooted.health.get(gone_gpu.uuid) is None and rebooted.restored == frozenset()
+    # NVML not answering says nothing about what it lists: held
+    held = DeviceTracker(parse_config(None, quiet_period_s=10), boot_time=FENCED_AT + 60)
+    held.restore([gone_gpu], now=2_000)
+    held.observe_snapshot(node(*gpus(2), ok=False), now=2_001)
+    assert gone_gpu.uuid in held.restored
+
+
 # -- end to end: gpu-exporter processes on the NVML and API server stand-ins -------------------
 
 MIXED = spec.load("mixed")

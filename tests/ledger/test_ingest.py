@@ -360,6 +360,58 @@ def test_idle_allocations(prometheus: Prometheus, db_url: str, cluster: str) -> 
     assert model == "H100"
 
 
+def test_coverage_stops_where_the_allocation_ended(
+    prometheus: Prometheus, db_url: str, cluster: str
+) -> None:
+    """A finished holder's last values stay published for the agent's retention (10 minutes):
+    those samples are not time it held the GPU. p1's pod ended at T0+1800 and the claim cu1 at
+    T0+900 (its series go on in Prometheus, as the retained values do): their coverage stops
+    there; the open p5 and the holders without allocation rows keep theirs."""
+    from dataclasses import replace
+
+    from gpuquota.quota.accounting.rows import ClaimAllocationRow
+
+    claim = ClaimAllocationRow(
+        claim_uid="cu1", pod_uid="cp1", resource_name="gpu.nvidia.com", namespace="team-c",
+        claim_name="c1", pod_name="cp1", owner_kind=None, owner_name=None, node="node-1",
+        node_pool=None, gpu_model="H100", raw_units=1, physical_gpus=1.0,
+        sharing_strategy=None, mig_profile=None, share_estimated=False, pod_started_at=BORN,
+        pod_ended_at=T0 + 900, started_at=BORN, ended_at=T0 + 900, end_reason="deleted",
+        estimated=False, updated_at=T0 + 900, share_numerator=1, share_denominator=1,
+    )  # fmt: skip
+    store = open_store(db_url)
+    try:
+        store.write(
+            cluster,
+            Batch(
+                allocations=[
+                    replace(
+                        _allocation("u1", "p1", "team-a", 1.0, BORN),
+                        ended_at=T0 + 1800,
+                        end_reason="succeeded",
+                    ),
+                    _allocation("u5", "p5", "team-b", 1.0, BORN),
+                ],
+                claim_allocations=[claim],
+                observed_at=T0,
+            ),
+        )
+    finally:
+        store.close()
+    ingester = Ingester(db_url, cluster, settings(prometheus.url), clock=lambda: B + 300)
+    try:
+        ingester.run_once()
+    finally:
+        ingester.stop()
+    got = rows(db_url, cluster)
+    assert got[("u1", "GPU-1", A)][2] == 1800.0
+    assert got[("cu1", "GPU-6", A)][2] == 900.0
+    # used and energy are what the counters say (they stop moving when a holder ends)
+    assert got[("u1", "GPU-1", A)][:2] == pytest.approx(EXPECTED_A[("u1", "GPU-1")][:2])
+    assert got[("u5", "GPU-7", A)][2] == 3600.0
+    assert got[("u3", "GPU-3", A)][2] == EXPECTED_A[("u3", "GPU-3")][2]
+
+
 def test_prometheus_down_is_one_clear_error_retried_and_nothing_written(
     db_url: str, cluster: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -261,3 +261,49 @@ def test_a_final_day_rolls_up_and_the_report_is_the_same(
     with pytest.raises(StoreError, match="is in a rolled-up day"):
         again.ingest_window(D - H)
     assert rows(db_url, rolled) == after
+
+
+def test_days_of_the_billing_zone_roll_up_whole_so_its_report_is_exact(
+    tmp_path_factory: pytest.TempPathFactory, db_url: str, cluster: str
+) -> None:
+    """A report in a billing time zone whose days are not UTC's: with UTC days rolled up, the
+    zone's day edge (UTC+2: D-2h) falls inside a rolled row, and the report prorates it by
+    time; with --ledger-rollup-tz set to that zone, the zone's days are whole rows and the
+    report is the same as from the hourly rows. u3 is busy until D-2h and idle after."""
+    zone, edge = "Africa/Johannesburg", D - 2 * H  # UTC+2, no DST
+    series = [
+        Series(U, pod(U, "GPU-3", "u3", "p3"), lambda t: float(min(t, edge) - BORN), BORN, END)
+    ]
+    work = tmp_path_factory.mktemp("prom-zone")
+    create_blocks(openmetrics(series), work / "tsdb", work)
+    clusters = {name: f"{cluster}-{name}" for name in ("kept", "utc", "zone")}
+    for c in clusters.values():
+        store = open_store(db_url)
+        try:
+            store.write(
+                c,
+                Batch(allocations=[_allocation("u3", "p3", "team-a", 1.0, BORN)], observed_at=BORN),
+            )
+        finally:
+            store.close()
+    now = D + 3 * H + 300
+    with serving(work / "tsdb", work) as prom:
+        ingest(prom.url, db_url, clusters["kept"], now, rollup_after=None)
+        ingest(prom.url, db_url, clusters["utc"], now, rollup_after=0)
+        zoned = ingest(prom.url, db_url, clusters["zone"], now, rollup_after=0, rollup_tz=zone)
+    assert zoned.facts.rolled_until == edge
+    rolled = rows(db_url, clusters["zone"])
+    assert sorted(s for _, s in rolled) == [D - 4 * H, *range(edge, D + 3 * H, H)]
+    assert rolled[("u3", D - 4 * H)][0] == 2 * H  # the zone's day ends at its midnight
+    # the zone's day that ends at its midnight D-2h (its dates: UTC's shifted by 2 hours)
+    first, last = (time.strftime("%Y-%m-%d", time.gmtime(t + 2 * H)) for t in (edge - 1, edge))
+    period = ("--from", first, "--to", last, "--tz", zone)
+    used = {
+        name: report(db_url, c, *period)["rows"][0]["gpu_seconds_used"]
+        for name, c in clusters.items()
+    }
+    # used until D-2h, all inside the zone's day (from its first sample: 15 s after BORN)
+    assert used["kept"] == pytest.approx(edge - BORN - 15, rel=1e-6)
+    assert used["zone"] == pytest.approx(used["kept"], rel=1e-6)
+    # UTC days: [D-4h, D) is one row, half of it before the zone's midnight: about half its use
+    assert used["utc"] < 0.51 * used["kept"]

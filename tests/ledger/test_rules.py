@@ -173,12 +173,42 @@ def test_idle_allocations() -> None:
         ({"idle_threshold": 1.5}, "--idle-threshold"),
         ({"idle_for": 60}, "--idle-for"),
         ({"rollup_after": -1}, "--ledger-rollup-after"),
+        ({"rollup_tz": "Mars/Olympus"}, "--ledger-rollup-tz: unknown time zone"),
+        # India's midnight is at :30 UTC: not an hourly window's edge
+        ({"rollup_tz": "Asia/Kolkata"}, "--ledger-rollup-tz: midnight in Asia/Kolkata"),
     ],
 )
 def test_settings_checked(change: dict[str, float], message: str) -> None:
     assert check(LedgerSettings("http://p:9090")) is None
     problem = check(LedgerSettings("http://p:9090", **change))  # type: ignore[arg-type]
     assert problem is not None and problem.startswith(message)
+
+
+def test_days_of_a_zone_follow_its_clock_changes() -> None:
+    """Berlin's days: 23 hours on the day clocks go forward, 25 when they go back; the
+    roll-up's days of the zone and its merges follow them (UTC stays 24 h)."""
+    zone = "Europe/Berlin"
+    spring = 1774652400  # 2026-03-28T00:00+01:00 (Saturday)
+    sunday = rules.next_day(spring, zone)
+    assert sunday - spring == DAY and rules.next_day(sunday, zone) - sunday == DAY - H
+    autumn = 1792879200  # 2026-10-25T00:00+02:00
+    assert rules.next_day(autumn, zone) - autumn == DAY + H
+    assert rules.day_start(autumn + DAY, zone) == autumn  # the 25th hour is the same day
+    assert rules.day_start(sunday + 5 * H, zone) == sunday
+    assert rules.rollup_days(
+        sunday + 2 * DAY, None, spring + H, window=H, lookback=H, rollup_after=0, zone=zone
+    ) == [spring, sunday, sunday + DAY - H]
+    # a rolled_until inside a day of the zone (the zone was changed): the rest of that day
+    assert rules.rollup_days(
+        sunday + 2 * DAY, spring + 5 * H, None, window=H, lookback=H, rollup_after=0, zone=zone
+    ) == [spring + 5 * H, sunday, sunday + DAY - H]
+    rows = [row(autumn + DAY), row(autumn + DAY + H)]  # the 25th hour, then the next midnight
+    assert [r.window_start for r in rules.roll_up(rows, zone=zone)] == [
+        autumn + DAY,
+        autumn + DAY + H,
+    ]
+    assert len(rules.roll_up(rows)) == 1  # both in one UTC day
+    assert check(LedgerSettings("http://p:9090", rollup_tz="Asia/Kolkata", window=1800)) is None
 
 
 def test_ledger_metrics_from_the_ingester_facts() -> None:

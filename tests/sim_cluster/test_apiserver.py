@@ -113,12 +113,22 @@ def test_versions_are_a_fresh_epoch_per_server():
     assert len(firsts) > 1
 
 
-def test_a_version_never_handed_out_is_too_large(apiserver, kube):
+def test_a_version_never_handed_out_is_silence_to_a_watch_and_too_large_to_a_list(apiserver, kube):
+    """As a real kube-apiserver 1.36 (watch cache on) answered (docs/real-kube-apiserver.md):
+    a watch from a version it has not reached gets HTTP 200 and nothing until timeoutSeconds;
+    a one-item list NotOlderThan it gets 504 "Too large resource version"."""
     v1 = client.CoreV1Api(kube)
     ahead = str(apiserver.resource_version + 1000)
-    (err,) = watch_lines(v1.list_node(watch=True, resource_version=ahead, _preload_content=False))
-    assert err["type"] == "ERROR" and err["object"]["code"] == 504
-    assert "Too large resource version" in err["object"]["message"]
+    started = time.monotonic()
+    lines = watch_lines(
+        v1.list_node(watch=True, resource_version=ahead, timeout_seconds=1, _preload_content=False)
+    )
+    assert list(lines) == [] and time.monotonic() - started >= 0.9
+    with pytest.raises(client.ApiException) as err:
+        v1.list_node(resource_version=ahead, resource_version_match="NotOlderThan", limit=1)
+    assert err.value.status == 504 and "Too large resource version" in str(err.value.body)
+    current = str(apiserver.resource_version)
+    v1.list_node(resource_version=current, resource_version_match="NotOlderThan", limit=1)
 
 
 def test_a_watcher_that_stops_reading_is_closed_by_the_server():

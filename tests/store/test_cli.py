@@ -595,3 +595,55 @@ def test_db_upgrade_refuses_a_foreign_store(
     # a reading command says the same, not "an empty database, run gpuquota db upgrade"
     code, out, err = cli(capsys, "report", "--db", f"sqlite:///{path}")
     assert code == 2 and "is not a gpuquota store" in err and "nothing to read" in err
+
+
+def test_db_check_finds_dangling_ledger_rows(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ledger rows that refer to rows that are gone drop out of every report (it joins through
+    them); `gpuquota db check` counts them, says what the bills lose, and exits 1."""
+    from sqlalchemy import insert
+
+    from gpuquota.quota.store.models import UsageDevice, UsageSeries, UsageWindow
+
+    db.upgrade(empty_db_url)
+    code, out, _ = cli(capsys, "db", "check", "--db", empty_db_url)
+    assert (code, out.splitlines()[-1]) == (0, f"{db.safe_url(empty_db_url)}: no dangling rows")
+
+    def series(sid: int, device: int, cluster: str = "a") -> dict[str, Any]:
+        return {
+            "id": sid, "device_id": device, "cluster": cluster, "holder_kind": "pod",
+            "holder_uid": f"u{sid}", "namespace": "ns", "holder_name": f"p{sid}",
+        }  # fmt: skip
+
+    def window(sid: int, used: float) -> dict[str, Any]:
+        return {
+            "series_id": sid, "window_start": 3600, "window_seconds": 3600,
+            "used_gpu_seconds": used, "energy_joules": 1.8e6, "sampled_seconds": 3600.0,
+            "end_used": used, "end_energy": 1.8e6,
+        }  # fmt: skip
+
+    store = db.open_store(empty_db_url)
+    try:
+        with store.engine.begin() as conn:
+            conn.execute(insert(UsageDevice), [{"id": 1, "cluster": "a", "device_uuid": "GPU-1"}])
+            conn.execute(
+                insert(UsageSeries),
+                # whole; a device that is gone; a device of another cluster
+                [series(1, 1), series(2, 99), series(3, 1, cluster="b")],
+            )
+            # whole; two of a series that is gone (2 GPU-h, 1 kWh)
+            conn.execute(insert(UsageWindow), [window(1, 10.0), window(7, 3600.0)])
+            conn.execute(insert(UsageWindow), [{**window(7, 3600.0), "window_start": 7200}])
+    finally:
+        store.close()
+    code, out, _ = cli(capsys, "db", "check", "--db", empty_db_url)
+    assert code == 1
+    assert out.splitlines() == [
+        "        2 usage_windows referring to a missing usage_series row (series_id): 2.000 "
+        "used "
+        "GPU-h and 1.000 kWh that no report shows",
+        "        1 usage_series referring to a missing usage_devices row (device_id)",
+        "        1 usage_series referring to a usage_devices row of another cluster (device_id)",
+        f"{db.safe_url(empty_db_url)}: 4 dangling rows (docs/operations.md, db check)",
+    ]

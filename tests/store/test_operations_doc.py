@@ -32,7 +32,7 @@ def commands() -> list[str]:
 def test_the_section_has_every_step() -> None:
     lines = commands()
     for step in ("kubectl kustomize deploy/examples/production", "gpuquota db backup",
-                 "gpuquota db prune", "--yes", "gpuquota db upgrade", "gpuquota report"):  # fmt: skip
+                 "gpuquota db prune", "--yes", "gpuquota db check", "gpuquota db upgrade", "gpuquota report"):  # fmt: skip
         assert any(step in line for line in lines), step
     assert all(line.startswith(("gpuquota ", "kubectl kustomize ")) for line in lines), lines
 

@@ -224,3 +224,59 @@ def timestamps(obj: Mapping[str, Any]) -> list[tuple[str, int]]:
     found: list[tuple[str, int]] = []
     _walk_times(obj, _TIME_KEYS, found, "")
     return found
+
+
+#: how far a time an object carries may run ahead of the clock that saw it (clocks disagree)
+CLOCK_SKEW = 300
+
+
+def _allowed(obj: Mapping[str, Any], path: str, seen: int) -> int:
+    """The latest ``path`` of ``obj`` may be when the object was seen at ``seen``: CLOCK_SKEW
+    later; a ``deletionTimestamp`` is a deadline (the delete request plus the grace period)
+    and may be later by ``deletionGracePeriodSeconds``."""
+    allowed = seen + CLOCK_SKEW
+    meta = obj.get("metadata")
+    grace = meta.get("deletionGracePeriodSeconds") if isinstance(meta, Mapping) else None
+    if path == "metadata.deletionTimestamp" and isinstance(grace, int) and grace > 0:
+        allowed += grace
+    return allowed
+
+
+def unseen_time(obj: Mapping[str, Any], seen: int, seen_as: str) -> str | None:
+    """Why ``obj`` cannot have been seen at ``seen`` (``seen_as`` names that time in the
+    message): a timestamp it carries is later than that by more than the skew allowed
+    (:func:`_allowed`). The one rule of `gpuquota replay` (which refuses the file) and the
+    live controller (which skips the event); None when every time is possible."""
+    for path, at in timestamps(obj):
+        if at > _allowed(obj, path, seen):
+            return (
+                f"{path} {format_time(at)} is later than {seen_as} ({format_time(seen)}) by "
+                f"more than the {CLOCK_SKEW} s of clock skew allowed: it cannot have been seen"
+            )
+    return None
+
+
+def without_unseen_times(value: Any, obj: Mapping[str, Any], seen: int, path: str = "") -> Any:
+    """A copy of ``value`` (``obj`` at first) without the timestamps :func:`unseen_time`
+    refuses: what a DELETED event still proves (the object is gone at ``seen``) without
+    the times it cannot prove."""
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if key in _TIME_KEYS and isinstance(item, str):
+                try:
+                    parsed = parse_time(item, key)
+                except AccountingError:
+                    parsed = None
+                if parsed is not None and parsed > _allowed(obj, f"{path}{key}", seen):
+                    continue
+                out[key] = item
+            elif key != "managedFields":
+                out[key] = without_unseen_times(item, obj, seen, f"{path}{key}.")
+            else:
+                out[key] = item
+        return out
+    if isinstance(value, list):
+        prefix = path.removesuffix(".")
+        return [without_unseen_times(x, obj, seen, f"{prefix}[{i}].") for i, x in enumerate(value)]
+    return value
