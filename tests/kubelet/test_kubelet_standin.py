@@ -10,12 +10,9 @@ health tracker and board with hand-made snapshots (tests/health/factory.py).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -38,7 +35,6 @@ from tests.health.factory import gpus, node
 
 GPU = "nvidia.com/gpu"
 UUIDS = [f"GPU-{i:08d}" for i in range(8)]
-NEVER = 3600.0  # a node status sync period no test waits for: syncs are called by hand
 PUSH_S = 5.0
 
 
@@ -63,17 +59,6 @@ class Health:
 
 
 @pytest.fixture
-def dirs() -> Iterator[tuple[Path, Path]]:
-    """(device-plugin folder, kubelet root dir): two unrelated short folders under /tmp."""
-    top = Path(tempfile.mkdtemp(prefix="kl-", dir="/tmp"))
-    plugin_dir, root_dir = top / "dp", top / "root"
-    plugin_dir.mkdir()
-    root_dir.mkdir()
-    yield plugin_dir, root_dir
-    shutil.rmtree(top, ignore_errors=True)
-
-
-@pytest.fixture
 def plugins(dirs: tuple[Path, Path]) -> Iterator[Callable[..., DevicePluginManager]]:
     started: list[DevicePluginManager] = []
 
@@ -86,22 +71,6 @@ def plugins(dirs: tuple[Path, Path]) -> Iterator[Callable[..., DevicePluginManag
     yield start
     for manager in started:
         manager.stop()
-
-
-@pytest.fixture
-def make_kubelet(dirs: tuple[Path, Path]) -> Iterator[Callable[..., KubeletStandIn]]:
-    started: list[KubeletStandIn] = []
-
-    def make(**kw: Any) -> KubeletStandIn:
-        kw.setdefault("node_status_sync_s", NEVER)
-        kubelet = KubeletStandIn(dirs[0], root_dir=dirs[1], **kw)
-        kubelet.start()
-        started.append(kubelet)
-        return kubelet
-
-    yield make
-    for kubelet in started:
-        kubelet.stop()
 
 
 def listed(kubelet: KubeletStandIn, count: int = 8) -> None:
