@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import grpc
 
+from gpuquota.exporter.deviceplugin.devices import resource_name_problem
 from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
 from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpuquota.sim.kubelet import checkpoint
@@ -272,9 +273,9 @@ class KubeletStandIn:
             return f"unsupported device plugin API version {request.version!r}"
         if not request.endpoint or "/" in request.endpoint:
             return f"invalid endpoint {request.endpoint!r}: a file name in the device plugin folder"
-        domain, _, name = request.resource_name.partition("/")
-        if not domain or not name or "." not in domain:
-            return f"invalid extended resource name {request.resource_name!r}"
+        problem = resource_name_problem(request.resource_name)
+        if problem:
+            return f"invalid extended resource name {request.resource_name!r}: {problem}"
         return None
 
     def accept(self, request: pb.RegisterRequest) -> None:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from gpuquota.exporter.deviceplugin.devices import PluginConfig
@@ -22,6 +23,8 @@ from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
 from gpuquota.exporter.health.board import VerdictBoard
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import DeviceTracker
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2 as pb
+from gpuquota.exporter.kubeletapi import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import poll
 from gpuquota.sim.kubelet.checkpoint import CHECKPOINT_FILE
@@ -234,3 +237,26 @@ def test_admission_takes_only_free_healthy_devices_and_prefers_the_plugins_choic
     assert kubelet.allocated("ml", "more") == {}
     with pytest.raises(AdmissionError, match=r"no device plugin registered for nvidia\.com/mig"):
         kubelet.admit("ml", "mig", {"main": {"nvidia.com/mig-1g.10gb": 1}})
+
+
+@pytest.mark.parametrize(
+    ("resource", "problem"),
+    [
+        ("nvidia.com/mig-1g.10gb+me", "at most 63 letters, digits"),
+        ("NVIDIA.com/gpu", "not a lowercase DNS subdomain"),
+        ("kubernetes.io/gpu", "not one for extended resources"),
+        ("nvidia.com/" + "g" * 64, "at most 63"),
+    ],
+)
+def test_registration_refuses_what_the_kubelet_refuses(
+    dirs: tuple[Path, Path], make_kubelet, resource: str, problem: str
+) -> None:
+    make_kubelet()
+    channel = grpc.insecure_channel(f"unix:{dirs[0] / 'kubelet.sock'}")
+    with channel, pytest.raises(grpc.RpcError) as err:
+        pb_grpc.RegistrationStub(channel).Register(
+            pb.RegisterRequest(version="v1beta1", endpoint="x.sock", resource_name=resource),
+            timeout=5,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert problem in str(err.value.details())
