@@ -313,5 +313,11 @@ def test_exporter_marks_and_evicts_the_pod_on_a_failed_gpu(
             assert server.get("pods", "infer", "ml") is not None
             assert "GPUUnhealthy" not in conditions(server, "ml", "infer")
             assert poll(lambda: "evicted ml/train" in exporter.output(), 5)
+            # exactly the RBAC docs/health.md asks for
+            assert server.calls == {
+                ("", "pods", "get"),
+                ("", "pods/status", "patch"),
+                ("", "pods/eviction", "create"),
+            }
         finally:
             exporter.stop()
