@@ -111,7 +111,7 @@ def pod_condition(trouble: PodTrouble | None, current: Obj | None, now: str) -> 
     if trouble is None:
         if current is None or current.get("status") == "False":
             return None
-        wanted = {
+        wanted: Obj = {
             "type": CONDITION_TYPE,
             "status": "False",
             "reason": "GPUHealthy",
