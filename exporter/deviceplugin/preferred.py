@@ -9,14 +9,12 @@ pair, see ``NvmlApi.topology``); here it is only numbers:
   interconnect (the NVML topology level, lower is closer);
 * two time-sliced replicas of the same GPU in one container give nothing, so replicas are
   spread over distinct GPUs first and only doubled up when there are not enough GPUs;
-* time-sliced pods share a GPU's time, so among GPUs the least shared come first: a GPU's
-  replicas in use are those ``gpu_of`` names (every replica of the resource) that are not
-  available. Load outranks the interconnect (NVIDIA's plugin does the same for replicas): a
-  kubelet asking for one replica at a time would otherwise stack every pod on the GPU that
-  scores best while others sit idle (seen through the kubelet stand-in, issue 31).
-
-Small sets are searched exhaustively (best total pairwise score, lowest indices on ties);
-large ones greedily, adding the GPU that gains most each step.
+* time-sliced pods share a GPU's time, so among sets with the same interconnect the least
+  shared GPUs come first: a GPU's replicas in use are those ``gpu_of`` names (every replica of
+  the resource) that are not available. A one-replica request has no interconnect to weigh, so
+  load alone picks its GPU: pods asking one replica each fill the GPUs in turn instead of all
+  stacking on the lowest-index GPU while others idle (seen through the kubelet stand-in,
+  issue 31); a multi-GPU container still gets its NVLink first.
 """
 
 from __future__ import annotations
@@ -63,15 +61,15 @@ def _choose_gpus(
     topology: Topology,
     in_use: Mapping[str, int],
 ) -> list[str]:
-    """``fixed`` plus ``extra`` of ``candidates``: fewest replicas in use first, then the best
-    interconnect, then the lowest index."""
+    """``fixed`` plus ``extra`` of ``candidates``: the best interconnect, then the fewest
+    replicas in use, then the lowest index."""
     if extra <= 0:
         return fixed
     if comb(len(candidates), extra) <= EXHAUSTIVE_LIMIT:
         best: tuple[str, ...] = ()
         best_key: tuple[int, int] | None = None
         for combo in combinations(candidates, extra):
-            key = (-sum(in_use.get(g, 0) for g in combo), _set_score([*fixed, *combo], topology))
+            key = (_set_score([*fixed, *combo], topology), -sum(in_use.get(g, 0) for g in combo))
             if best_key is None or key > best_key:
                 best, best_key = combo, key
         return [*fixed, *best]
@@ -81,8 +79,8 @@ def _choose_gpus(
         pick = max(
             left,
             key=lambda g: (
-                -in_use.get(g, 0),
                 sum(topology.score(g, c) for c in chosen),
+                -in_use.get(g, 0),
                 -left.index(g),
             ),
         )
