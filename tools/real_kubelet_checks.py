@@ -121,7 +121,11 @@ class Exporter:
         env = {**os.environ, **node.env()}
         if a.exporter_source:  # another checkout's agent (the "before" of a fix)
             env["PYTHONPATH"] = a.exporter_source
-        self.proc = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        # python -m puts the working folder first on sys.path: run it where the source is
+        self.proc = subprocess.Popen(
+            command, env=env, cwd=a.exporter_source or None, stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
         found, _ = poll(lambda: SERVING.search(self.log_path.read_text()), 30)
         if not found:
             self.stop()
