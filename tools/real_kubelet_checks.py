@@ -103,7 +103,9 @@ def poll(check: Callable[[], Any], timeout: float, step: float = 0.2) -> tuple[A
 
 
 class Exporter:
-    def __init__(self, run: Run, mode: str, node: SimNode, replicas: int) -> None:
+    def __init__(
+        self, run: Run, mode: str, node: SimNode, replicas: int, extra: tuple[str, ...] = ()
+    ) -> None:
         a = run.args
         self.log_path = Path(a.work) / "log" / f"exporter-{mode}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +118,7 @@ class Exporter:
             "--health-quiet-period", f"{QUIET_S}s", "--node-name", a.node,
             "--kubeconfig", a.kubeconfig, "--node-taint", "--node-condition", "--dra", "off",
             # an older agent (--exporter-source) may predate --pod-condition
-            *([] if a.exporter_source else ["--pod-condition"]),
+            *([] if a.exporter_source else ["--pod-condition"]), *extra,
         ]  # fmt: skip
         env = {**os.environ, **node.env()}
         if a.exporter_source:  # another checkout's agent (the "before" of a fix)
@@ -312,9 +314,73 @@ def _checks(run: Run, name: str, mode: Mode, node: SimNode, exporter: Exporter) 
       f"want {allocatable_before}, Node says {node_counts(run)[1]}", took)  # fmt: skip
 
 
+EVICT_AFTER_S = 5
+
+
+def run_evict(run: Run) -> None:
+    """--evict-pods on a real apiserver and kubelet: the pod on a GPU that needs a reboot is
+    evicted through the Eviction API once the verdict held --evict-after; a pod whose
+    PodDisruptionBudget (counted by the real disruption controller) allows no disruption stays;
+    a pod on a healthy GPU stays."""
+    name, r = "evict", run.record
+    node = SimNode.create(Path(run.args.work) / "nvml-evict.state", "h100x8")
+    policy = client.PolicyV1Api(run.core.api_client)
+    pdb = {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+           "metadata": {"name": "guarded", "namespace": NAMESPACE},
+           "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}}  # fmt: skip
+    policy.create_namespaced_pod_disruption_budget(NAMESPACE, pdb)
+    pods = {"victim": {}, "guarded": {"app": "guarded"}, "bystander": {}}
+    exporter = Exporter(
+        run, name, node, 1, ("--evict-pods", f"--evict-after={EVICT_AFTER_S}s", "--evict-max=2")
+    )
+    try:
+        for pod, labels in pods.items():
+            manifest = pod_manifest(pod, {GPU: 1})
+            manifest["metadata"]["labels"] = labels
+            run.core.create_namespaced_pod(NAMESPACE, manifest)
+        held, took = poll(lambda: (h := exporter.pods_on()) and set(h) >= set(pods) and h, 90)
+        if not r(name, "pods running and attributed", bool(held), str(held), took):
+            return
+        allowed, _ = poll(
+            lambda: policy.read_namespaced_pod_disruption_budget("guarded", NAMESPACE).status
+            and policy.read_namespaced_pod_disruption_budget("guarded", NAMESPACE).status.current_healthy == 1,
+            30,
+        )  # fmt: skip
+        gpus = [node.uuid(i) for i in range(node.gpu_count)]
+        for pod in ("victim", "guarded"):
+            node.inject_xid(gpus.index(held[pod]), 79)
+
+        def gone(pod: str) -> bool:
+            try:
+                run.core.read_namespaced_pod(pod, NAMESPACE)
+            except ApiException as exc:
+                return exc.status == 404
+            return False
+
+        evicted, took = poll(lambda: gone("victim"), EVICT_AFTER_S + 30)
+        r(name, "evicted through the Eviction API", bool(evicted),
+          f"victim gone after {EVICT_AFTER_S}s --evict-after", took)  # fmt: skip
+        time.sleep(10)
+        r(name, "PodDisruptionBudget honoured", not gone("guarded"),
+          f"guarded still there (budget counted: {bool(allowed)})")  # fmt: skip
+        r(name, "healthy GPU's pod untouched", not gone("bystander"), "bystander still there")
+        log = exporter.log_path.read_text()
+        r(name, "logged", "evicted gq-checks/victim" in log and "disruption budget" in log,
+          "evicted ... / waits for its disruption budget")  # fmt: skip
+    finally:
+        for pod in pods:
+            with contextlib.suppress(ApiException):
+                run.core.delete_namespaced_pod(pod, NAMESPACE, grace_period_seconds=0)
+        with contextlib.suppress(ApiException):
+            policy.delete_namespaced_pod_disruption_budget("guarded", NAMESPACE)
+        poll(lambda: not run.core.list_namespaced_pod(NAMESPACE).items, 60)
+        exporter.stop()
+        node.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("modes", nargs="*", help=f"of {', '.join(MODES)} (default: all)")
+    parser.add_argument("modes", nargs="*", help=f"of {', '.join(MODES)}, evict (default: all)")
     parser.add_argument("--work", required=True)
     parser.add_argument("--node", required=True)
     parser.add_argument("--kubeconfig", required=True)
@@ -325,9 +391,9 @@ def main(argv: list[str] | None = None) -> int:
         help="run gpu-exporter from this source tree (PYTHONPATH) instead of this one's",
     )
     args = parser.parse_args(argv)
-    unknown = [m for m in args.modes if m not in MODES]
+    unknown = [m for m in args.modes if m not in (*MODES, "evict")]
     if unknown:
-        parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}")
+        parser.error(f"unknown mode(s) {', '.join(unknown)}: choose from {', '.join(MODES)}, evict")
     config.load_kube_config(args.kubeconfig)  # type: ignore[no-untyped-call]
     run = Run(args, client.CoreV1Api())
     try:
@@ -337,8 +403,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
     # the ServiceAccount admission plugin refuses pods until the controller made "default"
     poll(lambda: run.core.read_namespaced_service_account("default", NAMESPACE), 60)
-    for name in args.modes or list(MODES):
-        run_mode(run, name)
+    for name in args.modes or [*MODES, "evict"]:
+        if name == "evict":
+            run_evict(run)
+        else:
+            run_mode(run, name)
     out = Path(args.work) / "results.json"
     out.write_text(json.dumps(run.results, indent=1))
     failed = [x for x in run.results if not x["ok"]]
