@@ -139,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
         "downward API sets it, else this host's name)",
     )
     add_health_arguments(parser)
+    add_remediation_arguments(parser)
     add_dra_arguments(parser)
     add_pod_usage_arguments(parser)
     parser.add_argument(
@@ -305,6 +306,59 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument("--kubeconfig", type=Path, default=None,
                        help="kubeconfig for --node-taint/--node-condition and --dra (default: in-cluster config)")  # fmt: skip
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def add_remediation_arguments(parser: argparse.ArgumentParser) -> None:
+    """Pods on a GPU that needs a reset or a reboot: the kubelet evicts nothing by itself."""
+    group = parser.add_argument_group("pods on failed GPUs (docs/health.md, off by default)")
+    group.add_argument(
+        "--pod-condition",
+        action="store_true",
+        help="set the pod condition GPUUnhealthy on pods holding a GPU that needs a reset or a "
+        "reboot (needs pod attribution and RBAC to patch pods/status)",
+    )
+    group.add_argument(
+        "--evict-pods",
+        action="store_true",
+        help="evict those pods through the Eviction API (PodDisruptionBudgets honoured), "
+        "at most --evict-max per --evict-window, once the verdict held --evict-after",
+    )
+    group.add_argument(
+        "--evict-dry-run",
+        action="store_true",
+        help="with --evict-pods: log what would be evicted, evict nothing",
+    )
+    group.add_argument(
+        "--evict-max",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="evictions per --evict-window at most (default %(default)s)",
+    )
+    group.add_argument(
+        "--evict-window",
+        type=duration_flag(),
+        default=600.0,
+        metavar="DURATION",
+        help="the sliding window of --evict-max (default 10m)",
+    )
+    group.add_argument(
+        "--evict-after",
+        type=duration_flag(minimum=0.0),
+        default=60.0,
+        metavar="DURATION",
+        help="evict only once the GPU has needed a reset or reboot this long (default 1m)",
+    )
 
 
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:

@@ -39,6 +39,12 @@ Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch conne
 (close the listening socket for a while: connections are refused, then it comes back on the
 same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does).
 
+The Eviction API (``POST pods/<name>/eviction``, policy/v1): a Running pod covered by a
+PodDisruptionBudget whose ``status.disruptionsAllowed`` is below 1 is refused with 429 and the
+real message; otherwise the budget's allowance is decremented (as the real server does until
+the disruption controller recounts) and the pod is deleted. The budget's status is what the
+test writes, standing in for the disruption controller.
+
 Like the real cluster (``garbage_collector=True``; off by default): ownerReferences are acted
 on, an object whose owners do not exist is deleted, and pods of a deleted Node go with it
 (:meth:`collect_garbage`). :meth:`taint_node` taints a Node as the node-lifecycle controller
@@ -104,6 +110,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("namespaces", "Namespace", "v1", False),
         Resource("resourcequotas", "ResourceQuota", "v1", True),
         Resource("leases", "Lease", "coordination.k8s.io/v1", True),
+        Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
         Resource("resourceslices", "ResourceSlice", "resource.k8s.io/v1", False),
         Resource("deviceclasses", "DeviceClass", "resource.k8s.io/v1", False),
         Resource("resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True),
@@ -931,6 +938,42 @@ class ApiServer:
                 self._charge_quotas(ns, name, cur, -1)  # the quota controller's recount
             return self.apply("DELETED", gone)
 
+    def evict(self, ns: str, name: str, body: Any) -> Obj:
+        """POST pods/<name>/eviction: honour the pod's PodDisruptionBudgets, then delete it."""
+        if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
+            raise ApiError(400, "BadRequest", "the body of an eviction must be an Eviction")
+        with self.state.lock:
+            pod = self.state.objects["pods"].get((ns, name))
+            if pod is None:
+                raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            labels = pod["metadata"].get("labels") or {}
+            budgets = [
+                b
+                for (bns, _), b in self.state.objects["poddisruptionbudgets"].items()
+                if bns == ns
+                and all(
+                    labels.get(k) == v
+                    for k, v in (((b.get("spec") or {}).get("selector") or {}).get("matchLabels")
+                                 or {}).items()
+                )
+            ]  # fmt: skip
+            running = (pod.get("status") or {}).get("phase") == "Running"
+            if running:
+                for budget in budgets:
+                    if int((budget.get("status") or {}).get("disruptionsAllowed") or 0) < 1:
+                        raise ApiError(
+                            429,
+                            "TooManyRequests",
+                            "Cannot evict pod as it would violate the pod's disruption budget.",
+                        )
+                for budget in budgets:
+                    new = copy.deepcopy(budget)
+                    new["status"]["disruptionsAllowed"] -= 1
+                    new["status"].setdefault("disruptedPods", {})[name] = now_rfc3339()
+                    self.apply("MODIFIED", new, copy_obj=False)
+            self.delete(RESOURCES["pods"], ns, name)
+        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
+
     # -- watch
 
     def _register(self, conn: socket.socket) -> tuple[int, int]:
@@ -1208,6 +1251,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send_bytes(200, self.api.list_json(res, ns, query, gv))
             elif method == "GET":
                 self._send_json(200, as_version(self.api.read(res, ns, name), gv))
+            elif method == "POST" and res.plural == "pods" and name and sub == "eviction":
+                self._send_json(201, self.api.evict(ns, name, self._body()))
             elif method == "POST":
                 self._send_json(201, as_version(self.api.create(res, ns, self._body()), gv))
             elif method == "PUT":

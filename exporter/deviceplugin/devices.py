@@ -13,6 +13,7 @@ with the metrics or the health endpoint.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,14 +47,39 @@ class PluginConfig:
         return f"{self.domain}/mig-{profile}"
 
 
-def check_resource_name(name: str) -> None:
-    """Extended resource names are ``<domain>/<name>`` (the kubelet refuses anything else)."""
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def resource_name_problem(name: str) -> str | None:
+    """Why the kubelet would refuse ``name`` as an extended resource, or None.
+
+    The kubelet's rule (IsExtendedResourceName): ``<domain>/<name>`` outside kubernetes.io,
+    not starting with ``requests.``, and ``requests.<name>`` a qualified name: the domain a
+    lowercase DNS subdomain, the name at most 63 of ``[A-Za-z0-9-_.]``, alphanumeric at both
+    ends (so a MIG profile such as ``1g.10gb+me`` cannot be a resource name as it is).
+    """
     domain, sep, rest = name.partition("/")
-    ok_chars = all(c.isalnum() or c in "-._" for c in domain + rest)
-    if not sep or not domain or not rest or "." not in domain or not ok_chars or "/" in rest:
-        raise ValueError(
-            f"invalid resource name {name!r}: expected <domain>/<name>, e.g. nvidia.com/gpu"
+    if not sep or not domain or not rest or "/" in rest:
+        return "expected <domain>/<name>, e.g. nvidia.com/gpu"
+    if "." not in domain or domain.endswith("kubernetes.io") or domain.startswith("requests."):
+        return f"domain {domain!r} is not one for extended resources"
+    prefix = f"requests.{domain}"
+    if len(prefix) > 253 or not all(_DNS_LABEL.match(label) for label in prefix.split(".")):
+        return f"domain {domain!r} is not a lowercase DNS subdomain"
+    if len(rest) > 63 or not _NAME.match(rest):
+        return (
+            f"name {rest!r} must be at most 63 letters, digits, '-', '_' or '.', "
+            "starting and ending with a letter or digit"
         )
+    return None
+
+
+def check_resource_name(name: str) -> None:
+    """Extended resource names as the kubelet accepts them (it refuses anything else)."""
+    problem = resource_name_problem(name)
+    if problem:
+        raise ValueError(f"invalid resource name {name!r}: {problem}")
 
 
 @dataclass(frozen=True, slots=True)

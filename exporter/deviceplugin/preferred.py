@@ -8,14 +8,18 @@ pair, see ``NvmlApi.topology``); here it is only numbers:
 * among equal NVLink counts, GPUs behind the same PCIe switch beat GPUs across the CPU
   interconnect (the NVML topology level, lower is closer);
 * two time-sliced replicas of the same GPU in one container give nothing, so replicas are
-  spread over distinct GPUs first and only doubled up when there are not enough GPUs.
-
-Small sets are searched exhaustively (best total pairwise score, lowest indices on ties);
-large ones greedily, adding the GPU that gains most each step.
+  spread over distinct GPUs first and only doubled up when there are not enough GPUs;
+* time-sliced pods share a GPU's time, so among sets with the same interconnect the least
+  shared GPUs come first: a GPU's replicas in use are those ``gpu_of`` names (every replica of
+  the resource) that are not available. A one-replica request has no interconnect to weigh, so
+  load alone picks its GPU: pods asking one replica each fill the GPUs in turn instead of all
+  stacking on the lowest-index GPU while others idle (seen through the kubelet stand-in,
+  issue 31); a multi-GPU container still gets its NVLink first.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -51,22 +55,35 @@ def _set_score(gpus: Sequence[str], topology: Topology) -> int:
 
 
 def _choose_gpus(
-    fixed: list[str], candidates: list[str], extra: int, topology: Topology
+    fixed: list[str],
+    candidates: list[str],
+    extra: int,
+    topology: Topology,
+    in_use: Mapping[str, int],
 ) -> list[str]:
+    """``fixed`` plus ``extra`` of ``candidates``: the best interconnect, then the fewest
+    replicas in use, then the lowest index."""
     if extra <= 0:
         return fixed
     if comb(len(candidates), extra) <= EXHAUSTIVE_LIMIT:
         best: tuple[str, ...] = ()
-        best_score = -1
+        best_key: tuple[int, int] | None = None
         for combo in combinations(candidates, extra):
-            score = _set_score([*fixed, *combo], topology)
-            if score > best_score:
-                best, best_score = combo, score
+            key = (_set_score([*fixed, *combo], topology), -sum(in_use.get(g, 0) for g in combo))
+            if best_key is None or key > best_key:
+                best, best_key = combo, key
         return [*fixed, *best]
     chosen = list(fixed)
     left = list(candidates)
     for _ in range(extra):
-        pick = max(left, key=lambda g: (sum(topology.score(g, c) for c in chosen), -left.index(g)))
+        pick = max(
+            left,
+            key=lambda g: (
+                sum(topology.score(g, c) for c in chosen),
+                -in_use.get(g, 0),
+                -left.index(g),
+            ),
+        )
         chosen.append(pick)
         left.remove(pick)
     return chosen
@@ -114,7 +131,9 @@ def preferred_allocation(
     fixed = list(dict.fromkeys(gpu_of[d] for d in picked))
     candidates = [g for g in by_gpu if g not in fixed]
     distinct = min(size, len(by_gpu))
-    gpus = _choose_gpus(fixed, candidates, distinct - len(fixed), topology)
+    free = {gpu: len(ids) for gpu, ids in by_gpu.items()}
+    in_use = {gpu: n - free[gpu] for gpu, n in Counter(gpu_of.values()).items() if gpu in free}
+    gpus = _choose_gpus(fixed, candidates, distinct - len(fixed), topology, in_use)
 
     # One device per chosen GPU first, then double up on the chosen GPUs round-robin.
     for gpu in gpus:

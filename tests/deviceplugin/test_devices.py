@@ -78,8 +78,14 @@ def test_mig_mixed_strategy_one_resource_per_profile() -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["gpu", "nvidia.com/", "/gpu", "nvidia/gpu", "nvidia.com/g pu", "a.b/c/d"]
-)
+    "name",
+    [
+        "gpu", "nvidia.com/", "/gpu", "nvidia/gpu", "nvidia.com/g pu", "a.b/c/d",
+        # what the kubelet refuses too (IsExtendedResourceName)
+        "NVIDIA.com/gpu", "kubernetes.io/gpu", "requests.nvidia.com/gpu", "nvidia.com/-gpu",
+        "nvidia.com/mig-1g.10gb+me", "nvidia.com/" + "g" * 64, "nvi_dia.com/gpu",
+    ],
+)  # fmt: skip
 def test_bad_resource_names(name: str) -> None:
     with pytest.raises(ValueError, match="invalid resource name"):
         PluginConfig(resource_name=name)

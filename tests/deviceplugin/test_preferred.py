@@ -104,6 +104,28 @@ def test_replicas_spread_over_gpus_first() -> None:
     assert len(preferred_allocation(ids, [], 8, gpu_of(ids), t)) == 8
 
 
+def test_time_sliced_pods_go_to_the_least_shared_gpus() -> None:
+    # Four GPUs x 4 replicas; GPU-0 already runs three pods, GPU-1 one, GPU-2 and GPU-3 none.
+    every = [f"{g}::{n}" for g in G[:4] for n in range(4)]
+    taken = {"GPU-0::0", "GPU-0::1", "GPU-0::2", "GPU-1::0"}
+    free = [i for i in every if i not in taken]
+    t = topo({(0, 1): 4})  # NVLink joins 0-1 only
+    [one] = preferred_allocation(free, [], 1, gpu_of(every), t)
+    assert one.split("::")[0] == "GPU-2"  # idle, lowest index; never the GPU three pods share
+    # a pair with no interconnect to choose by goes to the idle GPUs...
+    two = preferred_allocation(free, [], 2, gpu_of(every), Topology())
+    assert sorted(o.split("::")[0] for o in two) == ["GPU-2", "GPU-3"]
+    # ...but a multi-GPU container still gets its NVLink first
+    linked = preferred_allocation(free, [], 2, gpu_of(every), t)
+    assert sorted(o.split("::")[0] for o in linked) == ["GPU-0", "GPU-1"]
+    # a fresh node fills GPU after GPU in turn: one pod per GPU before any doubles up
+    placed: set[str] = set()
+    for _ in range(4):
+        [got] = preferred_allocation([i for i in every if i not in placed], [], 1, gpu_of(every), t)
+        placed.add(got)
+    assert sorted(p.split("::")[0] for p in placed) == G[:4]
+
+
 @pytest.mark.parametrize(
     ("available", "must", "size", "message"),
     [

@@ -1,0 +1,1 @@
+"""Pods on a failed GPU: a pod condition and opt-in, rate-limited eviction (docs/health.md)."""
