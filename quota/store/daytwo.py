@@ -22,7 +22,7 @@ from sqlalchemy import and_, delete, func, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url, sqlite_reader
+from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url
 from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
@@ -51,25 +51,27 @@ def backup(url: str, target: Path) -> int:
     """Copy the SQLite store at ``url`` into the new file ``target`` with SQLite's online
     backup API: consistent while the controller writes, write-ahead log included, one
     file. Returns its size in bytes."""
-    source = sqlite_path(url)
-    open_store(url, read_only=True).close()  # a gpuquota store at the latest revision
+    sqlite_path(url)  # a SQLite store, else a clear refusal
     if target.exists():
         raise StoreError(f"--to: {target} exists; give a new file (nothing is overwritten)")
+    # a gpuquota store at the latest revision, read the way every read-only command reads it
+    # (in a read-only folder too, and leaving no -wal/-shm behind)
+    store = open_store(url, read_only=True)
     partial = target.with_name(f".{target.name}.partial")
     try:
-        # read as the report reads: read-only, and in a read-only folder without WAL's -shm
-        src = sqlite_reader(str(source))()
-        try:
+        with store.engine.connect() as conn:
+            src = conn.connection.dbapi_connection
+            assert isinstance(src, sqlite3.Connection)
             with sqlite3.connect(partial) as dst:
                 src.backup(dst)
                 dst.execute("PRAGMA journal_mode=DELETE")  # one self-contained file
             dst.close()
-        finally:
-            src.close()
         partial.replace(target)
     except (sqlite3.Error, OSError) as exc:
         partial.unlink(missing_ok=True)
         raise StoreError(f"backup of {safe_url(url)} to {target} failed: {exc}") from None
+    finally:
+        store.close()
     return target.stat().st_size
 
 

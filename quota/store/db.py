@@ -17,6 +17,7 @@ import dataclasses
 import importlib.resources
 import os
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,14 +122,58 @@ def safe_url(url: str) -> str:
         return "<invalid URL>"
 
 
-def sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
+class _SqliteReader:
     """Connections that never write to a SQLite store: read-only (``mode=ro``), or, where the
     folder cannot be written (a backup handed to finance, a read-only volume) and so WAL's
     shared-memory file cannot be made, ``immutable=1`` (no locks, no -shm), which is safe only
-    when no write-ahead log holds data the main file lacks: else a clear refusal."""
-    uri = Path(path).resolve().as_uri()
+    when no write-ahead log holds data the main file lacks: else a clear refusal.
 
-    def connect() -> sqlite3.Connection:
+    A read-only connection to a WAL store makes its -wal and -shm files where they are missing
+    (no process had the store open) and, being read-only, cannot remove them. So when the last
+    of ours closes and the files were not there before the first, a plain connection is opened
+    and closed: SQLite's last connection checkpoints an empty log (no page written) and removes
+    both. A writer that opened the store meanwhile keeps them, as it must."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.uri = Path(path).resolve().as_uri()
+        self.open = 0
+        self.had_side_files = True
+        self.lock = threading.Lock()  # report queries open connections from several threads
+
+    def side_files(self) -> bool:
+        return any(Path(f"{self.path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+
+    def connect(self) -> sqlite3.Connection:
+        with self.lock:
+            if self.open == 0:
+                self.had_side_files = self.side_files()
+            conn = self._connect()
+            self.open += 1
+            return conn
+
+    def closed(self, dbapi_connection: sqlite3.Connection, *_: Any) -> None:
+        # the pool's "close" event comes before the close: close it first (twice is harmless)
+        dbapi_connection.close()
+        with self.lock:
+            self.open -= 1
+            if self.open == 0 and not self.had_side_files and self.side_files():
+                self._tidy()
+
+    def _tidy(self) -> None:
+        try:
+            conn = sqlite3.connect(f"{self.uri}?mode=rw", uri=True, timeout=1)
+        except sqlite3.Error:
+            return  # a file we may not write: its side files stay, as SQLite left them
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.Error:
+            pass
+        finally:
+            conn.close()
+
+    def _connect(self) -> sqlite3.Connection:
+        path, uri = self.path, self.uri
         conn = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=30, check_same_thread=False)
         try:
             conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens WAL's -shm
@@ -145,8 +190,6 @@ def sqlite_reader(path: str) -> Callable[[], sqlite3.Connection]:
                 "copy the store with `gpuquota db backup` (one file, no log) and read the copy"
             )
         return sqlite3.connect(f"{uri}?immutable=1", uri=True, check_same_thread=False)
-
-    return connect
 
 
 # an engine's execution option: its connections may read side by side (PostgreSQL: each its own
@@ -173,11 +216,12 @@ def _engine(url: str, *, read_only: bool = False) -> Engine:
     )
     if read_only and in_file and not str(parsed.database).startswith("file:"):
         assert parsed.database is not None
-        return create_engine(
-            "sqlite://",
-            creator=sqlite_reader(parsed.database),
-            execution_options={CONCURRENT_READS: True},
+        reader = _SqliteReader(parsed.database)
+        engine = create_engine(
+            "sqlite://", creator=reader.connect, execution_options={CONCURRENT_READS: True}
         )
+        event.listen(engine.pool, "close", reader.closed)
+        return engine
     if parsed.get_backend_name() == "sqlite":
         # wait for a concurrent writer (the report, a second replay) instead of failing
         if "timeout" not in parsed.query:
@@ -340,7 +384,7 @@ def current(url: str, *, refuse_foreign: bool = False) -> str | None:
 def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool = False) -> Store:
     """Connect to the store at ``url``; with ``migrate`` bring its schema to the latest
     revision first, else refuse a database that is not at it. ``read_only``: never write
-    (a SQLite file is opened read-only, in a read-only folder too; see sqlite_reader)."""
+    (a SQLite file is opened read-only, in a read-only folder too; see _SqliteReader)."""
     if migrate:
         upgrade(url)
     else:

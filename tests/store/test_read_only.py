@@ -75,7 +75,52 @@ def test_sqlite_store_in_a_read_only_folder(tmp_path: Path) -> None:
         current = gpuquota("db", "current", "--db", url)
         assert current.returncode == 0, current.stderr
         assert "(latest)" in current.stdout
+        # issue 27: backup refused what report read ("unable to open database file")
+        backup = gpuquota("db", "backup", "--db", url, "--to", str(tmp_path / "b.db"))
+        assert backup.returncode == 0, backup.stderr
         assert sorted(p.name for p in copy.iterdir()) == ["gpuquota.db"]  # nothing written
+    again = gpuquota(
+        "report", "--db", f"sqlite:///{tmp_path / 'b.db'}", *MONTH, "--idle", "--format=csv"
+    )
+    assert again.returncode == 0 and again.stdout == want.stdout
+
+
+def test_read_only_commands_create_no_files(tmp_path: Path) -> None:
+    """Issue 27: in a writable folder, a read-only connection to the WAL store left its -wal
+    and -shm files behind, though docs/operations.md says these commands create none."""
+    store = tmp_path / "live" / "gpuquota.db"
+    store.parent.mkdir()
+    url = f"sqlite:///{store}"
+    filled(url, tmp_path)
+    assert sorted(p.name for p in store.parent.iterdir()) == ["gpuquota.db"]
+    before = store.read_bytes()
+    for argv in (
+        ["report", *MONTH, "--idle", "--format=json"],
+        ["db", "current"],
+        ["db", "backup", "--to", str(tmp_path / "b.db")],
+        ["db", "prune", "--before", "2026-01-02"],  # shows, removes nothing
+    ):
+        done = gpuquota(*argv, "--db", url)
+        assert done.returncode == 0, (argv, done.stderr)
+        assert sorted(p.name for p in store.parent.iterdir()) == ["gpuquota.db"], argv
+    assert store.read_bytes() == before
+
+
+def test_a_writer_keeps_its_log_while_a_report_reads(tmp_path: Path) -> None:
+    """The tidy-up after a read removes no log a writer has open."""
+    store = tmp_path / "live" / "gpuquota.db"
+    store.parent.mkdir()
+    filled(f"sqlite:///{store}", tmp_path)
+    writer = sqlite3.connect(store)
+    try:
+        writer.execute("PRAGMA wal_autocheckpoint=0")
+        writer.execute("UPDATE heartbeats SET at = at + 1")
+        writer.commit()
+        done = gpuquota("db", "current", "--db", f"sqlite:///{store}")
+        assert done.returncode == 0, done.stderr
+        assert (store.parent / "gpuquota.db-wal").stat().st_size > 0
+    finally:
+        writer.close()
 
 
 def test_unread_write_ahead_log_in_a_read_only_folder_is_refused(tmp_path: Path) -> None:
