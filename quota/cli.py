@@ -63,13 +63,24 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
         module = importlib.import_module(module_name)
         sub = commands.add_parser(name, help=help_text, description=module.__doc__)
         # also after the subcommand, where the error messages tell a user to add it
-        sub.add_argument(
-            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
-        )
         module.add_arguments(sub)
+        _add_verbose(sub)
         add_version(sub)  # and on its own subcommands (db upgrade, ...)
         modules[name] = module
     return parser, modules
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """-v on ``parser`` and every subcommand below it (`gpuquota db current -v`): each --help
+    says it shows a traceback."""
+    if "-v" not in parser._option_string_actions:
+        parser.add_argument(
+            "-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help=VERBOSE_HELP
+        )
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _add_verbose(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
