@@ -440,7 +440,8 @@ def kube_api(
 ) -> Any:
     """A gpuquota.kube.client.Kube (raw JSON calls); ``needed_by`` ("--dra needs") starts the
     error's message."""
-    from gpuquota.kube.client import Kube, KubeConfigError, load
+    from gpuquota.kube.client import Kube
+    from gpuquota.kube.rest import KubeConfigError, load
 
     try:
         config = load(str(kubeconfig) if kubeconfig else None)
