@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from urllib3 import BaseHTTPResponse
 
-from gpuquota.kube.rest import KubeConfigError, RestApi
+from gpuquota.kube.rest import KubeConfigError as KubeConfigError  # re-exported: one class
+from gpuquota.kube.rest import RestApi
 
 if TYPE_CHECKING:  # the official client is imported where it is used (the controller)
     from kubernetes import client

@@ -202,10 +202,11 @@ class WatchLoop(threading.Thread):
                 self.open = False
                 log.warning("%s: watch not ended by the server in time: re-watching", self.kind)
                 self.metrics.restart(self.kind, "stalled")
-            except (HTTPError, *_official_errors(), ApiStatusError, OSError, ValueError) as exc:
+            except _retried_errors() as exc:
                 self.open = False
-                if isinstance(exc, (*_official_errors(), ApiStatusError)) and (
-                    exc.status == 410 or "too large resource version" in str(exc).lower()
+                if isinstance(exc, (ApiStatusError, *_official_errors())) and (
+                    getattr(exc, "status", None) == 410
+                    or "too large resource version" in str(exc).lower()
                 ):
                     self._gone()
                 self.last_error = _describe(exc)
@@ -266,12 +267,18 @@ def _too_large(status: Obj) -> bool:
     return "too large resource version" in str(status.get("message", "")).lower()
 
 
-def _official_errors() -> tuple[type[Exception], ...]:
+def _retried_errors() -> tuple[type[BaseException], ...]:
+    """What a watch loop retries after: transport errors, error statuses, bad answers."""
+    return (HTTPError, ApiStatusError, OSError, ValueError, *_official_errors())
+
+
+def _official_errors() -> tuple[type[BaseException], ...]:
     """The official client's ApiException where that client is in use (the controller): it is
     imported only there, and where it is not loaded nothing can raise it (gpu-exporter talks
     through gpuquota.kube.rest and never loads it)."""
     module = sys.modules.get("kubernetes.client.exceptions")
-    return (module.ApiException,) if module is not None else ()
+    official: tuple[type[BaseException], ...] = (module.ApiException,) if module is not None else ()
+    return official
 
 
 def _describe(exc: BaseException) -> str:

@@ -94,9 +94,11 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 def deploy_copy() -> Path:
     """A copy of deploy/ as a fresh clone has it (tracked files only: nothing generated),
     where the compositions' kustomizations are written."""
+    import atexit
     import tempfile
 
     copy = Path(tempfile.mkdtemp(prefix="deploy-")) / "deploy"
+    atexit.register(shutil.rmtree, copy.parent, True)
     tracked = subprocess.run(
         ["git", "-C", str(ROOT), "ls-files", "-z", "deploy"],
         capture_output=True, check=True,
