@@ -1,7 +1,9 @@
 """Kubernetes API access for the controller: config loading, raw paged lists, raw watch lines.
 
-Objects stay plain dicts: requests go through the official client's ApiClient (its
-configuration, authentication, TLS and connection pool) with the response left unread
+Objects stay plain dicts: requests go through the official client's ApiClient in the
+controller, or gpuquota/kube/rest.py's RestApi in the node agent (which must not load the
+official client's memory); either way its configuration, authentication, TLS and connection
+pool, with the response left unread
 (preload off), and the bytes are parsed with json.loads. This skips the generated API classes
 and their model deserialisation: importing CoreV1Api alone builds hundreds of pydantic models
 (seconds of start-up), and turning a large list into models is far slower and larger than
