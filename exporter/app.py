@@ -479,7 +479,8 @@ def kube_api(
 ) -> Any:
     """A gpuquota.kube.client.Kube (raw JSON calls); ``needed_by`` ("--dra needs") starts the
     error's message."""
-    from gpuquota.kube.client import Kube, KubeConfigError, load
+    from gpuquota.kube.client import Kube
+    from gpuquota.kube.rest import KubeConfigError, load
 
     try:
         config = load(str(kubeconfig) if kubeconfig else None)
@@ -489,21 +490,11 @@ def kube_api(
 
 
 def core_api(kubeconfig: Path | None, needed_by: str = "--pod-usage needs") -> Any:
-    """The official client's CoreV1Api (its pod listing); ``needed_by`` as for kube_api."""
-    from kubernetes import client, config
+    """The Kubernetes API for --pod-usage's pod list: a gpuquota.kube.client.Kube (raw JSON,
+    no generated models); ``needed_by`` as for kube_api. A list answers within 10 s or is
+    tried again on the directory's next turn."""
+    from gpuquota.kube.client import Timeouts
 
-    try:
-        if kubeconfig is not None:
-            config.load_kube_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
-        else:
-            try:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-            except config.ConfigException:
-                config.load_kube_config()  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError) as exc:
-        where = f"kubeconfig {kubeconfig}" if kubeconfig else "no in-cluster config and kubeconfig"
-        reason = " ".join(str(getattr(exc, "strerror", None) or exc).split())
-        raise KubeConfigUnavailableError(
-            f"{needed_by} the Kubernetes API: {where}: {reason}"
-        ) from None
-    return client.CoreV1Api()
+    kube = kube_api(kubeconfig, needed_by)
+    kube.timeouts = Timeouts(read=10.0)
+    return kube

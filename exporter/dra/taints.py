@@ -66,7 +66,7 @@ CONFLICT_RETRIES = 5  # a rule changed between our list and our update: list aga
 class DeviceTaintPublisher(ListenerThread):
     """A health listener keeping this node's DeviceTaintRules in step with the verdict.
 
-    ``kube`` is a gpuquota.kube.client.Kube (raw calls through the official client).
+    ``kube`` is a gpuquota.kube.client.Kube (raw calls, gpuquota/kube/rest.py in the agent).
     """
 
     def __init__(

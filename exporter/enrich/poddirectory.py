@@ -16,17 +16,17 @@ from gpuquota.exporter.enrich.podnames import PodName, pod_names
 
 log = logging.getLogger(__name__)
 
-PodLister = Callable[[], Iterable[Any]]  # returns V1Pod-like objects of this node
+PodLister = Callable[[], Iterable[dict[str, Any]]]  # this node's pods, as the API's JSON
 
 
-def lister_for_node(core_api: Any, node_name: str) -> PodLister:
-    """Lists the pods bound to `node_name` through a kubernetes CoreV1Api."""
+def lister_for_node(kube: Any, node_name: str) -> PodLister:
+    """Lists the pods bound to `node_name` through a gpuquota.kube.client.Kube: plain JSON,
+    not the official client's generated models (loading those alone costs the agent some
+    20 MB: docs/benchmarks.md, "The node agent's memory")."""
 
-    def pods() -> Iterable[Any]:
-        answer = core_api.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node_name}", _request_timeout=10
-        )
-        return list(answer.items)
+    def pods() -> Iterable[dict[str, Any]]:
+        answer = kube.call("GET", "/api/v1/pods", [("fieldSelector", f"spec.nodeName={node_name}")])
+        return [p for p in answer.get("items") or [] if isinstance(p, dict)]
 
     return pods
 

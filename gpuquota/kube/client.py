@@ -1,7 +1,9 @@
 """Kubernetes API access for the controller: config loading, raw paged lists, raw watch lines.
 
-Objects stay plain dicts: requests go through the official client's ApiClient (its
-configuration, authentication, TLS and connection pool) with the response left unread
+Objects stay plain dicts: requests go through the official client's ApiClient in the
+controller, or gpuquota/kube/rest.py's RestApi in the node agent (which must not load the
+official client's memory); either way its configuration, authentication, TLS and connection
+pool, with the response left unread
 (preload off), and the bytes are parsed with json.loads. This skips the generated API classes
 and their model deserialisation: importing CoreV1Api alone builds hundreds of pydantic models
 (seconds of start-up), and turning a large list into models is far slower and larger than
@@ -26,11 +28,15 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kubernetes import client, config
-from kubernetes.config.config_exception import ConfigException
 from urllib3 import BaseHTTPResponse
+
+from gpuquota.kube.rest import KubeConfigError as KubeConfigError  # re-exported: one class
+from gpuquota.kube.rest import RestApi
+
+if TYPE_CHECKING:  # the official client is imported where it is used (the controller)
+    from kubernetes import client
 
 Obj = dict[str, Any]
 # an object's JSON -> whether the caller may want it (False: it certainly does not)
@@ -136,10 +142,6 @@ def stub_event(line: bytes) -> Obj | None:
     }
 
 
-class KubeConfigError(RuntimeError):
-    """The kubeconfig or in-cluster configuration cannot be used: one line."""
-
-
 class ApiStatusError(RuntimeError):
     """The API server answered with an error status."""
 
@@ -207,7 +209,12 @@ def keepalive_options() -> list[tuple[int, int, int]]:
 
 
 def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
-    """An ApiClient from ``kubeconfig``, else in-cluster, else $KUBECONFIG / ~/.kube/config."""
+    """An ApiClient from ``kubeconfig``, else in-cluster, else $KUBECONFIG / ~/.kube/config.
+    (gpu-exporter uses gpuquota.kube.rest.load instead: the same calls without the official
+    client's memory.)"""
+    from kubernetes import client, config
+    from kubernetes.config.config_exception import ConfigException
+
     try:
         if kubeconfig:
             if not Path(kubeconfig).exists():
@@ -272,7 +279,7 @@ class Kube:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: client.ApiClient | RestApi,
         timeouts: Timeouts = Timeouts(),
         page_size: int = 500,
         field_selectors: dict[str, str] | None = None,
@@ -343,35 +350,35 @@ class Kube:
         """One raw call; the response unread (release it). Raises ApiStatusError on >= 400.
         ``content_type`` of a PATCH: application/merge-patch+json or
         application/strategic-merge-patch+json."""
-        method, url, headers, data, post = self.api.param_serialize(
-            method,
-            path,
-            query_params=query or [],
-            header_params={"Accept": "application/json"}
-            | ({"Content-Type": content_type} if body is not None else {}),
-            body=body,
-            auth_settings=["BearerToken"],
+        header_params = {"Accept": "application/json"} | (
+            {"Content-Type": content_type} if body is not None else {}
         )
-        resp = self.api.call_api(
-            method,
-            url,
-            headers,
-            data,
-            post,
-            _request_timeout=(
-                self.timeouts.connect,
-                self.timeouts.read if read_timeout is None else read_timeout,
-            ),
+        timeout = (
+            self.timeouts.connect,
+            self.timeouts.read if read_timeout is None else read_timeout,
         )
-        raw: BaseHTTPResponse = resp.response
-        if resp.status >= 400:
+        if isinstance(self.api, RestApi):
+            raw = self.api.send(method, path, query or [], header_params, body, timeout)
+            status, reason = raw.status, raw.reason
+        else:
+            method, url, headers, data, post = self.api.param_serialize(
+                method,
+                path,
+                query_params=query or [],
+                header_params=header_params,
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            resp = self.api.call_api(method, url, headers, data, post, _request_timeout=timeout)
+            raw, status, reason = resp.response, resp.status, resp.reason
+        if status >= 400:
             try:
                 message = str(json.loads(raw.data).get("message", ""))
             except (ValueError, AttributeError):
                 message = ""
             finally:
                 raw.release_conn()
-            raise ApiStatusError(resp.status, str(resp.reason), message)
+            raise ApiStatusError(status, str(reason), message)
         return raw
 
     def call(

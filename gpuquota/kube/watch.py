@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from gpuquota.kube.backoff import Backoff
@@ -211,10 +211,11 @@ class WatchLoop(threading.Thread):
                 self.open = False
                 log.warning("%s: watch not ended by the server in time: re-watching", self.kind)
                 self.metrics.restart(self.kind, "stalled")
-            except (HTTPError, ApiException, ApiStatusError, OSError, ValueError) as exc:
+            except _retried_errors() as exc:
                 self.open = False
-                if isinstance(exc, ApiException | ApiStatusError) and (
-                    exc.status == 410 or "too large resource version" in str(exc).lower()
+                if isinstance(exc, (ApiStatusError, *_official_errors())) and (
+                    getattr(exc, "status", None) == 410
+                    or "too large resource version" in str(exc).lower()
                 ):
                     self._gone()
                 self.last_error = _describe(exc)
@@ -309,9 +310,23 @@ def _too_large(status: Obj) -> bool:
     return "too large resource version" in str(status.get("message", "")).lower()
 
 
+def _retried_errors() -> tuple[type[BaseException], ...]:
+    """What a watch loop retries after: transport errors, error statuses, bad answers."""
+    return (HTTPError, ApiStatusError, OSError, ValueError, *_official_errors())
+
+
+def _official_errors() -> tuple[type[BaseException], ...]:
+    """The official client's ApiException where that client is in use (the controller): it is
+    imported only there, and where it is not loaded nothing can raise it (gpu-exporter talks
+    through gpuquota.kube.rest and never loads it)."""
+    module = sys.modules.get("kubernetes.client.exceptions")
+    official: tuple[type[BaseException], ...] = (module.ApiException,) if module is not None else ()
+    return official
+
+
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"API server answered {exc.status} {exc.reason}"
+    if isinstance(exc, _official_errors()):
+        return f"API server answered {getattr(exc, 'status', '?')} {getattr(exc, 'reason', '')}"
     reason = getattr(exc, "reason", None)
     text = str(reason or exc).strip() or type(exc).__name__
     return text.splitlines()[0][:300]

@@ -17,7 +17,7 @@ KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustomize) not installed")
 
 # The optional parts, each a kustomize Component, in the order a kustomization lists them
-# (dra after device-plugin and pod-usage: its --dra=on must be the exporter's last --dra flag).
+# (tls-auth after prometheus-operator: it gives the ServiceMonitor its credentials).
 COMPONENTS = (
     "report-cronjob",  # before postgres, which points the report at the database
     "postgres",
@@ -39,8 +39,10 @@ RESTRICTED_WITH = (
     "dcgm-compat",
     "grafana-dashboards",
 )
-PRODUCTION = ("report-cronjob", "postgres", "prometheus-operator", "device-plugin", "dra",
-              "tls-auth", "grafana-dashboards")  # fmt: skip
+PRODUCTION = ("report-cronjob", "postgres", "prometheus-operator", "device-plugin", "pod-usage",
+              "usage-ledger", "tls-auth", "grafana-dashboards")  # fmt: skip
+# the production example on DRA nodes: dra instead of device-plugin (its comment says so)
+PRODUCTION_DRA = tuple("dra" if c == "device-plugin" else c for c in PRODUCTION)
 
 
 def _sensible() -> dict[str, tuple[str, ...]]:
@@ -55,6 +57,7 @@ def _sensible() -> dict[str, tuple[str, ...]]:
             builds[f"components/{a}+{b}"] = (a, b)
     builds["components/all-but-restricted"] = tuple(c for c in COMPONENTS if c != "restricted")
     builds["components/restricted-and-all-it-takes"] = (*RESTRICTED_WITH, "restricted")
+    builds["components/production-with-dra"] = PRODUCTION_DRA
     builds["examples/production"] = PRODUCTION
     return builds
 
@@ -88,26 +91,32 @@ def find(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 @functools.cache
-def generated_deploy() -> Path:
-    """A copy of deploy/ with components/tls-auth's Secret files generated (never in the tree)."""
-    import sys
+def deploy_copy() -> Path:
+    """A copy of deploy/ as a fresh clone has it (tracked files only: nothing generated),
+    where the compositions' kustomizations are written."""
+    import atexit
     import tempfile
 
     copy = Path(tempfile.mkdtemp(prefix="deploy-")) / "deploy"
-    shutil.copytree(DEPLOY, copy)
-    script = copy / "components" / "tls-auth" / "generate.py"
-    made = subprocess.run([sys.executable, str(script)], capture_output=True, text=True)
-    assert made.returncode == 0, made.stderr
+    atexit.register(shutil.rmtree, copy.parent, True)
+    tracked = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "deploy"],
+        capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, tracked):
+        target = copy.parent / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
     return copy
 
 
 def built(name: str) -> list[dict[str, Any]]:
     """kustomize of a build: ``base``, ``examples/<name>``, or the base composed with the
-    components a ``components/...`` name lists (BUILDS); made in a copy of deploy/ where
-    components/tls-auth's Secret files are generated."""
+    components a ``components/...`` name lists (BUILDS); made in a copy of deploy/'s tracked
+    files, as a fresh clone has them."""
+    copy = deploy_copy()
     if name == "base":
-        return kustomize(DEPLOY / "base")
-    copy = generated_deploy()
+        return kustomize(copy / "base")
     if name.startswith("examples/"):
         return kustomize(copy / name)
     folder = copy / "builds" / name.replace("/", "_")

@@ -33,13 +33,8 @@ PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) missing")
 
 
-GENERATED = {"web-config.yml"}  # components/tls-auth/generate.py writes it; never committed
-
-
 def yaml_files() -> list[Path]:
-    return sorted(
-        p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml") and p.name not in GENERATED
-    )
+    return sorted(p for p in DEPLOY.rglob("*") if p.suffix in (".yaml", ".yml"))
 
 
 def rule_groups() -> list[dict[str, Any]]:
@@ -347,7 +342,8 @@ def test_the_prometheus_operator_component_says_it_needs_the_operators_crds() ->
 @needs_kubectl
 def test_production_example_composes_every_part_and_names_the_image_once() -> None:
     """Issue 18 (fails on 6c36c52: no components, no example; a kustomization listing the
-    postgres and prometheus-operator overlays failed with "already registered id")."""
+    postgres and prometheus-operator overlays failed with "already registered id"); issue 28
+    (fails on 4b1b947: no pod-usage, no ledger, no rate card, cpu 50m, no selector label)."""
     docs = built("examples/production")
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
     assert len(kinds) == len(docs)  # nothing twice
@@ -371,9 +367,27 @@ def test_production_example_composes_every_part_and_names_the_image_once() -> No
     assert all(m["metadata"]["labels"]["grafana_dashboard"] == "1" for m in maps)
     exporter = find(docs, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
     args = exporter["containers"][0]["args"]
-    assert "--device-plugin" in args and "--dra-device-taints" in args
-    assert [a for a in args if a.startswith("--dra=")][-1] == "--dra=on"  # the last one wins
+    # issue 28: the whole product: the device plugin (or dra, never both), per-pod usage and
+    # its counters, TLS, the usage ledger, and a priced monthly report
+    assert {"--device-plugin", "--node-taint", "--node-condition", "--pod-usage",
+            "--dra=off"} <= set(args)  # fmt: skip
+    assert exporter["hostPID"] is True
     assert any(a.startswith("--web.config.file=") for a in args)
+    config = find(docs, "ConfigMap", "gpuquota-controller")["data"]
+    assert config["GPUQUOTA_LEDGER_PROMETHEUS_URL"].startswith("http://")
+    report_args = report["spec"]["containers"][0]["args"]
+    rate_card = next(a for a in report_args if a.startswith("--rate-card="))
+    mounts = {m["mountPath"]: m["name"] for m in report["spec"]["containers"][0]["volumeMounts"]}
+    folder = rate_card.split("=", 1)[1].rsplit("/", 1)[0]
+    volume = next(v for v in report["spec"]["volumes"] if v["name"] == mounts[folder])
+    assert volume["configMap"]["name"] == "gpuquota-ratecard"
+    controller = find(docs, "Deployment", "gpuquota-controller")["spec"]["template"]["spec"]
+    # docs/operations.md, "Gaps": at least one full core
+    assert controller["containers"][0]["resources"]["requests"]["cpu"] == "1"
+    # the Prometheus Operator's selector label, set once, on every object it selects
+    for doc in docs:
+        if doc["apiVersion"].startswith("monitoring.coreos.com/"):
+            assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack", doc["kind"]
     images = {
         c["image"]
         for d in docs
@@ -412,3 +426,64 @@ def test_dashboard_configmaps_are_fresh() -> None:
     assert configmaps.main(["--check", str(target)]) == 0, (
         f"run `python -m gpuquota.dashboards.configmaps --write {target.relative_to(ROOT)}`"
     )
+
+
+def flag_name(arg: str) -> str | None:
+    """``--dra`` of ``--dra=on`` or ``--dra``; None for a value (an argument after a flag)."""
+    return arg.split("=", 1)[0] if arg.startswith("-") else None
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", OVERLAYS)
+def test_no_container_is_given_a_flag_twice(folder: str) -> None:
+    """Issue 28: the production build gave the exporter --dra=off twice and --dra=on (the
+    last one won, so the order of the components decided)."""
+    for doc in built(folder):
+        if doc["kind"] not in ("DaemonSet", "Deployment", "CronJob"):
+            continue
+        for container in pod_containers(doc):
+            flags = [f for f in map(flag_name, container.get("args", [])) if f]
+            twice = sorted({f for f in flags if flags.count(f) > 1})
+            assert not twice, f"{doc['metadata']['name']}/{container['name']}: {twice} twice"
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", OVERLAYS)
+def test_every_scrape_path_matches_the_exporters_web_config(folder: str) -> None:
+    """Issue 28: with TLS and basic auth on the exporter, every way Prometheus finds it
+    (ServiceMonitor, annotations) scrapes it over HTTPS with the CA, server name and
+    credentials of the same Secrets the exporter mounts; with a ServiceMonitor, no pod is
+    also annotated for scraping (one scrape per target)."""
+    docs = built(folder)
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    pods = {
+        d["metadata"]["name"]: d["spec"]["template"]
+        for d in docs
+        if d["kind"] in ("DaemonSet", "Deployment")
+    }
+    exporter = pods["gpu-exporter"]
+    args = exporter["spec"]["containers"][0]["args"]
+    tls = any(a.startswith("--web.config.file=") for a in args)
+    annotated = {
+        name for name, pod in pods.items()
+        if (pod["metadata"].get("annotations") or {}).get("prometheus.io/scrape") == "true"
+    }  # fmt: skip
+    if monitors:
+        assert not annotated, f"scraped twice: by a ServiceMonitor and by annotation: {annotated}"
+    if tls:
+        assert "gpu-exporter" not in annotated  # an annotation cannot carry the credentials
+        mounted = {
+            s["secret"]["name"]
+            for v in exporter["spec"]["volumes"]
+            if v["name"] == "web"
+            for s in v["projected"]["sources"]
+        }
+        for endpoint in monitors.get("gpu-exporter", {}).get("spec", {}).get("endpoints", []):
+            assert endpoint["scheme"] == "https"
+            assert endpoint["tlsConfig"]["serverName"] == "gpu-exporter.gpuquota.svc"
+            assert endpoint["tlsConfig"]["ca"]["secret"]["name"] in mounted
+            auth = endpoint["basicAuth"]
+            assert {auth["username"]["name"], auth["password"]["name"]} <= mounted
+    else:
+        for endpoint in monitors.get("gpu-exporter", {}).get("spec", {}).get("endpoints", []):
+            assert endpoint.get("scheme", "http") == "http" and "basicAuth" not in endpoint

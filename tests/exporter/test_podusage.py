@@ -160,14 +160,12 @@ def test_a_new_pod_is_picked_up_without_waiting_for_the_refresh(tmp_path: Path) 
         calls.append(time.monotonic())
         return listed[0]
 
-    from kubernetes.client import V1Container, V1ObjectMeta, V1Pod, V1PodSpec
-
     directory = PodDirectory(lister, interval=3600, min_refresh=0.05)
     directory.start()
     try:
         assert directory.lookup(UID_A) is None
-        listed[0] = [V1Pod(metadata=V1ObjectMeta(name="p", namespace="n", uid=UID_A.upper()),
-                           spec=V1PodSpec(containers=[V1Container(name="c")]))]  # fmt: skip
+        listed[0] = [{"metadata": {"name": "p", "namespace": "n", "uid": UID_A.upper()},
+                      "spec": {"containers": [{"name": "c"}]}}]  # fmt: skip
         directory.lookup(UID_A)
         wait_for(lambda: directory.lookup(UID_A) is not None)
         found = directory.lookup(UID_A)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuquota.sim.workload import generate
-from tests.deploy.manifests import generated_deploy
+from tests.deploy.manifests import deploy_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -45,7 +45,7 @@ def test_every_command_runs_as_written(tmp_path: Path) -> None:
     work.mkdir()
     (work / "docs" / "examples").mkdir(parents=True)
     shutil.copy(ROOT / "docs" / "examples" / "ratecard.yaml", work / "docs" / "examples")
-    shutil.copytree(generated_deploy(), work / "deploy")  # with tls-auth's files generated
+    shutil.copytree(deploy_copy(), work / "deploy")  # as a fresh clone has it
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     seed = ["gpuquota", "replay", str(events), "--db", "sqlite:///gpuquota.db", "--migrate"]
     subprocess.run(seed, cwd=work, env=env, check=True, capture_output=True, timeout=120)
