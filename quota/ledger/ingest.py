@@ -159,7 +159,17 @@ class Ingester:
             self.refresh_idle()
             self.roll_up(rolled)
             self._publish(turns=self.facts.turns + 1)
+        self.ingest_history()
         return len(due)
+
+    def ingest_history(self) -> None:
+        """The fleet history's windows that are due (quota/fleet/ingest.py), on the same
+        settings, store and retries as the ledger's."""
+        from gpuquota.quota.fleet import ingest as fleet_ingest
+        from gpuquota.quota.fleet.write import FleetStore
+
+        fleet = FleetStore(self._store().store, self.cluster)
+        fleet_ingest.run_once(fleet, self.settings, self.clock(), self._stop.is_set)
 
     def roll_up(self, rolled_until: int | None) -> None:
         """Roll up every day that is due (rules.rollup_days), oldest first, each in its own
