@@ -30,6 +30,7 @@ from gpuquota.quota.accounting.rules.pods import raw_prefilter
 from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
+from gpuquota.quota.fleet.ingest import turn as fleet_turn
 from gpuquota.quota.ledger.ingest import LedgerProcess, LedgerSettings
 from gpuquota.quota.ledger.ingest import check as check_ledger
 from gpuquota.quota.options import (
@@ -405,7 +406,8 @@ def run(args: argparse.Namespace) -> int:
             if stopping.is_set():
                 return
             if ledger is not None:  # its own process and connection, beside the watch loop
-                ingester = LedgerProcess(args.db, args.cluster, ledger)
+                # the fleet history (issue 29) rides on the ledger's windows and process
+                ingester = LedgerProcess(args.db, args.cluster, ledger, turns=(fleet_turn,))
                 ingesters.append(ingester)
                 metrics.ledger.read_from(lambda: ingester.facts)
                 ingester.start()

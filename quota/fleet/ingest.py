@@ -15,6 +15,7 @@ from gpuquota.quota.fleet import rules, source
 from gpuquota.quota.fleet.write import FleetStore
 from gpuquota.quota.ledger import rules as ledger_rules
 from gpuquota.quota.ledger.ingest import LedgerSettings
+from gpuquota.quota.store.db import Store
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +27,13 @@ def ingest_window(fleet: FleetStore, settings: LedgerSettings, start: int) -> in
     priors = fleet.priors(sorted({r.serial for r in readings}), start)
     history = rules.window_history(readings, xids, priors, start, start + s.window, s.max_gap)
     return fleet.replace_window(start, s.window, history)
+
+
+def turn(
+    store: Store, cluster: str, settings: LedgerSettings, now: float, stopped: Callable[[], bool]
+) -> int:
+    """The ledger process' turn of the fleet history (ledger/ingest.py ``Turn``)."""
+    return run_once(FleetStore(store, cluster), settings, now, stopped)
 
 
 def run_once(

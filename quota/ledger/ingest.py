@@ -21,7 +21,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -30,7 +30,7 @@ from gpuquota.quota.ledger import rules
 from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
 from gpuquota.quota.ledger.write import Baseline, LedgerStore
 from gpuquota.quota.promhttp import PrometheusError
-from gpuquota.quota.store.db import StoreError, open_store
+from gpuquota.quota.store.db import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +92,16 @@ class LedgerFacts:
     rolled_until: int | None = None  # the end of the last UTC day rolled up
 
 
+# More work of each turn on the ledger's settings, store, process and retries: (store,
+# cluster, settings, now, stopped) -> windows done. A module-level function (the ledger's
+# process is spawned: its turns go to it by reference). The fleet history's is one
+# (quota/fleet/ingest.py ``turn``); the controller passes it.
+Turn = Callable[[Store, str, "LedgerSettings", float, Callable[[], bool]], object]
+
+
 class Ingester:
-    """Ingests the ledger of one cluster until stopped. ``run_once`` is one turn."""
+    """Ingests the ledger of one cluster until stopped. ``run_once`` is one turn (the
+    ledger's windows, then each of ``turns``)."""
 
     def __init__(
         self,
@@ -102,8 +110,10 @@ class Ingester:
         settings: LedgerSettings,
         *,
         clock: Callable[[], float] = time.time,
+        turns: Sequence[Turn] = (),
     ) -> None:
         self.db_url = db_url
+        self.turns = tuple(turns)
         self.cluster = cluster
         self.settings = settings
         self.clock = clock
@@ -159,17 +169,16 @@ class Ingester:
             self.refresh_idle()
             self.roll_up(rolled)
             self._publish(turns=self.facts.turns + 1)
-        self.ingest_history()
+        for turn in self.turns:
+            if not self._stop.is_set():
+                turn(
+                    self._store().store,
+                    self.cluster,
+                    self.settings,
+                    self.clock(),
+                    self._stop.is_set,
+                )
         return len(due)
-
-    def ingest_history(self) -> None:
-        """The fleet history's windows that are due (quota/fleet/ingest.py), on the same
-        settings, store and retries as the ledger's."""
-        from gpuquota.quota.fleet import ingest as fleet_ingest
-        from gpuquota.quota.fleet.write import FleetStore
-
-        fleet = FleetStore(self._store().store, self.cluster)
-        fleet_ingest.run_once(fleet, self.settings, self.clock(), self._stop.is_set)
 
     def roll_up(self, rolled_until: int | None) -> None:
         """Roll up every day that is due (rules.rollup_days), oldest first, each in its own
@@ -327,7 +336,9 @@ class LedgerProcess:
 
     NICE = 10
 
-    def __init__(self, db_url: str, cluster: str, settings: LedgerSettings) -> None:
+    def __init__(
+        self, db_url: str, cluster: str, settings: LedgerSettings, turns: Sequence[Turn] = ()
+    ) -> None:
         ctx = multiprocessing.get_context("spawn")  # never fork a threaded process
         self.facts = LedgerFacts()
         receive, send = ctx.Pipe(duplex=False)
@@ -335,7 +346,7 @@ class LedgerProcess:
         self._stop = ctx.Event()
         self._proc = ctx.Process(
             target=_child,
-            args=(db_url, cluster, settings, send, self._stop, os.getpid()),
+            args=(db_url, cluster, settings, send, self._stop, os.getpid(), tuple(turns)),
             name="gpuquota-ledger",
             daemon=True,
         )
@@ -386,6 +397,7 @@ def _child(
     send: Connection,
     stop: EventLike,
     parent: int,
+    turns: Sequence[Turn] = (),
 ) -> None:
     """The ledger process: Ingester's loop, facts to the parent after each change."""
     logging.basicConfig(
@@ -395,7 +407,7 @@ def _child(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(LedgerProcess.NICE)
-    ingester = Ingester(db_url, cluster, settings)
+    ingester = Ingester(db_url, cluster, settings, turns=turns)
     ingester._stop = stop
 
     def publish(facts: LedgerFacts) -> None:

@@ -5,9 +5,9 @@ out by hand from the definitions here.
 - S1 (GPU-a1 on node-1): an XID 13 counter at 2 from before anything is ingested; XID 13 again
   at A+1000; XID 79 at A+600 fences it (unhealthy, reboot_node) until A+1800; its agent
   restarts at A+2440 (no scrapes in [A+2400, A+2430], XID counters gone); XID 79 again at
-  B+300 fences it until B+900 (a relapse 3300 s after its release).
+  B+300 fences it until B+900 (a relapse 2100 s after its release).
 - S2 (GPU-b1 on node-1) leaves node-1 after A+2985 and comes back as GPU-b2 on node-2 at
-  B+600 (a gap of 4215 s); its correctable remapped rows went from 0 to 2 meanwhile and reach
+  B+600 (a gap of 1215 s); its correctable remapped rows went from 0 to 2 meanwhile and reach
   3 at C.
 - S3 (GPU-c1 on node-2) appears at B+600, degraded (row_remap_pending) from C+1200 on.
 """

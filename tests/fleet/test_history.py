@@ -17,6 +17,8 @@ from gpuquota.quota.store.models import GpuBoard, GpuEvent, GpuObservation
 from tests.fleet.scenario import BORN, RESTART, WINDOW, A, B, C, D
 from tests.prometheus import Prometheus
 
+TURNS = (ingest.turn,)  # as the controller passes it
+
 
 def settings(url: str) -> LedgerSettings:
     return LedgerSettings(
@@ -63,12 +65,16 @@ def test_history_by_serial_through_restarts_moves_and_gaps(
 ) -> None:
     # the controller ingests up to B, stops, and a new one (its own store handle, the ledger's
     # process) catches up on B and C after its downtime
-    first = Ingester(db_url, cluster, settings(fleet_prometheus.url), clock=lambda: B + 300)
+    first = Ingester(
+        db_url, cluster, settings(fleet_prometheus.url), clock=lambda: B + 300, turns=TURNS
+    )
     first.run_once()
     first.stop()
     with open_store(db_url) as store:
         assert FleetStore(store, cluster).progress().ingested_until == B  # type: ignore[union-attr]
-    second = Ingester(db_url, cluster, settings(fleet_prometheus.url), clock=lambda: D + 300)
+    second = Ingester(
+        db_url, cluster, settings(fleet_prometheus.url), clock=lambda: D + 300, turns=TURNS
+    )
     second.run_once()
     second.stop()
     history = dump(db_url, cluster)
