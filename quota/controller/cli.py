@@ -231,6 +231,13 @@ def add_ledger_options(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="...for at least this long of ingested windows (1h)",
     )
+    group.add_argument(
+        "--relapse-within",
+        type=seconds,
+        default=86400,
+        metavar="DURATION",
+        help="fleet history: a GPU fenced again this soon after its release relapsed (1d)",
+    )
 
 
 def _zero_or(parse: Callable[[str], int]) -> Callable[[str], int]:
@@ -271,6 +278,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
         idle_threshold=args.idle_threshold,
         idle_for=args.idle_for,
         rollup_after=args.ledger_rollup_after,
+        relapse_within=args.relapse_within,
     )
     problem = check_ledger(settings)
     if problem:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from gpuquota.quota.fleet import rules, source
+from sqlalchemy.exc import SQLAlchemyError
+
+from gpuquota.quota.fleet import query, rules, source, summary
 from gpuquota.quota.fleet.write import FleetStore
 from gpuquota.quota.ledger import rules as ledger_rules
 from gpuquota.quota.ledger.ingest import LedgerSettings
@@ -29,11 +31,42 @@ def ingest_window(fleet: FleetStore, settings: LedgerSettings, start: int) -> in
     return fleet.replace_window(start, s.window, history)
 
 
+RECENT = 7 * 86400  # the controller's fence and relapse gauges look this far back
+
+Samples = dict[str, list[tuple[tuple[str, ...], float]]]
+
+
 def turn(
     store: Store, cluster: str, settings: LedgerSettings, now: float, stopped: Callable[[], bool]
-) -> int:
-    """The ledger process' turn of the fleet history (ledger/ingest.py ``Turn``)."""
-    return run_once(FleetStore(store, cluster), settings, now, stopped)
+) -> Samples:
+    """The ledger process' turn of the fleet history (ledger/ingest.py ``Turn``): the due
+    windows, then the controller's fence and relapse gauges (controller/metrics.py)."""
+    fleet = FleetStore(store, cluster)
+    run_once(fleet, settings, now, stopped)
+    return recent_fences(fleet, settings.relapse_within)
+
+
+def recent_fences(fleet: FleetStore, relapse_within: int) -> Samples:
+    """Fences and relapses per GPU in the ``RECENT`` seconds before the ingested end."""
+    progress = fleet.progress()
+    out: Samples = {"fleet_gpu_fences": [], "fleet_gpu_relapses": []}
+    if progress is None:
+        return out
+    hi = progress.ingested_until
+    try:
+        with fleet.store.engine.connect() as conn:
+            boards = query.load(conn, fleet.cluster, hi - RECENT, hi)
+    except SQLAlchemyError as exc:
+        raise fleet.failed("read from", exc) from None
+    for board in boards:
+        got = summary.summarize(board, hi - RECENT, hi, relapse_within)
+        if not got.fences:
+            continue
+        labels = (board.serial, got.model or "", got.nodes[-1] if got.nodes else "")
+        out["fleet_gpu_fences"].append((labels, float(len(got.fences))))
+        if got.relapses:
+            out["fleet_gpu_relapses"].append((labels, float(got.relapses)))
+    return out
 
 
 def run_once(

@@ -42,7 +42,7 @@ class FleetStore:
         self.store = store
         self.cluster = cluster
 
-    def _failed(self, what: str, exc: SQLAlchemyError) -> StoreUnavailableError:
+    def failed(self, what: str, exc: SQLAlchemyError) -> StoreUnavailableError:
         orig = getattr(exc, "orig", None) or exc
         detail = " ".join(str(orig).split()) or type(orig).__name__
         return StoreUnavailableError(
@@ -55,7 +55,7 @@ class FleetStore:
             with self.store.engine.connect() as conn:
                 row = conn.execute(select(p).where(p.c.cluster == self.cluster)).first()
         except SQLAlchemyError as exc:
-            raise self._failed("read from", exc) from None
+            raise self.failed("read from", exc) from None
         return (
             None
             if row is None
@@ -99,7 +99,7 @@ class FleetStore:
                     ):
                         out.setdefault(boards[board_id], Prior()).last_observed = int(last)
         except SQLAlchemyError as exc:
-            raise self._failed("read from", exc) from None
+            raise self.failed("read from", exc) from None
         return out
 
     def replace_window(self, start: int, window: int, history: WindowHistory) -> int:
@@ -171,7 +171,7 @@ class FleetStore:
                 ):
                     conn.execute(insert(p).values(cluster=self.cluster, **values))
         except SQLAlchemyError as exc:
-            raise self._failed("write to", exc) from None
+            raise self.failed("write to", exc) from None
         return len(stretches) + len(events)
 
     def _board_ids(self, conn: Any, serials: list[str], history: WindowHistory) -> dict[str, int]:

@@ -50,6 +50,7 @@ class LedgerSettings:
     idle_threshold: float = 0.05
     idle_for: int = 3600
     rollup_after: int | None = 86400  # None: keep every window's row
+    relapse_within: int = 86400  # the fleet history's: a fence this soon after a release
     poll: float = 30.0  # seconds between turns when nothing is due
     timeout: float = 120.0  # one Prometheus query
     backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
@@ -90,10 +91,13 @@ class LedgerFacts:
     failing: str | None = None
     turns: int = 0  # turns that ingested something (windows and idle allocations done)
     rolled_until: int | None = None  # the end of the last UTC day rolled up
+    # samples of the turns' metric rows (controller/metrics.py), by row: attr -> (labels, value)
+    extra: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
 
 
 # More work of each turn on the ledger's settings, store, process and retries: (store,
-# cluster, settings, now, stopped) -> windows done. A module-level function (the ledger's
+# cluster, settings, now, stopped) -> metric samples by controller metric row (a dict, put in
+# LedgerFacts.extra), or anything else (ignored). A module-level function (the ledger's
 # process is spawned: its turns go to it by reference). The fleet history's is one
 # (quota/fleet/ingest.py ``turn``); the controller passes it.
 Turn = Callable[[Store, str, "LedgerSettings", float, Callable[[], bool]], object]
@@ -171,13 +175,10 @@ class Ingester:
             self._publish(turns=self.facts.turns + 1)
         for turn in self.turns:
             if not self._stop.is_set():
-                turn(
-                    self._store().store,
-                    self.cluster,
-                    self.settings,
-                    self.clock(),
-                    self._stop.is_set,
-                )
+                store = self._store().store
+                found = turn(store, self.cluster, self.settings, self.clock(), self._stop.is_set)
+                if isinstance(found, dict):  # metric samples by row, for the controller
+                    self._publish(extra={**self.facts.extra, **found})
         return len(due)
 
     def roll_up(self, rolled_until: int | None) -> None:

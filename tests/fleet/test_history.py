@@ -9,12 +9,13 @@ from typing import Any
 
 from sqlalchemy import select
 
+from gpuquota.quota.controller.metrics import ledger_samples
 from gpuquota.quota.fleet import ingest
 from gpuquota.quota.fleet.write import FleetStore, table
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
 from gpuquota.quota.store.db import open_store
 from gpuquota.quota.store.models import GpuBoard, GpuEvent, GpuObservation
-from tests.fleet.scenario import BORN, RESTART, WINDOW, A, B, C, D
+from tests.fleet.scenario import BORN, MODEL, RESTART, WINDOW, A, B, C, D
 from tests.prometheus import Prometheus
 
 TURNS = (ingest.turn,)  # as the controller passes it
@@ -78,6 +79,10 @@ def test_history_by_serial_through_restarts_moves_and_gaps(
     second.run_once()
     second.stop()
     history = dump(db_url, cluster)
+    # the controller's fence and relapse gauges, from the ledger process' facts
+    samples = ledger_samples(second.facts)
+    assert samples["fleet_gpu_fences"] == [(("S1", MODEL, "node-1"), 2.0)]
+    assert samples["fleet_gpu_relapses"] == [(("S1", MODEL, "node-1"), 1.0)]
 
     # S1: fenced twice, 1200 s and 600 s, XID 79 once per fence (the second after its agent
     # restarted and its counters began again), XID 13 once (2 -> 3, first sampled at A+1005; the 2 before is baseline)
