@@ -11,10 +11,11 @@ from pathlib import Path
 
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
-from gpuquota.quota.fleet import query, render, summary
+from gpuquota.quota.fleet import cost, query, render, summary
 from gpuquota.quota.options import add_db_option
 from gpuquota.quota.report.build import ReportError
 from gpuquota.quota.report.cli import add_period_arguments, connect, period_of, write_atomically
+from gpuquota.quota.report.period import Period
 
 EPILOG = """\
 period: as in `gpuquota report` (--month 2026-10, --from/--to, --last 7d; default this month
@@ -32,6 +33,8 @@ XIDs, memory errors, lost):
                 counters' increase, and pending/failed remaps
 
 --by model|pool|driver|node: fences and XIDs per 1,000 GPU-days, over observed time only.
+--cost: per namespace, the GPU-hours fences in the period took from its pods that held the
+GPUs when they were fenced (the usage ledger says which pods held which GPU).
 --serial S --evidence [PATH]: PATH.json and PATH.txt (default rma-S): the board's identity and
 whole timeline for a vendor's RMA case (the period does not apply).
 
@@ -67,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=summary.DEFAULT_RELAPSE_WITHIN,
         help="a fence this soon after a release is a relapse (default 1d)",
     )
+    what.add_argument(
+        "--cost",
+        action="store_true",
+        help="the GPU-hours fences took from each namespace's pods holding the GPUs",
+    )
     what.add_argument("--top", type=int, metavar="N", help="only the N worst GPUs")
     fmt = parser.add_argument_group("output").add_mutually_exclusive_group()
     fmt.add_argument("--format", choices=("table", "csv", "json"), default="table")
@@ -97,6 +105,8 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
         raise ReportError("--evidence: give the board with --serial S")
     if args.evidence is not None and args.by:
         raise ReportError("--evidence: one board's timeline, not with --by")
+    if args.cost and (args.by or args.evidence is not None):
+        raise ReportError("--cost: a view of its own, not with --by or --evidence")
     if args.top is not None and args.top < 1:
         raise ReportError(f"--top: {args.top}: give at least 1")
     window, _ = period_of(args)
@@ -133,6 +143,8 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
             f"no {what} history{where} in {window.label()}: is the controller's usage ledger "
             "on (--ledger-prometheus), and was the period ingested?"
         )
+    if args.cost:
+        return _cost(args, boards, window), []
     if args.by:
         groups = summary.rates(boards, args.by, window.start, window.end, args.relapse_within)
         return render.rates_text(groups, args.by, window, args.format), []
@@ -142,3 +154,21 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
     if args.top is not None:
         summaries = summaries[: args.top]
     return render.boards_text(summaries, window, args.format), []
+
+
+def _cost(args: argparse.Namespace, boards: list[summary.BoardHistory], window: Period) -> str:
+    found = []
+    with connect(args.db) as conn:
+        for name in sorted({b.cluster for b in boards}):
+            mine = [b for b in boards if b.cluster == name]
+            wanted = [(uuid, at) for b in mine for at, _, uuid in cost.fence_spans(b)]
+            found += cost.costs(mine, cost.holders_of(conn, name, wanted), window.start, window.end)
+    merged: dict[str, cost.NamespaceCost] = {}
+    for c in found:  # several clusters: one row per namespace name
+        into = merged.setdefault(c.namespace, cost.NamespaceCost(c.namespace))
+        into.fences += c.fences
+        into.gpu_seconds += c.gpu_seconds
+        into.pods |= c.pods
+        into.serials |= c.serials
+    rows = sorted(merged.values(), key=lambda c: (-c.gpu_seconds, c.namespace))
+    return render.cost_text(rows, window, args.format)

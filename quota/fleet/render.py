@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuquota.quota.fleet.cost import NamespaceCost
 from gpuquota.quota.fleet.summary import BoardHistory, BoardSummary, GroupRate, summarize
 from gpuquota.quota.report.period import Period
 
@@ -188,6 +189,43 @@ def rates_text(groups: Sequence[GroupRate], key: str, period: Period, fmt: str) 
         return _csv(rows, RATE_COLUMNS)
     head = f"GPU failure rates by {key} {period.label()}, per 1,000 observed GPU-days\n"
     return head + _table(rows, RATE_COLUMNS)
+
+
+COST_COLUMNS = ("namespace", "fences", "gpu_hours_lost", "pods", "gpus")
+
+
+def cost_text(rows: Sequence[NamespaceCost], period: Period, fmt: str) -> str:
+    if fmt == "json":
+        doc = {
+            "period": {"start": iso(period.start, period), "end": iso(period.end, period)},
+            "namespaces": [
+                {
+                    "namespace": c.namespace,
+                    "fences": c.fences,
+                    "gpu_hours_lost": c.gpu_hours,
+                    "pods": sorted(c.pods),
+                    "gpus": sorted(c.serials),
+                }
+                for c in rows
+            ],
+        }
+        return json.dumps(doc, indent=2) + "\n"
+    table = [
+        {
+            "namespace": c.namespace,
+            "fences": c.fences,
+            "gpu_hours_lost": f"{c.gpu_hours:.2f}",
+            "pods": " ".join(sorted(c.pods)),
+            "gpus": " ".join(sorted(c.serials)),
+        }
+        for c in rows
+    ]
+    if fmt == "csv":
+        return _csv(table, COST_COLUMNS)
+    head = f"GPU-hours fences took from running pods {period.label()}\n"
+    if not rows:
+        return head + "no fence hit a running pod\n"
+    return head + _table(table, COST_COLUMNS)
 
 
 # -- RMA evidence ------------------------------------------------------------------------------

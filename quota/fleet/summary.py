@@ -229,7 +229,7 @@ def group_of(stretch: StoredStretch, key: str) -> str:
     return value or "(unknown)"
 
 
-def _stretch_at(stretches: Sequence[StoredStretch], t: int) -> StoredStretch | None:
+def stretch_at(stretches: Sequence[StoredStretch], t: int) -> StoredStretch | None:
     """The stretch holding ``t``, else the last one before it, else the first one."""
     before = None
     for s in stretches:
@@ -266,14 +266,14 @@ def rates(
         summary = summarize(board, lo, hi, relapse_within)
         relapsed = {r.refenced_at for r in summary.recoveries if r.relapse}
         for t in summary.fences:
-            where = _stretch_at(board.stretches, t)
+            where = stretch_at(board.stretches, t)
             if where is not None:
                 g = group(group_of(where, key))
                 g.fences += 1
                 g.relapses += t in relapsed
         for e in board.events:
             if e.kind == "xid" and lo <= e.at < hi:
-                where = _stretch_at(board.stretches, e.at)
+                where = stretch_at(board.stretches, e.at)
                 if where is not None:
                     group(group_of(where, key)).xids += int(e.detail["count"])
     for name, g in out.items():

@@ -10,6 +10,9 @@ out by hand from the definitions here.
   B+600 (a gap of 1215 s); its correctable remapped rows went from 0 to 2 meanwhile and reach
   3 at C.
 - S3 (GPU-c1 on node-2) appears at B+600, degraded (row_remap_pending) from C+1200 on.
+- Pods on S1 (the usage ledger's counters; their allocations are the tests'): team-a's
+  train-0 from BORN to A+900 (running when S1 is first fenced), team-b's eval-0 from A+2000
+  on (running at the second fence).
 """
 
 from __future__ import annotations
@@ -26,6 +29,11 @@ BORN = A - 600
 END = D + 120
 RESTART = A + 2440
 MODEL = "NVIDIA H100 80GB HBM3"
+# (namespace, pod, pod UID, first sample, samples while t < this) of the pods on GPU-a1
+PODS = (
+    ("team-a", "train-0", "u-train", BORN, A + 900),
+    ("team-b", "eval-0", "u-eval", A + 2000, END),
+)
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,29 @@ def openmetrics() -> str:
                     labels,
                     f"gpu_remapped_rows_total{{{labels}}} {value} {t}",
                 )
+    for namespace, pod, uid, first, stop in PODS:
+        labels = ",".join(
+            f'{k}="{v}"'
+            for k, v in sorted(
+                {
+                    "gpu": "0",
+                    "uuid": "GPU-a1",
+                    "node": "node-1",
+                    "instance": "node-1:9400",
+                    "namespace": namespace,
+                    "pod": pod,
+                    "pod_uid": uid,
+                    "activity": "sm_active",
+                }.items()
+            )
+        )
+        for t in range(first, stop, STEP):
+            add(
+                "gpu_pod_used_seconds",
+                "counter",
+                labels,
+                f"gpu_pod_used_seconds_total{{{labels}}} {0.5 * (t - first)} {t}",
+            )
     lines: list[str] = []
     for family, (kind, series) in families.items():
         lines.append(f"# TYPE {family} {kind}")

@@ -11,12 +11,23 @@ from pathlib import Path
 import pytest
 
 from gpuquota.quota import cli
-from gpuquota.quota.fleet import ingest
-from gpuquota.quota.fleet.write import FleetStore
+from gpuquota.quota.accounting.rows import AllocationRow, Batch
+from gpuquota.quota.ledger.ingest import Ingester
 from gpuquota.quota.store.db import open_store
-from tests.fleet.scenario import WINDOW, A, B, D
-from tests.fleet.test_history import settings
+from tests.fleet.scenario import END, MODEL, PODS, WINDOW, A, B, D
+from tests.fleet.test_history import TURNS, settings
 from tests.prometheus import Prometheus
+
+
+def allocation(namespace: str, pod: str, uid: str, start: int, stop: int) -> AllocationRow:
+    ended = None if stop >= END else stop
+    return AllocationRow(
+        pod_uid=uid, resource_name="nvidia.com/gpu", namespace=namespace, pod_name=pod,
+        owner_kind=None, owner_name=None, node="node-1", node_pool=None, gpu_model=MODEL,
+        raw_units=1, physical_gpus=1.0, replicas=None, sharing_strategy=None, mig_profile=None,
+        started_at=start, ended_at=ended, end_reason="deleted" if ended else None,
+        estimated=False, qos_class=None, updated_at=stop, share_numerator=1, share_denominator=1,
+    )  # fmt: skip
 
 
 def iso(t: int) -> str:
@@ -36,8 +47,17 @@ def test_gpus_per_board_rates_and_evidence(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    with open_store(db_url) as store:
-        ingest.run_once(FleetStore(store, cluster), settings(fleet_prometheus.url), D + 300)
+    # the controller's ledger process: the usage ledger's windows, then the fleet history's
+    ingester = Ingester(
+        db_url, cluster, settings(fleet_prometheus.url), clock=lambda: D + 300, turns=TURNS
+    )
+    ingester.run_once()
+    ingester.stop()
+    with open_store(db_url) as store:  # the pods' allocations, as the controller wrote them
+        store.write(
+            cluster,
+            Batch(allocations=[allocation(*pod) for pod in PODS], observed_at=END),
+        )
     period = ["--db", db_url, "--cluster", cluster, "--from", iso(A), "--to", iso(D)]
 
     code, out, err = gpus(capsys, *period, "--json")
@@ -87,6 +107,15 @@ def test_gpus_per_board_rates_and_evidence(
     assert (node1["gpus"], node1["relapses"], node1["xids"]) == (2, 1, 3)
     assert node2["fences"] == 0 and node2["fences_per_1000_gpu_days"] == 0
     assert node2["observed_gpu_days"] == pytest.approx((2 * 3000 + WINDOW * 2) / 86400)
+
+    # what the fences cost: train-0 lost 300 s (fence at A+600, the pod ended at A+900),
+    # eval-0 the whole second fence (600 s)
+    code, out, _ = gpus(capsys, *period, "--cost", "--json")
+    lost = {n["namespace"]: n for n in json.loads(out)["namespaces"]}
+    assert lost["team-a"]["gpu_hours_lost"] == 300 / 3600
+    assert lost["team-b"]["gpu_hours_lost"] == 600 / 3600
+    assert (lost["team-a"]["pods"], lost["team-b"]["pods"]) == (["train-0"], ["eval-0"])
+    assert list(lost) == ["team-b", "team-a"]  # most first
 
     # the RMA evidence file: identity and whole timeline
     base = tmp_path / "rma-s2"
