@@ -10,12 +10,12 @@ it equally. GPU-hours are of the physical GPU: a fenced GPU is lost whole.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, select
 
-from gpuquota.quota.fleet.summary import BoardHistory, stretch_at, fences_and_releases
+from gpuquota.quota.fleet.summary import BoardHistory, fences_and_releases, stretch_at
 from gpuquota.quota.fleet.write import table
 from gpuquota.quota.store.models import Allocation, UsageDevice, UsageSeries, UsageWindow
 
@@ -56,7 +56,7 @@ def fence_spans(board: BoardHistory) -> list[tuple[int, int, str]]:
 
 def costs(
     boards: Iterable[BoardHistory],
-    holders_at: dict[tuple[str, int], Sequence[Holder]],
+    holders_at: Mapping[tuple[str, int], Sequence[Holder]],
     lo: int,
     hi: int,
 ) -> list[NamespaceCost]:
