@@ -28,6 +28,7 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "watch the cluster and keep GPU use in the store",
     ),
     ("report", "gpuquota.quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
+    ("gpus", "gpuquota.quota.fleet.cli", "every GPU's health history by serial, worst first"),
 ]
 
 EXIT_ERROR = exitcodes.BAD_INPUT  # what the user can fix in the command or the files it names
@@ -42,6 +43,7 @@ examples:
   gpuquota controller --kubeconfig ~/.kube/config --cluster prod
   gpuquota replay events.jsonl --cluster prod
   gpuquota report --month 2026-10 --rate-card ratecard.yaml
+  gpuquota gpus --month 2026-10 --by model
   gpuquota COMMAND --help
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds, in every flag.

@@ -1,6 +1,6 @@
 """`make demo`: the whole product on a simulated GPU node and cluster, end to end.
 
-Five acts, each through the real interfaces and the real programs:
+Six acts, each through the real interfaces and the real programs:
 
 1. a node of 8 simulated H100s (the NVML stand-in) with pods from a kubelet pod-resources
    stand-in: `gpu-exporter` serves /metrics with pod-attributed GPU series;
@@ -16,7 +16,10 @@ Five acts, each through the real interfaces and the real programs:
 5. the usage ledger: three more simulated nodes with their gpu-exporters, a real Prometheus
    scraping them and the controller ingesting their usage counters; the report's used
    GPU-seconds and energy per namespace against the stand-in's own truth, the coverage lost
-   while one exporter was stopped, and the idle allocations (sim/ledgerdemo.py).
+   while one exporter was stopped, and the idle allocations (sim/ledgerdemo.py);
+6. every GPU's health history by serial: a GPU fenced, released and fenced again (a relapse),
+   a board moved to another node, `gpuquota gpus` against the stand-in's record
+   (sim/fleetdemo.py).
 
 The store, the logs and the simulated node's state stay in build/demo/ (or --work DIR),
 replaced by the next run.
@@ -48,6 +51,7 @@ from gpuquota.quota.accounting.rules.config import DEFAULT_CONFIG
 from gpuquota.quota.controller.loop import accounts_pod
 from gpuquota.sim.apiserver import ApiServer, Driver
 from gpuquota.sim.clock import SimClock
+from gpuquota.sim.fleetdemo import fleet_act
 from gpuquota.sim.harness import caught_up, free_port, poll, stop_process
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.kubelet.registration import KubeletStandIn
@@ -511,6 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     report_act(work / "gpuquota.db", workload)
     title("5. The usage ledger: used, idle and energy per namespace, against the stand-in's truth")
     ledger_act(work, RATE_CARD)
+    title("6. Every GPU's health history by serial: fences, relapses, a board moved")
+    fleet_act(work)
     print(f"\ndemo finished; the store and the logs are in {shown(work)}/")
     return 0
 

@@ -168,6 +168,7 @@ class LedgerDemo:
         self.controller_port = free_port()
         self.prometheus_url = ""
         self.proc_root = work / "proc"
+        self.exporter_args: list[str] = []  # more flags of every exporter (the fleet act's)
 
     # --- set-up ----------------------------------------------------------------------------
 
@@ -262,6 +263,7 @@ class LedgerDemo:
             f"--node-name={node.name}",
             f"--kubeconfig={self.kubeconfig}",
             f"--proc-root={self.proc_root}",
+            *self.exporter_args,
         ]
         with log.open("wb") as out:
             node.exporter = subprocess.Popen(

@@ -77,3 +77,10 @@ def check_demo(tmp_path: Path) -> None:
     assert "gpu-a's exporter restarted" in ledger and "restarting the controller" in ledger
     assert "used GPU-h" in ledger and "energy kWh" in ledger and "coverage %" in ledger
     assert "vision/notebook-idle: idle since" in ledger
+    # act 6 (issue 29): every GPU's health history by serial against the stand-in's record:
+    # a relapse, a board moved to another node, a spare in its slot
+    fleet = out[out.index("== 6. Every GPU's health history") :]
+    exact = [line for line in fleet.splitlines() if line.endswith("   exact")]
+    assert len(exact) == 8 and "OFF" not in fleet, fleet
+    assert any(line.lstrip().startswith("relapses of") for line in exact)
+    assert any(line.lstrip().startswith("nodes of") for line in exact)

@@ -32,6 +32,7 @@ from gpuquota.quota.accounting.rules.pods import raw_prefilter
 from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
+from gpuquota.quota.fleet.ingest import turn as fleet_turn
 from gpuquota.quota.ledger.ingest import LedgerProcess, LedgerSettings
 from gpuquota.quota.ledger.ingest import check as check_ledger
 from gpuquota.quota.options import (
@@ -240,6 +241,13 @@ def add_ledger_options(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="...for at least this long of ingested windows (1h)",
     )
+    group.add_argument(
+        "--relapse-within",
+        type=seconds,
+        default=86400,
+        metavar="DURATION",
+        help="fleet history: a GPU fenced again this soon after its release relapsed (1d)",
+    )
 
 
 def _zero_or(parse: Callable[[str], int]) -> Callable[[str], int]:
@@ -281,6 +289,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
         idle_for=args.idle_for,
         rollup_after=args.ledger_rollup_after,
         rollup_tz=args.ledger_rollup_tz,
+        relapse_within=args.relapse_within,
     )
     problem = check_ledger(settings)
     if problem:
@@ -416,7 +425,8 @@ def run(args: argparse.Namespace) -> int:
             if stopping.is_set():
                 return
             if ledger is not None:  # its own process and connection, beside the watch loop
-                ingester = LedgerProcess(args.db, args.cluster, ledger)
+                # the fleet history (issue 29) rides on the ledger's windows and process
+                ingester = LedgerProcess(args.db, args.cluster, ledger, turns=(fleet_turn,))
                 ingesters.append(ingester)
                 metrics.ledger.read_from(lambda: ingester.facts)
                 ingester.start()

@@ -284,6 +284,26 @@ METRICS: tuple[ControllerMetric, ...] = (
         ledger=True,
     ),
     ControllerMetric(
+        "fleet_gpu_fences",
+        "gpuquota_fleet_gpu_fences",
+        "gauge",
+        "Fences (changes into unhealthy) of a GPU, by board serial, in the 7 days of fleet "
+        "history before its ingested end; GPUs fenced at least once",
+        ("serial", "model", "node"),
+        "The fleet history after each ingest (quota/fleet), " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
+        "fleet_gpu_relapses",
+        "gpuquota_fleet_gpu_relapses",
+        "gauge",
+        "Relapses of a GPU, by board serial, in the 7 days of fleet history before its "
+        "ingested end: fences within --relapse-within of its release; GPUs that relapsed",
+        ("serial", "model", "node"),
+        "The fleet history after each ingest (quota/fleet), " + _LEDGER,
+        ledger=True,
+    ),
+    ControllerMetric(
         "idle_gpu_seconds",
         "gpuquota_idle_allocation_idle_gpu_seconds",
         "gauge",
@@ -385,6 +405,9 @@ def ledger_samples(facts: LedgerFacts) -> dict[str, list[Sample]]:
         out["idle_gpus"].append((labels, idle.physical_gpus))
         out["idle_since"].append((labels, float(idle.since)))
         out["idle_gpu_seconds"].append((labels, idle.idle_gpu_seconds))
+    for attr, samples in facts.extra.items():
+        if attr in out:
+            out[attr] = list(samples)
     return out
 
 

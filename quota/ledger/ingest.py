@@ -22,7 +22,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from multiprocessing.connection import Connection
@@ -33,7 +33,7 @@ from gpuquota.quota.ledger import rules
 from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
 from gpuquota.quota.ledger.write import Baseline, LedgerStore
 from gpuquota.quota.promhttp import PrometheusError
-from gpuquota.quota.store.db import StoreError, open_store
+from gpuquota.quota.store.db import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,7 @@ class LedgerSettings:
     idle_for: int = 3600
     rollup_after: int | None = 86400  # None: keep every window's row
     rollup_tz: str = rules.UTC  # the billing time zone whose days are rolled up
+    relapse_within: int = 86400  # the fleet history's: a fence this soon after a release
     poll: float = 30.0  # seconds between turns when nothing is due
     timeout: float = 120.0  # one Prometheus query
     backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
@@ -94,10 +95,21 @@ class LedgerFacts:
     failing: str | None = None
     turns: int = 0  # turns that ingested something (windows and idle allocations done)
     rolled_until: int | None = None  # the end of the last UTC day rolled up
+    # samples of the turns' metric rows (controller/metrics.py), by row: attr -> (labels, value)
+    extra: dict[str, list[tuple[tuple[str, ...], float]]] = field(default_factory=dict)
+
+
+# More work of each turn on the ledger's settings, store, process and retries: (store,
+# cluster, settings, now, stopped) -> metric samples by controller metric row (a dict, put in
+# LedgerFacts.extra), or anything else (ignored). A module-level function (the ledger's
+# process is spawned: its turns go to it by reference). The fleet history's is one
+# (quota/fleet/ingest.py ``turn``); the controller passes it.
+Turn = Callable[[Store, str, "LedgerSettings", float, Callable[[], bool]], object]
 
 
 class Ingester:
-    """Ingests the ledger of one cluster until stopped. ``run_once`` is one turn."""
+    """Ingests the ledger of one cluster until stopped. ``run_once`` is one turn (the
+    ledger's windows, then each of ``turns``)."""
 
     def __init__(
         self,
@@ -106,8 +118,10 @@ class Ingester:
         settings: LedgerSettings,
         *,
         clock: Callable[[], float] = time.time,
+        turns: Sequence[Turn] = (),
     ) -> None:
         self.db_url = db_url
+        self.turns = tuple(turns)
         self.cluster = cluster
         self.settings = settings
         self.clock = clock
@@ -163,6 +177,12 @@ class Ingester:
             self.refresh_idle()
             self.roll_up(rolled)
             self._publish(turns=self.facts.turns + 1)
+        for turn in self.turns:
+            if not self._stop.is_set():
+                store = self._store().store
+                found = turn(store, self.cluster, self.settings, self.clock(), self._stop.is_set)
+                if isinstance(found, dict):  # metric samples by row, for the controller
+                    self._publish(extra={**self.facts.extra, **found})
         return len(due)
 
     def roll_up(self, rolled_until: int | None) -> None:
@@ -328,7 +348,9 @@ class LedgerProcess:
 
     NICE = 10
 
-    def __init__(self, db_url: str, cluster: str, settings: LedgerSettings) -> None:
+    def __init__(
+        self, db_url: str, cluster: str, settings: LedgerSettings, turns: Sequence[Turn] = ()
+    ) -> None:
         ctx = multiprocessing.get_context("spawn")  # never fork a threaded process
         self.facts = LedgerFacts()
         receive, send = ctx.Pipe(duplex=False)
@@ -336,7 +358,7 @@ class LedgerProcess:
         self._stop = ctx.Event()
         self._proc = ctx.Process(
             target=_child,
-            args=(db_url, cluster, settings, send, self._stop, os.getpid()),
+            args=(db_url, cluster, settings, send, self._stop, os.getpid(), tuple(turns)),
             name="gpuquota-ledger",
             daemon=True,
         )
@@ -387,6 +409,7 @@ def _child(
     send: Connection,
     stop: EventLike,
     parent: int,
+    turns: Sequence[Turn] = (),
 ) -> None:
     """The ledger process: Ingester's loop, facts to the parent after each change."""
     logging.basicConfig(
@@ -396,7 +419,7 @@ def _child(
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError):
         os.nice(LedgerProcess.NICE)
-    ingester = Ingester(db_url, cluster, settings)
+    ingester = Ingester(db_url, cluster, settings, turns=turns)
     ingester._stop = stop
 
     def publish(facts: LedgerFacts) -> None:

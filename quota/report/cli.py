@@ -103,13 +103,9 @@ On an error nothing is printed on stdout: the report is computed before any of i
 """ + exitcodes.help_text()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (
-        "GPU-hour chargeback: GPU-hours per group over a period, their cost, quota use\n"
-        "and the fleet's idle GPU-hours, computed in the database from the quota store."
-    )
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+def add_period_arguments(parser: argparse.ArgumentParser) -> None:
+    """--from/--to, --month, --last, --tz and --now (period.resolve), for every command that
+    reports over a period (`gpuquota report`, `gpuquota gpus`)."""
     when = parser.add_argument_group("period")
     when.add_argument(
         "--from", dest="start", metavar="WHEN", help="start: date or RFC 3339 time (inclusive)"
@@ -142,6 +138,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="WHEN",
         help="take this time as now (reproducible reports; default: the clock)",
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "GPU-hour chargeback: GPU-hours per group over a period, their cost, quota use\n"
+        "and the fleet's idle GPU-hours, computed in the database from the quota store."
+    )
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_period_arguments(parser)
     what = parser.add_argument_group("grouping and columns")
     what.add_argument(
         "--by",
@@ -266,8 +272,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def request_of(args: argparse.Namespace) -> ReportRequest:
-    """The parsed and checked flags as a ReportRequest; ReportError on bad input."""
+def period_of(args: argparse.Namespace) -> tuple[period.Period, int]:
+    """The period of add_period_arguments' flags and the time taken as now; ReportError on
+    bad input."""
     try:
         now = int(time.time())
         if args.now is not None:
@@ -282,6 +289,12 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         )
     except period.PeriodError as exc:
         raise ReportError(str(exc)) from exc
+    return window, now
+
+
+def request_of(args: argparse.Namespace) -> ReportRequest:
+    """The parsed and checked flags as a ReportRequest; ReportError on bad input."""
+    window, now = period_of(args)
     keys = parse_keys(args.by)
     if args.top is not None and args.top < 1:
         raise ReportError(f"--top: {args.top} groups: give at least 1 (leave --top out for all)")
@@ -369,7 +382,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
             chart_module = chart.require()
         except chart.ChartUnavailableError as exc:
             raise ReportError(str(exc)) from exc
-    with _connect(args.db) as conn:
+    with connect(args.db) as conn:
         report = build_report(conn, request)
     window = request.window
     args.output_month = datetime.fromtimestamp(window.start, window.tz).strftime("%Y-%m")
@@ -413,7 +426,7 @@ def write_atomically(target: str, text: str, month: str) -> Path:
 
 
 @contextmanager
-def _connect(url: str) -> Iterator[Connection]:
+def connect(url: str) -> Iterator[Connection]:
     """The store's read-only report connection (quota/store/db.py ``reading``), its errors as
     ReportError: bad input 2, a database that does not answer 1."""
     try:

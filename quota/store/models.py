@@ -373,3 +373,83 @@ class Heartbeat(Base):
     holder: Mapped[str] = mapped_column(String(253))
     at: Mapped[int] = mapped_column(BigInteger)
     resource_versions: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class GpuBoard(Base):
+    """One physical GPU of the fleet history, by its board serial (migration i29): the serial
+    is the identity that survives a move to another node or slot, where the UUID-to-node
+    pairing does not. ``first_seen``/``last_seen``: the first and last second it was observed
+    (quota/fleet; docs/health.md)."""
+
+    __tablename__ = "gpu_boards"
+    __table_args__ = (UniqueConstraint("cluster", "serial", name="uq_gpu_boards"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    serial: Mapped[str] = mapped_column(String(64))
+    first_seen: Mapped[int] = mapped_column(BigInteger)
+    last_seen: Mapped[int] = mapped_column(BigInteger)
+
+
+class GpuObservation(Base):
+    """A stretch [started_at, ended_at) of one ingestion window in which a board was observed
+    with the same attributes and health verdict (migration i29). Time no row covers is
+    unknown, never healthy. Re-ingesting a window replaces its rows."""
+
+    __tablename__ = "gpu_observations"
+    __table_args__ = (
+        Index("ix_gpu_observations_board", "board_id", "started_at"),
+        Index("ix_gpu_observations_window", "cluster", "window_start"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    board_id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    window_start: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int] = mapped_column(BigInteger)
+    ended_at: Mapped[int] = mapped_column(BigInteger)
+    cluster: Mapped[str] = mapped_column(String(253))
+    uuid: Mapped[str] = mapped_column(String(64))
+    node: Mapped[str] = mapped_column(String(253))
+    pci_bus_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(253), nullable=True)
+    driver_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    vbios_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    state: Mapped[str] = mapped_column(String(16))  # healthy | degraded | unhealthy | unknown
+    lost: Mapped[bool] = mapped_column(Boolean)
+
+
+class GpuEvent(Base):
+    """One change in a board's history (migration i29): a health verdict (``verdict``), XIDs
+    of one code (``xid``), a counter or flag of its memory (``counter``: ECC, remapped rows,
+    retired pages, pending remap), lost/returned (``lost``), its placement or versions
+    (``identity``), or a stretch it was not seen (``gap``). ``at`` is when it happened (a
+    verdict's second from the agent), ``seen`` the sample that showed it; ``key`` names what
+    changed (the latest event per key is the board's state). Re-ingesting a window replaces
+    the events seen in it."""
+
+    __tablename__ = "gpu_events"
+    __table_args__ = (
+        Index("ix_gpu_events_board", "board_id", "key", "seen"),
+        Index("ix_gpu_events_seen", "cluster", "seen"),
+    )
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    board_id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"))
+    at: Mapped[int] = mapped_column(BigInteger)
+    seen: Mapped[int] = mapped_column(BigInteger)
+    cluster: Mapped[str] = mapped_column(String(253))
+    kind: Mapped[str] = mapped_column(String(16))
+    key: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class GpuHistoryProgress(Base):
+    """How far the fleet history of one cluster is ingested (migration i29): every window that
+    ends at or before ``ingested_until`` has its rows (or had no samples)."""
+
+    __tablename__ = "gpu_history_progress"
+
+    cluster: Mapped[str] = mapped_column(String(253), primary_key=True)
+    window_seconds: Mapped[int] = mapped_column(Integer)
+    ingested_until: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)

@@ -204,6 +204,9 @@ class SimNode:
     def uuid(self, i: int) -> str:
         return self._get_str(i, "uuid")
 
+    def serial(self, i: int) -> str:
+        return self._get_str(i, "serial")
+
     def mig_uuids(self, i: int) -> list[str]:
         self._check_gpu(i)
         n = self._lib.gqsim_mig_count(self._ptr(), i)

@@ -34,9 +34,14 @@ TABLES = {
     "usage_devices",
     "usage_series",
     "usage_windows",
+    "gpu_boards",
+    "gpu_observations",
+    "gpu_events",
+    "gpu_history_progress",
 }
 LEDGER = {"usage_series", "usage_windows", "ledger_progress"}  # migration 0008
 DEVICES = {"usage_devices"}  # migration 0010
+FLEET = {"gpu_boards", "gpu_observations", "gpu_events", "gpu_history_progress"}  # i29
 
 
 def tables(url: str) -> set[str]:
@@ -45,6 +50,16 @@ def tables(url: str) -> set[str]:
         return set(inspect(engine).get_table_names()) - {"alembic_version"}
     finally:
         engine.dispose()
+
+
+def test_fleet_history_migration_steps_up_and_down(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0010")
+    assert not tables(empty_db_url) & FLEET
+    db.upgrade(empty_db_url, "i29_gpu_history")
+    assert tables(empty_db_url) >= FLEET
+    db.downgrade(empty_db_url, "0010")
+    assert not tables(empty_db_url) & FLEET
+    assert tables(empty_db_url) >= DEVICES
 
 
 def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
@@ -61,21 +76,21 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
 
 def test_claim_allocations_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0005")
-    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES - {"claim_allocations", "gaps"}
     db.upgrade(empty_db_url, "0006")
     assert "claim_allocations" in tables(empty_db_url)
     db.downgrade(empty_db_url, "0005")
     assert db.current(empty_db_url) == "0005"
-    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES - {"claim_allocations", "gaps"}
 
 
 def test_usage_ledger_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0007")
-    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES
+    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES
     db.upgrade(empty_db_url, "0008")
-    assert tables(empty_db_url) == TABLES - DEVICES
+    assert tables(empty_db_url) == TABLES - FLEET - DEVICES
     db.downgrade(empty_db_url, "0007")
-    assert tables(empty_db_url) == TABLES - LEDGER - DEVICES
+    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES
 
 
 def test_ledger_rollup_migration_keeps_progress_both_ways(empty_db_url: str) -> None:

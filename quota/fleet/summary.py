@@ -1,0 +1,284 @@
+"""Pure figures of ``gpuquota gpus``: each board's period (observed and fenced hours, fences,
+XIDs by code, memory counter deltas, recoveries and how long each held, relapses) and failure
+rates per group over observed GPU-days. No I/O: quota/fleet/query.py loads the rows.
+
+Rules (docs/health.md):
+- a *fence* is a verdict change into ``unhealthy`` (what the agent fences on), a *release* one
+  out of it; a release is *held* until the board's next fence (a *relapse* when that comes
+  within ``relapse_within``), else it is still holding at the end of what was observed;
+- observed time is what the stretches cover; *unknown* time is the rest of the board's known
+  life in the period ([first seen, last seen)), never counted as healthy;
+- a group's rate is its events per 1,000 GPU-days of *observed* time in that group (fences
+  and XIDs are attributed to the placement and versions the board had when they happened).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuquota.quota.fleet.rules import FENCED
+
+DAY = 86400
+DEFAULT_RELAPSE_WITHIN = DAY
+GROUP_KEYS = ("model", "pool", "driver", "node")
+
+
+@dataclass(frozen=True)
+class StoredStretch:
+    start: int
+    end: int
+    uuid: str
+    node: str
+    pci_bus_id: str | None
+    model: str | None
+    driver_version: str | None
+    vbios_version: str | None
+    state: str
+    lost: bool
+    pool: str | None = None
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    at: int
+    seen: int
+    kind: str
+    key: str
+    detail: dict[str, Any]
+
+
+@dataclass
+class BoardHistory:
+    cluster: str
+    serial: str
+    first_seen: int
+    last_seen: int
+    stretches: list[StoredStretch] = field(default_factory=list)  # by start
+    events: list[StoredEvent] = field(default_factory=list)  # by (at, seen)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    released_at: int
+    refenced_at: int | None  # None: still holding
+    held_seconds: int  # to the next fence, or to the last time it was seen
+    relapse: bool
+
+
+@dataclass
+class BoardSummary:
+    cluster: str
+    serial: str
+    model: str | None
+    nodes: list[str]
+    uuids: list[str]
+    observed_seconds: int
+    fenced_seconds: int
+    unknown_seconds: int
+    fences: list[int]
+    xids: dict[str, int]
+    counters: dict[str, float]  # memory counters' increase in the period
+    flags: dict[str, float]  # memory flags' last value (pending remap, remap failure, ...)
+    recoveries: list[Recovery]
+    lost: int
+    gaps: int
+    state: str | None  # the last verdict observed in the period
+
+    @property
+    def relapses(self) -> int:
+        return sum(r.relapse for r in self.recoveries)
+
+    def worst_key(self) -> tuple[float, ...]:
+        return (
+            len(self.fences),
+            self.relapses,
+            self.fenced_seconds,
+            sum(self.xids.values()),
+            sum(self.counters.values()),
+            self.lost,
+        )
+
+
+def _overlap(a: int, b: int, lo: int, hi: int) -> int:
+    return max(0, min(b, hi) - max(a, lo))
+
+
+def fences_and_releases(events: Iterable[StoredEvent]) -> tuple[list[int], list[int]]:
+    """Times of the board's fences and releases (verdict changes into and out of
+    unhealthy), oldest first."""
+    fences: list[int] = []
+    releases: list[int] = []
+    for e in events:
+        if e.kind != "verdict":
+            continue
+        state, previous = e.detail.get("state"), e.detail.get("previous")
+        if state == FENCED and previous != FENCED:
+            fences.append(e.at)
+        elif previous == FENCED and state != FENCED:
+            releases.append(e.at)
+    return fences, releases
+
+
+def summarize(board: BoardHistory, lo: int, hi: int, relapse_within: int) -> BoardSummary:
+    inside = [s for s in board.stretches if _overlap(s.start, s.end, lo, hi)]
+    observed = sum(_overlap(s.start, s.end, lo, hi) for s in inside)
+    fenced = sum(_overlap(s.start, s.end, lo, hi) for s in inside if s.state == FENCED)
+    known = _overlap(board.first_seen, board.last_seen, lo, hi)
+    all_fences, all_releases = fences_and_releases(board.events)
+    fences = [t for t in all_fences if lo <= t < hi]
+    recoveries = []
+    for released in (t for t in all_releases if lo <= t < hi):
+        k = bisect.bisect_right(all_fences, released)
+        nxt = all_fences[k] if k < len(all_fences) else None
+        held = (nxt if nxt is not None else board.last_seen) - released
+        relapse = nxt is not None and nxt - released <= relapse_within
+        recoveries.append(Recovery(released, nxt, max(0, held), relapse))
+    xids: dict[str, int] = {}
+    counters: dict[str, float] = {}
+    flags: dict[str, float] = {}
+    lost = gaps = 0
+    state = None
+    for e in board.events:
+        if not lo <= e.at < hi:
+            if e.kind == "verdict" and e.at < lo:
+                state = e.detail.get("state")
+            continue
+        if e.kind == "xid":
+            code = str(e.detail["code"])
+            xids[code] = xids.get(code, 0) + int(e.detail["count"])
+        elif e.kind == "counter":
+            name, before, after = e.detail["counter"], e.detail.get("from"), e.detail["to"]
+            if name.split(":")[0].endswith("_total"):
+                if before is not None and after >= before:
+                    counters[name] = counters.get(name, 0.0) + after - before
+            else:
+                flags[name] = after
+        elif e.kind == "lost" and e.detail.get("lost"):
+            lost += 1
+        elif e.kind == "gap":
+            gaps += 1
+        elif e.kind == "verdict":
+            state = e.detail.get("state")
+    nodes: list[str] = []
+    uuids: list[str] = []
+    for s in inside:
+        if s.node not in nodes:
+            nodes.append(s.node)
+        if s.uuid not in uuids:
+            uuids.append(s.uuid)
+    return BoardSummary(
+        cluster=board.cluster,
+        serial=board.serial,
+        model=next((s.model for s in reversed(inside) if s.model), None),
+        nodes=nodes,
+        uuids=uuids,
+        observed_seconds=observed,
+        fenced_seconds=fenced,
+        unknown_seconds=max(0, known - observed),
+        fences=fences,
+        xids=dict(sorted(xids.items(), key=lambda kv: (len(kv[0]), kv[0]))),
+        counters=counters,
+        flags=flags,
+        recoveries=recoveries,
+        lost=lost,
+        gaps=gaps,
+        state=state,
+    )
+
+
+def worst_first(summaries: Iterable[BoardSummary]) -> list[BoardSummary]:
+    ordered = sorted(summaries, key=lambda s: (s.cluster, s.serial))
+    return sorted(ordered, key=BoardSummary.worst_key, reverse=True)
+
+
+@dataclass
+class GroupRate:
+    group: str
+    gpus: int
+    observed_gpu_days: float
+    fenced_gpu_days: float
+    fences: int
+    xids: int
+    relapses: int
+
+    def per_1000(self, count: int) -> float | None:
+        """Events per 1,000 observed GPU-days; None without observed time."""
+        if self.observed_gpu_days <= 0:
+            return None
+        return count / self.observed_gpu_days * 1000.0
+
+    @property
+    def fence_rate(self) -> float | None:
+        return self.per_1000(self.fences)
+
+    @property
+    def xid_rate(self) -> float | None:
+        return self.per_1000(self.xids)
+
+
+def group_of(stretch: StoredStretch, key: str) -> str:
+    value = {
+        "model": stretch.model,
+        "pool": stretch.pool,
+        "driver": stretch.driver_version,
+        "node": stretch.node,
+    }[key]
+    return value or "(unknown)"
+
+
+def stretch_at(stretches: Sequence[StoredStretch], t: int) -> StoredStretch | None:
+    """The stretch holding ``t``, else the last one before it, else the first one."""
+    before = None
+    for s in stretches:
+        if s.start <= t < s.end:
+            return s
+        if s.start <= t:
+            before = s
+    return before if before is not None else (stretches[0] if stretches else None)
+
+
+def rates(
+    boards: Iterable[BoardHistory], key: str, lo: int, hi: int, relapse_within: int
+) -> list[GroupRate]:
+    """Failure rates per group, worst fence rate first."""
+    out: dict[str, GroupRate] = {}
+    members: dict[str, set[str]] = {}
+
+    def group(name: str) -> GroupRate:
+        if name not in out:
+            out[name] = GroupRate(name, 0, 0.0, 0.0, 0, 0, 0)
+            members[name] = set()
+        return out[name]
+
+    for board in boards:
+        for s in board.stretches:
+            seconds = _overlap(s.start, s.end, lo, hi)
+            if not seconds:
+                continue
+            g = group(group_of(s, key))
+            members[g.group].add(f"{board.cluster}/{board.serial}")
+            g.observed_gpu_days += seconds / DAY
+            if s.state == FENCED:
+                g.fenced_gpu_days += seconds / DAY
+        summary = summarize(board, lo, hi, relapse_within)
+        relapsed = {r.refenced_at for r in summary.recoveries if r.relapse}
+        for t in summary.fences:
+            where = stretch_at(board.stretches, t)
+            if where is not None:
+                g = group(group_of(where, key))
+                g.fences += 1
+                g.relapses += t in relapsed
+        for e in board.events:
+            if e.kind == "xid" and lo <= e.at < hi:
+                where = stretch_at(board.stretches, e.at)
+                if where is not None:
+                    group(group_of(where, key)).xids += int(e.detail["count"])
+    for name, g in out.items():
+        g.gpus = len(members[name])
+    return sorted(
+        out.values(),
+        key=lambda g: (-(g.fence_rate or 0.0), -(g.xid_rate or 0.0), g.group),
+    )

@@ -1,0 +1,70 @@
+"""The fleet history's pure rules (quota/fleet/rules.py, summary.py) without I/O: stretches
+and gaps, verdicts dated by the agent's second, XIDs through agent restarts, lost/returned,
+recoveries and relapses, and rates over observed time only."""
+
+from __future__ import annotations
+
+from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries, window_history
+from gpuquota.quota.fleet.summary import BoardHistory, StoredEvent, StoredStretch, rates, summarize
+
+N1 = Identity("GPU-1", "n1", "0000:18:00.0", "H100")
+
+
+def reading(t: int, state: str = "healthy", since: int | None = None, **kw: object) -> Reading:
+    return Reading(t=t, serial="S", identity=kw.pop("identity", N1), state=state,  # type: ignore[arg-type]
+                   since=since, **kw)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_stretches_cover_close_readings_and_a_long_silence_is_a_gap() -> None:
+    got = window_history(
+        [reading(t) for t in (90, 100, 110, 120, 200, 210)], [], {}, 100, 200, max_gap=15
+    )
+    assert [(s.start, s.end) for s in got.stretches] == [(100, 120)]
+    assert [(e.kind, e.at, e.seen) for e in got.events if e.kind == "gap"] == []  # 200: next window
+    later = window_history([reading(t) for t in (120, 200, 210)], [], {}, 200, 300, max_gap=15)
+    assert [(e.at, e.seen) for e in later.events if e.kind == "gap"] == [(120, 200)]
+
+
+def test_a_verdict_is_dated_by_the_agents_second_and_compared_with_the_stored_one() -> None:
+    prior = {"S": Prior(verdict=("healthy", ()), identity=N1, lost=False)}
+    pairs = (("xid_79", "reboot_node"),)
+    got = window_history(
+        [reading(100, "unhealthy", since=93, reasons=pairs), reading(110, "unhealthy", 93, reasons=pairs)],
+        [], prior, 100, 200, max_gap=15,
+    )  # fmt: skip
+    (verdict,) = [e for e in got.events if e.kind == "verdict"]
+    assert (verdict.at, verdict.seen) == (93, 100)
+    assert verdict.detail["previous"] == "healthy" and verdict.detail["action"] == "reboot_node"
+    assert not [e for e in got.events if e.kind in ("identity", "lost")]  # nothing else changed
+
+
+def test_xids_count_through_an_agent_restart_and_a_baseline_is_not_counted() -> None:
+    readings = [reading(t) for t in range(100, 200, 10)]
+    xids = [
+        XidSeries("GPU-1", "n1", "13", ((100, 5.0), (110, 5.0), (120, 6.0))),  # baseline 5, +1
+        # XID 79 born at 130, the agent restarts at 150 (absent at 150, 160): 1 again at 170
+        XidSeries("GPU-1", "n1", "79", ((130, 1.0), (140, 1.0), (170, 1.0))),
+    ]
+    got = window_history(readings, xids, {}, 100, 200, max_gap=15)
+    assert [(e.at, e.detail["code"], e.detail["count"]) for e in got.events if e.kind == "xid"] == [
+        (120, "13", 1), (130, "79", 1), (170, "79", 1)
+    ]  # fmt: skip
+
+
+def test_recoveries_relapses_and_rates_over_observed_time() -> None:
+    def verdict(at: int, state: str, previous: str) -> StoredEvent:
+        return StoredEvent(at, at, "verdict", "verdict", {"state": state, "previous": previous})
+
+    stretch = StoredStretch(0, 86400, "GPU-1", "n1", None, "H100", "550", None, "healthy", False)
+    board = BoardHistory("c", "S", 0, 2 * 86400, [stretch], [
+        verdict(1000, "unhealthy", "healthy"), verdict(2000, "healthy", "unhealthy"),
+        verdict(5000, "unhealthy", "healthy"), verdict(6000, "healthy", "unhealthy"),
+        verdict(100_000, "unhealthy", "healthy"),
+    ])  # fmt: skip
+    got = summarize(board, 0, 86400, relapse_within=3600)
+    assert got.fences == [1000, 5000]
+    assert [(r.held_seconds, r.relapse) for r in got.recoveries] == [(3000, True), (94000, False)]
+    # the second day was never observed: unknown, and not in the rate's denominator
+    assert got.observed_seconds == 86400 and got.unknown_seconds == 0
+    (model,) = rates([board], "model", 0, 2 * 86400, 3600)
+    assert model.observed_gpu_days == 1.0 and model.fences == 3 and model.fence_rate == 3000.0
