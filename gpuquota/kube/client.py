@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from urllib3 import BaseHTTPResponse
 
 from gpuquota.kube.rest import KubeConfigError as KubeConfigError  # re-exported: one class
-from gpuquota.kube.rest import RestApi
+from gpuquota.kube.rest import RestApi, keepalive_options
 
 if TYPE_CHECKING:  # the official client is imported where it is used (the controller)
     from kubernetes import client
@@ -186,28 +186,6 @@ class Timeouts:
 
 # TCP keepalive on every API connection: an idle watch is probed after 30 s, and a dead peer
 # is dropped after 3 unanswered probes 10 s apart (client-go probes after 30 s too)
-KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
-
-
-def keepalive_options() -> list[tuple[int, int, int]]:
-    """urllib3 socket_options: its defaults (no Nagle) plus SO_KEEPALIVE and the probe
-    timings where the platform names them."""
-    import socket
-
-    from urllib3.connection import HTTPConnection
-
-    options = list(HTTPConnection.default_socket_options)
-    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
-    for name, value in (
-        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
-        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
-    ):
-        if hasattr(socket, name):
-            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
-    return options
-
-
 def load(kubeconfig: str | None, context: str | None = None) -> client.ApiClient:
     """An ApiClient from ``kubeconfig``, else in-cluster, else $KUBECONFIG / ~/.kube/config.
     (gpu-exporter uses gpuquota.kube.rest.load instead: the same calls without the official

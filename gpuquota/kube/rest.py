@@ -42,6 +42,30 @@ class KubeConfigError(RuntimeError):
     """The kubeconfig or in-cluster configuration cannot be used: one line."""
 
 
+# TCP keepalive: a dead API server connection is found by the kernel, not by a watch's
+# silence (quiet kinds are silent for minutes; ../shared/kube-apiserver.md)
+KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 30, 10, 3
+
+
+def keepalive_options() -> list[tuple[int, int, int]]:
+    """urllib3 socket_options: its defaults (no Nagle) plus SO_KEEPALIVE and the probe
+    timings where the platform names them."""
+    import socket
+
+    from urllib3.connection import HTTPConnection
+
+    options = list(HTTPConnection.default_socket_options)
+    options.append((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1))
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, name):
+            options.append((socket.IPPROTO_TCP, getattr(socket, name), value))
+    return options
+
+
 class RestApi:
     """One API server: its address, TLS, credentials and a connection pool."""
 
@@ -52,8 +76,6 @@ class RestApi:
         token: str | None = None,
         token_file: Path | None = None,
     ) -> None:
-        from gpuquota.kube.client import keepalive_options
-
         self.host = host.rstrip("/")
         self.configuration = SimpleNamespace(host=self.host)  # what Kube.host reads
         self._token = token

@@ -91,7 +91,7 @@ examples:
                                      (FinOps FOCUS 1.2: one row per SKU and charge
                                      period: allocated GPU-hours per model and resource
                                      per day, energy, used GPU-hours; with --spread-idle
-                                     each namespace's idle GPU-hours too)
+                                     the idle GPU-hours of each namespace too)
 
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
