@@ -222,7 +222,9 @@ def test_focus_export_passes_the_finops_validator(
     table = report(*argv, "--spread-idle", "proportional", "--json", db=store)
     total = json.loads(table.out)["total"]
     billed = sum(Fraction(r["BilledCost"]) for r in rows)
-    expected = sum(Fraction(str(total[f"{k}_EUR"])) for k in ("cost", "energy_cost", "spread_idle_cost"))
+    expected = sum(
+        Fraction(str(total[f"{k}_EUR"])) for k in ("cost", "energy_cost", "spread_idle_cost")
+    )
     assert abs(billed - expected) < Fraction(1, 100), (billed, expected, total)
     # the rules that apply to every dataset, and those too that apply to what this export is
     # (each store's export once: the validator takes seconds a run)
