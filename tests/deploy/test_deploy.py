@@ -361,6 +361,7 @@ def test_production_example_composes_every_part_and_names_the_image_once() -> No
         if d["kind"] == "ConfigMap" and "grafana_dashboard" in d["metadata"].get("labels", {})
     ]
     assert sorted(m["metadata"]["name"] for m in maps) == [
+        "gpuquota-dashboard-gpu-fleet-health",
         "gpuquota-dashboard-gpu-node",
         "gpuquota-dashboard-gpu-quota",
     ]
