@@ -28,7 +28,6 @@ from typing import Any
 from gpuquota.sim.kubelet.podresources import PodResourcesServer
 from gpuquota.sim.ledgerdemo import BIN, DemoNode, LedgerDemo, node_object
 from gpuquota.sim.nvml.control import SimNode
-from gpuquota.sim.promserver import scraping
 from gpuquota.sim.workload import rfc3339
 
 QUIET_S = 3  # the agents' --health-quiet-period here (production: minutes)
@@ -78,15 +77,7 @@ class FleetDemo(LedgerDemo):
         relapsed = x.sim.serial(0)
         moved = x.sim.serial(1)
         record: dict[str, Any] = {"fences": 0}
-        for node in self.nodes.values():
-            self.start_exporter(node)
-        jobs = {"gpu-exporter": [n.port for n in self.nodes.values()]}
-        served = self.stack.enter_context(scraping(self.work / "prometheus", jobs))
-        self.prometheus_url = served.url
-        self.stack.callback(self.stop_controller)
-        for node in self.nodes.values():
-            self.stack.callback(self.stop_exporter, node)
-        self.start_controller(1)
+        self.start_stack()
         started = int(time.time())
         self.say("2 GPU nodes of 2 H100s, 2 gpu-exporters, Prometheus, the controller keeping "
                  "the fleet history")  # fmt: skip

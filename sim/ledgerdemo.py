@@ -430,8 +430,9 @@ class LedgerDemo:
         doc: dict[str, Any] = json.loads(done.stdout)
         return doc
 
-    def run(self) -> None:
-        self.build()
+    def start_stack(self) -> None:
+        """Every node's gpu-exporter, a Prometheus scraping them and the controller reading it
+        (stopped in reverse when the demo's stack closes)."""
         for node in self.nodes.values():
             self.start_exporter(node)
         jobs = {"gpu-exporter": [n.port for n in self.nodes.values()]}
@@ -441,6 +442,10 @@ class LedgerDemo:
         for node in self.nodes.values():
             self.stack.callback(self.stop_exporter, node)
         self.start_controller(1)
+
+    def run(self) -> None:
+        self.build()
+        self.start_stack()
         started = self.place_pods()
         self.say("3 GPU nodes, 6 pods (whole GPUs, a MIG instance, a time-sliced GPU), "
                  "3 gpu-exporters, Prometheus, the controller with the ledger on")  # fmt: skip

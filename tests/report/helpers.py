@@ -187,3 +187,13 @@ def known(store: Store, begins: int, ends: int, cluster: str = "c1") -> None:
                 cluster=cluster, holder="replay", at=ends, resource_versions={}
             )
         )
+
+
+def doc_of(
+    report: Any, store: Store, *argv: str, now: str = "2026-11-22T00:00:00Z"
+) -> dict[str, Any]:
+    """The report's JSON for ``argv`` at ``now``; asserts it exited 0."""
+    result = report(*argv, "--json", "--now", now, db=store)
+    assert result.rc == 0, result.err
+    doc: dict[str, Any] = json.loads(result.out)
+    return doc

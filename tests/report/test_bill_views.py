@@ -3,7 +3,6 @@ one definition per column, one rounding rule, and no silent answers."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +11,11 @@ from sqlalchemy import insert
 from gpuquota.quota.report.prometheus import busy_query, step_for
 from gpuquota.quota.store.models import Gap
 from tests.report.conftest import A100, Store, ts
-from tests.report.helpers import Canned, assert_refused, known, ledger, uid, vector
+from tests.report.helpers import Canned, assert_refused, doc_of, known, ledger, uid, vector
 
 OCT = ts("2026-10-01T00:00:00")
 H = 3600
 NOW = "2026-11-22T00:00:00Z"
-
-
-def doc_of(report: Any, store: Store, *argv: str) -> dict[str, Any]:
-    result = report(*argv, "--json", "--now", NOW, db=store)
-    assert result.rc == 0, result.err
-    doc: dict[str, Any] = json.loads(result.out)
-    return doc
 
 
 def test_an_owner_is_keyed_within_its_namespace(store: Store, report: Any) -> None:

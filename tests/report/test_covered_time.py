@@ -4,7 +4,6 @@ never shown as idle."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,13 @@ from gpuquota.quota.store import daytwo
 from gpuquota.quota.store.models import Gap
 from gpuquota.sim.workload import generate
 from tests.report.conftest import Store, ts
-from tests.report.helpers import known
+from tests.report.helpers import doc_of, known
 
 SEP = ts("2026-09-01T00:00:00")
 SEP30 = ts("2026-09-30T00:00:00")
 OCT = ts("2026-10-01T00:00:00")
 H = 3600
 NOW = "2026-11-22T00:00:00Z"
-
-
-def doc_of(report: Any, store: Store, *argv: str) -> dict[str, Any]:
-    result = report(*argv, "--json", "--now", NOW, db=store)
-    assert result.rc == 0, result.err
-    doc: dict[str, Any] = json.loads(result.out)
-    return doc
 
 
 def card_of(tmp_path: Any) -> str:
