@@ -37,7 +37,11 @@ Fault injection for tests: :meth:`ApiServer.cut_watches` (drop every watch conne
 :meth:`stall_watches` (keep them open, send nothing, not even bookmarks),
 :meth:`force_gone` (compact the history: the next resume gets 410), :meth:`refuse_for`
 (close the listening socket for a while: connections are refused, then it comes back on the
-same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does).
+same port), :meth:`forbid` (answer 403 Forbidden for one resource, as missing RBAC does),
+:meth:`queue_watches` (new watch requests wait before they are answered, as API Priority and
+Fairness queues them on a busy server). Every watch the server ends without its last chunk is
+recorded with why in :attr:`ApiServer.unclean_watch_ends` (a cut, a write that failed or waited
+``unresponsive_after``): a client that sees "Response ended prematurely" can be matched to it.
 
 The Eviction API (``POST pods/<name>/eviction``, policy/v1): a Running pod covered by a
 PodDisruptionBudget whose ``status.disruptionsAllowed`` is below 1 is refused with 429 and the
@@ -444,6 +448,10 @@ class ApiServer:
         self._thread: threading.Thread | None = None
         self._watch_gen = 0  # bumped to cut every open watch
         self._stalled: set[int] = set()  # watch ids told to go silent
+        self._watch_gate = threading.Event()  # cleared: new watches wait (queue_watches)
+        self._watch_gate.set()
+        # (resource, why) of every watch ended without its last chunk
+        self.unclean_watch_ends: list[tuple[str, str]] = []
         self._watch_ids = 0
         self._watch_conns: dict[int, socket.socket] = {}
         self._conns: set[socket.socket] = set()  # every open connection, for refuse_for
@@ -532,6 +540,11 @@ class ApiServer:
         """Every watch open now goes silent: connection kept, nothing sent, ever again."""
         with self.state.lock:
             self._stalled.update(self._watch_conns)
+
+    def queue_watches(self, queued: bool = True) -> None:
+        """While queued, a new watch request is answered only once released (``False``): a
+        busy real server's API Priority and Fairness queues requests before serving them."""
+        (self._watch_gate.clear if queued else self._watch_gate.set)()
 
     def force_gone(self) -> None:
         """Compact the whole history and cut watches: resuming from any old version gets 410."""
@@ -1273,10 +1286,13 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
     def _watch(self, res: Resource, ns: str, query: dict[str, str], group_version: str) -> None:
+        while not self.api._watch_gate.wait(0.1):  # queued (queue_watches)
+            pass
         wid, gen = self.api._register(self.connection)
         # a watcher that stops reading: the write blocks once the socket buffers are full, and
         # the server gives up on it (a real one: "Forcing watcher close due to unresponsiveness")
         self.connection.settimeout(self.api.unresponsive_after)
+        unclean = "cut"
         try:
             self.send_response(HTTPStatus.OK)
             self.send_header("Content-Type", "application/json")
@@ -1293,11 +1309,17 @@ class _Handler(BaseHTTPRequestHandler):
             if self.api._watch_gen == gen:  # a cut ends without the last chunk, like a reset
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
-        except OSError:
-            pass
+                unclean = ""
+        except OSError as exc:
+            unclean = f"write failed: {exc!r}"
+        except BaseException as exc:
+            unclean = f"server error: {exc!r}"
+            raise
         finally:
             self.close_connection = True
             self.api._unregister(wid)
+            if unclean:
+                self.api.unclean_watch_ends.append((res.plural, unclean))
 
     def do_GET(self) -> None:
         self._handle("GET")

@@ -122,7 +122,9 @@ class WatchLoop(threading.Thread):
         self._kept: dict[str, bool] = {}
         self.started = threading.Event()  # listed, or resuming: the next kind may start
         self.current = threading.Event()  # proven current (see the module docstring)
-        self.open = False  # a watch request is open (or about to be re-opened after its end)
+        # a watch request is open, or about to be opened after a list or a clean end; False
+        # from a failed request until the next one is accepted
+        self.open = False
         self.version: str | None = None
         self.last_error: str | None = None
         self.backoff = Backoff()
@@ -165,6 +167,10 @@ class WatchLoop(threading.Thread):
             self._resuming = False
             self._proven(listed_at)
             log.info("%s: listed %d at version %s", self.kind, len(items), version)
+        # the watch follows at once: between the list and the server accepting it (queued on
+        # a busy server) the kind is current, not down (the exporter's dra_slices_up read 0
+        # in that window on a loaded machine)
+        self.open = True
         self.started.set()
 
     def _proven(self, at: int) -> None:
