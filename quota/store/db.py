@@ -40,6 +40,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.pool import QueuePool
 
 from gpuquota.quota.accounting.rows import (
     AllocationRow,
@@ -217,8 +218,15 @@ def _engine(url: str, *, read_only: bool = False) -> Engine:
     if read_only and in_file and not str(parsed.database).startswith("file:"):
         assert parsed.database is not None
         reader = _SqliteReader(parsed.database)
+        # a QueuePool: for a "sqlite://" URL SQLAlchemy would pick SingletonThreadPool, one
+        # connection per thread that closes the connections of other threads once more than
+        # five threads have used it, under a report's reader threads, mid-query: "Cannot
+        # operate on a closed database", or a crash, from the second report on one connection
         engine = create_engine(
-            "sqlite://", creator=reader.connect, execution_options={CONCURRENT_READS: True}
+            "sqlite://",
+            creator=reader.connect,
+            poolclass=QueuePool,
+            execution_options={CONCURRENT_READS: True},
         )
         event.listen(engine.pool, "close", reader.closed)
         return engine

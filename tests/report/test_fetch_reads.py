@@ -118,3 +118,19 @@ def test_best_effort_check_reads_its_partial_index(store: Store) -> None:
                 str(r[-1]) for r in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", params)
             )
     assert "ix_allocations_best_effort" in plan, plan
+
+
+def _count_clusters(conn: Connection) -> Any:
+    return conn.execute(text("SELECT count(*) FROM clusters")).scalar()
+
+
+def test_many_reports_on_one_read_only_connection(store: Store) -> None:
+    """A report's reads on reader threads, report after report on one connection (a
+    program that makes several, a property test): every read answers. With the pool
+    SQLAlchemy picks for a "sqlite://" engine (one connection per thread, closing other
+    threads' connections past five threads) the second round already read from closed
+    connections ("Cannot operate on a closed database"), or crashed the interpreter."""
+    jobs = {name: _count_clusters for name in "abcdef"}
+    with db.reading(store.url) as conn:
+        for _ in range(12):
+            assert run_reads(conn, jobs) == dict.fromkeys(jobs, 0)
