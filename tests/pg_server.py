@@ -22,11 +22,13 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import port_for
+import psycopg
 from pytest_postgresql.executors import PostgreSQLExecutor
 
 INSTALL_HINT = "apt-get install -y postgresql (or run `make test` as root, which installs it)"
@@ -85,6 +87,7 @@ def throwaway_server() -> Iterator[str]:
         server, port = _start(executable, folder)
         try:
             server.wait_for_postgres()
+            accepting(port)
             yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
         finally:
             server.stop()
@@ -92,6 +95,23 @@ def throwaway_server() -> Iterator[str]:
         shutil.rmtree(folder, ignore_errors=True)
         if executable != pg_ctl:
             shutil.rmtree(executable.parent, ignore_errors=True)
+
+
+def accepting(port: int, seconds: float = 60.0) -> None:
+    """Wait until the server answers a query: ``pg_ctl -w`` and the executor's wait can
+    return while it still says "the database system is starting up" (seen under load)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with psycopg.connect(
+                host="127.0.0.1", port=port, user="postgres", dbname="postgres", connect_timeout=5
+            ) as conn:
+                conn.execute("SELECT 1")
+                return
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _start(executable: Path, folder: Path, attempts: int = 3) -> tuple[PostgreSQLExecutor, int]:
