@@ -113,11 +113,13 @@ class PluginClient:
                     {d.ID: d.health for d in response.devices},
                     {d.ID: tuple(n.ID for n in d.topology.nodes) for d in response.devices},
                 )
+                # the device manager takes the list first, so that whoever waited for this
+                # update (wait_for) finds the node's capacity already counting it
+                if self._on_update is not None:
+                    self._on_update(self, update)
                 with self._cond:
                     self.updates.append(update)
                     self._cond.notify_all()
-                if self._on_update is not None:
-                    self._on_update(self, update)
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED:
                 log.info("ListAndWatch for %s ended: %s", self.resource, exc.code())
