@@ -33,7 +33,7 @@ from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
 from gpuquota.quota.fleet.ingest import turn as fleet_turn
-from gpuquota.quota.ledger.ingest import LedgerProcess, LedgerSettings
+from gpuquota.quota.ledger.ingest import LedgerProcess, LedgerSettings, catch_up_warning
 from gpuquota.quota.ledger.ingest import check as check_ledger
 from gpuquota.quota.options import (
     accounting_options,
@@ -294,6 +294,9 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
     problem = check_ledger(settings)
     if problem:
         raise ValueError(problem)
+    many = catch_up_warning(settings)
+    if many:
+        log.warning("%s", many)
     return settings
 
 

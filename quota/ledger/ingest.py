@@ -83,6 +83,26 @@ def check(settings: LedgerSettings) -> str | None:
     return rules.check_zone(s.rollup_tz, s.window, time.time())
 
 
+# windows a first start (or a long downtime) may catch up before it is worth a word: a week
+# of 5-minute windows; each window is a few Prometheus queries and a store transaction
+CATCH_UP_WINDOWS = 2016
+
+
+def catch_up_warning(settings: LedgerSettings) -> str | None:
+    """A line to log when the back-fill means many windows to catch up (a first start, or
+    after downtime): --ledger-backfill 7d of 5 s windows is 120,960 of them, hours of
+    queries with no other sign of why; None when the count is ordinary."""
+    windows = settings.backfill // settings.window
+    if windows <= CATCH_UP_WINDOWS:
+        return None
+    return (
+        f"usage ledger: --ledger-backfill {settings.backfill}s of {settings.window}s windows "
+        f"means up to {windows:,} windows to catch up on a first start or after downtime, a few "
+        "Prometheus queries each; a shorter --ledger-backfill or a longer --ledger-window "
+        "catches up sooner"
+    )
+
+
 @dataclass
 class LedgerFacts:
     """What the ledger's metrics read at scrape time (replaced whole, never mutated)."""

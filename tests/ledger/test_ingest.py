@@ -470,3 +470,14 @@ def test_a_store_failure_mid_window_leaves_nothing_half_written(
     assert ingester.run_once() == 1
     assert rounded(rows(url, "c")) == rounded(expected({A: EXPECTED_A}))
     ingester.stop()
+
+
+def test_a_backfill_of_very_many_windows_is_said_at_start() -> None:
+    from gpuquota.quota.ledger.ingest import catch_up_warning
+
+    # a week of 5 s windows (a demo's window with the default back-fill): 120,960 windows
+    line = catch_up_warning(LedgerSettings("http://p:9090", window=5, backfill=7 * 86400))
+    assert line is not None and "120,960 windows" in line and "--ledger-backfill" in line
+    # the defaults (a week of hours) and a week of 5-minute windows say nothing
+    assert catch_up_warning(LedgerSettings("http://p:9090")) is None
+    assert catch_up_warning(LedgerSettings("http://p:9090", window=300)) is None
