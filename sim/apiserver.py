@@ -26,6 +26,15 @@ Serves, over HTTP/1.1 on 127.0.0.1, what the quota controller and its tests use:
   terms (``k=v``, ``k!=v``, ``k``, ``!k``);
 * discovery: ``/api``, ``/apis``, ``/apis/<group>`` and ``/apis/<group>/<version>``.
 
+Lists at a version, as the real 1.36 server answered them (docs/real-kube-apiserver.md, "A
+stored version the server has not reached"): ``resourceVersionMatch=NotOlderThan`` a version
+the kind's watch cache has not reached is 504 "Too large resource version" (the real server
+first waits about 3 s; here at once), ``Exact`` a version not handed out is the same 504, and
+``Exact`` one older than the retained window is 410. ``progress_notify=False`` is a server
+over an etcd without RequestWatchProgress (etcd 3.5): a kind's watch cache then moves only
+with that kind's own events, so a quiet kind answers NotOlderThan with 504 even for versions
+the server handed out since, while Exact (sent to etcd there) still tells them apart.
+
 DRA versions: ``resource_versions`` names the resource.k8s.io versions that serve
 ResourceSlices, DeviceClasses, ResourceClaims and templates (``v1`` from Kubernetes 1.34,
 ``v1beta2`` from 1.33; their objects have the same shape), ``device_taint_rule_versions``
@@ -354,6 +363,9 @@ class _State:
         self.history: list[tuple[int, str, str, bytes, Obj]] = []
         self.window = window
         self.compacted = self.rv  # a watch from an older version than this gets 410
+        # the watch cache's version per kind where etcd reports no progress (progress_notify
+        # off): it moves only with the kind's own events
+        self.cached: dict[str, int] = dict.fromkeys(RESOURCES, first_version)
         self.snapshots: dict[str, tuple[int, list[Obj]]] = {}
         # id(stored object) -> (the object, its JSON as a list item): encoded once, when it is
         # written, as the real server's watch cache does; a list only joins the bytes
@@ -366,6 +378,7 @@ class _State:
     def record(self, plural: str, type_: str, obj: Obj) -> bytes:
         """Append the event to the history; returns the object's JSON."""
         rv = int(obj["metadata"]["resourceVersion"])
+        self.cached[plural] = rv
         encoded = json.dumps(obj, separators=(",", ":")).encode()
         line = b'{"type":"' + type_.encode() + b'","object":' + encoded + b"}\n"
         self.history.append((rv, plural, obj["metadata"].get("namespace", ""), line, obj))
@@ -412,6 +425,7 @@ class ApiServer:
         device_taint_rule_versions: Sequence[str] = ("v1",),
         garbage_collector: bool = False,
         realistic: bool = True,
+        progress_notify: bool = True,
     ):
         if bookmarks not in BOOKMARK_MODES:
             raise ValueError(f"bookmarks: {bookmarks!r} is not one of {BOOKMARK_MODES}")
@@ -443,6 +457,7 @@ class ApiServer:
         # pods stored as a real 1.36 server returns them (gpuquota.sim.realism), as admission
         # and defaulting do on every write there; off: exactly what was written
         self.realistic = realistic
+        self.progress_notify = progress_notify
         self._port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -797,12 +812,25 @@ class ApiServer:
         token = query.get("continue")
         with st.lock:
             rv_q = query.get("resourceVersion", "")
-            if rv_q and query.get("resourceVersionMatch") == "Exact" and int(rv_q) < st.compacted:
-                raise ApiError(410, "Expired", f"too old resource version: {rv_q} ({st.compacted})")
-            if rv_q and query.get("resourceVersionMatch") == "NotOlderThan" and int(rv_q) > st.rv:
-                # a version not handed out yet: the real server waits ~3 s for its cache, then
+            match = query.get("resourceVersionMatch")
+            if rv_q and match == "Exact" and int(rv_q) > st.rv:
+                # a revision etcd has not reached (with progress_notify off the server asks
+                # etcd at once; with it, after waiting ~3 s for its cache)
                 raise ApiError(
                     504, "Timeout", f"Too large resource version: {rv_q}, current: {st.rv}"
+                )
+            if rv_q and match == "Exact" and int(rv_q) < st.compacted:
+                # as etcd refuses a compacted revision (the watch's wording differs)
+                raise ApiError(
+                    410, "Expired", "The resourceVersion for the provided list is too old."
+                )
+            cached = st.rv if self.progress_notify else st.cached[res.plural]
+            if rv_q and match == "NotOlderThan" and int(rv_q) > cached:
+                # a version the kind's watch cache has not reached: the real server waits ~3 s
+                # for it, then says so (here at once); without progress_notify, also one the
+                # server handed out since the kind last changed
+                raise ApiError(
+                    504, "Timeout", f"Too large resource version: {rv_q}, current: {cached}"
                 )
             if token:
                 try:

@@ -16,7 +16,7 @@ The rules, from what a real kube-apiserver does (docs/architecture.md, "watch"):
   like 410 Gone: relist. A real server answers a watch from such a version with silence until
   ``timeoutSeconds``, so a resumed watch that ended without a single line is proven only once
   the server says it reached the version (``Kube.reached``: a consistent list, then a list
-  NotOlderThan it).
+  NotOlderThan it, and where that says "too large", one at exactly it).
 - **Current means proven.** A kind is *current* once a list of it completed, or, when resuming
   from a stored version after a restart, once the resumed watch ended cleanly at its (short,
   :attr:`Timeouts.proof`) ``timeoutSeconds`` without 410 Gone: the server then replayed

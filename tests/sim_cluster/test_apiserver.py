@@ -131,6 +131,46 @@ def test_a_version_never_handed_out_is_silence_to_a_watch_and_too_large_to_a_lis
     v1.list_node(resource_version=current, resource_version_match="NotOlderThan", limit=1)
 
 
+def test_over_an_etcd_without_progress_notify_only_an_exact_list_tells_reached(tmp_path):
+    """As a real kube-apiserver 1.36.2 over etcd 3.5.1 (no RequestWatchProgress) answered
+    (docs/real-kube-apiserver.md): a quiet kind's watch cache stays at its last change, so a
+    one-item list NotOlderThan a version the server handed out since (here by a write of
+    another kind, and returned by a consistent list) gets 504 "Too large resource version";
+    a one-item list at exactly that version gets 200, and at one not handed out 504."""
+    with ApiServer(progress_notify=False) as api:
+        v1 = client.CoreV1Api(
+            config.new_client_from_config(str(api.write_kubeconfig(tmp_path / "k")))
+        )
+        api.apply("ADDED", {"kind": "Node", "metadata": {"name": "n1"}})
+        api.apply("ADDED", {"kind": "Namespace", "metadata": {"name": "team-a"}})
+        handed_out = json.loads(v1.list_node(limit=1, _preload_content=False).data)["metadata"][
+            "resourceVersion"
+        ]
+        with pytest.raises(ApiException) as err:
+            v1.list_node(
+                resource_version=handed_out, resource_version_match="NotOlderThan", limit=1
+            )
+        assert err.value.status == 504 and "Too large resource version" in str(err.value.body)
+        v1.list_node(resource_version=handed_out, resource_version_match="Exact", limit=1)
+        v1.list_namespace(
+            resource_version=handed_out, resource_version_match="NotOlderThan", limit=1
+        )
+        ahead = str(int(handed_out) + 1000)
+        for match in ("Exact", "NotOlderThan"):
+            with pytest.raises(ApiException) as err:
+                v1.list_node(resource_version=ahead, resource_version_match=match, limit=1)
+            assert err.value.status == 504 and "Too large resource version" in str(err.value.body)
+    with ApiServer() as api:  # over etcd 3.6 the cache catches up: both lists answer
+        v1 = client.CoreV1Api(
+            config.new_client_from_config(str(api.write_kubeconfig(tmp_path / "k")))
+        )
+        api.apply("ADDED", {"kind": "Node", "metadata": {"name": "n1"}})
+        api.apply("ADDED", {"kind": "Namespace", "metadata": {"name": "team-a"}})
+        handed_out = str(api.resource_version)
+        for match in ("Exact", "NotOlderThan"):
+            v1.list_node(resource_version=handed_out, resource_version_match=match, limit=1)
+
+
 def test_a_watcher_that_stops_reading_is_closed_by_the_server():
     with ApiServer(unresponsive_after=0.5) as api:
         api.apply("ADDED", {"kind": "Namespace", "metadata": {"name": "big"}})
