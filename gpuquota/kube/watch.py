@@ -84,7 +84,8 @@ class NoMetrics:
 
 
 class GoneError(Exception):
-    """The watch's resourceVersion was compacted (410 Gone): relist."""
+    """The watch's resourceVersion cannot be resumed from: relist. Its text says why (410
+    Gone: compacted; or a version the server has not reached)."""
 
 
 def _wall() -> int:
@@ -193,8 +194,8 @@ class WatchLoop(threading.Thread):
     def _listed(self, obj: Obj) -> bool:
         return self._keeps("ADDED", obj)
 
-    def _gone(self) -> None:
-        log.info("%s: version %s is gone (410): relisting", self.kind, self.version)
+    def _gone(self, why: str = "is gone (410)") -> None:
+        log.info("%s: version %s %s: relisting", self.kind, self.version, why)
         if self._resuming:
             # never proven since the restart: nothing is known after the stored heartbeat
             self.confirmed_at = None
@@ -209,8 +210,8 @@ class WatchLoop(threading.Thread):
                     self._initial()
                 self._watch_once()
                 self.metrics.restart(self.kind, "timeout")
-            except GoneError:
-                self._gone()
+            except GoneError as exc:
+                self._gone(str(exc) or "is gone (410)")
             except ReadTimeoutError:
                 # the server neither sent nor ended the watch at timeoutSeconds: a dead
                 # connection keepalive did not catch; watch again from the last version
@@ -219,11 +220,11 @@ class WatchLoop(threading.Thread):
                 self.metrics.restart(self.kind, "stalled")
             except _retried_errors() as exc:
                 self.open = False
-                if isinstance(exc, (ApiStatusError, *_official_errors())) and (
-                    getattr(exc, "status", None) == 410
-                    or "too large resource version" in str(exc).lower()
-                ):
-                    self._gone()
+                if isinstance(exc, (ApiStatusError, *_official_errors())):
+                    if "too large resource version" in str(exc).lower():
+                        self._gone("is one the server has not reached")
+                    elif getattr(exc, "status", None) == 410:
+                        self._gone()
                 self.last_error = _describe(exc)
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1fs", self.kind, self.last_error, delay)
@@ -267,7 +268,9 @@ class WatchLoop(threading.Thread):
             etype = event.get("type")
             obj: Any = event.get("object")
             if etype == "ERROR":
-                if isinstance(obj, dict) and (obj.get("code") == 410 or _too_large(obj)):
+                if isinstance(obj, dict) and _too_large(obj):
+                    raise GoneError("is one the server has not reached")
+                if isinstance(obj, dict) and obj.get("code") == 410:
                     raise GoneError()
                 raise ValueError(
                     f"watch error: {obj.get('message') if isinstance(obj, dict) else obj}"
@@ -303,7 +306,7 @@ class WatchLoop(threading.Thread):
                 self.kind,
                 self.version,
             )
-            raise GoneError()
+            raise GoneError("is one the server has not reached")
         if self._resuming:
             self._resuming = False
             log.info("%s: the resumed watch is current (ended without 410)", self.kind)
