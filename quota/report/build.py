@@ -94,6 +94,7 @@ class Fetched:
     ledger: bool  # the store has a usage ledger for the clusters in scope
     ledger_until: dict[str, int]
     ledger_rows: list[query.LedgerRow]
+    ledger_cut: query.LedgerCut  # the ledger windows the period's edges cut
     unallocated_energy: dict[str, float]  # per cluster, joules of GPUs nobody held
     holder_windows: list[query.HolderWindow] | None  # None: no idle-allocations view
     pod_usage: list[query.UsageRow] | None  # per pod, to split Prometheus' figures
@@ -188,6 +189,7 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         # the reads a request does not ask for
         found: dict[str, Any] = {
             "ledger_rows": [],
+            "ledger_cut": query.LedgerCut(),
             "unallocated_energy": {},
             "quota": [],
             "idle_allocated": [],
@@ -224,6 +226,7 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             )
         if ledger:
             jobs["unallocated_energy"] = lambda c: query.unallocated_energy(c, lo, hi, now, scope)
+            jobs["ledger_cut"] = lambda c: query.ledger_cut(c, scope, lo, hi, now)
         found.update(run_reads(conn, jobs))
         fetched = Fetched(
             buckets=buckets,
@@ -357,6 +360,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
         )
     # the usage ledger: used GPU-seconds, energy, coverage per group
     report.ledger, report.ledger_until = fetched.ledger, fetched.ledger_until
+    report.ledger_cut = fetched.ledger_cut
     report.unallocated_energy = {c: Fraction(j) for c, j in fetched.unallocated_energy.items() if j}
     if fetched.ledger:
         compute.attach_ledger(report, fetched.ledger_rows, edges, card)

@@ -19,6 +19,7 @@ from gpuquota.quota.report.query import (
     CapacityRow,
     GapRecord,
     HolderWindow,
+    LedgerCut,
     LedgerRow,
     QuotaRow,
     UsageRow,
@@ -202,6 +203,8 @@ class Report(_Freezable):
     ledger: bool = False
     # per cluster, up to when the ledger is ingested (no entry: no progress row)
     ledger_until: dict[str, int] = field(default_factory=dict)
+    # the ledger windows the period's edges cut, counted pro rata to time
+    ledger_cut: LedgerCut = field(default_factory=LedgerCut)
     energy_priced: bool = False  # the rate card prices energy
     # per cluster, joules of GPUs nobody held (the nodes' idle GPU energy): no group's
     unallocated_energy: dict[str, Fraction] = field(default_factory=dict)

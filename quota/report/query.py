@@ -1108,6 +1108,48 @@ def unallocated_energy(
     return {str(c): float(j or 0) for c, j in rows}
 
 
+@dataclass(frozen=True)
+class LedgerCut:
+    """The usage-ledger windows the period's edges cut (counted pro rata to time, not as
+    measured inside the period): rolled-up days of another zone than the report's, or hourly
+    windows at a half-hour zone's midnight."""
+
+    windows: int = 0
+    longest_seconds: int = 0
+    used_seconds: float = 0.0  # the GPU-seconds the report counts from them
+
+
+def ledger_cut(conn: Connection, scope: Scope, lo: int, hi: int, now: int) -> LedgerCut:
+    """How many of the pod and claim holders' ledger windows overlap [lo, min(hi, now)) without
+    lying inside it, and what the report counts from them (the edge branch of
+    ``_ledger_windows``, in one grouped scan)."""
+    hi = min(hi, now)
+    if hi <= lo or not scope.clusters:
+        return LedgerCut()
+    w, s = UsageWindow, UsageSeries
+    wend: Any = w.window_start + w.window_seconds
+    inside = clipped(w.window_start, wend, t(lo), t(hi)) / cast(w.window_seconds, Float)
+    row = conn.execute(
+        select(
+            func.count(),
+            func.max(w.window_seconds),
+            func.sum(double(w.used_gpu_seconds) * inside),
+        )
+        .select_from(w.__table__.join(s.__table__, s.id == w.series_id))
+        .where(s.cluster.in_(scope.clusters), s.holder_kind.in_((HOLDER_POD, HOLDER_CLAIM)))
+        .where(
+            wend > t(lo),
+            w.window_start < t(hi),
+            or_(
+                and_(w.window_start >= t(lo - LEDGER_MAX_WINDOW), w.window_start < t(lo)),
+                and_(w.window_start > t(hi - LEDGER_MAX_WINDOW), wend > t(hi)),
+            ),
+        )
+    ).one()
+    count, longest, used = row
+    return LedgerCut(int(count or 0), int(longest or 0), float(used or 0.0))
+
+
 def ledger(
     conn: Connection, keys: Sequence[str], edges: Sequence[int], now: int, scope: Scope
 ) -> list[LedgerRow]:

@@ -465,6 +465,18 @@ def ledger_notes(report: Report) -> list[str]:
             f"GPUs nobody held in cluster {cluster!r} used {format_scaled(round(joules * 100 / KWH), 2)} "
             "kWh (the nodes' idle GPU energy, charged to no group)"
         )
+    cut = report.ledger_cut
+    if cut.windows:
+        longest = cut.longest_seconds
+        span = f"{longest // HOUR} h" if longest % HOUR == 0 else f"{longest // 60} min"
+        out.append(
+            f"the period's start or end cuts {cut.windows} usage-ledger window(s), up to {span} "
+            f"long: {format_scaled(round(Fraction(cut.used_seconds) * 100 / HOUR), 2)} used "
+            "GPU-h come from them pro rata to time, not as measured inside the period (days "
+            "rolled up in another time zone than --tz, or edges inside a window); report in the "
+            "zone the controller rolls days up in (--ledger-rollup-tz), on whole windows, for "
+            "exact figures"
+        )
     for cluster, until in sorted(report.ledger_until.items()):
         if until < report.window_end:
             out.append(
@@ -840,6 +852,11 @@ def render_json(report: Report, period: Period) -> str:
             "best_effort_gpu_pods": report.best_effort_pods,
             "unallocated_energy_joules": {
                 c: float(j) for c, j in sorted(report.unallocated_energy.items())
+            },
+            "ledger_prorated": {
+                "windows": report.ledger_cut.windows,
+                "longest_window_seconds": report.ledger_cut.longest_seconds,
+                "used_gpu_hours": report.ledger_cut.used_seconds / HOUR,
             },
             "messages": notes(report),
         },

@@ -298,12 +298,21 @@ def test_days_of_the_billing_zone_roll_up_whole_so_its_report_is_exact(
     # the zone's day that ends at its midnight D-2h (its dates: UTC's shifted by 2 hours)
     first, last = (time.strftime("%Y-%m-%d", time.gmtime(t + 2 * H)) for t in (edge - 1, edge))
     period = ("--from", first, "--to", last, "--tz", zone)
-    used = {
-        name: report(db_url, c, *period)["rows"][0]["gpu_seconds_used"]
-        for name, c in clusters.items()
-    }
+    docs = {name: report(db_url, c, *period) for name, c in clusters.items()}
+    used = {name: doc["rows"][0]["gpu_seconds_used"] for name, doc in docs.items()}
     # used until D-2h, all inside the zone's day (from its first sample: 15 s after BORN)
     assert used["kept"] == pytest.approx(edge - BORN - 15, rel=1e-6)
     assert used["zone"] == pytest.approx(used["kept"], rel=1e-6)
     # UTC days: [D-4h, D) is one row, half of it before the zone's midnight: about half its use
     assert used["utc"] < 0.51 * used["kept"]
+    # and the report says so: one rolled row of 4 h cut by the zone's midnight, all of the
+    # used time counted from it pro rata; whole rows (hourly, or the zone's days) say nothing
+    cut = {name: doc["notes"]["ledger_prorated"] for name, doc in docs.items()}
+    assert cut["utc"]["windows"] == 1 and cut["utc"]["longest_window_seconds"] == 4 * H
+    assert cut["utc"]["used_gpu_hours"] * H == pytest.approx(used["utc"], rel=1e-6)
+    said = [m for m in docs["utc"]["notes"]["messages"] if "usage-ledger window" in m]
+    assert len(said) == 1 and "cuts 1 usage-ledger window(s), up to 4 h" in said[0], said
+    assert "--ledger-rollup-tz" in said[0]
+    for whole in ("kept", "zone"):
+        assert cut[whole] == {"windows": 0, "longest_window_seconds": 0, "used_gpu_hours": 0.0}
+        assert not any("usage-ledger window" in m for m in docs[whole]["notes"]["messages"])
