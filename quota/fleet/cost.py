@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import Connection, and_, func, select
 
-from gpuquota.quota.fleet.summary import BoardHistory, fences_and_releases, stretch_at
+from gpuquota.quota.fleet.summary import BoardHistory, fence_changes, next_change, stretch_at
 from gpuquota.quota.fleet.write import table
 from gpuquota.quota.store.models import Allocation, UsageDevice, UsageSeries, UsageWindow
 
@@ -44,10 +44,14 @@ class NamespaceCost:
 
 def fence_spans(board: BoardHistory) -> list[tuple[int, int, str]]:
     """Each fence of the board: (fenced at, released at or last seen, the UUID it had)."""
-    fences, releases = fences_and_releases(board.events)
+    changes = fence_changes(board.events)
     out = []
-    for at in fences:
-        end = next((r for r in releases if r > at), board.last_seen)
+    for i, fence in enumerate(changes):
+        if not fence.fenced:
+            continue
+        at = fence.at
+        release = next_change(changes, i, fenced=False)
+        end = release.at if release is not None else board.last_seen
         where = stretch_at(board.stretches, at)
         if where is not None:
             out.append((at, max(at, end), where.uuid))

@@ -14,7 +14,6 @@ Rules (docs/health.md):
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,20 +105,35 @@ def _overlap(a: int, b: int, lo: int, hi: int) -> int:
     return max(0, min(b, hi) - max(a, lo))
 
 
-def fences_and_releases(events: Iterable[StoredEvent]) -> tuple[list[int], list[int]]:
-    """Times of the board's fences and releases (verdict changes into and out of
-    unhealthy), oldest first."""
-    fences: list[int] = []
-    releases: list[int] = []
-    for e in events:
+@dataclass(frozen=True)
+class FenceChange:
+    """A verdict change into ``unhealthy`` (a fence) or out of it (a release)."""
+
+    at: int
+    fenced: bool
+
+
+def fence_changes(events: Iterable[StoredEvent]) -> list[FenceChange]:
+    """The board's fences and releases in the order its readings showed them: by the reading's
+    second, then the change's. A change is dated by the agent's own second, which can be the
+    second of the change before it, or even earlier (an XID the agent read late dates the
+    next fence before the release it follows): pairing by those seconds lost the relapse and
+    read the release as still holding. The readings' order is the order they happened in."""
+    out: list[FenceChange] = []
+    for e in sorted(events, key=lambda e: (e.seen, e.at)):
         if e.kind != "verdict":
             continue
         state, previous = e.detail.get("state"), e.detail.get("previous")
         if state == FENCED and previous != FENCED:
-            fences.append(e.at)
+            out.append(FenceChange(e.at, True))
         elif previous == FENCED and state != FENCED:
-            releases.append(e.at)
-    return fences, releases
+            out.append(FenceChange(e.at, False))
+    return out
+
+
+def next_change(changes: Sequence[FenceChange], i: int, fenced: bool) -> FenceChange | None:
+    """The first change after ``changes[i]`` that is a fence (``fenced``) or a release."""
+    return next((c for c in changes[i + 1 :] if c.fenced == fenced), None)
 
 
 def summarize(board: BoardHistory, lo: int, hi: int, relapse_within: int) -> BoardSummary:
@@ -127,15 +141,17 @@ def summarize(board: BoardHistory, lo: int, hi: int, relapse_within: int) -> Boa
     observed = sum(_overlap(s.start, s.end, lo, hi) for s in inside)
     fenced = sum(_overlap(s.start, s.end, lo, hi) for s in inside if s.state == FENCED)
     known = _overlap(board.first_seen, board.last_seen, lo, hi)
-    all_fences, all_releases = fences_and_releases(board.events)
-    fences = [t for t in all_fences if lo <= t < hi]
+    changes = fence_changes(board.events)
+    fences = [c.at for c in changes if c.fenced and lo <= c.at < hi]
     recoveries = []
-    for released in (t for t in all_releases if lo <= t < hi):
-        k = bisect.bisect_right(all_fences, released)
-        nxt = all_fences[k] if k < len(all_fences) else None
-        held = (nxt if nxt is not None else board.last_seen) - released
-        relapse = nxt is not None and nxt - released <= relapse_within
-        recoveries.append(Recovery(released, nxt, max(0, held), relapse))
+    for i, release in enumerate(changes):
+        if release.fenced or not lo <= release.at < hi:
+            continue
+        refence = next_change(changes, i, fenced=True)
+        nxt = refence.at if refence is not None else None
+        held = max(0, (nxt if nxt is not None else board.last_seen) - release.at)
+        relapse = nxt is not None and held <= relapse_within
+        recoveries.append(Recovery(release.at, nxt, held, relapse))
     xids: dict[str, int] = {}
     counters: dict[str, float] = {}
     flags: dict[str, float] = {}

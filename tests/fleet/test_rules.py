@@ -4,6 +4,7 @@ recoveries and relapses, and rates over observed time only."""
 
 from __future__ import annotations
 
+from gpuquota.quota.fleet.cost import fence_spans
 from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries, window_history
 from gpuquota.quota.fleet.summary import BoardHistory, StoredEvent, StoredStretch, rates, summarize
 
@@ -48,6 +49,36 @@ def test_xids_count_through_an_agent_restart_and_a_baseline_is_not_counted() -> 
     got = window_history(readings, xids, {}, 100, 200, max_gap=15)
     assert [(e.at, e.detail["code"], e.detail["count"]) for e in got.events if e.kind == "xid"] == [
         (120, "13", 1), (130, "79", 1), (170, "79", 1)
+    ]  # fmt: skip
+
+
+def test_a_relapse_dated_at_or_before_its_release_is_still_a_relapse() -> None:
+    """A release and the next fence in the same second, or the fence dated (by the agent's
+    own second: an XID read late) before the release that the readings showed first: the
+    order of the readings pairs them. Paired by seconds, the relapse was lost and the release
+    read as still holding (demo act 6, once, under load)."""
+
+    def verdict(at: int, seen: int, state: str, previous: str) -> StoredEvent:
+        return StoredEvent(at, seen, "verdict", "verdict", {"state": state, "previous": previous})
+
+    stretch = StoredStretch(0, 86400, "GPU-1", "n1", None, "H100", "550", None, "healthy", False)
+    board = BoardHistory("c", "S", 0, 9000, [stretch], [
+        verdict(1000, 1000, "unhealthy", "healthy"),
+        verdict(2000, 2000, "healthy", "unhealthy"),   # released ...
+        verdict(2000, 2001, "unhealthy", "healthy"),   # ... and fenced again in its second
+        verdict(3000, 3000, "healthy", "unhealthy"),   # released ...
+        verdict(2998, 3004, "unhealthy", "healthy"),   # ... the next fence dated before it
+        verdict(4000, 4000, "healthy", "unhealthy"),
+    ])  # fmt: skip
+    got = summarize(board, 0, 86400, relapse_within=3600)
+    assert got.fences == [1000, 2000, 2998]
+    assert [(r.released_at, r.refenced_at, r.held_seconds, r.relapse) for r in got.recoveries] == [
+        (2000, 2000, 0, True), (3000, 2998, 0, True), (4000, None, 5000, False)
+    ]  # fmt: skip
+    assert got.relapses == 2
+    # what the fences cost ends at each one's own release, in the same order
+    assert [(at, end) for at, end, _ in fence_spans(board)] == [
+        (1000, 2000), (2000, 3000), (2998, 4000)
     ]  # fmt: skip
 
 
