@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -337,7 +338,9 @@ class App:
         order += [self.collector, self.remediation, self.pods, self.pod_usage, self.xid]
         for part in order:
             if part is not None and any(part is p for p in self._started):
+                began = time.monotonic()
                 part.stop()
+                log.debug("stopped %s in %.2fs", type(part).__name__, time.monotonic() - began)
         self._started.clear()
         self.api.shutdown()
 

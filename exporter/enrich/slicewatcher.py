@@ -9,10 +9,11 @@ every few minutes, and the exporter keeps its device-plugin attribution.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
-from typing import Any
+from typing import Any, cast
 
 from gpuquota.exporter.enrich.slices import KIND, KINDS, Obj, SliceIndex, apply_message
 from gpuquota.kube.messages import Message
@@ -47,6 +48,8 @@ class SliceWatcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: Any = None
+        # the watch loop's messages; None (put by stop) only wakes the reader
+        self._out: queue.Queue[Message | None] = queue.Queue(maxsize=1000)
         self._failing = False
         self.kind = KIND
 
@@ -63,6 +66,8 @@ class SliceWatcher:
 
     def stop(self) -> None:
         self._stop.set()
+        with contextlib.suppress(queue.Full):
+            self._out.put_nowait(None)
         if self._thread is not None:
             self._thread.join(timeout=10)
 
@@ -145,13 +150,12 @@ class SliceWatcher:
             len(self.index.devices()),
             ", ".join(sorted(self.index.drivers)),
         )
-        out: queue.Queue[Message] = queue.Queue(maxsize=1000)
-        self._loop = WatchLoop(self.kind, self.kube, out, self._stop)
+        # a daemon thread, not joined: a quiet watch blocks it in a read for minutes, and it
+        # must never hold the exporter's shutdown
+        feed = cast("queue.Queue[Message]", self._out)  # the loop puts only messages in
+        self._loop = WatchLoop(self.kind, self.kube, feed, self._stop)
         self._loop.start()
         while not self._stop.is_set():
-            try:
-                msg = out.get(timeout=0.5)
-            except queue.Empty:
-                continue
-            apply_message(self.index, msg)
-        self._loop.join(timeout=1)  # a daemon thread: never hold the exporter's shutdown
+            msg = self._out.get()
+            if msg is not None:
+                apply_message(self.index, msg)

@@ -303,6 +303,12 @@ class ExporterServer:
         if self._listener is not None:
             self._listener.close()
         if self._web_server is not None:
+            # a scraper's kept-alive connection waiting for its next request has nothing to
+            # finish: closed now, not after the grace that in-flight scrapes get (it held
+            # every stop for the whole second)
+            for connection in list(self._web_server.connections):
+                if isinstance(connection, _Connection) and connection.idle:
+                    connection.force_close()
             await self._web_server.shutdown(1.0)
         if self._listener is not None:
             await self._listener.wait_closed()
