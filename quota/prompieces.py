@@ -74,6 +74,23 @@ def count_samples(base_url: str, metrics: Sequence[str], lo: int, hi: int, timeo
         raise PrometheusError(f"Prometheus at {base_url}: malformed count {data!r:.200}") from exc
 
 
+def queries(
+    metrics: Sequence[str], lo: int, hi: int, total: float, max_samples: int
+) -> list[tuple[str, int]]:
+    """The range selectors, each with the time to evaluate it at, that ask for the ``total``
+    samples of ``metrics`` in [lo, hi] in pieces of about ``max_samples``: the shards one
+    after the other, each shard's slices in time order."""
+    count, edges = plan(total, lo, hi, max_samples)
+    out = []
+    for shard in shards(count):
+        for i in range(len(edges) - 1):
+            # the first slice reaches back to lo itself (a range excludes its start in
+            # Prometheus 3; Prometheus 2 includes it, so a sample on an edge comes twice)
+            length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
+            out.append((f"{selector(metrics, shard)}[{length}s]", edges[i + 1]))
+    return out
+
+
 def pieces(
     base_url: str,
     metrics: Sequence[str],
@@ -84,20 +101,13 @@ def pieces(
     max_samples: int = MAX_SAMPLES_PER_QUERY,
 ) -> Iterator[list[MatrixSeries]]:
     """Every raw sample of ``metrics`` in [lo, hi], as the series of answers of about
-    ``max_samples`` samples each: the shards one after the other, each shard's slices in time
-    order. A series comes once per slice where it has samples; one on a slice's edge comes in
-    both slices."""
+    ``max_samples`` samples each (``queries``). A series comes once per slice where it has
+    samples, and one on a slice's edge may come in both slices."""
     total = count_samples(base_url, metrics, lo, hi, timeout)
     if total <= 0:
         return
-    count, edges = plan(total, lo, hi, max_samples)
-    for shard in shards(count):
-        for i in range(len(edges) - 1):
-            # the first slice reaches back to lo itself (a range excludes its start in
-            # Prometheus 3)
-            length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
-            promql = f"{selector(metrics, shard)}[{length}s]"
-            yield matrix_query(base_url, promql, edges[i + 1], timeout)
+    for promql, at in queries(metrics, lo, hi, total, max_samples):
+        yield matrix_query(base_url, promql, at, timeout)
 
 
 def sorted_unique(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
