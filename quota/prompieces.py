@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 
-from gpuquota.quota.promhttp import MatrixSeries, PrometheusError, instant_query, matrix_query
+from gpuquota.quota import promhttp
+from gpuquota.quota.promhttp import MatrixSeries, PrometheusError
 
 # samples per query (about 35 bytes of JSON each): decoding 5,000 holds the interpreter lock for
 # a few milliseconds (up to 15 on a loaded 2-core machine)
@@ -67,7 +68,7 @@ def plan(total: float, lo: int, hi: int, max_samples: int) -> tuple[int, list[in
 def count_samples(base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float) -> float:
     """How many samples of ``metrics`` Prometheus holds in [lo, hi]."""
     promql = f"sum(count_over_time({selector(metrics)}[{hi - lo + 1}s]))"
-    data = instant_query(base_url, promql, hi, timeout)
+    data = promhttp.instant_query(base_url, promql, hi, timeout)
     try:
         return float(data["result"][0]["value"][1]) if data.get("result") else 0.0
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -107,7 +108,7 @@ def pieces(
     if total <= 0:
         return
     for promql, at in queries(metrics, lo, hi, total, max_samples):
-        yield matrix_query(base_url, promql, at, timeout)
+        yield promhttp.matrix_query(base_url, promql, at, timeout)
 
 
 def sorted_unique(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:

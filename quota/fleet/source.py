@@ -52,7 +52,7 @@ class _Agent:
     reasons: dict[int, set[tuple[str, str]]] = field(default_factory=dict)
     since: dict[int, int] = field(default_factory=dict)
     lost: dict[int, bool] = field(default_factory=dict)
-    counters: dict[int, dict[str, float]] = field(default_factory=dict)
+    counters: dict[str, dict[int, float]] = field(default_factory=dict)  # by counter, time
 
 
 def fetch(
@@ -132,24 +132,36 @@ class Readings:
         elif name in COUNTERS:
             split = COUNTERS[name]
             counter = f"{name}:{labels.get(split, '')}" if split else name
-            for t, v in samples:
-                agent.counters.setdefault(t, {})[counter] = v
+            agent.counters.setdefault(counter, {}).update(samples)
 
     def result(self) -> tuple[list[Reading], list[XidSeries]]:
         """The readings by agent (UUID, node) and time, and the XID series by agent, code
-        and labels."""
+        and labels. Readings with the same identity share it, and consecutive readings of an
+        agent with the same counters share their dict (a window of a big cluster has a
+        reading per GPU and scrape: hundreds of thousands). Once only: takes what was added."""
         readings = []
-        for (uuid, node), agent in sorted(self._agents.items()):
+        identities: dict[tuple[str | None, ...], Identity] = {}
+        for key in sorted(self._agents):
+            uuid, node = key
+            agent = self._agents.pop(key)
+            previous: dict[str, float] = {}
             for t, info in sorted(agent.info.items()):
                 serial = info.get("serial") or f"uuid:{uuid}"
-                identity = Identity(
-                    uuid=uuid,
-                    node=node,
-                    pci_bus_id=info.get("pci_bus_id") or None,
-                    model=info.get("model") or None,
-                    driver_version=info.get("driver_version") or None,
-                    vbios_version=info.get("vbios_version") or None,
+                fields = (
+                    uuid,
+                    node,
+                    info.get("pci_bus_id") or None,
+                    info.get("model") or None,
+                    info.get("driver_version") or None,
+                    info.get("vbios_version") or None,
                 )
+                identity = identities.get(fields)
+                if identity is None:
+                    identity = identities[fields] = Identity(*fields)
+                counters = {c: by_t[t] for c, by_t in agent.counters.items() if t in by_t}
+                if counters == previous:
+                    counters = previous
+                previous = counters
                 readings.append(
                     Reading(
                         t=t,
@@ -159,7 +171,7 @@ class Readings:
                         reasons=tuple(sorted(agent.reasons.get(t, ()))),
                         since=agent.since.get(t),
                         lost=agent.lost.get(t, False),
-                        counters=agent.counters.get(t, {}),
+                        counters=counters,
                     )
                 )
         xids = []
