@@ -58,6 +58,7 @@ bench: $(BIN)/.installed $(SIMLIB)
 	$(BIN)/python -m bench.sim_nvml
 	$(BIN)/python -m bench.scrape
 	$(BIN)/python -m bench.ledger
+	$(BIN)/python -m bench.fleet_fetch
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .ruff_cache

@@ -25,7 +25,9 @@ log = logging.getLogger(__name__)
 def ingest_window(fleet: FleetStore, settings: LedgerSettings, start: int) -> int:
     """Fetch and store the history of one window; returns the rows written."""
     s = settings
-    readings, xids = source.fetch(s.prometheus_url, start, s.window, s.max_gap, s.timeout)
+    readings, xids = source.fetch(
+        s.prometheus_url, start, s.window, s.max_gap, s.timeout, max_samples=s.max_samples
+    )
     priors = fleet.priors(sorted({r.serial for r in readings}), start)
     history = rules.window_history(readings, xids, priors, start, start + s.window, s.max_gap)
     return fleet.replace_window(start, s.window, history)

@@ -1,6 +1,7 @@
 """The fleet history's source: the node agents' identity, health and error series, read from
-Prometheus' HTTP API the way the usage ledger reads its counters (promhttp.matrix_query: raw
-samples of a range selector, nothing extrapolated), and turned into readings (fleet/rules.py).
+Prometheus' HTTP API the way the usage ledger reads its counters (quota/prompieces.py: raw
+samples of a range selector, nothing extrapolated, asked in pieces of a few thousand samples),
+and turned into readings (fleet/rules.py), piece by piece.
 
 A reading is one scrape of one agent about one GPU: its ``gpu_info`` sample (serial, model,
 PCI bus id, driver and VBIOS versions, with the agent's node) and the samples of the same
@@ -14,8 +15,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from gpuquota.quota import prompieces
 from gpuquota.quota.fleet.rules import Identity, Reading, XidSeries
-from gpuquota.quota.promhttp import MatrixSeries, matrix_query
+from gpuquota.quota.promhttp import MatrixSeries
+from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
 
 INFO = "gpu_info"
 STATE = "gpu_health_state"
@@ -49,37 +52,65 @@ class _Agent:
     reasons: dict[int, set[tuple[str, str]]] = field(default_factory=dict)
     since: dict[int, int] = field(default_factory=dict)
     lost: dict[int, bool] = field(default_factory=dict)
-    counters: dict[int, dict[str, float]] = field(default_factory=dict)
-
-
-def selector(span: int) -> str:
-    return f'{{__name__=~"{"|".join(METRICS)}"}}[{span}s]'
+    counters: dict[str, dict[int, float]] = field(default_factory=dict)  # by counter, time
 
 
 def fetch(
-    base_url: str, start: int, window: int, max_gap: int, timeout: float = 60.0
+    base_url: str,
+    start: int,
+    window: int,
+    max_gap: int,
+    timeout: float = 60.0,
+    *,
+    max_samples: int = MAX_SAMPLES_PER_QUERY,
 ) -> tuple[list[Reading], list[XidSeries]]:
-    """Readings and XID series of [start - max_gap, start + window + max_gap]. The range
-    reaches back one second more than its length: a range excludes its start."""
+    """Readings and XID series of [start - max_gap, start + window + max_gap], asked in
+    pieces of about ``max_samples`` samples (quota/prompieces.py) and added up piece by
+    piece: no answer is big, and none is held longer than it takes to read it."""
     lo, hi = start - max_gap, start + window + max_gap
-    return readings_of(matrix_query(base_url, selector(hi - lo + 1), hi, timeout))
+    readings = Readings()
+    for piece in prompieces.pieces(base_url, METRICS, lo, hi, timeout, max_samples=max_samples):
+        readings.add(piece)
+    return readings.result()
 
 
 def readings_of(result: list[MatrixSeries]) -> tuple[list[Reading], list[XidSeries]]:
-    agents: dict[tuple[str, str], _Agent] = {}
-    xids: list[XidSeries] = []
-    for item in result:
+    """The readings and XID series of one answer."""
+    readings = Readings()
+    readings.add(result)
+    return readings.result()
+
+
+class Readings:
+    """Readings added up from the answers of the pieces of a window (prompieces.pieces):
+    whatever the pieces, ``result`` is what one answer of the whole window gives. A
+    series comes in a piece per time slice, and a sample on the edge of two slices in both:
+    the agents' samples are kept by time (the same sample twice is one), and the XID
+    counters' samples are sorted and each time kept once."""
+
+    def __init__(self) -> None:
+        self._agents: dict[tuple[str, str], _Agent] = {}
+        # one Prometheus series (its labels) -> its finite samples so far
+        self._xids: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+
+    def add(self, result: list[MatrixSeries]) -> None:
+        for item in result:
+            self._add(item)
+
+    def _add(self, item: MatrixSeries) -> None:
         labels = item.metric
         name = labels.get("__name__", "")
         uuid = labels.get("uuid", "")
         if not uuid.startswith("GPU-"):
-            continue  # MIG instances are parts of their GPU's board
-        key = (uuid, node_of(labels))
-        agent = agents.setdefault(key, _Agent())
-        samples = [(round(t), v) for t, v in item.values if math.isfinite(v)]
+            return  # MIG instances are parts of their GPU's board
         if name == XID:
-            xids.append(XidSeries(uuid, key[1], labels.get("xid", "?"), tuple(samples)))
-        elif name == INFO:
+            series = tuple(sorted(labels.items()))
+            kept = self._xids.setdefault(series, [])
+            kept.extend((t, v) for t, v in item.values if math.isfinite(v))
+            return
+        agent = self._agents.setdefault((uuid, node_of(labels)), _Agent())
+        samples = [(round(t), v) for t, v in item.values if math.isfinite(v)]
+        if name == INFO:
             for t, _ in samples:
                 agent.info[t] = labels
         elif name == STATE:
@@ -101,31 +132,53 @@ def readings_of(result: list[MatrixSeries]) -> tuple[list[Reading], list[XidSeri
         elif name in COUNTERS:
             split = COUNTERS[name]
             counter = f"{name}:{labels.get(split, '')}" if split else name
-            for t, v in samples:
-                agent.counters.setdefault(t, {})[counter] = v
-    readings = []
-    for (uuid, node), agent in agents.items():
-        for t, info in agent.info.items():
-            serial = info.get("serial") or f"uuid:{uuid}"
-            identity = Identity(
-                uuid=uuid,
-                node=node,
-                pci_bus_id=info.get("pci_bus_id") or None,
-                model=info.get("model") or None,
-                driver_version=info.get("driver_version") or None,
-                vbios_version=info.get("vbios_version") or None,
-            )
-            readings.append(
-                Reading(
-                    t=t,
-                    serial=serial,
-                    identity=identity,
-                    state=agent.state.get(t, "unknown"),
-                    reasons=tuple(sorted(agent.reasons.get(t, ()))),
-                    since=agent.since.get(t),
-                    lost=agent.lost.get(t, False),
-                    counters=agent.counters.get(t, {}),
+            agent.counters.setdefault(counter, {}).update(samples)
+
+    def result(self) -> tuple[list[Reading], list[XidSeries]]:
+        """The readings by agent (UUID, node) and time, and the XID series by agent, code
+        and labels. Readings with the same identity share it, and consecutive readings of an
+        agent with the same counters share their dict (a window of a big cluster has a
+        reading per GPU and scrape: hundreds of thousands). Once only: takes what was added."""
+        readings = []
+        identities: dict[tuple[str | None, ...], Identity] = {}
+        for key in sorted(self._agents):
+            uuid, node = key
+            agent = self._agents.pop(key)
+            previous: dict[str, float] = {}
+            for t, info in sorted(agent.info.items()):
+                serial = info.get("serial") or f"uuid:{uuid}"
+                fields = (
+                    uuid,
+                    node,
+                    info.get("pci_bus_id") or None,
+                    info.get("model") or None,
+                    info.get("driver_version") or None,
+                    info.get("vbios_version") or None,
                 )
-            )
-    xids.sort(key=lambda x: (x.uuid, x.node, x.code))
-    return readings, xids
+                identity = identities.get(fields)
+                if identity is None:
+                    identity = identities[fields] = Identity(*fields)
+                counters = {c: by_t[t] for c, by_t in agent.counters.items() if t in by_t}
+                if counters == previous:
+                    counters = previous
+                previous = counters
+                readings.append(
+                    Reading(
+                        t=t,
+                        serial=serial,
+                        identity=identity,
+                        state=agent.state.get(t, "unknown"),
+                        reasons=tuple(sorted(agent.reasons.get(t, ()))),
+                        since=agent.since.get(t),
+                        lost=agent.lost.get(t, False),
+                        counters=counters,
+                    )
+                )
+        xids = []
+        for series, samples in self._xids.items():
+            labels = dict(series)
+            uuid, node = labels["uuid"], node_of(labels)
+            pairs = tuple((round(t), v) for t, v in prompieces.sorted_unique(samples))
+            xids.append((series, XidSeries(uuid, node, labels.get("xid", "?"), pairs)))
+        xids.sort(key=lambda x: (x[1].uuid, x[1].node, x[1].code, x[0]))
+        return readings, [x for _, x in xids]

@@ -33,6 +33,7 @@ from gpuquota.quota.ledger import rules
 from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
 from gpuquota.quota.ledger.write import Baseline, LedgerStore
 from gpuquota.quota.promhttp import PrometheusError
+from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
 from gpuquota.quota.store.db import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class LedgerSettings:
     relapse_within: int = 86400  # the fleet history's: a fence this soon after a release
     poll: float = 30.0  # seconds between turns when nothing is due
     timeout: float = 120.0  # one Prometheus query
+    max_samples: int = MAX_SAMPLES_PER_QUERY  # one Prometheus answer (no flag; tests lower it)
     backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
 
 
@@ -239,7 +241,9 @@ class Ingester:
     def ingest_window(self, start: int) -> int:
         """Fetch and store one window; returns the rows written."""
         s = self.settings
-        found = fetch_window(s.prometheus_url, start, s.window, s.max_gap, s.timeout)
+        found = fetch_window(
+            s.prometheus_url, start, s.window, s.max_gap, s.timeout, max_samples=s.max_samples
+        )
         series = [x for x in found.values() if _inside(x, start, start + s.window)]
         # holders whose allocation ended: their coverage stops at its end
         ended = self._store().holder_ends(

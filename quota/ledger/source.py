@@ -3,12 +3,10 @@
 Instant queries of the five counters of the #19 contract (docs/metrics.md) with a range
 selector: every raw sample from ``max_gap`` before the window to ``max_gap`` after it (the
 samples around the window give its coverage at the edges), grouped per ledger series (device
-UUID, holder kind, holder UID). A count first says how many samples there are; a big window is
-then asked in slices of time and shards of devices of about 5,000 samples each, so that no
-answer takes long to decode (decoding holds the interpreter lock the watch loop needs too);
-answers are decoded straight into float pairs (promhttp.matrix_query). Raw samples are what the
-increase and coverage rules (ledger/rules.py) need: nothing is extrapolated or resampled by
-Prometheus.
+UUID, holder kind, holder UID). A big window is asked in pieces of about 5,000 samples each
+(quota/prompieces.py), so that no answer takes long to decode (decoding holds the interpreter
+lock the watch loop needs too). Raw samples are what the increase and coverage rules (ledger/rules.py) need:
+nothing is extrapolated or resampled by Prometheus.
 """
 
 from __future__ import annotations
@@ -17,7 +15,9 @@ import math
 import operator
 from dataclasses import dataclass, field
 
-from gpuquota.quota.promhttp import MatrixSeries, PrometheusError, instant_query, matrix_query
+from gpuquota.quota import prompieces
+from gpuquota.quota.promhttp import MatrixSeries
+from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
 
 # metric -> (holder kind, counter): the contract's names (exporter/expose/metrics.py)
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -30,9 +30,6 @@ COUNTERS: dict[str, tuple[str, str]] = {
 # the holder's UID and name labels per kind
 HOLDER_LABELS = {"pod": ("pod_uid", "pod"), "claim": ("claim_uid", "claim")}
 MODEL_LABELS = ("gpu_model", "modelName")
-# samples per query (about 35 bytes of JSON each): decoding 5,000 holds the interpreter lock for
-# a few milliseconds (up to 15 on a loaded 2-core machine)
-MAX_SAMPLES_PER_QUERY = 5_000
 _second = operator.itemgetter(1)
 
 
@@ -60,32 +57,6 @@ class SeriesSamples:
         return (self.device_uuid, self.holder_kind, self.holder_uid)
 
 
-def selector() -> str:
-    names = "|".join(COUNTERS)
-    return f'{{__name__=~"{names}"}}'
-
-
-def _shards(count: int) -> list[str]:
-    """Selectors splitting the series by the device UUID's last two characters (hex, as
-    NVIDIA's UUIDs are): ``count`` shards (1, 4, 16, 64 or 256) and one for the rest."""
-    if count <= 1:
-        return [""]
-    digits = "0123456789abcdef"
-
-    def groups(n: int) -> list[str]:
-        size = 16 // n
-        return [
-            f"[{digits[k * size : (k + 1) * size]}{digits[k * size : (k + 1) * size].upper()}]"
-            for k in range(n)
-        ]
-
-    last = groups(min(count, 16))
-    before = groups(count // 16) if count > 16 else ["[0-9a-fA-F]"]
-    out = [f',uuid=~".*{b}{c}"' for b in before for c in last]
-    out.append(',uuid!~".*[0-9a-fA-F][0-9a-fA-F]"')
-    return out
-
-
 def fetch_window(
     base_url: str,
     start: int,
@@ -97,43 +68,21 @@ def fetch_window(
 ) -> dict[tuple[str, str, str], SeriesSamples]:
     """Every ledger series' raw samples in [start - max_gap, start + window + max_gap].
 
-    Asked in pieces of at most about ``max_samples`` samples (slices of time, and shards of
-    devices when there are many): decoding an answer holds the interpreter's lock, and a big
-    one would hold up the watch loop's thread for as long."""
+    Asked in pieces of at most about ``max_samples`` samples (quota/prompieces.py): decoding
+    an answer holds the interpreter's lock, and a big one would hold up the watch loop's
+    thread for as long."""
     lo, hi = start - max_gap, start + window + max_gap
-    span = hi - lo
-    data = instant_query(base_url, f"sum(count_over_time({selector()}[{span}s]))", hi, timeout)
-    try:
-        total = float(data["result"][0]["value"][1]) if data.get("result") else 0.0
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise PrometheusError(f"Prometheus at {base_url}: malformed count {data!r:.200}") from exc
-    if total <= 0:
-        return {}
-    pieces = max(1, math.ceil(total / max_samples))
-    # devices first (a series asked in several slices repeats its labels), then time
-    shards = next((n for n in (1, 4, 16, 64) if pieces <= n), 256)
-    slices = min(max(1, math.ceil(pieces / shards)), max(1, span // 15))
-    edges = [lo + (span * i) // slices for i in range(slices + 1)]
     out: dict[tuple[str, str, str], SeriesSamples] = {}
-    names = "|".join(COUNTERS)
-    for shard in _shards(shards):
-        for i in range(slices):
-            # the first slice reaches back to lo itself (a range excludes its start in
-            # Prometheus 3); samples on an edge come twice and are deduplicated
-            length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
-            promql = f'{{__name__=~"{names}"{shard}}}[{length}s]'
-            group(matrix_query(base_url, promql, edges[i + 1], timeout), into=out)
+    for piece in prompieces.pieces(
+        base_url, tuple(COUNTERS), lo, hi, timeout, max_samples=max_samples
+    ):
+        group(piece, into=out)
     for series in out.values():
         if series.unsorted:
-            series.used = _sorted_unique(series.used)
-            series.energy = _sorted_unique(series.energy)
+            series.used = prompieces.sorted_unique(series.used)
+            series.energy = prompieces.sorted_unique(series.energy)
             series.unsorted = False
     return out
-
-
-def _sorted_unique(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    samples.sort()
-    return [s for i, s in enumerate(samples) if i == 0 or s[0] != samples[i - 1][0]]
 
 
 def group(

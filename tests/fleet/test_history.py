@@ -5,12 +5,14 @@ scraped, and ingesting again."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sqlalchemy import select
 
+from gpuquota.quota import prompieces
 from gpuquota.quota.controller.metrics import ledger_samples
-from gpuquota.quota.fleet import ingest
+from gpuquota.quota.fleet import ingest, source
 from gpuquota.quota.fleet.write import FleetStore, table
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
 from gpuquota.quota.store.db import open_store
@@ -143,3 +145,37 @@ def test_one_pass_equals_catching_up(
         for now in (A + 300, B + 300, C + 300, D + 300):
             ingest.run_once(fleet, settings(fleet_prometheus.url), now)
     assert dump(db_url, other) == once
+
+
+SMALL = 10  # samples per answer: 256 shards of devices and 2-3 slices of time per window
+
+
+def test_windows_asked_in_small_pieces_read_the_same(fleet_prometheus: Prometheus) -> None:
+    """Each window asked in hundreds of pieces (256 shards of devices, slices of time; the
+    edge of window A's two slices is A+1800, where S1 is released and every GPU is scraped)
+    gives the readings and XID series of one query."""
+    url, max_gap = fleet_prometheus.url, settings("").max_gap
+    for start in (A, B, C):  # D holds only 2 minutes of samples
+        lo, hi = start - max_gap, start + WINDOW + max_gap
+        total = prompieces.count_samples(url, source.METRICS, lo, hi, 10)
+        assert len(prompieces.queries(source.METRICS, lo, hi, total, 10**9)) == 1
+        shards, edges = prompieces.plan(total, lo, hi, SMALL)
+        assert (shards, len(edges) > 2) == (256, True), start
+        assert start != A or A + 1800 in edges
+        split = source.fetch(url, start, WINDOW, max_gap, max_samples=SMALL)
+        one = source.fetch(url, start, WINDOW, max_gap, max_samples=10**9)
+        assert split == one and one[0] and one[1], start
+
+
+def test_windows_asked_in_small_pieces_store_the_same_history(
+    fleet_prometheus: Prometheus, ledger_sqlite_url: str, cluster: str
+) -> None:
+    """The ledger process' turns with answers of 10 samples store what they store with one
+    answer per window (the pieces are the source's business: one kind of store is enough)."""
+    url = fleet_prometheus.url
+    with open_store(ledger_sqlite_url) as store:
+        for name, max_samples in ((cluster, 10**9), (cluster + "-split", SMALL)):
+            fleet = FleetStore(store, name)
+            with_pieces = replace(settings(url), max_samples=max_samples)
+            assert ingest.run_once(fleet, with_pieces, D + 300) == 4
+    assert dump(ledger_sqlite_url, cluster + "-split") == dump(ledger_sqlite_url, cluster)

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
+from gpuquota.quota import prompieces
 from gpuquota.quota.accounting.rows import AllocationRow, Batch
 from gpuquota.quota.ledger.ingest import Ingester, LedgerSettings
-from gpuquota.quota.ledger.source import fetch_window
+from gpuquota.quota.ledger.source import COUNTERS, fetch_window
 from gpuquota.quota.promhttp import PrometheusError
 from gpuquota.quota.store.db import open_store
 from gpuquota.quota.store.models import LedgerProgress, UsageDevice, UsageSeries, UsageWindow
@@ -436,8 +437,13 @@ def test_prometheus_down_is_one_clear_error_retried_and_nothing_written(
 
 def test_a_window_asked_in_pieces_is_the_same(prometheus: Prometheus) -> None:
     whole = fetch_window(prometheus.url, A, WINDOW, 60)
-    # 7 ledger series x ~2 counters x 248 samples: dozens of slices over 4 and 16 shards
-    for small in (400, 40):
+    # 7 ledger series x ~2 counters x 248 samples: 16 shards of devices; 256; 256 and two
+    # slices of time, whose edge A+1800 is a scrape (a sample on it comes in both slices)
+    lo, hi = A - 60, A + WINDOW + 60
+    total = prompieces.count_samples(prometheus.url, tuple(COUNTERS), lo, hi, 10)
+    plans = {small: prompieces.plan(total, lo, hi, small) for small in (400, 40, 6)}
+    assert plans == {400: (16, [lo, hi]), 40: (256, [lo, hi]), 6: (256, [lo, A + 1800, hi])}
+    for small in plans:
         pieces = fetch_window(prometheus.url, A, WINDOW, 60, max_samples=small)
         assert pieces == whole
     assert len(whole[("GPU-1", "pod", "u1")].used) == (WINDOW + 120) // 15 + 1

@@ -236,12 +236,12 @@ def test_device_shards_partition_every_uuid() -> None:
     """Each UUID falls in exactly one shard (Prometheus anchors its regular expressions)."""
     import re
 
-    from gpuquota.quota.ledger.source import _shards
+    from gpuquota.quota import prompieces
 
     uuids = ["GPU-5a1b2c3d-0000-1111-2222-3344556677ff", "MIG-AB12", "GPU-1", "x", "GPU-0A"]
     uuids += [f"GPU-{i:08x}" for i in range(300)]
     for count in (4, 16, 64, 256):
-        shards = _shards(count)
+        shards = prompieces.shards(count)
         assert len(shards) == count + 1
         for uuid in uuids:
             hits = 0
@@ -271,9 +271,9 @@ def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
     )
     (series,) = out.values()
     assert series.unsorted  # fetch_window sorts such series
-    from gpuquota.quota.ledger.source import _sorted_unique
+    from gpuquota.quota.prompieces import sorted_unique
 
-    assert _sorted_unique(series.used) == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
+    assert sorted_unique(series.used) == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
     assert series.activity == "process_sm"  # the labels of the newest sample
 
 
