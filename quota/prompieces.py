@@ -3,7 +3,7 @@
 
 One answer for a window of a big cluster holds millions of samples: decoding it holds the
 interpreter lock for seconds (the controller's other threads stall meanwhile) and takes
-hundreds of MB. So a count comes first (``sum(count_over_time(...))``), then the samples in
+hundreds of MB. So a count comes first (``sum(count_over_time(...))`` per metric), then the samples in
 shards of devices (by the last two characters of the ``uuid`` label) and, when that is not
 enough, slices of time. Each piece is decoded straight into float pairs
 (promhttp.matrix_query). Used by the usage ledger (quota/ledger/source.py) and the fleet
@@ -67,7 +67,12 @@ def plan(total: float, lo: int, hi: int, max_samples: int) -> tuple[int, list[in
 
 def count_samples(base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float) -> float:
     """How many samples of ``metrics`` Prometheus holds in [lo, hi]."""
-    promql = f"sum(count_over_time({selector(metrics)}[{hi - lo + 1}s]))"
+    # one count per metric, added up: count_over_time drops the metric's name, so two
+    # metrics with the same labels (gpu_row_remap_pending and _failure of one GPU) would be
+    # one labelset twice in a single count, which Prometheus refuses (HTTP 422)
+    promql = " + ".join(
+        f"(sum(count_over_time({selector([m])}[{hi - lo + 1}s])) or vector(0))" for m in metrics
+    )
     data = promhttp.instant_query(base_url, promql, hi, timeout)
     try:
         return float(data["result"][0]["value"][1]) if data.get("result") else 0.0

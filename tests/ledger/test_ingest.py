@@ -487,3 +487,25 @@ def test_a_backfill_of_very_many_windows_is_said_at_start() -> None:
     # the defaults (a week of hours) and a week of 5-minute windows say nothing
     assert catch_up_warning(LedgerSettings("http://p:9090")) is None
     assert catch_up_warning(LedgerSettings("http://p:9090", window=300)) is None
+
+
+def test_counting_samples_of_metrics_with_the_same_labels(work: Path) -> None:
+    """Two metrics with the same labels (a GPU's gpu_row_remap_pending and _failure): the
+    count before a fetch is in pieces adds them up; one count_over_time over both was one
+    labelset twice, refused by Prometheus (HTTP 422), and the fleet history stopped (demo
+    act 6, after the fleet source began to ask in pieces)."""
+    from gpuquota.quota import prompieces
+
+    labels = 'gpu="0",node="n1",uuid="GPU-1"'
+    lines = [
+        "# TYPE gpu_row_remap_pending gauge",
+        *(f"gpu_row_remap_pending{{{labels}}} 0 {T0 + 15 * i}" for i in range(4)),
+        "# TYPE gpu_row_remap_failure gauge",
+        *(f"gpu_row_remap_failure{{{labels}}} 0 {T0 + 15 * i}" for i in range(4)),
+        "# EOF",
+    ]
+    tsdb = work / "tsdb-same-labels"
+    create_blocks("\n".join(lines) + "\n", tsdb, work)
+    names = ["gpu_row_remap_pending", "gpu_row_remap_failure", "gpu_row_remap_absent"]
+    with serving(tsdb, work) as prometheus:
+        assert prompieces.count_samples(prometheus.url, names, T0 - 60, T0 + 120, 10) == 8
