@@ -54,7 +54,7 @@ _RELABEL_FIELDS = (
 )
 
 
-class UnsupportedMonitor(ValueError):
+class UnsupportedMonitorError(ValueError):
     """A monitor uses something this derivation does not follow."""
 
 
@@ -68,7 +68,7 @@ def relabeling(spec: Obj) -> Obj:
     """One RelabelConfig of a monitor as the Operator writes it (``action`` lower-cased)."""
     unknown = set(spec) - {f for f, _ in _RELABEL_FIELDS}
     if unknown:
-        raise UnsupportedMonitor(f"relabeling fields {sorted(unknown)} are not derived")
+        raise UnsupportedMonitorError(f"relabeling fields {sorted(unknown)} are not derived")
     out: Obj = {}
     for ours, theirs in _RELABEL_FIELDS:
         if ours in spec and spec[ours] not in ("", None, []):
@@ -103,7 +103,7 @@ def _selector_relabelings(selector: Obj) -> list[Obj]:
                 "regex": "true",
             })  # fmt: skip
         else:
-            raise UnsupportedMonitor(f"selector operator {op!r}")
+            raise UnsupportedMonitorError(f"selector operator {op!r}")
     return out
 
 
@@ -142,11 +142,13 @@ def service_monitor_jobs(
     namespace, name = meta["namespace"], meta["name"]
     unknown = set(spec) - _SPEC_FIELDS
     if unknown:
-        raise UnsupportedMonitor(f"ServiceMonitor {name}: fields {sorted(unknown)} not derived")
+        raise UnsupportedMonitorError(
+            f"ServiceMonitor {name}: fields {sorted(unknown)} not derived"
+        )
     for i, ep in enumerate(spec["endpoints"]):
         unknown = set(ep) - _ENDPOINT_FIELDS
         if unknown or "port" not in ep:
-            raise UnsupportedMonitor(
+            raise UnsupportedMonitorError(
                 f"ServiceMonitor {name} endpoint {i}: {sorted(unknown) or 'no port'} not derived"
             )
         job: Obj = {
@@ -161,7 +163,7 @@ def service_monitor_jobs(
         tls = ep.get("tlsConfig")
         if tls is not None:
             if set(tls) - _TLS_FIELDS or set(tls.get("ca", {})) - {"secret"}:
-                raise UnsupportedMonitor(f"ServiceMonitor {name}: tlsConfig {tls} not derived")
+                raise UnsupportedMonitorError(f"ServiceMonitor {name}: tlsConfig {tls} not derived")
             tls_config: Obj = {}
             if "insecureSkipVerify" in tls:
                 tls_config["insecure_skip_verify"] = tls["insecureSkipVerify"]
@@ -234,7 +236,7 @@ def render(docs: Sequence[Obj], secrets: Secrets, shards: int = 1) -> Rendered:
     rendered = Rendered()
     for doc in docs:
         if doc.get("kind") == "PodMonitor":
-            raise UnsupportedMonitor(f"PodMonitor {doc['metadata']['name']}: not derived")
+            raise UnsupportedMonitorError(f"PodMonitor {doc['metadata']['name']}: not derived")
         if doc.get("kind") == "ServiceMonitor":
             service_monitor_jobs(doc, secrets, rendered, shards)
     return rendered

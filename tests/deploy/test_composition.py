@@ -56,7 +56,7 @@ from gpuquota.sim.ledgerdemo import DemoPod, node_object, pod_object
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.promserver import serving
 from tests.conftest import PgSchemas
-from tests.deploy.manifests import DEPLOY, ROOT, built, find, needs_kubectl
+from tests.deploy.manifests import DEPLOY, ROOT, built, expanded, find, needs_kubectl
 
 BIN = Path(sys.executable).parent
 NODE = "gpu-node-1"
@@ -133,10 +133,12 @@ def targets_of(
         name = workload["metadata"]["name"]
         for i, endpoint in enumerate(spec["endpoints"]):
             port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
+            # the container whose port the Service reaches
             (container,) = [
-                c["name"] for c in workload["spec"]["template"]["spec"]["containers"]
+                c["name"]
+                for c in workload["spec"]["template"]["spec"]["containers"]
                 if port["targetPort"] in {p["name"] for p in c.get("ports", [])}
-            ]  # fmt: skip  (the Service reaches the pod's port)
+            ]
             job = f"serviceMonitor/{monitor['metadata']['namespace']}/{monitor['metadata']['name']}/{i}"
             targets[job] = [promoperator.Target(
                 address=f"127.0.0.1:{ports[name]}", service=service, port_name=port["name"],
@@ -310,7 +312,7 @@ def test_the_production_build_runs_as_one_system(
             assert not [k for k in labels if k.startswith("exported_")], labels
         # no series of ours says the agent's or the controller's own namespace or pod
         assert query(f'{{namespace="{NAMESPACE}"}}') == []
-        assert query('{__name__=~"gpu_.+", node!="%s"}' % NODE) == []
+        assert query(f'{{__name__=~"gpu_.+", node!="{NODE}"}}') == []
         assert query('{__name__=~".+", exported_namespace!=""}') == []
 
         counting_since = time.time()
@@ -349,10 +351,11 @@ def test_the_production_build_runs_as_one_system(
             report_mounts[mount["mountPath"]] = folder
         clock = work / "clock"
         clock.write_text(repr(next_run(time.time())))
-        argv = [*report["command"], *mapped(report["args"], report_mounts)]
+        report_env = env_of(report, docs, values)
+        argv = [*report["command"], *expanded(mapped(report["args"], report_mounts), report_env)]
         done = subprocess.run(
             [sys.executable, "-m", "gpuquota.sim.clock", str(clock), "--", *argv],
-            env={**os.environ, **env_of(report, docs, values)},
+            env={**os.environ, **report_env},
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
