@@ -300,8 +300,7 @@ grid.add(
         # its gpu_info, joined by the scrape target
         (f"gpuquota_exporter_pod_resources_up {ON_NODE}", "{{node}} up"),
         (
-            "increase(gpuquota_exporter_pod_resources_errors_total[$__rate_interval]) "
-            + ON_NODE,
+            "increase(gpuquota_exporter_pod_resources_errors_total[$__rate_interval]) " + ON_NODE,
             "{{node}} errors",
         ),
         description="Whether the exporter can ask the kubelet which pods hold which GPUs.",
