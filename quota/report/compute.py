@@ -30,15 +30,21 @@ OTHER = "(other)"
 HOUR = 3600
 
 
-def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Fraction:
-    """Physical-GPU equivalent of the row's units: the store's figure (time-slicing
-    units/replicas, MIG N/7), unless the rate card sets a fraction for the MIG profile."""
+def physical_per_row(row: UsageRow | CapacityRow) -> Fraction:
+    """Physical-GPU equivalent of the row's units, as the store recorded it (time-slicing
+    units/replicas, MIG N/7 or the controller's configured share; migration 0005 keeps it
+    exact): the one source of physical GPU-seconds of every table of a report (GPU-h phys,
+    share, idle, the ledger's efficiency). A rate card never changes it (:func:`priced_per_row`)."""
     units = row.raw_units if isinstance(row, UsageRow) else row.allocatable_units
-    profile = row.mig_profile if isinstance(row, UsageRow) else None
-    override = card.mig_fraction(row.resource_name, profile) if card is not None else None
-    if override is not None:
-        return override * units
-    return row.share * units  # stored exactly (migration 0005)
+    return row.share * units
+
+
+def priced_per_row(row: UsageRow, card: RateCard | None) -> Fraction:
+    """GPUs the row's units are priced as: the physical equivalent, unless the rate card
+    sets a fraction for the row's MIG profile (``mig_fractions``: a price, charged at the
+    model's rate per GPU-hour; it moves cost columns only, never a measurement)."""
+    override = card.mig_fraction(row.resource_name, row.mig_profile) if card is not None else None
+    return physical_per_row(row) if override is None else override * row.raw_units
 
 
 class _Freezable:
@@ -62,10 +68,14 @@ class Group(_Freezable):
     # raw unit-seconds: whole, unless a shared DRA claim's time is split among its pods
     raw_seconds: Fraction = Fraction(0)
     physical_seconds: Fraction = Fraction(0)
+    # GPU-seconds as priced: physical, but for MIG profiles the rate card prices at its own
+    # fraction (mig_fractions); cost = priced seconds x rate. Equal to physical without a card
+    priced_seconds: Fraction = Fraction(0)
     cost: Fraction = Fraction(0)  # in rate-card currency
     estimated_raw_seconds: Fraction = Fraction(0)
     estimated_intervals: int = 0
     series: list[Fraction] = field(default_factory=list)  # physical seconds per chart bucket
+    priced_series: list[Fraction] = field(default_factory=list)  # priced seconds per bucket
     bucket_cost: list[Fraction] = field(default_factory=list)  # cost per bucket (rate card)
     # the ledger's joules and their cost per bucket (empty: no ledger rows)
     bucket_energy: list[Fraction] = field(default_factory=list)
@@ -146,6 +156,9 @@ class IdleRow:
     idle_cost: Fraction = Fraction(0)
     # allocatable physical GPU-seconds outside the covered time: neither idle nor priced
     uncovered_seconds: Fraction = Fraction(0)
+    # allocated physical GPU-seconds outside it (billed, but not set against capacity):
+    # allocated + this = the usage table's GPU-h phys of the model and pool
+    uncovered_allocated_seconds: Fraction = Fraction(0)
 
 
 @dataclass(frozen=True)
@@ -252,7 +265,7 @@ def aggregate(
     rates: dict[tuple[str | None, int], tuple[Fraction, bool]] = {}
     # per group: {split: raw seconds}, {denominator: numerator}, {(denominator, rate):
     # numerator}, {(denominator, bucket): numerator}, {split: estimated raw seconds},
-    # estimated intervals
+    # estimated intervals, {(priced denominator, bucket): numerator} (with a rate card)
     acc: dict[tuple[str | None, ...], list[Any]] = {}
     unpriced: set[str] = set()
     seen_models: set[str | None] = set()
@@ -267,12 +280,18 @@ def aggregate(
                 defaultdict(int),
                 defaultdict(int),
                 0,
+                defaultdict(int),
             ]
         fkey = (row.resource_name, row.raw_units, row.share, row.mig_profile, row.split)
         per_row = fractions.get(fkey)
         if per_row is None:
-            per_row = fractions[fkey] = physical_per_row(row, card) / row.split
-        p, q = per_row.numerator, per_row.denominator
+            per_row = fractions[fkey] = (
+                physical_per_row(row) / row.split,
+                priced_per_row(row, card) / row.split,
+            )
+        p, q = per_row[0].numerator, per_row[0].denominator
+        # the card's MIG fraction prices; it never enters the physical sums
+        pp, pq = per_row[1].numerator, per_row[1].denominator
         for i, seconds in enumerate(row.seconds):
             if not seconds:
                 continue
@@ -284,13 +303,14 @@ def aggregate(
                 found = rates.get(rkey)
                 if found is None:
                     found = rates[rkey] = card.rate(row.gpu_model, edges[i])
-                a[2][(q, found[0], bucket_of[i])] += p * seconds
+                a[2][(pq, found[0], bucket_of[i])] += pp * seconds
+                a[6][(pq, bucket_of[i])] += pp * seconds
                 if found[1]:
                     unpriced.add(row.gpu_model or "(unknown model)")
         a[4][row.split] += row.raw_units * row.estimated_seconds
         a[5] += row.estimated_intervals
     groups = []
-    for key, (raw, phys, cost, series, est_s, est_n) in acc.items():
+    for key, (raw, phys, cost, series, est_s, est_n, priced) in acc.items():
         g = Group(key, series=[Fraction(0)] * n_buckets)
         g.raw_seconds = _over(raw)
         g.physical_seconds = sum((Fraction(n, q) for q, n in phys.items()), Fraction(0))
@@ -300,6 +320,13 @@ def aggregate(
         g.cost = sum(g.bucket_cost, Fraction(0))
         for (q, b), n in series.items():
             g.series[b] += Fraction(n, q)
+        if card is None:
+            g.priced_series = list(g.series)
+        else:
+            g.priced_series = [Fraction(0)] * n_buckets
+            for (q, b), n in priced.items():
+                g.priced_series[b] += Fraction(n, q)
+        g.priced_seconds = sum(g.priced_series, Fraction(0))
         g.estimated_raw_seconds, g.estimated_intervals = _over(est_s), est_n
         groups.append(g)
     groups.sort(key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
@@ -466,14 +493,17 @@ def idle(
 
     Only covered time counts (``covered``: per cluster, :func:`covered_spans`; ``edges`` must
     include their boundaries; the allocated rows then carry the cluster as their third key):
-    allocatable seconds outside it are kept apart as ``uncovered_seconds``, never idle. Both
-    sides are the store's physical GPUs: a rate card's ``mig_fractions`` price allocations,
-    they do not change capacity, so they never move idle."""
+    allocatable seconds outside it are kept apart as ``uncovered_seconds``, never idle, and
+    allocated seconds outside it as ``uncovered_allocated_seconds``, so that allocated and
+    uncovered allocated add up to the usage table's physical GPU-seconds. Both sides are the
+    store's physical GPUs (:func:`physical_per_row`): a rate card's ``mig_fractions`` only
+    price, so they never move idle."""
     cap: dict[tuple[str | None, str | None], list[Fraction]] = {}
     uncovered: dict[tuple[str | None, str | None], Fraction] = defaultdict(Fraction)
+    uncovered_used: dict[tuple[str | None, str | None], Fraction] = defaultdict(Fraction)
     n = len(edges) - 1
     for c in capacity:
-        per = physical_per_row(c, None)
+        per = physical_per_row(c)
         key = (c.gpu_model, c.node_pool)
         acc = cap.setdefault(key, [Fraction(0)] * n)
         for i, s in enumerate(c.seconds):
@@ -483,17 +513,21 @@ def idle(
                 uncovered[key] += per * s
     used: dict[tuple[str | None, str | None], list[Fraction]] = {}
     for u in allocated:
-        per = physical_per_row(u, None) / u.split
+        per = physical_per_row(u) / u.split
         cluster = u.keys[2] if len(u.keys) > 2 else None
-        acc = used.setdefault((u.keys[0], u.keys[1]), [Fraction(0)] * n)
+        key = (u.keys[0], u.keys[1])
+        acc = used.setdefault(key, [Fraction(0)] * n)
         for i, s in enumerate(u.seconds):
             if _is_covered(covered, cluster, edges[i], edges[i + 1]):
                 acc[i] += per * s
+            else:
+                uncovered_used[key] += per * s
     rows = []
     for key in sorted(set(cap) | set(used), key=lambda k: (k[0] or "", k[1] or "")):
         c_s, u_s = cap.get(key, [Fraction(0)] * n), used.get(key, [Fraction(0)] * n)
         row = IdleRow(key[0], key[1], sum(c_s, Fraction(0)), sum(u_s, Fraction(0)))
         row.uncovered_seconds = uncovered.get(key, Fraction(0))
+        row.uncovered_allocated_seconds = uncovered_used.get(key, Fraction(0))
         for i in range(n):
             free = max(c_s[i] - u_s[i], Fraction(0))
             row.idle_seconds += free
@@ -524,14 +558,22 @@ def fold_top(report: Report, top: int) -> None:
     if len(report.groups) <= top:
         return
     kept, rest = report.groups[:top], report.groups[top:]
-    other = Group(tuple([OTHER] * len(report.keys)), series=[Fraction(0)] * len(rest[0].series))
+    other = Group(
+        tuple([OTHER] * len(report.keys)),
+        series=[Fraction(0)] * len(rest[0].series),
+        priced_series=[Fraction(0)] * len(rest[0].priced_series),
+    )
     for g in rest:
         other.raw_seconds += g.raw_seconds
         other.physical_seconds += g.physical_seconds
+        other.priced_seconds += g.priced_seconds
         other.cost += g.cost
         other.estimated_raw_seconds += g.estimated_raw_seconds
         other.estimated_intervals += g.estimated_intervals
         other.series = [a + b for a, b in zip(other.series, g.series, strict=True)]
+        other.priced_series = [
+            a + b for a, b in zip(other.priced_series, g.priced_series, strict=True)
+        ]
         for name in (
             "idle_seconds",
             "idle_cost",
@@ -572,6 +614,7 @@ def attach_ledger(
             g = by_keys[row.keys] = Group(
                 row.keys,
                 series=[Fraction(0)] * n_buckets,
+                priced_series=[Fraction(0)] * n_buckets,
                 bucket_cost=[Fraction(0)] * n_buckets,
             )
             report.groups.append(g)
