@@ -23,11 +23,11 @@ from gpuquota.quota.report.compute import (
     KWH,
     Group,
     IdleAllocation,
-    IdleRow,
     QuotaFigure,
     Report,
     round_half_up,
 )
+from gpuquota.quota.report.idle import IdleRow
 from gpuquota.quota.report.period import Period
 
 Total = Literal["sum", "none", "ratio"]

@@ -10,16 +10,17 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuquota.quota.report.allocations import UsageRow
+from gpuquota.quota.report.capacity import CapacityRow
 from gpuquota.quota.report.compute import (
     OTHER,
     aggregate,
     fold_top,
-    idle,
     round_half_up,
     spread_idle,
     sub_windows,
 )
-from gpuquota.quota.report.query import CapacityRow, UsageRow
+from gpuquota.quota.report.idle import idle
 from gpuquota.quota.report.ratecard import parse
 from tests.report.conftest import A100, H100, exact_physical
 
