@@ -94,7 +94,7 @@ class Fetched:
     quota: list[query.QuotaRow]
     idle_capacity: list[CapacityRow] | None  # None: no idle table asked for
     idle_allocated: list[UsageRow]  # keyed (model, pool, cluster), over idle_edges
-    # per cluster, the parts of the window the store covers (compute.covered_spans)
+    # per cluster, the parts of the window the store covers (idle.covered_spans)
     covered: dict[str, list[tuple[int, int]]]
     idle_edges: list[int]  # edges cut at the covered spans' boundaries too (the idle view)
     ledger: bool  # the store has a usage ledger for the clusters in scope

@@ -177,7 +177,7 @@ class Report(_Freezable):
     # spans the window overlaps in which a kind was not followed (pods created and deleted
     # inside one may be missing): said in every format
     gaps: list[GapRecord] = field(default_factory=list)
-    # per cluster, the parts of the window the store covers (covered_spans): idle and its
+    # per cluster, the parts of the window the store covers (idle.covered_spans): idle and its
     # cost count only these; the notes and the JSON name them
     covered: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # whether the store has a usage ledger for the clusters in scope (the used/energy columns)
