@@ -11,18 +11,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import (
-    func,
-    or_,
-    select,
-)
+from sqlalchemy import func, or_, select
 from sqlalchemy.engine import Connection
 
 from gpuquota.quota.report.scope import Scope
 from gpuquota.quota.report.sql import clipped
-from gpuquota.quota.store.models import (
-    NodeCapacity,
-)
+from gpuquota.quota.store.models import NodeCapacity
 
 
 @dataclass(frozen=True)

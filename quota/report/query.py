@@ -35,12 +35,7 @@ from gpuquota.quota.accounting.rules.claims import (
     ALLOCATION_PATH_DEVICE_PLUGIN,
     ALLOCATION_PATH_DRA,
 )
-from gpuquota.quota.report.allocations import (
-    GROUP_COLUMNS,
-    PATH_COLUMN,
-    claim_part,
-    key_values,
-)
+from gpuquota.quota.report.allocations import GROUP_COLUMNS, PATH_COLUMN, claim_part, key_values
 from gpuquota.quota.report.scope import Scope
 from gpuquota.quota.report.sql import FAR_FUTURE, clipped, greatest, least, t
 from gpuquota.quota.store.models import (

@@ -9,15 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    ColumnElement,
-    Integer,
-    and_,
-    case,
-    func,
-    literal_column,
-    select,
-)
+from sqlalchemy import ColumnElement, Integer, and_, case, func, literal_column, select
 from sqlalchemy.engine import Connection
 
 from gpuquota.quota.report.sql import t

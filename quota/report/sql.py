@@ -10,13 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    Integer,
-    cast,
-    literal,
-)
+from sqlalchemy import BigInteger, ColumnElement, Integer, cast, literal
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import GenericFunction
