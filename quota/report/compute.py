@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 from gpuquota.quota.ledger import rules
 from gpuquota.quota.report.allocations import UsageRow
-from gpuquota.quota.report.idle import IdleRow
 
-# HOUR is re-exported: the renderers take it from here
+# re-exported: the renderers take the report's types and units from here
+from gpuquota.quota.report.idle import IdleRow as IdleRow
 from gpuquota.quota.report.physical import HOUR as HOUR
 from gpuquota.quota.report.physical import physical_per_row, priced_per_row
 from gpuquota.quota.report.query import HolderWindow, LedgerCut, LedgerRow, QuotaRow
