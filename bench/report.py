@@ -472,10 +472,11 @@ def _verdict(seconds: float, target: float, store: str) -> str:
 def time_ledger(url: str, runs: int = 5) -> float:
     """Median wall time of the report's ledger query alone (per namespace, the month)."""
     from gpuquota.quota.report import query
+    from gpuquota.quota.report.scope import Scope
 
     times = []
     with db.reading(url) as conn:
-        scope = query.Scope.of(conn, None)
+        scope = Scope.of(conn, None)
         for _ in range(runs):
             t0 = time.perf_counter()
             query.ledger(conn, ["namespace"], [MONTH_START, MONTH_END], NOW, scope)

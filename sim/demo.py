@@ -435,6 +435,24 @@ def check_views(db: str, workload: Workload) -> None:
         )
         if not ok:
             off.append(f"idle {key}")
+    # a rate card prices, it never measures: priced with the example card (its mig_fractions
+    # price MIG instances apart from their physical share), every physical figure is the same,
+    # and the idle table's allocated GPU-h (with those outside the covered time) are the
+    # usage table's
+    priced = report_json([*month, "--by=namespace", "--idle", f"--rate-card={RATE_CARD}"])
+    total = doc["total"]["gpu_hours_physical"]
+    itotal = priced.get("idle", {}).get("total", {})
+    allocated = itotal.get("allocated_gpu_hours", 0) + itotal.get(
+        "uncovered_allocated_gpu_hours", 0
+    )
+    same = priced["total"]["gpu_hours_physical"] == total and abs(allocated - total) < 1e-9
+    print(
+        f"    physical GPU-h: usage table {total:.2f}, with the rate card "
+        f"{priced['total']['gpu_hours_physical']:.2f}, its idle table's allocated "
+        f"{allocated:.2f}   {'exact' if same else 'OFF'}"
+    )
+    if not same:
+        off.append("physical GPU-h with the rate card")
     labels = report_json([*month, "--by=label:cost-center"])
     by_label = {r["group"]["label:cost-center"]: int(r["gpu_seconds_raw"]) for r in labels["rows"]}
     want_label = {k or None: v for k, v in truth.label_totals("cost-center").items()}

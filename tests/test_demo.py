@@ -57,6 +57,9 @@ def check_demo(tmp_path: Path) -> None:
     assert len([x for x in checked if re.match(r" +NVIDIA-L4 / l4 ", x)]) == 1  # node deleted
     assert len([x for x in checked if x.lstrip().startswith("quota ")]) >= 8
     assert len(checked) >= 25
+    # a rate card prices, it never measures; the idle table's allocated GPU-h are the usage
+    # table's (issue 36: 182.77 against 181.95)
+    assert any(x.lstrip().startswith("physical GPU-h: usage table") for x in checked)
     # quota, the namesake: per namespace and resource, in the workload's own clock
     assert "Quota use" in out and "nvidia.com/mig-1g.10gb" in out
     # DRA: a namespace whose GPUs came through ResourceClaims, beside device-plugin usage, its

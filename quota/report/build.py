@@ -28,7 +28,13 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
 from gpuquota.quota.report import compute, period, query
+from gpuquota.quota.report.allocations import UsageRow, best_effort_pods, usage
+from gpuquota.quota.report.capacity import CapacityRow, capacity
+from gpuquota.quota.report.idle import covered_spans, span_edges
+from gpuquota.quota.report.idle import idle as idle_table
 from gpuquota.quota.report.ratecard import RateCard
+from gpuquota.quota.report.scope import GapRecord, Scope, coverage, data_begins, known_clusters
+from gpuquota.quota.report.scope import gaps as recorded_gaps
 from gpuquota.quota.store.db import concurrent_reads, sibling
 
 # At most this many connections read at once (the report's own and its siblings)
@@ -81,14 +87,14 @@ class Fetched:
     clusters: tuple[str, ...]
     ends: dict[str, int]  # per cluster, where its data ends (heartbeat)
     begins: dict[str, int]  # per cluster, where its data begins
-    usage: list[query.UsageRow]
+    usage: list[UsageRow]
     best_effort_pods: dict[str, int]
-    gaps: list[query.GapRecord]
+    gaps: list[GapRecord]
     quota_span: int | None  # None: the grouping has no quota view
     quota: list[query.QuotaRow]
-    idle_capacity: list[query.CapacityRow] | None  # None: no idle table asked for
-    idle_allocated: list[query.UsageRow]  # keyed (model, pool, cluster), over idle_edges
-    # per cluster, the parts of the window the store covers (compute.covered_spans)
+    idle_capacity: list[CapacityRow] | None  # None: no idle table asked for
+    idle_allocated: list[UsageRow]  # keyed (model, pool, cluster), over idle_edges
+    # per cluster, the parts of the window the store covers (idle.covered_spans)
     covered: dict[str, list[tuple[int, int]]]
     idle_edges: list[int]  # edges cut at the covered spans' boundaries too (the idle view)
     ledger: bool  # the store has a usage ledger for the clusters in scope
@@ -97,7 +103,7 @@ class Fetched:
     ledger_cut: query.LedgerCut  # the ledger windows the period's edges cut
     unallocated_energy: dict[str, float]  # per cluster, joules of GPUs nobody held
     holder_windows: list[query.HolderWindow] | None  # None: no idle-allocations view
-    pod_usage: list[query.UsageRow] | None  # per pod, to split Prometheus' figures
+    pod_usage: list[UsageRow] | None  # per pod, to split Prometheus' figures
     measured: Any = None  # prometheus.Measured, when asked for
 
 
@@ -136,7 +142,7 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
     idle = request.idle or request.spread_idle is not None
     buckets, edges = _edges(request)
     try:
-        clusters = query.known_clusters(conn)
+        clusters = known_clusters(conn)
         if not clusters:  # an empty bill would read as "nothing used": refuse it
             raise ReportError(
                 "the store holds no data yet (no cluster was ever recorded: run `gpuquota "
@@ -147,9 +153,9 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             raise ReportError(
                 f"--cluster: no cluster {request.cluster!r} in the store (known: {known})"
             )
-        scope = query.Scope.of(conn, request.cluster)
+        scope = Scope.of(conn, request.cluster)
         ends = dict(scope.known_until)
-        begins = query.data_begins(conn, scope.clusters)
+        begins = data_begins(conn, scope.clusters)
         _check_window(window, now, ends, [c for c in scope.clusters if c in ends])
         # the latest any cluster in scope is known to (now, where one has no heartbeat)
         known_end = max(ends.values()) if ends and len(ends) == len(scope.clusters) else now
@@ -159,20 +165,18 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             # cluster in scope), before it ends
             known_start = max(window.start, min(begins.values(), default=window.start))
             quota_span = max(min(window.end, now, known_end) - known_start, 0)
-        gaps = query.gaps(conn, scope.clusters, window.start, min(window.end, now))
+        gaps = recorded_gaps(conn, scope.clusters, window.start, min(window.end, now))
         # every cluster the store knows (one with nodes and no allocation yet has capacity)
         in_view = (request.cluster,) if request.cluster is not None else tuple(clusters)
-        covered = compute.covered_spans(
+        covered = covered_spans(
             in_view,
-            query.data_begins(conn, in_view),
-            {c.cluster: c.known_until for c in query.coverage(conn, in_view) if c.known_until},
-            query.gaps(conn, in_view, window.start, min(window.end, now)),
+            data_begins(conn, in_view),
+            {c.cluster: c.known_until for c in coverage(conn, in_view) if c.known_until},
+            recorded_gaps(conn, in_view, window.start, min(window.end, now)),
             window.start,
             min(window.end, now),
         )
-        idle_edges = compute.sub_windows(
-            window.start, window.end, edges, compute.span_edges(covered)
-        )
+        idle_edges = compute.sub_windows(window.start, window.end, edges, span_edges(covered))
         ledger = query.ledger_present(conn, scope)
         if request.idle_allocations and not ledger:
             where = ", ".join(repr(c) for c in scope.clusters)
@@ -199,20 +203,18 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         }
         # the independent reads it asks for, the heaviest first (each scans the window once)
         jobs: dict[str, Callable[[Connection], Any]] = {
-            "usage": lambda c: query.usage(c, keys, edges, now, scope=scope)
+            "usage": lambda c: usage(c, keys, edges, now, scope=scope)
         }
         if ledger:
             jobs["ledger_rows"] = lambda c: query.ledger(c, keys, edges, now, scope)
-        jobs["best_effort_pods"] = lambda c: query.best_effort_pods(c, scope, lo, hi, now)
+        jobs["best_effort_pods"] = lambda c: best_effort_pods(c, scope, lo, hi, now)
         if idle:
-            jobs["idle_allocated"] = lambda c: query.usage(
+            jobs["idle_allocated"] = lambda c: usage(
                 c, ["model", "pool", "cluster"], idle_edges, now, scope=scope
             )
-            jobs["idle_capacity"] = lambda c: query.capacity(
-                c, idle_edges, now, request.cluster, scope
-            )
+            jobs["idle_capacity"] = lambda c: capacity(c, idle_edges, now, request.cluster, scope)
         if pod_keys is not None:
-            jobs["pod_usage"] = lambda c: query.usage(c, pod_keys, edges, now, scope=scope)
+            jobs["pod_usage"] = lambda c: usage(c, pod_keys, edges, now, scope=scope)
         # quota rows per namespace always: a group spanning namespaces adds them up in
         # compute.quota_figures (each over its own sampled time)
         quota_keys = keys if "namespace" in keys else ["namespace", *keys]
@@ -355,7 +357,7 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
                 "namespace" not in keys,
             )
     if fetched.idle_capacity is not None:
-        report.idle = compute.idle(
+        report.idle = idle_table(
             fetched.idle_capacity, fetched.idle_allocated, fetched.idle_edges, card, fetched.covered
         )
     # the usage ledger: used GPU-seconds, energy, coverage per group

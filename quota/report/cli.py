@@ -21,7 +21,8 @@ from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
 from gpuquota.cli_common.ratios import parse_ratio
 from gpuquota.quota.options import add_db_option
-from gpuquota.quota.report import period, query, ratecard, render
+from gpuquota.quota.report import period, ratecard, render
+from gpuquota.quota.report.allocations import GROUP_COLUMNS
 from gpuquota.quota.report.build import ReportError, ReportRequest, build_report, first_line
 from gpuquota.quota.store.db import (
     StoreError,
@@ -236,8 +237,8 @@ def parse_keys(values: Sequence[str] | None) -> list[str]:
                 if not key[len("label:") :].strip():
                     raise ReportError(f"--by: {part!r} needs a label key, e.g. label:team")
                 key = "label:" + key[len("label:") :].strip()
-            elif key not in query.GROUP_COLUMNS:
-                known = ", ".join([*query.GROUP_COLUMNS, "label:<key>"])
+            elif key not in GROUP_COLUMNS:
+                known = ", ".join([*GROUP_COLUMNS, "label:<key>"])
                 raise ReportError(f"--by: unknown group key {part.strip()!r} (known: {known})")
             if key in keys:
                 raise ReportError(f"--by: group key {key!r} given twice")

@@ -1,8 +1,10 @@
 """Pure report arithmetic: grouped SQL rows -> exact per-group figures.
 
 Everything stays exact until display: raw usage in unit-seconds (whole numbers, but for a shared
-DRA claim split among its pods: then Fractions), physical usage and money as Fractions. The renderers round each figure from its own exact value
-(``round_half_up``), and a total from the exact sum of its rows.
+DRA claim split among its pods: then Fractions), physical usage and money as Fractions. The
+renderers round each figure from its own exact value (``round_half_up``), and a total from the
+exact sum of its rows. Physical and priced GPU-seconds per row come from physical.py, the idle
+table from idle.py.
 """
 
 from __future__ import annotations
@@ -15,30 +17,17 @@ from fractions import Fraction
 from typing import Any, Literal
 
 from gpuquota.quota.ledger import rules
-from gpuquota.quota.report.query import (
-    CapacityRow,
-    GapRecord,
-    HolderWindow,
-    LedgerCut,
-    LedgerRow,
-    QuotaRow,
-    UsageRow,
-)
+from gpuquota.quota.report.allocations import UsageRow
+
+# re-exported: the renderers take the report's types and units from here
+from gpuquota.quota.report.idle import IdleRow as IdleRow
+from gpuquota.quota.report.physical import HOUR as HOUR
+from gpuquota.quota.report.physical import physical_per_row, priced_per_row
+from gpuquota.quota.report.query import HolderWindow, LedgerCut, LedgerRow, QuotaRow
 from gpuquota.quota.report.ratecard import RateCard
+from gpuquota.quota.report.scope import GapRecord
 
 OTHER = "(other)"
-HOUR = 3600
-
-
-def physical_per_row(row: UsageRow | CapacityRow, card: RateCard | None) -> Fraction:
-    """Physical-GPU equivalent of the row's units: the store's figure (time-slicing
-    units/replicas, MIG N/7), unless the rate card sets a fraction for the MIG profile."""
-    units = row.raw_units if isinstance(row, UsageRow) else row.allocatable_units
-    profile = row.mig_profile if isinstance(row, UsageRow) else None
-    override = card.mig_fraction(row.resource_name, profile) if card is not None else None
-    if override is not None:
-        return override * units
-    return row.share * units  # stored exactly (migration 0005)
 
 
 class _Freezable:
@@ -62,10 +51,14 @@ class Group(_Freezable):
     # raw unit-seconds: whole, unless a shared DRA claim's time is split among its pods
     raw_seconds: Fraction = Fraction(0)
     physical_seconds: Fraction = Fraction(0)
+    # GPU-seconds as priced: physical, but for MIG profiles the rate card prices at its own
+    # fraction (mig_fractions); cost = priced seconds x rate. Equal to physical without a card
+    priced_seconds: Fraction = Fraction(0)
     cost: Fraction = Fraction(0)  # in rate-card currency
     estimated_raw_seconds: Fraction = Fraction(0)
     estimated_intervals: int = 0
     series: list[Fraction] = field(default_factory=list)  # physical seconds per chart bucket
+    priced_series: list[Fraction] = field(default_factory=list)  # priced seconds per bucket
     bucket_cost: list[Fraction] = field(default_factory=list)  # cost per bucket (rate card)
     # the ledger's joules and their cost per bucket (empty: no ledger rows)
     bucket_energy: list[Fraction] = field(default_factory=list)
@@ -136,18 +129,6 @@ class QuotaFigure:
         return min(self.sampled_seconds / whole, Fraction(1)) if whole else Fraction(0)
 
 
-@dataclass
-class IdleRow:
-    gpu_model: str | None
-    node_pool: str | None
-    allocatable_seconds: Fraction = Fraction(0)  # physical
-    allocated_seconds: Fraction = Fraction(0)  # physical
-    idle_seconds: Fraction = Fraction(0)
-    idle_cost: Fraction = Fraction(0)
-    # allocatable physical GPU-seconds outside the covered time: neither idle nor priced
-    uncovered_seconds: Fraction = Fraction(0)
-
-
 @dataclass(frozen=True)
 class IdleAllocation:
     """A run of consecutive ledger windows in which one holder's activity stayed under the
@@ -196,7 +177,7 @@ class Report(_Freezable):
     # spans the window overlaps in which a kind was not followed (pods created and deleted
     # inside one may be missing): said in every format
     gaps: list[GapRecord] = field(default_factory=list)
-    # per cluster, the parts of the window the store covers (covered_spans): idle and its
+    # per cluster, the parts of the window the store covers (idle.covered_spans): idle and its
     # cost count only these; the notes and the JSON name them
     covered: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
     # whether the store has a usage ledger for the clusters in scope (the used/energy columns)
@@ -248,11 +229,12 @@ def aggregate(
     buckets = list(bucket_edges) if bucket_edges else [edges[0], edges[-1]]
     bucket_of = [bisect.bisect_right(buckets, b) - 1 for b in edges[:-1]]
     n_buckets = len(buckets) - 1
-    fractions: dict[tuple[str, int, Fraction, str | None, int], Fraction] = {}
+    # per price class: (physical, priced) GPUs of one row unit, over its split
+    fractions: dict[tuple[str, int, Fraction, str | None, int], tuple[Fraction, Fraction]] = {}
     rates: dict[tuple[str | None, int], tuple[Fraction, bool]] = {}
     # per group: {split: raw seconds}, {denominator: numerator}, {(denominator, rate):
     # numerator}, {(denominator, bucket): numerator}, {split: estimated raw seconds},
-    # estimated intervals
+    # estimated intervals, {(priced denominator, bucket): numerator} (with a rate card)
     acc: dict[tuple[str | None, ...], list[Any]] = {}
     unpriced: set[str] = set()
     seen_models: set[str | None] = set()
@@ -267,12 +249,18 @@ def aggregate(
                 defaultdict(int),
                 defaultdict(int),
                 0,
+                defaultdict(int),
             ]
         fkey = (row.resource_name, row.raw_units, row.share, row.mig_profile, row.split)
         per_row = fractions.get(fkey)
         if per_row is None:
-            per_row = fractions[fkey] = physical_per_row(row, card) / row.split
-        p, q = per_row.numerator, per_row.denominator
+            per_row = fractions[fkey] = (
+                physical_per_row(row) / row.split,
+                priced_per_row(row, card) / row.split,
+            )
+        p, q = per_row[0].numerator, per_row[0].denominator
+        # the card's MIG fraction prices; it never enters the physical sums
+        pp, pq = per_row[1].numerator, per_row[1].denominator
         for i, seconds in enumerate(row.seconds):
             if not seconds:
                 continue
@@ -284,13 +272,14 @@ def aggregate(
                 found = rates.get(rkey)
                 if found is None:
                     found = rates[rkey] = card.rate(row.gpu_model, edges[i])
-                a[2][(q, found[0], bucket_of[i])] += p * seconds
+                a[2][(pq, found[0], bucket_of[i])] += pp * seconds
+                a[6][(pq, bucket_of[i])] += pp * seconds
                 if found[1]:
                     unpriced.add(row.gpu_model or "(unknown model)")
         a[4][row.split] += row.raw_units * row.estimated_seconds
         a[5] += row.estimated_intervals
     groups = []
-    for key, (raw, phys, cost, series, est_s, est_n) in acc.items():
+    for key, (raw, phys, cost, series, est_s, est_n, priced) in acc.items():
         g = Group(key, series=[Fraction(0)] * n_buckets)
         g.raw_seconds = _over(raw)
         g.physical_seconds = sum((Fraction(n, q) for q, n in phys.items()), Fraction(0))
@@ -300,6 +289,13 @@ def aggregate(
         g.cost = sum(g.bucket_cost, Fraction(0))
         for (q, b), n in series.items():
             g.series[b] += Fraction(n, q)
+        if card is None:
+            g.priced_series = list(g.series)
+        else:
+            g.priced_series = [Fraction(0)] * n_buckets
+            for (q, b), n in priced.items():
+                g.priced_series[b] += Fraction(n, q)
+        g.priced_seconds = sum(g.priced_series, Fraction(0))
         g.estimated_raw_seconds, g.estimated_intervals = _over(est_s), est_n
         groups.append(g)
     groups.sort(key=lambda g: (-g.physical_seconds, _sort_key(g.keys)))
@@ -401,108 +397,6 @@ def quota_figures(
     return figures, totals
 
 
-# gap kinds that say nothing about GPUs held or allocatable: their spans stay covered
-GAP_KINDS_COVERED = frozenset({"ResourceQuota", "Namespace"})
-
-
-def covered_spans(
-    clusters: Iterable[str],
-    begins: dict[str, int],
-    ends: dict[str, int],
-    gaps: Iterable[GapRecord],
-    lo: int,
-    hi: int,
-) -> dict[str, list[tuple[int, int]]]:
-    """Per cluster, the parts of [lo, hi) the store covers: after its data begins (the first
-    time the store knew the cluster, moved to a prune's cut by ``db prune``), before it ends
-    (the last heartbeat or replayed event) and outside every recorded gap of a kind that
-    holds or offers GPUs (pods, nodes, claims). Unknown time is never priced: the idle view
-    counts capacity only here. A cluster without a clusters row (or heartbeat) is taken as
-    covered from ``lo`` (up to ``hi``)."""
-    out: dict[str, list[tuple[int, int]]] = {}
-    holes: dict[str, list[tuple[int, int]]] = defaultdict(list)
-    for gap in gaps:
-        if gap.kind not in GAP_KINDS_COVERED:
-            holes[gap.cluster].append((gap.started_at, gap.ended_at))
-    for cluster in clusters:
-        a, b = max(lo, begins.get(cluster, lo)), min(hi, ends.get(cluster, hi))
-        spans: list[tuple[int, int]] = []
-        cursor = a
-        for g0, g1 in sorted(holes.get(cluster, [])):
-            if g0 > cursor:
-                spans.append((cursor, min(g0, b)))
-            cursor = max(cursor, g1)
-            if cursor >= b:
-                break
-        if cursor < b:
-            spans.append((cursor, b))
-        out[cluster] = [(x, y) for x, y in spans if y > x]
-    return out
-
-
-def span_edges(covered: dict[str, list[tuple[int, int]]]) -> list[int]:
-    """Every boundary of the covered spans: sub-window cuts, so that each sub-window is wholly
-    inside or wholly outside a cluster's covered time."""
-    return sorted({t for spans in covered.values() for span in spans for t in span})
-
-
-def _is_covered(
-    covered: dict[str, list[tuple[int, int]]] | None, cluster: str | None, a: int, b: int
-) -> bool:
-    if covered is None or cluster is None or cluster not in covered:
-        return covered is None or cluster is None
-    return any(x <= a and b <= y for x, y in covered[cluster])
-
-
-def idle(
-    capacity: Iterable[CapacityRow],
-    allocated: Iterable[UsageRow],
-    edges: Sequence[int],
-    card: RateCard | None,
-    covered: dict[str, list[tuple[int, int]]] | None = None,
-) -> list[IdleRow]:
-    """Idle physical GPU-seconds per (model, pool): allocatable minus allocated, per sub-window
-    (never below zero), priced at the model's rate in force.
-
-    Only covered time counts (``covered``: per cluster, :func:`covered_spans`; ``edges`` must
-    include their boundaries; the allocated rows then carry the cluster as their third key):
-    allocatable seconds outside it are kept apart as ``uncovered_seconds``, never idle. Both
-    sides are the store's physical GPUs: a rate card's ``mig_fractions`` price allocations,
-    they do not change capacity, so they never move idle."""
-    cap: dict[tuple[str | None, str | None], list[Fraction]] = {}
-    uncovered: dict[tuple[str | None, str | None], Fraction] = defaultdict(Fraction)
-    n = len(edges) - 1
-    for c in capacity:
-        per = physical_per_row(c, None)
-        key = (c.gpu_model, c.node_pool)
-        acc = cap.setdefault(key, [Fraction(0)] * n)
-        for i, s in enumerate(c.seconds):
-            if _is_covered(covered, c.cluster, edges[i], edges[i + 1]):
-                acc[i] += per * s
-            else:
-                uncovered[key] += per * s
-    used: dict[tuple[str | None, str | None], list[Fraction]] = {}
-    for u in allocated:
-        per = physical_per_row(u, None) / u.split
-        cluster = u.keys[2] if len(u.keys) > 2 else None
-        acc = used.setdefault((u.keys[0], u.keys[1]), [Fraction(0)] * n)
-        for i, s in enumerate(u.seconds):
-            if _is_covered(covered, cluster, edges[i], edges[i + 1]):
-                acc[i] += per * s
-    rows = []
-    for key in sorted(set(cap) | set(used), key=lambda k: (k[0] or "", k[1] or "")):
-        c_s, u_s = cap.get(key, [Fraction(0)] * n), used.get(key, [Fraction(0)] * n)
-        row = IdleRow(key[0], key[1], sum(c_s, Fraction(0)), sum(u_s, Fraction(0)))
-        row.uncovered_seconds = uncovered.get(key, Fraction(0))
-        for i in range(n):
-            free = max(c_s[i] - u_s[i], Fraction(0))
-            row.idle_seconds += free
-            if card is not None:
-                row.idle_cost += free * card.rate(key[0], edges[i])[0] / HOUR
-        rows.append(row)
-    return rows
-
-
 def spread_idle(report: Report, how: Literal["proportional", "even"]) -> None:
     """Share the fleet's idle GPU-hours and cost among the groups: by physical use or evenly."""
     assert report.idle is not None
@@ -524,14 +418,22 @@ def fold_top(report: Report, top: int) -> None:
     if len(report.groups) <= top:
         return
     kept, rest = report.groups[:top], report.groups[top:]
-    other = Group(tuple([OTHER] * len(report.keys)), series=[Fraction(0)] * len(rest[0].series))
+    other = Group(
+        tuple([OTHER] * len(report.keys)),
+        series=[Fraction(0)] * len(rest[0].series),
+        priced_series=[Fraction(0)] * len(rest[0].priced_series),
+    )
     for g in rest:
         other.raw_seconds += g.raw_seconds
         other.physical_seconds += g.physical_seconds
+        other.priced_seconds += g.priced_seconds
         other.cost += g.cost
         other.estimated_raw_seconds += g.estimated_raw_seconds
         other.estimated_intervals += g.estimated_intervals
         other.series = [a + b for a, b in zip(other.series, g.series, strict=True)]
+        other.priced_series = [
+            a + b for a, b in zip(other.priced_series, g.priced_series, strict=True)
+        ]
         for name in (
             "idle_seconds",
             "idle_cost",
@@ -572,6 +474,7 @@ def attach_ledger(
             g = by_keys[row.keys] = Group(
                 row.keys,
                 series=[Fraction(0)] * n_buckets,
+                priced_series=[Fraction(0)] * n_buckets,
                 bucket_cost=[Fraction(0)] * n_buckets,
             )
             report.groups.append(g)

@@ -26,7 +26,7 @@ import csv
 import io
 import json
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Literal
@@ -146,6 +146,9 @@ class Charge:
     description: str
     service: str
     details: dict[str, str]
+    # PricingQuantity where it differs from the consumed quantity: the GPU-hours a rate card
+    # prices a MIG profile as (mig_fractions) against the physical ones consumed
+    pricing_quantity: Fraction | None = None
 
 
 def charges(
@@ -173,9 +176,12 @@ def charges(
             if hours:
                 rate = card.rate(model if model != NONE else None, lo)[0]
                 cost = g.bucket_cost[b] if g.bucket_cost else Fraction(0)
-                # buckets are split where a price changes: the bucket's cost is rate x hours
-                assert cost == rate * hours, (g.keys, lo, cost, rate, hours)
-                out.append(_gpu(namespace, model, resource, hours, rate, cost, lo, hi))
+                priced = g.priced_series[b] / HOUR if g.priced_series else hours
+                # buckets are split where a price changes: the bucket's cost is rate x the
+                # GPU-hours priced (physical, but for a MIG profile the card prices apart)
+                assert cost == rate * priced, (g.keys, lo, cost, rate, priced)
+                charge = _gpu(namespace, model, resource, hours, rate, cost, lo, hi)
+                out.append(charge if priced == hours else replace(charge, pricing_quantity=priced))
             if report.energy_priced and g.bucket_energy and g.bucket_energy[b]:
                 energy[namespace][0] += g.bucket_energy[b] / KWH
                 energy[namespace][1] += g.bucket_energy_cost[b]
@@ -342,6 +348,7 @@ def render_focus(
     }
     for c in charges(report, card, spread_idle):
         price, cost, quantity = _price(c.unit_price), _decimal(c.cost), _decimal(c.quantity)
+        pricing = quantity if c.pricing_quantity is None else _decimal(c.pricing_quantity)
         writer.writerow(
             {
                 **base,
@@ -359,7 +366,7 @@ def render_focus(
                 "PricingCurrencyContractedUnitPrice": price,
                 "PricingCurrencyEffectiveCost": cost,
                 "PricingCurrencyListUnitPrice": price,
-                "PricingQuantity": quantity,
+                "PricingQuantity": pricing,
                 "PricingUnit": c.unit,
                 "ResourceId": f"namespace/{c.namespace}",
                 "ResourceName": c.namespace,

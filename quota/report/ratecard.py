@@ -1,5 +1,6 @@
-"""Rate card: the price of a physical GPU-hour per GPU model over time, MIG profile fractions
-and a default rate. Loaded from YAML and validated strictly: every problem names the file, the
+"""Rate card: the price of a physical GPU-hour per GPU model over time, the share of a GPU-hour
+a MIG profile is priced as, and a default rate. Prices only: nothing in a card changes a
+measurement (physical GPU-hours, share, efficiency, idle; docs/report.md). Loaded from YAML and validated strictly: every problem names the file, the
 key path and what is wrong.
 
 Example::
@@ -12,7 +13,8 @@ Example::
         - rate: 4.10              # in force from the start of time...
         - {rate: 3.60, from: 2026-10-15}   # ...until this date, then 3.60
       NVIDIA-L4: 0.80             # shorthand: one rate, always
-    mig_fractions:                # physical-GPU share of one MIG instance (default N/7)
+    mig_fractions:                # GPU-hour share one MIG instance is priced as (default: its
+                                  # physical share, N/7); never changes physical GPU-hours
       1g.10gb: 0.125
     energy_price_per_kwh:         # price of a kWh of GPU energy (the usage ledger's joules)
       - rate: 0.30
@@ -102,9 +104,10 @@ class RateCard:
         return periods[i].rate, False
 
     def mig_fraction(self, resource_name: str, mig_profile: str | None = None) -> Fraction | None:
-        """The rate card's physical share of one MIG instance, if it sets one: the profile is
-        in the resource name (mixed strategy: nvidia.com/mig-1g.10gb) or, on single-strategy
-        nodes where every nvidia.com/gpu is one instance, recorded beside it."""
+        """The share of a GPU-hour the card prices one MIG instance as, if it sets one (a
+        price, never its physical share): the profile is in the resource name (mixed
+        strategy: nvidia.com/mig-1g.10gb) or, on single-strategy nodes where every
+        nvidia.com/gpu is one instance, recorded beside it."""
         found = mig_override(resource_name, mig_profile, self.mig_fractions)
         return None if found is None else Fraction(found)
 

@@ -23,11 +23,11 @@ from gpuquota.quota.report.compute import (
     KWH,
     Group,
     IdleAllocation,
-    IdleRow,
     QuotaFigure,
     Report,
     round_half_up,
 )
+from gpuquota.quota.report.idle import IdleRow
 from gpuquota.quota.report.period import Period
 
 Total = Literal["sum", "none", "ratio"]
@@ -60,6 +60,12 @@ def columns(report: Report) -> list[Column]:
         Column("gpu_hours_raw", "GPU-h raw", 2, _hours(lambda g: g.raw_seconds)),
         Column("gpu_hours_physical", "GPU-h phys", 2, _hours(lambda g: g.physical_seconds)),
     ]
+    if report.priced and any(g.priced_seconds != g.physical_seconds for g in report.groups):
+        # the rate card prices some MIG profile at its own fraction: the GPU-hours the cost is
+        # of, apart from the physical ones (which it never changes)
+        cols.append(
+            Column("gpu_hours_priced", "GPU-h priced", 2, _hours(lambda g: g.priced_seconds))
+        )
     if report.priced:
         cols.append(
             Column(f"cost_{report.currency}", f"cost {report.currency}", 2, lambda g: g.cost)
@@ -308,6 +314,14 @@ def idle_columns(
             lambda r: r.uncovered_seconds / HOUR,
         )
     )
+    cols.append(
+        (
+            "uncovered_allocated_gpu_hours",
+            "uncovered alloc GPU-h",
+            2,
+            lambda r: r.uncovered_allocated_seconds / HOUR,
+        )
+    )
     return cols
 
 
@@ -531,6 +545,13 @@ def coverage_notes(report: Report) -> list[str]:
         out.append(
             f"{cell(uncovered / HOUR, 2).text()} allocatable GPU-h fall outside the covered "
             "time (column uncovered GPU-h): not priced, not idle"
+        )
+    uncovered_used = sum((r.uncovered_allocated_seconds for r in report.idle or []), Fraction(0))
+    if uncovered_used:
+        out.append(
+            f"{cell(uncovered_used / HOUR, 2).text()} allocated GPU-h fall outside the covered "
+            "time (column uncovered alloc GPU-h): billed in the usage table, not set against "
+            "capacity"
         )
     for cluster, until in sorted(report.ends_early.items()):
         if until < report.window_end:

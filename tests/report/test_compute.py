@@ -10,16 +10,17 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpuquota.quota.report.allocations import UsageRow
+from gpuquota.quota.report.capacity import CapacityRow
 from gpuquota.quota.report.compute import (
     OTHER,
     aggregate,
     fold_top,
-    idle,
     round_half_up,
     spread_idle,
     sub_windows,
 )
-from gpuquota.quota.report.query import CapacityRow, UsageRow
+from gpuquota.quota.report.idle import idle
 from gpuquota.quota.report.ratecard import parse
 from tests.report.conftest import A100, H100, exact_physical
 
@@ -100,9 +101,9 @@ def test_unknown_models_fall_back_to_default_and_are_listed() -> None:
     assert report.unpriced_models == ["(unknown model)", "NVIDIA-L4"]
 
 
-def test_mig_fraction_from_card_overrides_store_and_default_is_kept_exact() -> None:
+def test_mig_fraction_from_card_prices_and_physical_stays_the_stores() -> None:
     mig = row(
-        ("ml",), (7200,), units=3, physical=3 / 8, resource="nvidia.com/mig-1g.10gb", model=A100
+        ("ml",), (7200,), units=3, physical=3 / 7, resource="nvidia.com/mig-1g.10gb", model=A100
     )
     other = row(
         ("web",), (7200,), units=3, physical=3 / 7, resource="nvidia.com/mig-1g.5gb", model=A100
@@ -110,10 +111,17 @@ def test_mig_fraction_from_card_overrides_store_and_default_is_kept_exact() -> N
     shared = row(("ai",), (7200,), units=1, physical=0.25, model=A100)
     report = aggregate(["namespace"], [mig, other, shared], [0, 7200], CARD)
     by = {g.keys[0]: g for g in report.groups}
-    assert by["ml"].physical_seconds == Fraction(3, 8) * 7200
+    # the card prices a 1g.10gb instance as 0.125 of a GPU; physically it stays 1/7
+    assert by["ml"].physical_seconds == Fraction(3, 7) * 7200
+    assert by["ml"].priced_seconds == Fraction(3, 8) * 7200
+    assert by["ml"].cost == Fraction(3, 8) * 2  # A100 at the default rate 1
     assert by["web"].physical_seconds == Fraction(3, 7) * 7200  # 0.428571... recovered exactly
+    assert by["web"].priced_seconds == by["web"].physical_seconds
     assert by["ai"].physical_seconds == 1800
     assert by["web"].raw_seconds == 3 * 7200
+    plain = {g.keys[0]: g for g in aggregate(["namespace"], [mig], [0, 7200], None).groups}
+    assert plain["ml"].physical_seconds == by["ml"].physical_seconds
+    assert plain["ml"].priced_seconds == plain["ml"].physical_seconds
 
 
 def test_estimated_usage_is_counted() -> None:

@@ -11,8 +11,9 @@ import pytest
 from sqlalchemy import Connection, text
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.report import query
+from gpuquota.quota.report import allocations
 from gpuquota.quota.report.build import run_reads
+from gpuquota.quota.report.scope import Scope, gaps
 from gpuquota.quota.store import db
 from tests.report.conftest import Store, ts
 
@@ -81,15 +82,17 @@ def test_sequential_and_concurrent_reads_agree(store: Store) -> None:
     edges = [OCT, OCT + 31 * 86400]
     now = OCT + 40 * 86400
 
-    def jobs(scope: query.Scope) -> dict[str, Any]:
+    def jobs(scope: Scope) -> dict[str, Any]:
         return {
-            "usage": lambda c: query.usage(c, ["namespace"], edges, now, scope=scope),
-            "best_effort": lambda c: query.best_effort_pods(c, scope, edges[0], edges[1], now),
-            "gaps": lambda c: query.gaps(c, scope.clusters, edges[0], edges[1]),
+            "usage": lambda c: allocations.usage(c, ["namespace"], edges, now, scope=scope),
+            "best_effort": lambda c: allocations.best_effort_pods(
+                c, scope, edges[0], edges[1], now
+            ),
+            "gaps": lambda c: gaps(c, scope.clusters, edges[0], edges[1]),
         }
 
     with db.reading(store.url) as conn:
-        scope = query.Scope.of(conn, None)
+        scope = Scope.of(conn, None)
         one = run_reads(conn, jobs(scope), readers=1)
         many = run_reads(conn, jobs(scope), readers=3)
     assert one == many
@@ -100,14 +103,14 @@ def test_best_effort_check_reads_its_partial_index(store: Store) -> None:
     store.alloc("ml", OCT, OCT + H, qos_class="BestEffort")
     captured: list[tuple[str, Any]] = []
     with db.reading(store.url) as conn:
-        scope = query.Scope.of(conn, None)
+        scope = Scope.of(conn, None)
         from sqlalchemy import event
 
         def capture(*args: Any) -> None:
             captured.append((args[2], args[3]))
 
         event.listen(conn, "before_cursor_execute", capture)
-        query.best_effort_pods(conn, scope, OCT, OCT + 86400, OCT + 86400)
+        allocations.best_effort_pods(conn, scope, OCT, OCT + 86400, OCT + 86400)
         event.remove(conn, "before_cursor_execute", capture)
         (statement, params), *_ = captured
         if conn.dialect.name == "postgresql":

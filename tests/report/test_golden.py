@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from gpuquota.quota import cli as gpuquota
-from gpuquota.quota.report import compute, query
+from gpuquota.quota.report import allocations, compute
 from gpuquota.sim.workload import Workload, generate
 from tests.report.conftest import Store
 
@@ -59,7 +59,7 @@ def exact(
     engine = create_engine(store.url)
     try:
         with engine.connect() as conn:
-            rows = query.usage(conn, keys, [lo, hi], now)
+            rows = allocations.usage(conn, keys, [lo, hi], now)
     finally:
         engine.dispose()
     return {g.keys: g for g in compute.aggregate(keys, rows, [lo, hi], None).groups}

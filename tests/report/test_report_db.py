@@ -118,8 +118,11 @@ def test_rate_change_mid_period_and_mig_and_time_slicing(
     assert g[("ts",)]["gpu_hours_physical"] == 5.0
     assert g[("ts",)]["cost_EUR"] == 20.0
     assert g[("mig",)]["gpu_hours_raw"] == 16.0
-    assert g[("mig",)]["gpu_hours_physical"] == 3.0  # 2/7 * 7 h + 0.5 * 2 h
+    # physical: the store's 2/7 * 7 h + 3/7 * 2 h; priced: 2/7 * 7 h + the card's 0.5 * 2 h
+    assert g[("mig",)]["gpu_hours_physical"] == pytest.approx(2 + 6 / 7)
+    assert g[("mig",)]["gpu_hours_priced"] == 3.0
     assert g[("mig",)]["cost_EUR"] == 9.0
+    assert g[("ts",)]["gpu_hours_priced"] == 5.0
     assert g[("l4",)]["cost_EUR"] == 1.0
     assert doc["notes"]["unpriced_models"] == ["NVIDIA-L4"]
     assert doc["total"]["cost_EUR"] == pytest.approx(144 + 20 + 9 + 1)
@@ -400,6 +403,9 @@ def test_single_strategy_mig_is_priced_by_its_recorded_profile(
     store.alloc("ml", OCT, OCT + 4 * H, units=2, physical=2 / 7, model=A100, mig_profile="1g.10gb")
     store.alloc("web", OCT, OCT + 7 * H, units=1, physical=1 / 7, model=A100, mig_profile="2g.20gb")
     g = by_group(rows_json(report, store, "--month", "2026-10", "--rate-card", str(card)))
-    assert g[("ml",)]["gpu_hours_physical"] == 1.0  # 2 x 0.125 x 4 h: the card's fraction
+    # priced: 2 x 0.125 x 4 h, the card's fraction; physical: the store's 2/7 x 4 h
+    assert g[("ml",)]["gpu_hours_priced"] == 1.0
+    assert g[("ml",)]["gpu_hours_physical"] == pytest.approx(8 / 7)
     assert g[("ml",)]["cost_USD"] == 8.0
     assert g[("web",)]["gpu_hours_physical"] == 1.0  # no fraction in the card: the store's 1/7
+    assert g[("web",)]["gpu_hours_priced"] == 1.0

@@ -173,8 +173,8 @@ def test_one_note_per_downtime_not_per_kind() -> None:
     # (pods last); another span gets its own note, with the kind's own wording
     from types import SimpleNamespace
 
-    from gpuquota.quota.report.query import GapRecord
     from gpuquota.quota.report.render import gap_notes
+    from gpuquota.quota.report.scope import GapRecord
 
     down = [
         GapRecord("c", kind, T0, T0 + 44, "restart")
