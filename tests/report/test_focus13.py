@@ -270,7 +270,7 @@ def test_an_invoice_id_names_one_period(report: Any, sqlite_store: Store, tmp_pa
     for start, end in (("02:00", "06:30"), ("06:30", "23:00")):
         result = report("--from", f"2026-10-05T{start}:00Z", "--to", f"2026-10-05T{end}:00Z",
                         *NOW, "--rate-card", str(tmp_path / "card.yaml"), "--format", "focus",
-                        "--focus-version", "1.2", db=sqlite_store)  # fmt: skip
+                        db=sqlite_store)  # fmt: skip
         assert result.rc == 0, result.err
         ids.append({r["InvoiceId"] for r in rows_of(result.out)[1]})
     assert ids[1] == {f"gpuquota-{c}-20261005T063000Z-20261005T230000Z" for c in ("alpha", "beta")}
