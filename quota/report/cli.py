@@ -87,10 +87,11 @@ examples:
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
   gpuquota report --month previous --idle-allocations --idle-for 2h
   gpuquota report --month previous --rate-card ratecard.yaml --format focus > focus.csv
-                                     (FinOps FOCUS 1.2: one row per SKU and charge
-                                     period: allocated GPU-hours per model and resource
-                                     per day, energy, used GPU-hours; with --spread-idle
-                                     the idle GPU-hours of each namespace too)
+                                     (FinOps FOCUS 1.3; --focus-version 1.2 for 1.2: one
+                                     row per cluster, namespace, owner, node pool, SKU and
+                                     day: allocated GPU-Hours, kWh, Used GPU-Hours; with
+                                     --spread-idle Idle GPU-Hours too; --focus-tags
+                                     team,cost-center puts those namespace labels in Tags)
 
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
@@ -206,7 +207,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("table", "csv", "json", "focus"),
         default="table",
-        help="output format (default table); focus: a FinOps FOCUS 1.2 CSV export",
+        help="output format (default table); focus: a FinOps FOCUS 1.3 (or 1.2) CSV export",
     )
     fmt.add_argument(
         "--json", dest="format", action="store_const", const="json", help="same as --format json"
