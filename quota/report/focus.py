@@ -6,7 +6,8 @@ row has one real unit price and one meaning:
 
 - allocation: allocated physical GPU-hours (unit ``GPU-Hours``) per GPU model and resource (a
   MIG profile's resource is its own SKU), priced at the model's rate in force: the bill;
-- energy: the ledger's GPU energy (``kWh``), where the rate card prices energy;
+- energy: the ledger's GPU energy (``kWh``), where the rate card prices energy, clipped to
+  the covered time as the used rows are;
 - used: the ledger's used physical GPU-hours of those allocations (``Used GPU-Hours``), priced
   at 0: the allocation is what is billed, this row says how much of it did work;
 - idle, with ``--spread-idle``: each namespace's share of its cluster's idle capacity per GPU
@@ -136,7 +137,9 @@ def charges(
                 energy[who][1] += g.bucket_energy_cost[b]
         for who, (kwh, cost) in sorted(energy.items(), key=lambda e: _order(e[0])):
             price = card.energy_price(lo) or Fraction(0)
-            out.append(_energy(who, kwh, price, cost, lo, hi))
+            # measured by the ledger, as used GPU-hours are: inside the covered time
+            start, stop = covered_part(report, who.cluster, lo, hi)
+            out.append(_energy(who, kwh, price, cost, start, stop))
         out += _used(report, groups, b, lo, hi)
     if spread_idle is not None and report.idle_by_bucket is not None:
         out += _idle(report, groups, spread_idle, end)

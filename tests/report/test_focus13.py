@@ -17,39 +17,9 @@ from typing import Any
 import pytest
 
 from tests.report import focus13_spec
-from tests.report.conftest import A100, H100, Store, ts
+from tests.report.conftest import Store, ts
+from tests.report.focus_fleet import CARD, PERIOD, fleet
 from tests.report.helpers import NOW, T0, H, assert_refused, known, ledger, uid
-
-CARD = f"""\
-currency: USD
-default_rate: 1.0
-models:
-  {H100}:
-    - rate: 2.0
-    - {{rate: 3.5, from: "2026-10-06T12:00:00Z"}}
-energy_price_per_kwh: 0.3
-"""
-PERIOD = ("--from", "2026-10-05", "--to", "2026-10-07")
-
-
-def fleet(store: Store) -> None:
-    """Clusters alpha and beta replaying the same trace: ml (labels team=research,
-    cost-center=42) runs an H100 for 30 h from 10:00 on day one (half of it used, per the
-    ledger) and a MIG slice for 2 h; web (team=web, a pod without owner) 2 A100s for an hour;
-    a node of 8 H100s and one of 2 A100s in pool-a of each cluster."""
-    for cluster in ("alpha", "beta"):
-        known(store, T0 - 10 * H, T0 + 40 * H, cluster=cluster)
-        store.labels("ml", {"team": "research", "cost-center": "42"}, T0 - 10 * H, None,
-                     cluster=cluster)  # fmt: skip
-        store.labels("web", {"team": "web"}, T0 - 10 * H, None, cluster=cluster)
-        store.alloc("ml", T0, T0 + 30 * H, cluster=cluster)
-        ledger(store, uid(store), [(T0 + i * H, 1800, 3_600_000, H) for i in range(30)],
-               cluster=cluster, device=f"GPU-{cluster}")  # fmt: skip
-        store.alloc("ml", T0, T0 + 2 * H, physical=Fraction(1, 7),
-                    resource="nvidia.com/mig-1g.10gb", cluster=cluster)  # fmt: skip
-        store.alloc("web", T0, T0 + H, units=2, model=A100, owner=None, cluster=cluster)
-        store.capacity("node-1", T0 - 10 * H, None, cluster=cluster)
-        store.capacity("node-2", T0 - 10 * H, None, units=2, model=A100, cluster=cluster)
 
 
 def export(report: Any, store: Store, tmp_path: Path, *argv: str, card: str = CARD) -> Any:
@@ -219,26 +189,26 @@ def test_each_unit_has_one_meaning(report: Any, store: Store, tmp_path: Path) ->
 def test_used_and_idle_rows_are_per_day_clipped_to_covered_time(
     report: Any, store: Store, tmp_path: Path
 ) -> None:
-    """Issue #36, why 4: the ledger's used GPU-hours and the idle capacity have a row per
-    charge period, as the allocations do, each inside the time the store covers (here from
+    """Issue #36, why 4: the ledger's used GPU-hours (and energy) and the idle capacity have
+    a row per charge period, as the allocations do, each inside the time the store covers (here from
     06:30 on day one, when the data begins, up to its end at 14:00 on day two)."""
     begins, ends = ts("2026-10-05T06:30:00"), ts("2026-10-06T14:00:00")
     known(store, begins, ends, cluster="c1")
     store.alloc("ml", T0, None)
-    ledger(store, uid(store), [(T0 + i * H, 1800, 0, H) for i in range(28)])
+    ledger(store, uid(store), [(T0 + i * H, 1800, 3_600_000, H) for i in range(28)])
     store.capacity("node-1", T0 - 30 * H, None, units=2)
     _, rows = rows_of(export(report, store, tmp_path, "--spread-idle", "even").out)
     periods = {
         meter: [(r["ChargePeriodStart"], r["ChargePeriodEnd"]) for r in rows
                 if r["SkuMeter"] == meter]
-        for meter in ("GPU activity", "Idle GPU capacity")
+        for meter in ("GPU activity", "Idle GPU capacity", "GPU energy")
     }  # fmt: skip
     assert periods["GPU activity"] == [
         ("2026-10-05T06:30:00Z", "2026-10-06T00:00:00Z"),
         ("2026-10-06T00:00:00Z", "2026-10-06T12:00:00Z"),  # the H100's price changes at 12:00
         ("2026-10-06T12:00:00Z", "2026-10-06T14:00:00Z"),
     ]
-    assert periods["Idle GPU capacity"] == periods["GPU activity"]
+    assert periods["Idle GPU capacity"] == periods["GPU energy"] == periods["GPU activity"]
     used = [Fraction(r["ConsumedQuantity"]) for r in rows if r["SkuMeter"] == "GPU activity"]
     assert used == [7, 6, 1]  # half of 14 h, 12 h and 2 h (the ledger's windows up to 14:00)
 

@@ -14,8 +14,8 @@ from typing import Any
 import duckdb
 
 from tests.report.conftest import Store
+from tests.report.focus_fleet import CARD, PERIOD, fleet
 from tests.report.helpers import NOW
-from tests.report.test_focus13 import CARD, PERIOD, fleet
 
 # docs/report.md, "The analyst's queries": one row per cluster, team, day and unit
 BY_TEAM_DAY = """
