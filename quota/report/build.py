@@ -207,7 +207,8 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         if ledger:
             jobs["ledger_rows"] = lambda c: query.ledger(c, keys, edges, now, scope)
         if ledger and request.day_buckets:
-            jobs["ledger_days"] = lambda c: daily.ledger_by_bucket(c, keys, buckets, now, scope)
+            # one read a charge period, spread over the readers like the other reads
+            jobs.update(daily.bucket_jobs(keys, buckets, now, scope))
         jobs["best_effort_pods"] = lambda c: query.best_effort_pods(c, scope, lo, hi, now)
         if idle:
             jobs["idle_allocated"] = lambda c: query.usage(
@@ -233,6 +234,8 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             jobs["unallocated_energy"] = lambda c: query.unallocated_energy(c, lo, hi, now, scope)
             jobs["ledger_cut"] = lambda c: query.ledger_cut(c, scope, lo, hi, now)
         found.update(run_reads(conn, jobs))
+        if ledger and request.day_buckets:
+            found["ledger_days"] = daily.gather(found, len(buckets) - 1)
         fetched = Fetched(
             buckets=buckets,
             edges=edges,

@@ -12,24 +12,34 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fractions import Fraction
+from typing import Any
 
 from sqlalchemy.engine import Connection
 
 from gpuquota.quota.report import compute, query
 from gpuquota.quota.report.ratecard import RateCard
 
+JOB = "ledger_bucket_"  # the name of bucket b's read among the report's reads
 
-def ledger_by_bucket(
-    conn: Connection, keys: Sequence[str], buckets: Sequence[int], now: int, scope: query.Scope
-) -> list[list[query.LedgerRow]]:
-    """The ledger's rows per group for each bucket [buckets[b], buckets[b + 1]): one read a
-    bucket, each over that bucket's windows only (index ix_usage_windows_start)."""
-    return [
-        query.ledger(conn, keys, [lo, hi], now, scope) if min(hi, now) > lo else []
-        for lo, hi in itertools.pairwise(buckets)
-    ]
+
+def bucket_jobs(
+    keys: Sequence[str], buckets: Sequence[int], now: int, scope: query.Scope
+) -> dict[str, Callable[[Connection], list[query.LedgerRow]]]:
+    """One read a bucket [buckets[b], buckets[b + 1]) of the ledger's rows per group, each over
+    that bucket's windows only (index ix_usage_windows_start): build.run_reads spreads them
+    over its readers."""
+
+    def read(lo: int, hi: int) -> Callable[[Connection], list[query.LedgerRow]]:
+        return lambda c: query.ledger(c, keys, [lo, hi], now, scope) if min(hi, now) > lo else []
+
+    return {f"{JOB}{b}": read(lo, hi) for b, (lo, hi) in enumerate(itertools.pairwise(buckets))}
+
+
+def gather(found: dict[str, Any], n: int) -> list[list[query.LedgerRow]]:
+    """The buckets' rows in order, taken out of ``found`` (the reads' results by name)."""
+    return [found.pop(f"{JOB}{b}") for b in range(n)]
 
 
 def used_by_bucket(

@@ -109,12 +109,13 @@ def charges(
     edges = report.bucket_edges
     end = report.window_end or edges[-1]
     groups = sorted(report.groups, key=lambda g: tuple(k or "" for k in g.keys))
+    whos = {g.keys: _who(report, g) for g in groups}
     out: list[Charge] = []
     # the allocated GPU-hours of each SKU in each cluster's node pool and charge period: the
     # origin charge that allocation rows split (their AllocatedRatio)
     origin: dict[tuple[str, str, str, str, int], Fraction] = defaultdict(Fraction)
     for g in groups:
-        who, model, resource = _who(report, g)
+        who, model, resource = whos[g.keys]
         for b, seconds in enumerate(g.series):
             origin[(who.cluster, who.pool, model, resource, b)] += seconds / HOUR
     for b in range(len(edges) - 1):
@@ -123,7 +124,7 @@ def charges(
             continue
         energy: dict[_Who, list[Fraction]] = defaultdict(lambda: [Fraction(0), Fraction(0)])
         for g in groups:
-            who, model, resource = _who(report, g)
+            who, model, resource = whos[g.keys]
             hours = g.series[b] / HOUR if g.series else Fraction(0)
             if hours:
                 rate = card.rate(model if model != NONE else None, lo)[0]
@@ -140,7 +141,7 @@ def charges(
             # measured by the ledger, as used GPU-hours are: inside the covered time
             start, stop = covered_part(report, who.cluster, lo, hi)
             out.append(_energy(who, kwh, price, cost, start, stop))
-        out += _used(report, groups, b, lo, hi)
+        out += _used(report, groups, whos, b, lo, hi)
     if spread_idle is not None and report.idle_by_bucket is not None:
         out += _idle(report, groups, spread_idle, end)
     return out
@@ -228,7 +229,14 @@ def covered_part(report: Report, cluster: str, lo: int, hi: int) -> tuple[int, i
     return min(a for a, _ in inside), max(b for _, b in inside)
 
 
-def _used(report: Report, groups: Sequence[Group], b: int, lo: int, hi: int) -> list[Charge]:
+def _used(
+    report: Report,
+    groups: Sequence[Group],
+    whos: dict[tuple[str | None, ...], tuple[_Who, str, str]],
+    b: int,
+    lo: int,
+    hi: int,
+) -> list[Charge]:
     """The ledger's used GPU-hours of each group in bucket ``b``, clipped to covered time."""
     out = []
     per_bucket = report.used_by_bucket or {}
@@ -236,7 +244,7 @@ def _used(report: Report, groups: Sequence[Group], b: int, lo: int, hi: int) -> 
         used = per_bucket.get(g.keys)
         if not used or not used[b]:
             continue
-        who, model, resource = _who(report, g)
+        who, model, resource = whos[g.keys]
         start, stop = covered_part(report, who.cluster, lo, hi)
         out.append(
             Charge(

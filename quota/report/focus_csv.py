@@ -19,6 +19,7 @@ Pure: formatting only.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 from datetime import UTC, datetime
@@ -117,6 +118,7 @@ def columns(version: str) -> tuple[str, ...]:
     return (*(COLUMNS_13 if version == "1.3" else COLUMNS_12), *CUSTOM)
 
 
+@functools.lru_cache(maxsize=4096)
 def _time(t: int) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -137,6 +139,7 @@ def decimal(value: Fraction) -> str:
     return f"{sign}{whole}.{frac:0{DECIMALS}d}"
 
 
+@functools.lru_cache(maxsize=4096)  # a few prices, on many rows
 def price(value: Fraction) -> str:
     """A unit price: exact where it has a finite decimal form (rate cards are decimals),
     else to 12 places; never without a decimal point (a reader infers the column's type
@@ -196,8 +199,9 @@ def render(
         raise ValueError(f"FOCUS version {version!r} (known: {', '.join(VERSIONS)})")
     currency = report.currency or ""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns(version), lineterminator="\n")
-    writer.writeheader()
+    header = columns(version)
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
     base = {
         "BillingAccountId": settings.account_id,
         "BillingAccountName": settings.account_name,
@@ -267,5 +271,5 @@ def render(
             row["ResourceName"] = c.namespace
             row["ResourceType"] = "Kubernetes namespace"
             row["SkuPriceId"] = f"{c.sku}@{unit_price}{currency}"
-        writer.writerow(row)
+        writer.writerow([row.get(name, "") for name in header])
     return buf.getvalue()
