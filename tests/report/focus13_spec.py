@@ -1,9 +1,11 @@
 """What FOCUS 1.3 says of each column of its Cost and Usage dataset: data type, whether it
 allows nulls, feature level and allowed values, from each column's page ("Content
-Constraints" and "Requirements") in the specification repository
-FinOps-Open-Cost-and-Usage-Spec/FOCUS_Spec (1.3, ratified December 2025). ``page`` names the
-column page each rule comes from. The checker (``problems``) applies them, and the row-level
-rules those pages state, to an export; tests/report/test_focus13.py runs it.
+Constraints" and "Requirements") of the specification repository
+FinOps-Open-Cost-and-Usage-Spec/FOCUS_Spec, 1.3 (ratified December 2025: the pages introduced
+in 1.3, such as Allocated Method ID, say "Introduced (version) 1.3"; ProviderName and
+PublisherName say "Deprecated (version) 1.3"). ``page`` names the column page (its title)
+each rule comes from. The checker (``problems``) applies them, and the row-level rules those
+pages state, to an export; tests/report/test_focus13.py runs it.
 
 The validator of the FinOps Foundation (focus-validator 2.2.1) bundles only the 1.2 rules, so
 for 1.3 this is the check.
