@@ -24,8 +24,8 @@ PERIOD = ("--from", "2026-10-05", "--to", "2026-10-07")
 def fleet(store: Store) -> None:
     """Clusters alpha and beta replaying the same trace: ml (labels team=research,
     cost-center=42) runs an H100 for 30 h from 10:00 on day one (half of it used, per the
-    ledger) and a MIG slice for 2 h; web (team=web, a pod without owner) 2 A100s for an hour;
-    a node of 8 H100s and one of 2 A100s in pool-a of each cluster."""
+    ledger) and a MIG slice for 2 h; web (team=web) 2 A100s for an hour (a pod without owner)
+    and an H100 for 3 h; a node of 8 H100s and one of 2 A100s in pool-a of each cluster."""
     for cluster in ("alpha", "beta"):
         known(store, T0 - 10 * H, T0 + 40 * H, cluster=cluster)
         store.labels("ml", {"team": "research", "cost-center": "42"}, T0 - 10 * H, None,
@@ -37,5 +37,7 @@ def fleet(store: Store) -> None:
         store.alloc("ml", T0, T0 + 2 * H, physical=Fraction(1, 7),
                     resource="nvidia.com/mig-1g.10gb", cluster=cluster)  # fmt: skip
         store.alloc("web", T0, T0 + H, units=2, model=A100, owner=None, cluster=cluster)
+        # beside ml's on the same H100 SKU and pool: the two split that origin charge
+        store.alloc("web", T0 + H, T0 + 4 * H, owner=("Deployment", "api"), cluster=cluster)
         store.capacity("node-1", T0 - 10 * H, None, cluster=cluster)
         store.capacity("node-2", T0 - 10 * H, None, units=2, model=A100, cluster=cluster)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.report import focus13_spec
-from tests.report.conftest import Store, ts
+from tests.report.conftest import H100, Store, ts
 from tests.report.focus_fleet import CARD, PERIOD, fleet
 from tests.report.helpers import NOW, T0, H, assert_refused, known, ledger, uid
 
@@ -57,6 +57,14 @@ def test_focus_13_follows_the_specifications_column_pages(
     # used and energy rows are no split of a charge
     assert all(r["AllocatedMethodId"] == "" for r in rows if r["SkuMeter"] != "GPU allocation"
                and r["SkuMeter"] != "Idle GPU capacity")  # fmt: skip
+    # ml's 14 h and web's 3 h of H100s on day one split that charge of pool-a
+    ratios = sorted(
+        json.loads(r["AllocatedMethodDetails"])["Elements"][0]["AllocatedRatio"]
+        for r in alloc
+        if r["x_Cluster"] == "alpha" and r["SkuId"] == f"gpu/{H100}/nvidia.com/gpu"
+        and r["ChargePeriodStart"] == "2026-10-05T00:00:00Z"
+    )  # fmt: skip
+    assert ratios == [round(3 / 17, 12), round(14 / 17, 12)]
     idle = {r["AllocatedMethodId"] for r in rows if r["SkuMeter"] == "Idle GPU capacity"}
     assert idle == {f"gpuquota-idle-{spread}"}
     # the provider columns of 1.3: the service provider hosts its own service by default
@@ -159,7 +167,8 @@ def test_tags_carry_the_namespace_labels_and_rows_their_owner_and_pool(
     assert "cost-center" not in web  # unlabelled: no tag, not an invented value
     assert {(r["SubAccountName"], r["x_Owner"], r["x_NodePool"]) for r in rows
             if r["SkuMeter"] == "GPU allocation"} == {
-        ("ml", "ml/Job/train", "pool-a"), ("web", "", "pool-a")
+        ("ml", "ml/Job/train", "pool-a"), ("web", "", "pool-a"),
+        ("web", "web/Deployment/api", "pool-a"),
     }  # fmt: skip
 
 
