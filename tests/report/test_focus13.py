@@ -283,3 +283,39 @@ def test_focus_settings_are_checked(
         (tmp_path / "card.yaml").write_text(card)
         extra = ("--rate-card", str(tmp_path / "card.yaml"))
     assert_refused(report(*PERIOD, *NOW, *argv, *extra, db=sqlite_store), needle)
+
+
+def test_a_label_change_splits_the_rows_not_the_namespaces_share(
+    report: Any, store: Store, tmp_path: Path
+) -> None:
+    """A namespace relabelled mid-day (team a -> b at 15:00) has a row per label value, and
+    its even share of the idle capacity is still one namespace's, split between its label
+    values by their GPU-hours: the report's `--by namespace --spread-idle even` figures."""
+    known(store, T0 - 10 * H, T0 + 40 * H, cluster="c1")
+    store.labels("ml", {"team": "a"}, T0 - 10 * H, T0 + 5 * H)
+    store.labels("ml", {"team": "b"}, T0 + 5 * H, None)
+    store.alloc("ml", T0, T0 + 8 * H)  # 5 h as team a, 3 h as team b
+    store.alloc("web", T0, T0 + 2 * H)
+    store.capacity("node-1", T0 - 10 * H, None)
+    argv = ("--spread-idle", "even", "--focus-tags", "team")
+    _, rows = rows_of(export(report, store, tmp_path, *argv).out)
+    alloc = {
+        (r["SubAccountName"], json.loads(r["Tags"]).get("team")): Fraction(r["ConsumedQuantity"])
+        for r in rows
+        if r["SkuMeter"] == "GPU allocation"
+    }
+    assert alloc == {("ml", "a"): 5, ("ml", "b"): 3, ("web", None): 2}
+    idle: dict[tuple[str, str | None], Fraction] = defaultdict(Fraction)
+    for r in rows:
+        if r["SkuMeter"] == "Idle GPU capacity":
+            idle[(r["SubAccountName"], json.loads(r["Tags"]).get("team"))] += Fraction(
+                r["ConsumedQuantity"]
+            )
+    doc = json.loads(
+        report(*PERIOD, *NOW, "--rate-card", str(tmp_path / "card.yaml"), "--spread-idle",
+               "even", "--json", db=store).out
+    )  # fmt: skip
+    spread = {row["group"]["namespace"]: row["spread_idle_gpu_hours"] for row in doc["rows"]}
+    assert abs(idle[("ml", "a")] + idle[("ml", "b")] - Fraction(str(spread["ml"]))) < 1e-4
+    assert abs(idle[("web", None)] - Fraction(str(spread["web"]))) < 1e-4
+    assert abs(idle[("ml", "a")] / idle[("ml", "b")] - Fraction(5, 3)) < 1e-4
