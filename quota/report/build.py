@@ -27,7 +27,7 @@ from typing import Any, Literal
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.report import compute, period, query
+from gpuquota.quota.report import compute, daily, period, query
 from gpuquota.quota.report.allocations import UsageRow, best_effort_pods, usage
 from gpuquota.quota.report.capacity import CapacityRow, capacity
 from gpuquota.quota.report.idle import covered_spans, span_edges
@@ -105,6 +105,8 @@ class Fetched:
     holder_windows: list[query.HolderWindow] | None  # None: no idle-allocations view
     pod_usage: list[UsageRow] | None  # per pod, to split Prometheus' figures
     measured: Any = None  # prometheus.Measured, when asked for
+    # day buckets (FOCUS): the ledger's rows of each bucket (daily.py); None: not asked for
+    ledger_days: list[list[query.LedgerRow]] | None = None
 
 
 def build_report(conn: Connection, request: ReportRequest) -> compute.Report:
@@ -200,6 +202,7 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             "idle_capacity": None,
             "holder_windows": [] if request.idle_allocations else None,
             "pod_usage": None,
+            "ledger_days": None,
         }
         # the independent reads it asks for, the heaviest first (each scans the window once)
         jobs: dict[str, Callable[[Connection], Any]] = {
@@ -207,6 +210,9 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
         }
         if ledger:
             jobs["ledger_rows"] = lambda c: query.ledger(c, keys, edges, now, scope)
+        if ledger and request.day_buckets:
+            # one read a charge period, spread over the readers like the other reads
+            jobs.update(daily.bucket_jobs(keys, buckets, now, scope))
         jobs["best_effort_pods"] = lambda c: best_effort_pods(c, scope, lo, hi, now)
         if idle:
             jobs["idle_allocated"] = lambda c: usage(
@@ -230,6 +236,8 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
             jobs["unallocated_energy"] = lambda c: query.unallocated_energy(c, lo, hi, now, scope)
             jobs["ledger_cut"] = lambda c: query.ledger_cut(c, scope, lo, hi, now)
         found.update(run_reads(conn, jobs))
+        if ledger and request.day_buckets:
+            found["ledger_days"] = daily.gather(found, len(buckets) - 1)
         fetched = Fetched(
             buckets=buckets,
             edges=edges,
@@ -360,6 +368,17 @@ def compute_report(fetched: Fetched, request: ReportRequest) -> compute.Report:
         report.idle = idle_table(
             fetched.idle_capacity, fetched.idle_allocated, fetched.idle_edges, card, fetched.covered
         )
+        if request.day_buckets:
+            report.idle_by_bucket = daily.idle_by_bucket(
+                fetched.idle_capacity,
+                fetched.idle_allocated,
+                fetched.idle_edges,
+                buckets,
+                card,
+                fetched.covered,
+            )
+    if fetched.ledger_days is not None:
+        report.used_by_bucket = daily.used_by_bucket(fetched.ledger_days)
     # the usage ledger: used GPU-seconds, energy, coverage per group
     report.ledger, report.ledger_until = fetched.ledger, fetched.ledger_until
     report.ledger_cut = fetched.ledger_cut

@@ -5,7 +5,6 @@ whole report was computed)."""
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -89,10 +88,11 @@ examples:
   gpuquota report --db postgresql+psycopg://gpuquota@db/gpuquota --cluster prod --json
   gpuquota report --month previous --idle-allocations --idle-for 2h
   gpuquota report --month previous --rate-card ratecard.yaml --format focus > focus.csv
-                                     (FinOps FOCUS 1.2: one row per SKU and charge
-                                     period: allocated GPU-hours per model and resource
-                                     per day, energy, used GPU-hours; with --spread-idle
-                                     the idle GPU-hours of each namespace too)
+                                     (FinOps FOCUS 1.3; --focus-version 1.2 for 1.2: one
+                                     row per cluster, namespace, owner, node pool, SKU and
+                                     day: allocated GPU-Hours, kWh, Used GPU-Hours; with
+                                     --spread-idle Idle GPU-Hours too; --focus-tags
+                                     team,cost-center puts those namespace labels in Tags)
 
 missing data is never shown as zero: a group Prometheus has no samples for, or a namespace
 without quota samples, gets blank cells (null in JSON) and a note naming it; "measured %"
@@ -208,11 +208,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format",
         choices=("table", "csv", "json", "focus"),
         default="table",
-        help="output format (default table); focus: a FinOps FOCUS 1.2 CSV export",
+        help="output format (default table); focus: a FinOps FOCUS 1.3 (or 1.2) CSV export",
     )
     fmt.add_argument(
         "--json", dest="format", action="store_const", const="json", help="same as --format json"
     )
+    add_focus_arguments(parser)
     out.add_argument(
         "--output",
         metavar="FILE",
@@ -226,6 +227,61 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also draw GPU-hours per group over time (.png or .svg; needs gpuquota[chart])",
     )
     add_db_option(parser)
+
+
+def add_focus_arguments(parser: argparse.ArgumentParser) -> None:
+    """The FOCUS export's version, identity and tag flags (each over the rate card's focus:
+    section, quota/report/focus_settings.py)."""
+    from gpuquota.quota.report import focus_csv, focus_settings
+
+    group = parser.add_argument_group("FOCUS export (--format focus)")
+    group.add_argument(
+        "--focus-version",
+        choices=focus_csv.VERSIONS,
+        help=f"FOCUS version of the export (default {focus_csv.DEFAULT_VERSION})",
+    )
+    helps = {
+        "billing_account_id": "BillingAccountId (default gpuquota)",
+        "billing_account_name": "BillingAccountName (default: the billing account id)",
+        "provider": "ServiceProviderName (1.3) and ProviderName (default gpuquota)",
+        "host_provider": "HostProviderName (1.3; default: the provider)",
+        "publisher": "PublisherName (default: the provider)",
+        "invoice_issuer": "InvoiceIssuerName (default: the provider)",
+        "tags": "namespace labels to put in Tags, comma-separated (as --by label:KEY), "
+        "e.g. team,cost-center",
+    }
+    for key, flag in focus_settings.KEYS.items():
+        group.add_argument(flag, dest=f"focus_{key}", metavar="KEYS" if key == "tags" else "NAME",
+                           help=helps[key])  # fmt: skip
+
+
+def focus_settings_of(args: argparse.Namespace, card: ratecard.RateCard | None) -> Any:
+    """The FOCUS settings: the flags over the rate card's focus: section; ReportError on a bad
+    flag, or on a FOCUS flag given without --format focus."""
+    from gpuquota.quota.report import focus_settings
+
+    given = {k: getattr(args, f"focus_{k}", None) for k in focus_settings.KEYS}
+    named = [focus_settings.KEYS[k] for k, v in given.items() if v is not None]
+    if getattr(args, "focus_version", None) is not None:
+        named.insert(0, "--focus-version")
+    if args.format != "focus":
+        if named:
+            raise ReportError(f"{named[0]}: only with --format focus")
+        return None
+    values: dict[str, Any] = {}
+    for key, value in given.items():
+        if value is None:
+            continue
+        flag = focus_settings.KEYS[key]
+        try:
+            if key == "tags":
+                values[key] = focus_settings.label_keys(value, flag)
+            else:
+                values[key] = focus_settings.text(value, flag)
+        except focus_settings.SettingError as exc:
+            raise ReportError(f"{flag}: {exc.problem}") from exc
+    base = card.focus if card is not None else focus_settings.FocusSettings()
+    return focus_settings.FocusSettings(**values).over(base)
 
 
 def parse_keys(values: Sequence[str] | None) -> list[str]:
@@ -322,6 +378,7 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         threshold = parse_ratio(args.idle_threshold)
     except ValueError as exc:
         raise ReportError(f"--idle-threshold: {exc}") from None
+    focus_settings_of(args, card)  # FOCUS flags only with --format focus
     if args.format == "focus" and args.by:
         raise ReportError(
             "--format focus: one row per namespace, SKU (GPU model and resource) and charge "
@@ -344,16 +401,21 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
                     f"--format focus: {flag} is a view FOCUS rows do not carry (costs and "
                     "quantities only): leave it out, or ask for it in another --format"
                 )
-        keys = list(focus.KEYS)
+        settings = focus_settings_of(args, card)
+        keys = list(focus.keys(settings.tags))
     if args.format == "focus" and args.top is not None:
         raise ReportError("--format focus: --top does not apply (every namespace is a row)")
     if args.format == "focus" and card is None:
         raise ReportError("--format focus: needs --rate-card (FOCUS rows carry costs)")
-    if args.format == "focus" and card is not None and not re.fullmatch(r"[A-Z]{3}", card.currency):
-        raise ReportError(
-            f"--format focus: the rate card's currency {card.currency!r} is no ISO 4217 code "
-            "(FOCUS BillingCurrency), e.g. USD or EUR"
-        )
+    if args.format == "focus" and card is not None:
+        from gpuquota.quota.report import currency
+
+        wrong = currency.problem(card.currency)
+        if wrong is not None:
+            raise ReportError(
+                f"--format focus: the rate card's currency {card.currency!r} {wrong} "
+                "(FOCUS BillingCurrency)"
+            )
     return ReportRequest(
         window=window,
         now=now,
@@ -390,10 +452,17 @@ def build(args: argparse.Namespace) -> tuple[str, list[str]]:
     if args.format == "csv":
         output, notes = render.render_csv(report), render.notes(report)
     elif args.format == "focus":
-        from gpuquota.quota.report import focus
+        from gpuquota.quota.report import focus_csv
 
         assert request.card is not None  # request_of refuses focus without a rate card
-        output = focus.render_focus(report, window, request.card, request.spread_idle)
+        output = focus_csv.render(
+            report,
+            window,
+            request.card,
+            focus_settings_of(args, request.card),
+            args.focus_version or focus_csv.DEFAULT_VERSION,
+            request.spread_idle,
+        )
         notes = render.notes(report)
         if request.spread_idle is None:
             notes.append(

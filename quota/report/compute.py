@@ -194,6 +194,10 @@ class Report(_Freezable):
     idle_allocations: list[IdleAllocation] | None = None
     idle_threshold: Fraction = Fraction(5, 100)
     idle_min_seconds: int = 3600
+    # per charge period (day buckets: the FOCUS export; daily.py): the ledger's used physical
+    # GPU-seconds per group key and bucket, and per cluster and bucket the idle rows
+    used_by_bucket: dict[tuple[str | None, ...], list[Fraction]] | None = None
+    idle_by_bucket: dict[str, list[list[IdleRow]]] | None = None
 
     def freeze(self) -> Report:
         """Make the finished report (and its groups) immutable; returns it."""

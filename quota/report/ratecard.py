@@ -20,6 +20,9 @@ Example::
       - rate: 0.30
       - {rate: 0.25, from: 2026-10-15}
     carbon_g_per_kwh: 350         # grid carbon intensity, g CO2e per kWh (same forms)
+    focus:                        # the FOCUS export's identity and tags (focus_settings.py)
+      billing_account_id: acme-gpu-fleet
+      tags: [team, cost-center]
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import yaml
 
 from gpuquota.cli_common.yamltext import yaml_position, yaml_problem
 from gpuquota.quota.accounting.rules.shares import mig_override
+from gpuquota.quota.report import focus_settings
 
 _TOP_KEYS = {
     "currency",
@@ -47,6 +51,7 @@ _TOP_KEYS = {
     "mig_fractions",
     "energy_price_per_kwh",
     "carbon_g_per_kwh",
+    "focus",
 }
 _ENTRY_KEYS = {"rate", "from"}
 # the largest number a card may hold (a GPU-hour, a kWh, g CO2e per kWh)
@@ -77,6 +82,8 @@ class RateCard:
     # empty: the card prices no energy / gives no carbon figure
     energy_prices: tuple[RatePeriod, ...] = ()
     carbon_intensity: tuple[RatePeriod, ...] = ()
+    # the FOCUS export's billing account, provider names and tag labels (its flags win)
+    focus: focus_settings.FocusSettings = field(default_factory=focus_settings.FocusSettings)
 
     def boundaries(self, lo: int, hi: int) -> list[int]:
         """Rate changes strictly inside [lo, hi): usage must be split there."""
@@ -216,7 +223,11 @@ def parse(doc: Any, name: str = "<ratecard>") -> RateCard:
         if doc.get("carbon_g_per_kwh") is not None
         else ()
     )
-    return RateCard(currency.strip(), default_rate, models, mig, energy, carbon)
+    try:
+        focus = focus_settings.parse(doc.get("focus"))
+    except focus_settings.SettingError as exc:
+        raise RateCardError(name, exc.key, exc.problem) from exc
+    return RateCard(currency.strip(), default_rate, models, mig, energy, carbon, focus)
 
 
 def _periods(spec: Any, name: str, key: str, tz: dt.tzinfo) -> tuple[RatePeriod, ...]:

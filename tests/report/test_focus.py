@@ -175,13 +175,18 @@ def test_focus_export_passes_the_finops_validator(
     store.capacity("node-1", T0, None)
     store.capacity("node-2", T0, None, units=2, model=A100)
     argv = ("--from", "2026-10-05", "--to", "2026-10-08", *NOW, "--rate-card", str(card))
-    result = report(*argv, "--format", "focus", "--spread-idle", "proportional", db=store)
+    result = report(
+        *argv, "--format", "focus", "--focus-version", "1.2", "--spread-idle", "proportional",
+        db=store,
+    )  # fmt: skip
     assert result.rc == 0, result.err
     header = result.out.splitlines()[0].split(",")
-    assert len({c.lower() for c in header}) == len(header) == 57
+    # the 57 FOCUS 1.2 columns, then ours (x_)
+    assert len({c.lower() for c in header}) == len(header) == 60
+    assert header[57:] == ["x_Cluster", "x_NodePool", "x_Owner"]
     rows = list(csv.DictReader(io.StringIO(result.out)))
     gpu = [
-        (r["ChargePeriodStart"], r["ChargePeriodEnd"], r["SubAccountId"], r["SkuId"],
+        (r["ChargePeriodStart"], r["ChargePeriodEnd"], r["SubAccountName"], r["SkuId"],
          r["PricingQuantity"], r["ListUnitPrice"], r["BilledCost"])
         for r in rows if r["SkuMeter"] == "GPU allocation"
     ]  # fmt: skip
@@ -213,20 +218,28 @@ def test_focus_export_passes_the_finops_validator(
         ("2026-10-06T00", "12.000000", "3.600000"),
         ("2026-10-06T12", "4.000000", "1.200000"),
     ]
-    # used GPU-hours from the ledger (half of 30 h), its own row, not charged again
-    (used,) = by_meter["GPU activity"]
-    assert (used["SubAccountId"], used["PricingQuantity"], used["BilledCost"]) == (
-        "ml",
-        "15.000000",
-        "0.000000",
-    )
-    # idle: each model's idle GPU-hours and cost, shared by physical GPU-hours
-    idle = {(r["SubAccountId"], r["SkuId"]): r for r in by_meter["Idle GPU capacity"]}
-    assert set(idle) == {
+    # used GPU-hours from the ledger (half of 30 h), its own rows per charge period, not
+    # charged again
+    used = by_meter["GPU activity"]
+    assert [
+        (r["SubAccountName"], r["ChargePeriodStart"][:13], r["PricingQuantity"], r["BilledCost"])
+        for r in used
+    ] == [
+        ("ml", "2026-10-05T00", "7.000000", "0.000000"),
+        ("ml", "2026-10-06T00", "6.000000", "0.000000"),
+        ("ml", "2026-10-06T12", "2.000000", "0.000000"),
+    ]
+    # idle: each model's idle GPU-hours and cost per day, shared by physical GPU-hours
+    idle = {
+        (r["SubAccountName"], r["SkuId"], r["ChargePeriodStart"][:13]): r
+        for r in by_meter["Idle GPU capacity"]
+    }
+    assert {k[:2] for k in idle} == {
         ("ml", f"gpu-idle/{H100}"), ("ml", f"gpu-idle/{A100}"),
         ("web", f"gpu-idle/{H100}"), ("web", f"gpu-idle/{A100}"),
     }  # fmt: skip
-    assert idle[("ml", f"gpu-idle/{A100}")]["ChargePeriodEnd"] == "2026-10-07T00:00:00Z"
+    # each charge period up to now (2026-10-07T00:00Z)
+    assert {k[2] for k in idle} == {"2026-10-05T00", "2026-10-06T00", "2026-10-06T12"}
     # the whole bill is the report's: GPU cost + energy + spread idle
     table = report(*argv, "--spread-idle", "proportional", "--json", db=store)
     total = json.loads(table.out)["total"]
@@ -303,7 +316,7 @@ def test_spread_idle_rows_match_the_reports_namespaces(
     cost: dict[str, Fraction] = {}
     for r in csv.DictReader(io.StringIO(focus.out)):
         if r["SkuMeter"] == "Idle GPU capacity":
-            ns = r["SubAccountId"]
+            ns = r["SubAccountName"]
             hours[ns] = hours.get(ns, Fraction(0)) + Fraction(r["PricingQuantity"])
             cost[ns] = cost.get(ns, Fraction(0)) + Fraction(r["BilledCost"])
     table = json.loads(report(*argv, "--json", db=store).out)
