@@ -25,15 +25,16 @@ so far; --tz for dates and display).
 columns (one row per GPU, by board serial, worst first: fences, relapses, fenced hours,
 XIDs, memory errors, lost):
   where         the nodes it was seen on in the period (a GPU moved keeps its history)
-  observed_h    hours the node agent reported it; unknown_h the rest of its known life in the
+  observed      time the node agent reported it; unknown: the rest of its known life in the
                 period (agent or Prometheus down, node gone): never counted as healthy
-  fenced_h      hours it was unhealthy (withdrawn from the device plugin, Node tainted)
+  fenced        time it was unhealthy (withdrawn from the device plugin, Node tainted)
   fences        times it became unhealthy; relapses: fences within --relapse-within of a
                 release, in the period the fence falls in (the release may be in the one
                 before); recoveries: how long each release held ("holding" if it still does)
-The table rounds (45s, 12m, 1.8h); --format csv|json carry exact hours and seconds.
   xids          XIDs by code (79x2: two XID 79); memory: ECC, remapped-row and retired-page
                 counters' increase, and pending/failed remaps
+The table rounds (45s, 2m05s, 35m, 1.8h); --format csv|json carry the exact figures (CSV:
+observed_h, fenced_h, unknown_h in hours, recoveries in seconds).
 
 --by model|pool|driver|node: fences and XIDs per 1,000 GPU-days, over observed time only;
 no rate for a group observed under --min-gpu-days (10) GPU-days (a note says so).

@@ -354,7 +354,8 @@ def evidence_text(doc: dict[str, Any]) -> str:
         f"  PCI bus id     {b['pci_bus_id']}",
         f"  driver         {b['driver_version']}",
         f"  VBIOS          {b['vbios_version']}",
-        f"  seen           {b['first_seen']} .. {b['last_seen']}",
+        f"  seen           {b['first_seen']} .. {b['last_seen']}"
+        + (f" (first fact {b['first_fact']})" if b["first_fact"] != b["first_seen"] else ""),
         f"  observed       {duration(s['observed_hours'] * 3600)}, "
         f"fenced {duration(s['fenced_hours'] * 3600)}, "
         f"unknown {duration(s['unknown_hours'] * 3600)}",

@@ -151,6 +151,11 @@ def test_gpus_per_board_rates_and_evidence(
         capsys, "--db", db_url, "--cluster", cluster, "--from", "2001-01-01", "--to", "2001-02-01"
     )
     assert (code, out) == (2, "") and err.count("\n") == 1 and "no GPU history" in err
+    assert f"ingested up to {iso(D).replace('Z', '+00:00')}" in err  # the period is too early
+    # a store (or cluster) without any fleet history: which store has it, and the flag's name
+    code, out, err = gpus(capsys, "--db", db_url, "--cluster", cluster + "-none", "--last", "7d")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "--ledger-prometheus-url" in err and "give that store with --db" in err
     code, out, err = gpus(
         capsys, "--db", db_url, "--cluster", cluster, "--serial", "nope", "--evidence"
     )
