@@ -200,6 +200,7 @@ def rates_text(
 ) -> str:
     """Rates per group; a group with less than ``floor`` observed GPU-days has none (null,
     empty, "-") and says why: a fence over a few GPU-hours is no rate."""
+    groups = sorted(groups, key=lambda g: g.observed_gpu_days < floor)  # rates first
     if fmt == "json":
         doc = {
             "period": {"start": iso(period.start, period), "end": iso(period.end, period)},
