@@ -86,4 +86,8 @@ def check_demo(tmp_path: Path) -> None:
     exact = [line for line in fleet.splitlines() if line.endswith("   exact")]
     assert len(exact) == 8 and "OFF" not in fleet, fleet
     assert any(line.lstrip().startswith("relapses of") for line in exact)
+    # issue 37: the relapse on the scrape after the release (no healthy pause before it), and
+    # the command shown runs as shown (with its store)
+    assert "again on the scrape after the release" in fleet
+    assert re.search(r"\$ gpuquota gpus --db=sqlite:///\S+ --from=", fleet), fleet
     assert any(line.lstrip().startswith("nodes of") for line in exact)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 
 from gpuquota.cli_common import exitcodes
@@ -24,15 +25,19 @@ so far; --tz for dates and display).
 columns (one row per GPU, by board serial, worst first: fences, relapses, fenced hours,
 XIDs, memory errors, lost):
   where         the nodes it was seen on in the period (a GPU moved keeps its history)
-  observed_h    hours the node agent reported it; unknown_h the rest of its known life in the
+  observed      time the node agent reported it; unknown: the rest of its known life in the
                 period (agent or Prometheus down, node gone): never counted as healthy
-  fenced_h      hours it was unhealthy (withdrawn from the device plugin, Node tainted)
+  fenced        time it was unhealthy (withdrawn from the device plugin, Node tainted)
   fences        times it became unhealthy; relapses: fences within --relapse-within of a
-                release; recoveries: how long each release held ("holding" if it still does)
+                release, in the period the fence falls in (the release may be in the one
+                before); recoveries: how long each release held ("holding" if it still does)
   xids          XIDs by code (79x2: two XID 79); memory: ECC, remapped-row and retired-page
                 counters' increase, and pending/failed remaps
+The table rounds (45s, 2m05s, 35m, 1.8h); --format csv|json carry the exact figures (CSV:
+observed_h, fenced_h, unknown_h in hours, recoveries in seconds).
 
---by model|pool|driver|node: fences and XIDs per 1,000 GPU-days, over observed time only.
+--by model|pool|driver|node: fences and XIDs per 1,000 GPU-days, over observed time only;
+no rate for a group observed under --min-gpu-days (10) GPU-days (a note says so).
 --cost: per namespace, the GPU-hours fences in the period took from its pods that held the
 GPUs when they were fenced (the usage ledger says which pods held which GPU).
 --serial S --evidence [PATH]: PATH.json and PATH.txt (default rma-S): the board's identity and
@@ -68,7 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         type=duration_flag(minimum=1),
         default=summary.DEFAULT_RELAPSE_WITHIN,
-        help="a fence this soon after a release is a relapse (default 1d)",
+        help="a fence this soon after a release is a relapse, counted in the period the "
+        "fence falls in wherever the release fell (default 1d)",
+    )
+    what.add_argument(
+        "--min-gpu-days",
+        metavar="N",
+        type=float,
+        default=summary.RATE_FLOOR_GPU_DAYS,
+        help="with --by: no rate for a group observed less than N GPU-days "
+        f"(default {summary.RATE_FLOOR_GPU_DAYS:g}; 0 shows every rate)",
     )
     what.add_argument(
         "--cost",
@@ -107,6 +121,8 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
         raise ReportError("--evidence: one board's timeline, not with --by")
     if args.cost and (args.by or args.evidence is not None):
         raise ReportError("--cost: a view of its own, not with --by or --evidence")
+    if not args.min_gpu_days >= 0:
+        raise ReportError(f"--min-gpu-days: {args.min_gpu_days}: give 0 or more")
     if args.top is not None and args.top < 1:
         raise ReportError(f"--top: {args.top}: give at least 1")
     window, _ = period_of(args)
@@ -138,22 +154,34 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
                 ) from exc
         return "", files
     if not boards or not any(b.stretches for b in boards):
-        what = f"GPU {args.serial!r}" if args.serial else "GPU"
-        raise ReportError(
-            f"no {what} history{where} in {window.label()}: is the controller's usage ledger "
-            "on (--ledger-prometheus), and was the period ingested?"
-        )
+        raise ReportError(_no_history(args, window, where))
     if args.cost:
         return _cost(args, boards, window), []
     if args.by:
         groups = summary.rates(boards, args.by, window.start, window.end, args.relapse_within)
-        return render.rates_text(groups, args.by, window, args.format), []
+        return render.rates_text(groups, args.by, window, args.format, args.min_gpu_days), []
     summaries = summary.worst_first(
         summary.summarize(b, window.start, window.end, args.relapse_within) for b in boards
     )
     if args.top is not None:
         summaries = summaries[: args.top]
     return render.boards_text(summaries, window, args.format), []
+
+
+def _no_history(args: argparse.Namespace, window: Period, where: str) -> str:
+    """Why there is nothing to show, and what to do: a store without any fleet history is
+    not the one its controller keeps it in, or that controller has no usage ledger."""
+    with connect(args.db) as conn:
+        ingested = query.ingested_until(conn, args.cluster)
+    if ingested is None:
+        return (
+            f"no GPU history in this store{where}: the controller keeps it in its --db when "
+            "its usage ledger is on (--ledger-prometheus-url); give that store with --db "
+            "(docs/health.md, History by serial)"
+        )
+    what = f"GPU {args.serial!r}" if args.serial else "GPU"
+    until = datetime.fromtimestamp(ingested, window.tz).isoformat()
+    return f"no {what} history{where} in {window.label()} (the history is ingested up to {until})"
 
 
 def _cost(args: argparse.Namespace, boards: list[summary.BoardHistory], window: Period) -> str:

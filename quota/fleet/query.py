@@ -4,11 +4,17 @@ each node's pool (``node_capacity.node_pool``, the latest row per node)."""
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from gpuquota.quota.fleet.summary import BoardHistory, StoredEvent, StoredStretch
 from gpuquota.quota.fleet.write import table
-from gpuquota.quota.store.models import GpuBoard, GpuEvent, GpuObservation, NodeCapacity
+from gpuquota.quota.store.models import (
+    GpuBoard,
+    GpuEvent,
+    GpuHistoryProgress,
+    GpuObservation,
+    NodeCapacity,
+)
 
 
 def node_pools(conn: Connection, cluster: str | None) -> dict[tuple[str, str], str | None]:
@@ -22,6 +28,17 @@ def node_pools(conn: Connection, cluster: str | None) -> dict[tuple[str, str], s
         if known is None or row.started_at >= known[0]:
             latest[(row.cluster, row.node)] = (row.started_at, row.node_pool)
     return {k: v[1] for k, v in latest.items()}
+
+
+def ingested_until(conn: Connection, cluster: str | None) -> int | None:
+    """How far the fleet history is ingested (the furthest of the clusters'), None when this
+    store holds none."""
+    p = table(GpuHistoryProgress)
+    stmt = select(func.max(p.c.ingested_until))
+    if cluster is not None:
+        stmt = stmt.where(p.c.cluster == cluster)
+    found = conn.execute(stmt).scalar()
+    return None if found is None else int(found)
 
 
 def load(

@@ -11,16 +11,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuquota.quota.fleet.cost import NamespaceCost
+from gpuquota.quota.fleet.rules import FENCED
 from gpuquota.quota.fleet.summary import BoardHistory, BoardSummary, GroupRate, summarize
 from gpuquota.quota.report.period import Period
 
+# CSV and JSON carry exact figures (hours and GPU-days as the floats they are, seconds as
+# seconds); the table rounds them to what a reader can use (durations: "45s", "12m", "1.8h")
 COLUMNS = (
     "serial", "model", "where", "observed_h", "fenced_h", "unknown_h", "fences", "relapses",
     "recoveries", "xids", "memory", "lost", "gaps", "state",
 )  # fmt: skip
+TABLE_COLUMNS = tuple(c.removesuffix("_h") for c in COLUMNS)
 RATE_COLUMNS = (
     "group", "gpus", "observed_gpu_days", "fenced_gpu_days", "fences",
-    "fences_per_1000_gpu_days", "relapses", "xids", "xids_per_1000_gpu_days",
+    "fences_per_1000_gpu_days", "relapses", "xids", "xids_per_1000_gpu_days", "note",
+)  # fmt: skip
+RATE_TABLE_COLUMNS = (
+    "group", "gpus", "observed", "fenced", "fences", "fences_per_1000_gpu_days", "relapses",
+    "xids", "xids_per_1000_gpu_days",
 )  # fmt: skip
 
 
@@ -30,16 +38,18 @@ def iso(t: int | None, period: Period | None = None) -> str | None:
     return datetime.fromtimestamp(t, period.tz if period else UTC).isoformat()
 
 
-def hours(seconds: float) -> str:
-    return f"{seconds / 3600:.2f}"
-
-
-def duration(seconds: int) -> str:
+def duration(seconds: float) -> str:
+    """A duration as a reader uses it: seconds under a minute, minutes (with their seconds
+    under ten minutes) under an hour, else hours or days to a tenth."""
     if seconds >= 86400:
         return f"{seconds / 86400:.1f}d"
     if seconds >= 3600:
         return f"{seconds / 3600:.1f}h"
-    return f"{seconds // 60}m"
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes}m{rest:02d}s" if rest and minutes < 10 else f"{minutes}m"
 
 
 def _xids(s: BoardSummary) -> str:
@@ -52,27 +62,33 @@ def _memory(s: BoardSummary) -> str:
     return " ".join(parts)
 
 
-def _recoveries(s: BoardSummary) -> str:
+def _recoveries(s: BoardSummary, exact: bool) -> str:
     out = []
     for r in s.recoveries:
+        held = f"{r.held_seconds}s" if exact else duration(r.held_seconds)
         if r.refenced_at is None:
-            out.append(f"holding {duration(r.held_seconds)}")
+            out.append(f"holding {held}")
         else:
-            out.append(f"{duration(r.held_seconds)}{' relapse' if r.relapse else ''}")
+            out.append(f"{held}{' relapse' if r.relapse else ''}")
     return ", ".join(out)
 
 
-def _row(s: BoardSummary) -> dict[str, Any]:
+def _row(s: BoardSummary, exact: bool) -> dict[str, Any]:
+    """A board's row: exact (CSV: hours as floats, seconds) or for the table."""
+
+    def span(seconds: int) -> Any:
+        return seconds / 3600 if exact else duration(seconds)
+
     return {
         "serial": s.serial,
         "model": s.model or "",
         "where": " -> ".join(s.nodes),
-        "observed_h": hours(s.observed_seconds),
-        "fenced_h": hours(s.fenced_seconds),
-        "unknown_h": hours(s.unknown_seconds),
+        "observed": span(s.observed_seconds),
+        "fenced": span(s.fenced_seconds),
+        "unknown": span(s.unknown_seconds),
         "fences": len(s.fences),
         "relapses": s.relapses,
-        "recoveries": _recoveries(s),
+        "recoveries": _recoveries(s, exact),
         "xids": _xids(s),
         "memory": _memory(s),
         "lost": s.lost,
@@ -81,21 +97,36 @@ def _row(s: BoardSummary) -> dict[str, Any]:
     }
 
 
-def _rate_row(g: GroupRate) -> dict[str, Any]:
-    def rate(x: float | None) -> str:
-        return "" if x is None else f"{x:.1f}"
+def _rate_row(g: GroupRate, floor: float, exact: bool) -> dict[str, Any]:
+    """A group's row: exact (CSV) or for the table; no rate under ``floor`` GPU-days."""
+    shown = g.observed_gpu_days >= floor
+
+    def rate(x: float | None) -> Any:
+        if x is None or not shown:
+            return "" if exact else "-"
+        return x if exact else f"{x:.1f}"
+
+    def days(x: float) -> Any:
+        return x if exact else duration(x * 86400)
 
     return {
         "group": g.group,
         "gpus": g.gpus,
-        "observed_gpu_days": f"{g.observed_gpu_days:.2f}",
-        "fenced_gpu_days": f"{g.fenced_gpu_days:.3f}",
+        "observed_gpu_days": days(g.observed_gpu_days),
+        "observed": days(g.observed_gpu_days),
+        "fenced_gpu_days": days(g.fenced_gpu_days),
+        "fenced": days(g.fenced_gpu_days),
         "fences": g.fences,
         "fences_per_1000_gpu_days": rate(g.fence_rate),
         "relapses": g.relapses,
         "xids": g.xids,
         "xids_per_1000_gpu_days": rate(g.xid_rate),
+        "note": "" if shown else under_floor(floor),
     }
+
+
+def under_floor(floor: float) -> str:
+    return f"under {floor:g} observed GPU-days: too few for a rate"
 
 
 def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
@@ -126,10 +157,11 @@ def boards_text(summaries: Sequence[BoardSummary], period: Period, fmt: str) -> 
             )
             + "\n"
         )
-    rows = [_row(s) for s in summaries]
     if fmt == "csv":
-        return _csv(rows, COLUMNS)
-    return f"GPU health {period.label()}, worst first\n" + _table(rows, COLUMNS)
+        rows = [_row(s, exact=True) for s in summaries]
+        return _csv([{c: r[c.removesuffix("_h")] for c in COLUMNS} for r in rows], COLUMNS)
+    rows = [_row(s, exact=False) for s in summaries]
+    return f"GPU health {period.label()}, worst first\n" + _table(rows, TABLE_COLUMNS)
 
 
 def board_json(s: BoardSummary, period: Period | None = None) -> dict[str, Any]:
@@ -163,12 +195,17 @@ def board_json(s: BoardSummary, period: Period | None = None) -> dict[str, Any]:
     }
 
 
-def rates_text(groups: Sequence[GroupRate], key: str, period: Period, fmt: str) -> str:
-    rows = [_rate_row(g) for g in groups]
+def rates_text(
+    groups: Sequence[GroupRate], key: str, period: Period, fmt: str, floor: float
+) -> str:
+    """Rates per group; a group with less than ``floor`` observed GPU-days has none (null,
+    empty, "-") and says why: a fence over a few GPU-hours is no rate."""
+    groups = sorted(groups, key=lambda g: g.observed_gpu_days < floor)  # rates first
     if fmt == "json":
         doc = {
             "period": {"start": iso(period.start, period), "end": iso(period.end, period)},
             "by": key,
+            "rate_floor_gpu_days": floor,
             "groups": [
                 {
                     "group": g.group,
@@ -176,19 +213,27 @@ def rates_text(groups: Sequence[GroupRate], key: str, period: Period, fmt: str) 
                     "observed_gpu_days": g.observed_gpu_days,
                     "fenced_gpu_days": g.fenced_gpu_days,
                     "fences": g.fences,
-                    "fences_per_1000_gpu_days": g.fence_rate,
+                    "fences_per_1000_gpu_days": g.fence_rate
+                    if g.observed_gpu_days >= floor
+                    else None,
                     "relapses": g.relapses,
                     "xids": g.xids,
-                    "xids_per_1000_gpu_days": g.xid_rate,
+                    "xids_per_1000_gpu_days": g.xid_rate if g.observed_gpu_days >= floor else None,
+                    "note": None if g.observed_gpu_days >= floor else under_floor(floor),
                 }
                 for g in groups
             ],
         }
         return json.dumps(doc, indent=2) + "\n"
     if fmt == "csv":
-        return _csv(rows, RATE_COLUMNS)
+        rows = [_rate_row(g, floor, exact=True) for g in groups]
+        return _csv([{c: r[c] for c in RATE_COLUMNS} for r in rows], RATE_COLUMNS)
+    rows = [_rate_row(g, floor, exact=False) for g in groups]
     head = f"GPU failure rates by {key} {period.label()}, per 1,000 observed GPU-days\n"
-    return head + _table(rows, RATE_COLUMNS)
+    lines = head + _table(rows, RATE_TABLE_COLUMNS)
+    if any(g.observed_gpu_days < floor for g in groups):
+        lines += f"-: {under_floor(floor)} (--min-gpu-days)\n"
+    return lines
 
 
 COST_COLUMNS = ("namespace", "fences", "gpu_hours_lost", "pods", "gpus")
@@ -232,8 +277,12 @@ def cost_text(rows: Sequence[NamespaceCost], period: Period, fmt: str) -> str:
 
 
 def evidence(board: BoardHistory, relapse_within: int) -> dict[str, Any]:
-    """A board's identity and whole timeline, for a vendor's RMA case."""
-    whole = summarize(board, board.first_seen, board.last_seen + 1, relapse_within)
+    """A board's identity and whole timeline, for a vendor's RMA case: its summary, fenced
+    stretches and placements from the same stretches and events as ``gpuquota gpus``' table,
+    over its whole life, from the first fact about it (a verdict is dated by the agent's own
+    second, which can come before the first reading that showed it) to the last."""
+    lo, hi = life(board)
+    whole = summarize(board, lo, hi, relapse_within)
     placements: list[dict[str, Any]] = []
     for s in board.stretches:
         ident = {
@@ -252,10 +301,19 @@ def evidence(board: BoardHistory, relapse_within: int) -> dict[str, Any]:
             placements[-1]["until"] = iso(s.end)
         else:
             placements.append({"identity": ident, "from": iso(s.start), "until": iso(s.end)})
+    # observed unhealthy time, its stretches joined where one window's ends as the next
+    # window's begins: they add up to the summary's fenced hours
+    spans: list[list[int]] = []
+    for s in board.stretches:
+        if s.state != FENCED:
+            continue
+        if spans and spans[-1][1] == s.start:
+            spans[-1][1] = s.end
+        else:
+            spans.append([s.start, s.end])
     fenced = [
-        {"from": iso(s.start), "until": iso(s.end), "hours": (s.end - s.start) / 3600}
-        for s in board.stretches
-        if s.state == "unhealthy"
+        {"from": iso(a), "until": iso(b), "hours": (b - a) / 3600, "seconds": b - a}
+        for a, b in spans
     ]
     latest = board.stretches[-1] if board.stretches else None
     return {
@@ -270,6 +328,7 @@ def evidence(board: BoardHistory, relapse_within: int) -> dict[str, Any]:
             "vbios_version": latest.vbios_version if latest else None,
             "first_seen": iso(board.first_seen),
             "last_seen": iso(board.last_seen),
+            "first_fact": iso(lo),
         },
         "summary": board_json(whole),
         "placements": placements,
@@ -280,6 +339,14 @@ def evidence(board: BoardHistory, relapse_within: int) -> dict[str, Any]:
     }
 
 
+def life(board: BoardHistory) -> tuple[int, int]:
+    """[the first fact about the board, one second past the last]."""
+    times = [board.first_seen, board.last_seen]
+    times += [e.at for e in board.events] + [e.seen for e in board.events]
+    times += [t for s in board.stretches for t in (s.start, s.end)]
+    return min(times), max(times) + 1
+
+
 def evidence_text(doc: dict[str, Any]) -> str:
     b, s = doc["board"], doc["summary"]
     lines = [
@@ -288,9 +355,11 @@ def evidence_text(doc: dict[str, Any]) -> str:
         f"  PCI bus id     {b['pci_bus_id']}",
         f"  driver         {b['driver_version']}",
         f"  VBIOS          {b['vbios_version']}",
-        f"  seen           {b['first_seen']} .. {b['last_seen']}",
-        f"  observed       {s['observed_hours']:.2f} h, fenced {s['fenced_hours']:.2f} h, "
-        f"unknown {s['unknown_hours']:.2f} h",
+        f"  seen           {b['first_seen']} .. {b['last_seen']}"
+        + (f" (first fact {b['first_fact']})" if b["first_fact"] != b["first_seen"] else ""),
+        f"  observed       {duration(s['observed_hours'] * 3600)}, "
+        f"fenced {duration(s['fenced_hours'] * 3600)}, "
+        f"unknown {duration(s['unknown_hours'] * 3600)}",
         f"  fences         {len(s['fences'])} (relapses {s['relapses']})",
         "  XIDs           " + (", ".join(f"{k} x{v}" for k, v in s["xids"].items()) or "none"),
         "  memory         "
@@ -304,6 +373,10 @@ def evidence_text(doc: dict[str, Any]) -> str:
             f"  {p['from']} .. {p['until']}  {i['node']} {i['pci_bus_id']} {i['uuid']} "
             f"driver {i['driver_version']} VBIOS {i['vbios_version']}"
         )
+    lines += ["", "Fenced (observed unhealthy):"]
+    lines += [f"  {f['from']} .. {f['until']}  {duration(f['seconds'])}" for f in doc["fenced"]]
+    if not doc["fenced"]:
+        lines.append("  never")
     lines += ["", "Timeline:"]
     for e in doc["timeline"]:
         detail = {k: v for k, v in e.items() if k not in ("at", "seen", "kind")}

@@ -5,7 +5,8 @@ rates per group over observed GPU-days. No I/O: quota/fleet/query.py loads the r
 Rules (docs/health.md):
 - a *fence* is a verdict change into ``unhealthy`` (what the agent fences on), a *release* one
   out of it; a release is *held* until the board's next fence (a *relapse* when that comes
-  within ``relapse_within``), else it is still holding at the end of what was observed;
+  within ``relapse_within``), else it is still holding at the end of what was observed; a
+  relapse counts in the period its fence falls in, wherever the release fell;
 - observed time is what the stretches cover; *unknown* time is the rest of the board's known
   life in the period ([first seen, last seen)), never counted as healthy;
 - a group's rate is its events per 1,000 GPU-days of *observed* time in that group (fences
@@ -23,6 +24,9 @@ from gpuquota.quota.fleet.rules import FENCED
 DAY = 86400
 DEFAULT_RELAPSE_WITHIN = DAY
 GROUP_KEYS = ("model", "pool", "driver", "node")
+# no failure rate for a group observed less than this (--min-gpu-days): one fence in a GPU-day
+# is a rate of 1,000; ten GPU-days (a node of 8 GPUs for a day and a bit) make one fence 100
+RATE_FLOOR_GPU_DAYS = 10.0
 
 
 @dataclass(frozen=True)
@@ -81,14 +85,15 @@ class BoardSummary:
     xids: dict[str, int]
     counters: dict[str, float]  # memory counters' increase in the period
     flags: dict[str, float]  # memory flags' last value (pending remap, remap failure, ...)
-    recoveries: list[Recovery]
+    recoveries: list[Recovery]  # the period's releases, and those its relapses followed
+    relapsed: list[int]  # the period's fences that are relapses
     lost: int
     gaps: int
     state: str | None  # the last verdict observed in the period
 
     @property
     def relapses(self) -> int:
-        return sum(r.relapse for r in self.recoveries)
+        return len(self.relapsed)
 
     def worst_key(self) -> tuple[float, ...]:
         return (
@@ -144,14 +149,22 @@ def summarize(board: BoardHistory, lo: int, hi: int, relapse_within: int) -> Boa
     changes = fence_changes(board.events)
     fences = [c.at for c in changes if c.fenced and lo <= c.at < hi]
     recoveries = []
+    relapsed: list[int] = []
     for i, release in enumerate(changes):
-        if release.fenced or not lo <= release.at < hi:
+        if release.fenced:
             continue
         refence = next_change(changes, i, fenced=True)
         nxt = refence.at if refence is not None else None
         held = max(0, (nxt if nxt is not None else board.last_seen) - release.at)
         relapse = nxt is not None and held <= relapse_within
-        recoveries.append(Recovery(release.at, nxt, held, relapse))
+        # a relapse is the period's where its fence falls, wherever the release fell: a
+        # release at the end of October and a fence on November 1st is November's relapse
+        # (the release is listed in both periods, the relapse counted in November only)
+        again = relapse and nxt is not None and lo <= nxt < hi
+        if again and nxt is not None:
+            relapsed.append(nxt)
+        if lo <= release.at < hi or again:
+            recoveries.append(Recovery(release.at, nxt, held, relapse))
     xids: dict[str, int] = {}
     counters: dict[str, float] = {}
     flags: dict[str, float] = {}
@@ -199,6 +212,7 @@ def summarize(board: BoardHistory, lo: int, hi: int, relapse_within: int) -> Boa
         counters=counters,
         flags=flags,
         recoveries=recoveries,
+        relapsed=relapsed,
         lost=lost,
         gaps=gaps,
         state=state,
@@ -214,11 +228,19 @@ def worst_first(summaries: Iterable[BoardSummary]) -> list[BoardSummary]:
 class GroupRate:
     group: str
     gpus: int
-    observed_gpu_days: float
-    fenced_gpu_days: float
+    observed_seconds: int  # GPU-seconds, added up as integers: the days are exact
+    fenced_seconds: int
     fences: int
     xids: int
     relapses: int
+
+    @property
+    def observed_gpu_days(self) -> float:
+        return self.observed_seconds / DAY
+
+    @property
+    def fenced_gpu_days(self) -> float:
+        return self.fenced_seconds / DAY
 
     def per_1000(self, count: int) -> float | None:
         """Events per 1,000 observed GPU-days; None without observed time."""
@@ -265,7 +287,7 @@ def rates(
 
     def group(name: str) -> GroupRate:
         if name not in out:
-            out[name] = GroupRate(name, 0, 0.0, 0.0, 0, 0, 0)
+            out[name] = GroupRate(name, 0, 0, 0, 0, 0, 0)
             members[name] = set()
         return out[name]
 
@@ -276,11 +298,11 @@ def rates(
                 continue
             g = group(group_of(s, key))
             members[g.group].add(f"{board.cluster}/{board.serial}")
-            g.observed_gpu_days += seconds / DAY
+            g.observed_seconds += seconds
             if s.state == FENCED:
-                g.fenced_gpu_days += seconds / DAY
+                g.fenced_seconds += seconds
         summary = summarize(board, lo, hi, relapse_within)
-        relapsed = {r.refenced_at for r in summary.recoveries if r.relapse}
+        relapsed = set(summary.relapsed)
         for t in summary.fences:
             where = stretch_at(board.stretches, t)
             if where is not None:

@@ -9,6 +9,12 @@ ended before it, the ledger series left with none, and the ledger devices left w
 and moves each cluster's "data begins" to the cut-off, so a report of an older period says it
 is not covered instead of printing what is left as the whole truth (docs/report.md, "Missing
 is not zero").
+
+The fleet history is kept by board, not by time (docs/health.md, "Retention"): a board's
+history is its RMA case, which needs all of it, so a board goes whole (its row, stretches and
+events) once it was last seen before the cut-off, and a board last seen fenced (pulled for a
+vendor's RMA, whose case may still be open) only once it was last seen ``RMA_HOLD`` before it.
+A board still in the fleet keeps everything.
 """
 
 from __future__ import annotations
@@ -18,15 +24,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import and_, delete, func, select, text, update
+from sqlalchemy import and_, delete, func, or_, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
+from gpuquota.quota.fleet.rules import FENCED
 from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url
 from gpuquota.quota.store.models import (
     Allocation,
     ClaimAllocation,
     Cluster,
+    GpuBoard,
+    GpuEvent,
+    GpuObservation,
     NamespaceLabels,
     NodeCapacity,
     QuotaSample,
@@ -147,6 +157,37 @@ def _superseded_samples(before: int) -> Any:
     return and_(q.c.observed_at < before, newer_before > 0)
 
 
+RMA_HOLD = 365 * 86400  # a board last seen fenced: a year for its RMA case after it left
+
+
+def _boards_gone(conn: Connection, before: int) -> list[int]:
+    """The boards whose whole fleet history goes: last seen before the cut-off, and not
+    fenced when last seen unless that was ``RMA_HOLD`` before it."""
+    b, e = GpuBoard.__table__, GpuEvent.__table__
+    candidates = {
+        int(row.id): int(row.last_seen)
+        for row in conn.execute(select(b.c.id, b.c.last_seen).where(b.c.last_seen < before))
+    }
+    ids = sorted(candidates)
+    fenced: set[int] = set()
+    for i in range(0, len(ids), 500):
+        latest: dict[int, tuple[int, int, Any]] = {}
+        for board_id, seen, event_id, detail in conn.execute(
+            select(e.c.board_id, e.c.seen, e.c.id, e.c.detail).where(
+                e.c.board_id.in_(ids[i : i + 500]), e.c.kind == "verdict"
+            )
+        ):
+            known = latest.get(board_id)
+            if known is None or (seen, event_id) > known[:2]:
+                latest[board_id] = (seen, event_id, detail)
+        fenced |= {k for k, (_, _, d) in latest.items() if d.get("state") == FENCED}
+    return [i for i in ids if i not in fenced or candidates[i] < before - RMA_HOLD]
+
+
+def _in_boards(column: Any, ids: list[int]) -> Any:
+    return or_(*(column.in_(ids[i : i + 500]) for i in range(0, len(ids), 500)))
+
+
 def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
     """What pruning history older than ``before`` removes, per table; with ``apply`` it is
     removed, in one transaction, and each cluster's data begins at ``before`` from then on."""
@@ -158,19 +199,25 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
                 # series that looks unused here its first window after the cut-off: wait for it
                 # and keep new ones out until this commits, so that every statement below sees
                 # it. (SQLite has one writer at a time already.)
+                # (and a fleet history window in flight that sees a board again)
                 conn.execute(
                     text(
-                        "LOCK TABLE usage_windows, usage_series, usage_devices "
+                        "LOCK TABLE usage_windows, usage_series, usage_devices, gpu_boards "
                         "IN SHARE ROW EXCLUSIVE MODE"
                     )
                 )
-            found = _count(conn, before)
+            gone = _boards_gone(conn, before)
+            found = _count(conn, before, gone)
             if apply and any(p.rows for p in found):
                 for model, cond in _closed_before(before).values():
                     conn.execute(delete(model).where(cond))
                 conn.execute(delete(QuotaSample).where(_superseded_samples(before)))
                 conn.execute(delete(UsageSeries).where(_series_left_without_windows(before)))
                 conn.execute(delete(UsageDevice).where(_devices_left_without_series(before)))
+                if gone:
+                    for model in (GpuObservation, GpuEvent):
+                        conn.execute(delete(model).where(_in_boards(model.board_id, gone)))
+                    conn.execute(delete(GpuBoard).where(_in_boards(GpuBoard.id, gone)))
                 conn.execute(
                     update(Cluster).where(Cluster.created_at < before).values(created_at=before)
                 )
@@ -181,7 +228,7 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
         store.close()
 
 
-def _count(conn: Connection, before: int) -> list[Prunable]:
+def _count(conn: Connection, before: int, gone: list[int]) -> list[Prunable]:
     found = []
     for table, (model, cond) in _closed_before(before).items():
         n = conn.execute(select(func.count()).select_from(model).where(cond)).scalar_one()
@@ -195,6 +242,13 @@ def _count(conn: Connection, before: int) -> list[Prunable]:
     devices = select(func.count()).select_from(UsageDevice)
     n = conn.execute(devices.where(_devices_left_without_series(before))).scalar_one()
     found.append(Prunable("usage_devices", int(n)))
+    found.append(Prunable("gpu_boards", len(gone)))
+    for table, model in (("gpu_observations", GpuObservation), ("gpu_events", GpuEvent)):
+        n = 0
+        if gone:
+            stmt = select(func.count()).select_from(model).where(_in_boards(model.board_id, gone))
+            n = conn.execute(stmt).scalar_one()
+        found.append(Prunable(table, int(n)))
     return found
 
 

@@ -108,6 +108,25 @@ def _alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+# Revisions shipped under another id, and the id they have now. A store stamped with the old
+# id is read as the new one and restamped by its next upgrade or downgrade (alembic knows
+# only the new ids). The fleet history shipped as "i29_gpu_history" after "0010": a name
+# that sorted before 0010 and read as "behind" in `db current`.
+RENAMED = {"i29_gpu_history": "0011"}
+
+
+def _restamp(connection: Connection) -> None:
+    """Give a store stamped with a renamed revision its new id (in the caller's
+    transaction)."""
+    if "alembic_version" not in inspect(connection).get_table_names():
+        return
+    for old, new in RENAMED.items():
+        connection.execute(
+            text("UPDATE alembic_version SET version_num = :new WHERE version_num = :old"),
+            {"new": new, "old": old},
+        )
+
+
 def head_revision() -> str:
     from alembic.script import ScriptDirectory
 
@@ -333,6 +352,7 @@ def upgrade(url: str, revision: str = "head") -> None:
 
     _check_revision(revision)
     with _connected(url, create=True) as connection:
+        _restamp(connection)
         _refuse_foreign(connection, url)
         try:
             command.upgrade(_alembic_config(connection), revision)
@@ -353,6 +373,7 @@ def _refuse_foreign(
     tables = sorted(set(inspect(connection).get_table_names()) - {"alembic_version"})
     revision = MigrationContext.configure(connection).get_current_revision()
     ours = {r.revision for r in ScriptDirectory.from_config(_alembic_config()).walk_revisions()}
+    ours |= set(RENAMED)
     if revision in ours or not tables:
         return
     shown = ", ".join(tables[:5]) + (f" and {len(tables) - 5} more" if len(tables) > 5 else "")
@@ -370,6 +391,7 @@ def downgrade(url: str, revision: str) -> None:
     _check_revision(revision)
     with _connected(url) as connection:
         try:
+            _restamp(connection)
             command.downgrade(_alembic_config(connection), revision)
             connection.commit()
         except SQLAlchemyError as exc:
@@ -386,7 +408,8 @@ def current(url: str, *, refuse_foreign: bool = False) -> str | None:
     with _connected(url, read_only=True) as connection:
         if refuse_foreign:  # a foreign database is no "empty store to upgrade"
             _refuse_foreign(connection, url, "it has no gpuquota schema revision to show")
-        return MigrationContext.configure(connection).get_current_revision()
+        revision = MigrationContext.configure(connection).get_current_revision()
+        return RENAMED.get(revision, revision) if revision is not None else None
 
 
 def open_store(url: str = DEFAULT_URL, *, migrate: bool = False, read_only: bool = False) -> Store:

@@ -18,7 +18,7 @@ out by hand from the definitions here.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 WINDOW = 3600
@@ -109,13 +109,17 @@ def _labels(s: Seen, **more: str) -> str:
     return ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
 
 
-def openmetrics() -> str:
+def openmetrics(
+    found: Iterable[tuple[int, Seen]] | None = None,
+    pods: Iterable[tuple[str, str, str, int, int]] = PODS,
+) -> str:
+    """The samples of ``found`` (default: this scenario's) and of the pods, as OpenMetrics."""
     families: dict[str, tuple[str, dict[str, list[str]]]] = {}
 
     def add(family: str, kind: str, series: str, line: str) -> None:
         families.setdefault(family, (kind, {}))[1].setdefault(series, []).append(line)
 
-    for t, s in seen():
+    for t, s in seen() if found is None else found:
         info = _labels(
             s,
             serial=s.serial,
@@ -153,7 +157,7 @@ def openmetrics() -> str:
                     labels,
                     f"gpu_remapped_rows_total{{{labels}}} {value} {t}",
                 )
-    for namespace, pod, uid, first, stop in PODS:
+    for namespace, pod, uid, first, stop in pods:
         labels = ",".join(
             f'{k}="{v}"'
             for k, v in sorted(

@@ -4,6 +4,8 @@ observed time, the RMA evidence file, and no data as exit 2 with one line."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
@@ -97,8 +99,21 @@ def test_gpus_per_board_rates_and_evidence(
     code, out, _ = gpus(capsys, *period, "--format", "csv")
     assert out.splitlines()[0].startswith("serial,model,where,observed_h,fenced_h")
 
-    # failure rates per node over observed GPU-days: S1's two fences were on node-1
+    # failure rates per node over observed GPU-days: S1's two fences were on node-1; a few
+    # GPU-hours are under the floor (10 GPU-days): no rate, and a note that says why
     code, out, _ = gpus(capsys, *period, "--by", "node", "--json")
+    doc = json.loads(out)
+    assert doc["rate_floor_gpu_days"] == 10
+    groups = {g["group"]: g for g in doc["groups"]}
+    assert groups["node-1"]["fences"] == 2 and groups["node-1"]["fences_per_1000_gpu_days"] is None
+    assert "under 10 observed GPU-days" in groups["node-1"]["note"]
+    code, out, _ = gpus(capsys, *period, "--by", "node", "--format", "csv")
+    rows = {r["group"]: r for r in csv.DictReader(io.StringIO(out))}
+    assert rows["node-1"]["fences_per_1000_gpu_days"] == "" and rows["node-1"]["note"]
+    assert float(rows["node-1"]["observed_gpu_days"]) == (3 * WINDOW + 2985) / 86400  # exact
+    code, out, _ = gpus(capsys, *period, "--by", "node")
+    assert " -  " in out.splitlines()[2] and "too few for a rate" in out.splitlines()[-1]
+    code, out, _ = gpus(capsys, *period, "--by", "node", "--json", "--min-gpu-days", "0")
     groups = {g["group"]: g for g in json.loads(out)["groups"]}
     node1, node2 = groups["node-1"], groups["node-2"]
     observed1 = (3 * WINDOW + 2985) / 86400
@@ -136,6 +151,11 @@ def test_gpus_per_board_rates_and_evidence(
         capsys, "--db", db_url, "--cluster", cluster, "--from", "2001-01-01", "--to", "2001-02-01"
     )
     assert (code, out) == (2, "") and err.count("\n") == 1 and "no GPU history" in err
+    assert f"ingested up to {iso(D).replace('Z', '+00:00')}" in err  # the period is too early
+    # a store (or cluster) without any fleet history: which store has it, and the flag's name
+    code, out, err = gpus(capsys, "--db", db_url, "--cluster", cluster + "-none", "--last", "7d")
+    assert (code, out) == (2, "") and err.count("\n") == 1
+    assert "--ledger-prometheus-url" in err and "give that store with --db" in err
     code, out, err = gpus(
         capsys, "--db", db_url, "--cluster", cluster, "--serial", "nope", "--evidence"
     )

@@ -4,6 +4,8 @@ recoveries and relapses, and rates over observed time only."""
 
 from __future__ import annotations
 
+import json
+
 from gpuquota.quota.fleet.cost import fence_spans
 from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries, window_history
 from gpuquota.quota.fleet.summary import BoardHistory, StoredEvent, StoredStretch, rates, summarize
@@ -99,3 +101,29 @@ def test_recoveries_relapses_and_rates_over_observed_time() -> None:
     assert got.observed_seconds == 86400 and got.unknown_seconds == 0
     (model,) = rates([board], "model", 0, 2 * 86400, 3600)
     assert model.observed_gpu_days == 1.0 and model.fences == 3 and model.fence_rate == 3000.0
+
+
+def test_no_rate_under_the_floor_of_observed_gpu_days() -> None:
+    """A fence in an observed GPU-hour is no rate of 24,000 per 1,000 GPU-days: under the
+    floor the table shows "-" with a note, below the groups that have a rate; CSV and JSON
+    keep the exact counts and GPU-days, with no rate and the note."""
+    from datetime import UTC
+
+    from gpuquota.quota.fleet.render import rates_text
+    from gpuquota.quota.fleet.summary import GroupRate
+    from gpuquota.quota.report.period import Period
+
+    few = GroupRate("H200", 1, 3600, 0, 1, 0, 0)  # one GPU-hour, one fence
+    many = GroupRate("H100", 8, 20 * 86400, 30, 2, 4, 1)
+    period = Period(0, 20 * 86400, UTC)
+    text = rates_text([few, many], "model", period, "table", 10.0).splitlines()
+    assert text[2].startswith("H100 ") and " 100.0 " in text[2]
+    assert text[3].startswith("H200 ") and " -  " in text[3] and " 1.0h " in text[3]
+    assert text[4] == "-: under 10 observed GPU-days: too few for a rate (--min-gpu-days)"
+    doc = json.loads(rates_text([few, many], "model", period, "json", 10.0))
+    h200 = doc["groups"][1]
+    assert (h200["fences_per_1000_gpu_days"], h200["observed_gpu_days"]) == (None, 1 / 24)
+    assert h200["note"].startswith("under 10 observed GPU-days")
+    csv_rows = rates_text([few, many], "model", period, "csv", 10.0).splitlines()
+    assert csv_rows[1].startswith("H100,8,20.0,0.00034722222222222224,2,100.0,")
+    assert csv_rows[2].startswith("H200,1,0.041666666666666664,0.0,1,,")

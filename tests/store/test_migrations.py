@@ -16,6 +16,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import IntegrityError
 
+from gpuquota.quota import cli
 from gpuquota.quota.store import db
 from gpuquota.quota.store.models import Base
 from tests.test_wheel import NOT_SOURCES
@@ -41,7 +42,7 @@ TABLES = {
 }
 LEDGER = {"usage_series", "usage_windows", "ledger_progress"}  # migration 0008
 DEVICES = {"usage_devices"}  # migration 0010
-FLEET = {"gpu_boards", "gpu_observations", "gpu_events", "gpu_history_progress"}  # i29
+FLEET = {"gpu_boards", "gpu_observations", "gpu_events", "gpu_history_progress"}  # 0011
 
 
 def tables(url: str) -> set[str]:
@@ -55,11 +56,43 @@ def tables(url: str) -> set[str]:
 def test_fleet_history_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0010")
     assert not tables(empty_db_url) & FLEET
-    db.upgrade(empty_db_url, "i29_gpu_history")
+    db.upgrade(empty_db_url, "0011")
     assert tables(empty_db_url) >= FLEET
     db.downgrade(empty_db_url, "0010")
     assert not tables(empty_db_url) & FLEET
     assert tables(empty_db_url) >= DEVICES
+
+
+def test_a_store_stamped_with_the_fleet_historys_first_name_reads_and_upgrades(
+    empty_db_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fleet history shipped as revision "i29_gpu_history" after "0010" (`db current` said
+    "0010 (behind, latest is i29_gpu_history)"); it is "0011" now. A store stamped with the
+    old name reads as 0011, opens, and its next upgrade restamps it and goes on."""
+    db.upgrade(empty_db_url, "0011")
+    engine = create_engine(empty_db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = 'i29_gpu_history'"))
+        assert db.current(empty_db_url) == "0011"
+        code = cli.main(["db", "current", "--db", empty_db_url])
+        out = capsys.readouterr().out
+        assert out.startswith("0011 (") and "i29" not in out
+        assert (code == 0) == (db.head_revision() == "0011")
+        if db.head_revision() == "0011":
+            db.open_store(empty_db_url, read_only=True).close()  # at the latest: it opens
+        db.upgrade(empty_db_url)
+        with engine.connect() as conn:
+            stamp = conn.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+        assert stamp == db.head_revision()
+        assert tables(empty_db_url) == TABLES
+        # a downgrade from the old name works too
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = 'i29_gpu_history'"))
+        db.downgrade(empty_db_url, "0010")
+        assert db.current(empty_db_url) == "0010" and not tables(empty_db_url) & FLEET
+    finally:
+        engine.dispose()
 
 
 def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:

@@ -5,7 +5,8 @@ same placement, versions and verdict), ``gpu_events`` (verdict changes, XIDs, EC
 counters, lost/returned, placement changes, gaps) and ``gpu_history_progress``. See
 docs/accounting.md ("Fleet history").
 
-Revision ID: i29_gpu_history
+Revision ID: 0011 (first shipped as ``i29_gpu_history``: stores stamped with that name are
+read as 0011 and restamped on their next upgrade, quota/store/db.py ``RENAMED``)
 Revises: 0010
 Create Date: 2026-11-28
 """
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "i29_gpu_history"
+revision: str = "0011"
 down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
