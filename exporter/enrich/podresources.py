@@ -7,7 +7,9 @@ enricher joins that mapping onto each snapshot, so a scrape never waits on the k
 The join itself is pure and lives in exporter/enrich/pods.py (device ids, replicas, index
 strategy, DRA partitions); this module is its I/O. On DRA nodes the same List answer carries
 ``dynamic_resources``, which exporter/enrich/dra.py resolves through the node's
-ResourceSlices.
+ResourceSlices. With per-pod usage on, each answer also goes to the node's pod directory
+(exporter/enrich/poddirectory.py), which names the pods' UIDs from it and the kubelet's device
+checkpoint.
 
 Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
 logged once, and the refresher keeps looking so attribution starts when the socket appears.
@@ -27,6 +29,7 @@ from pathlib import Path
 import grpc
 
 from gpuquota.exporter.enrich.dra import DraAttribution
+from gpuquota.exporter.enrich.poddirectory import PodDirectory
 from gpuquota.exporter.enrich.pods import (
     DeviceMap,
     attach_claims,
@@ -57,6 +60,7 @@ class PodResourcesWatcher:
         max_stale: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         dra: DraAttribution | None = None,
+        directory: PodDirectory | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"pod-resources refresh interval must be > 0, got {interval}")
@@ -72,6 +76,7 @@ class PodResourcesWatcher:
         self._lock = threading.Lock()
         self._mapping: DeviceMap = {}
         self._dra = dra
+        self.directory = directory
         self._claims: dict[str, tuple[ClaimRef, ...]] = {}
         self._last_success: float | None = None
         self._up = False
@@ -107,6 +112,8 @@ class PodResourcesWatcher:
             claims = resolved.claims
             for uuid, refs in resolved.devices.items():
                 mapping[uuid] = ordered_pods({*mapping.get(uuid, ()), *refs})
+        if self.directory is not None:
+            self.directory.update(response)
         with self._lock:
             self._mapping = mapping
             self._claims = claims

@@ -38,7 +38,9 @@ GPU_RESOURCE = "nvidia.com/gpu"
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """Devices of one resource that the kubelet gave to one container."""
+    """Devices of one resource that the kubelet gave to one container. With ``resource`` ""
+    and no ids: a container that holds no device, listed all the same (the kubelet's List
+    names every container of every active pod)."""
 
     namespace: str
     pod: str
@@ -259,9 +261,10 @@ class PodResourcesServer:
         for a in assignments:
             containers = pods.setdefault((a.namespace, a.pod), {})
             container = containers.setdefault(a.container, pb.ContainerResources(name=a.container))
-            container.devices.append(
-                pb.ContainerDevices(resource_name=a.resource, device_ids=a.device_ids)
-            )
+            if a.resource:
+                container.devices.append(
+                    pb.ContainerDevices(resource_name=a.resource, device_ids=a.device_ids)
+                )
         for c in claims:
             containers = pods.setdefault((c.namespace, c.pod), {})
             container = containers.setdefault(c.container, pb.ContainerResources(name=c.container))

@@ -260,6 +260,7 @@ class KubeletStandIn:
         self._pod_resources: PodResourcesServer | None = None
         # the device manager's state, under _cond
         self._health: dict[str, dict[str, str]] = {}  # resource -> device ID -> health
+        self._numa: dict[str, dict[str, tuple[int, ...]]] = {}  # resource -> ID -> NUMA nodes
         self._stopped_at: dict[str, float] = {}  # resource -> when its plugin went away
         self._entries: dict[tuple[str, str, str], checkpoint.PodDeviceEntry] = {}
         self._pods: dict[str, Pod] = {}  # uid -> pod
@@ -306,6 +307,7 @@ class KubeletStandIn:
                 self._stopped_at[plugin.resource] = time.monotonic()
             else:
                 self._health[plugin.resource] = dict(update.devices)
+                self._numa[plugin.resource] = dict(update.numa)
             self._write_checkpoint()
         self._publish_pods()
 
@@ -381,8 +383,14 @@ class KubeletStandIn:
             raise AdmissionError(f"Allocate for {resource} failed: {exc.details()}") from exc
         answer = response.container_responses[0]
         with self._cond:
+            numa = self._numa.get(resource, {})
             self._entries[key] = checkpoint.PodDeviceEntry(
-                pod.uid, container, resource, tuple(chosen), answer.SerializeToString()
+                pod.uid,
+                container,
+                resource,
+                tuple(chosen),
+                answer.SerializeToString(),
+                tuple((i, numa[i]) for i in chosen if numa.get(i)),
             )
             self._write_checkpoint()
         return answer
@@ -496,11 +504,17 @@ class KubeletStandIn:
                 if statuses != self._pod_status.get(uid):
                     self._pod_status[uid] = statuses
                     changed.append((pod, statuses))
-            assignments = [
-                Assignment(p.namespace, p.name, container, resource, e.device_ids)
-                for (uid, container, resource), e in self._entries.items()
-                if (p := self._pods.get(uid)) is not None
-            ]
+            # every admitted pod and each of its containers, in spec order, devices or not:
+            # what the kubelet's List answers (it has no UIDs: those are in the checkpoint)
+            assignments = []
+            for uid, p in self._pods.items():
+                for container in p.containers:
+                    held = [
+                        Assignment(p.namespace, p.name, container, resource, e.device_ids)
+                        for (pod_uid, name, resource), e in self._entries.items()
+                        if (pod_uid, name) == (uid, container)
+                    ]
+                    assignments += held or [Assignment(p.namespace, p.name, container, "", ())]
             allocatable = {r: sorted(d) for r, d in self._health.items()}
         if self._pod_resources is not None:
             self._pod_resources.set_assignments(assignments)
