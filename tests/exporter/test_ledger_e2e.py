@@ -13,7 +13,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -50,19 +49,6 @@ SMALL = 1  # the stand-in lists a GPU's MIG instances largest first: 3g.40gb, 1g
 POWER = {0: 500.0, 1: 400.0, 2: 700.0, 3: 70.0, 4: 30.0}
 
 
-def _pod(name: str) -> dict[str, Any]:
-    namespace, uid, pid = PODS[name]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "main", "containerID": f"containerd://{pid:064x}", "ready": True,
-             "restartCount": 0, "image": "x", "imageID": "x"}]},
-    }  # fmt: skip
-
-
 def _proc(root: Path, name: str) -> None:
     _namespace, uid, pid = PODS[name]
     (root / str(pid)).mkdir(parents=True)
@@ -84,11 +70,14 @@ def _cluster(node: SimNode, tmp_path: Path, kubelet: PodResourcesServer) -> None
     for pid, sm in ((201, 0.6), (301, 0.2)):
         node.add_process(1, pid, 2**30)
         node.set_process_utilization(1, pid, sm=sm, memory=0.1)
-    kubelet.assign("team-a", "train", "main", "nvidia.com/gpu", node.uuid(0))
-    kubelet.assign("team-b", "nb1", "main", "nvidia.com/gpu", f"{node.uuid(1)}::0")
-    kubelet.assign("team-c", "nb2", "main", "nvidia.com/gpu", f"{node.uuid(1)}::1")
-    kubelet.assign("team-a", "mig", "main", "nvidia.com/mig-1g.10gb", node.mig_uuids(2)[SMALL])
-    kubelet.assign("team-b", "infer", "main", "nvidia.com/gpu", node.uuid(3))
+    uid = {name: u for name, (_ns, u, _pid) in PODS.items()}  # in the kubelet's checkpoint
+    gpu = "nvidia.com/gpu"
+    kubelet.assign("team-a", "train", "main", gpu, node.uuid(0), uid=uid["train"])
+    kubelet.assign("team-b", "nb1", "main", gpu, f"{node.uuid(1)}::0", uid=uid["nb1"])
+    kubelet.assign("team-c", "nb2", "main", gpu, f"{node.uuid(1)}::1", uid=uid["nb2"])
+    mig = node.mig_uuids(2)[SMALL]
+    kubelet.assign("team-a", "mig", "main", "nvidia.com/mig-1g.10gb", mig, uid=uid["mig"])
+    kubelet.assign("team-b", "infer", "main", gpu, node.uuid(3), uid=uid["infer"])
 
 
 @pytest.fixture
@@ -97,14 +86,17 @@ def cluster(
 ) -> Iterator[tuple[SimNode, Path, list[str]]]:
     """(node, kubeconfig, the exporter's pod flags)."""
     node = make_node(SPEC)
-    with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet, ApiServer() as server:
-        for name in PODS:
-            server.apply("ADDED", _pod(name))
+    checkpoint = tmp_path / "kubelet_internal_checkpoint"
+    with (
+        PodResourcesServer(tmp_path / "kubelet.sock", checkpoint=checkpoint) as kubelet,
+        ApiServer() as server,
+    ):
+        server.forbid("pods")  # the agent names pods from the node alone (issue 35)
         _cluster(node, tmp_path, kubelet)
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         flags = [
             "--pod-resources-socket", str(tmp_path / "kubelet.sock"),
-            "--pod-resources-interval", "100ms",
+            "--pod-resources-interval", "100ms", "--device-checkpoint", str(checkpoint),
             "--pod-usage", "--node-name", NODE, "--proc-root", str(tmp_path / "proc"),
             "--kubeconfig", str(kubeconfig), "--dra", "off",
         ]  # fmt: skip
