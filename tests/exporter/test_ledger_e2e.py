@@ -272,7 +272,13 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
     node.set(1, power_watts=100.0)
     node.set_gpm(0, sm_activity=0.5)
     claim_uid = "66666666-6666-4666-8666-666666666666"
-    (tmp_path / "proc").mkdir()
+    pod_uids = {"p1": "77777777-7777-4777-8777-777777777771",
+                "p2": "77777777-7777-4777-8777-777777777772"}  # fmt: skip
+    (tmp_path / "proc" / "601").mkdir(parents=True)
+    (tmp_path / "proc" / "601" / "cgroup").write_text(
+        f"0::/kubepods/pod{pod_uids['p1']}/{'d' * 64}\n"
+    )
+    node.add_process(0, 601, 2**30)
     with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet, ApiServer() as server:
         for obj in resource_slices(spec.load(two), NODE):
             server.apply("ADDED", obj)
@@ -280,7 +286,10 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "shared", "namespace": "team-d", "uid": claim_uid},
             "spec": {"devices": {"requests": []}},
+            "status": {"reservedFor": [{"resource": "pods", "name": p, "uid": u}
+                                       for p, u in pod_uids.items()]},
         })  # fmt: skip
+        server.forbid("pods")  # the claim's reservation names p1's process (issue 35)
         for pod in ("p1", "p2"):
             device = ((DRIVER, NODE, "gpu-0"),)
             kubelet.assign_claim(ClaimAssignment("team-d", pod, "main", "shared", "team-d", device))
@@ -333,6 +342,8 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
     energy_since = seen[max(seen.index(held[0]) - 1, 0)].collected_at
     assert joules == pytest.approx(300.0 * (held[-1].collected_at - energy_since), rel=0.02)
     assert "gpu_pod_used_seconds_total" not in scraped  # the pods hold it through the claim
+    (mine,) = [lbl for lbl, _ in scraped["gpu_pod_memory_used_bytes"] if lbl["owner"] == "pod"]
+    assert (mine["namespace"], mine["pod"], mine["pod_uid"]) == ("team-d", "p1", pod_uids["p1"])
     unallocated = {lbl["uuid"]: v for lbl, v in scraped["gpu_unallocated_energy_joules_total"]}
     # before the claim was seen GPU 0 was nobody's: every joule is someone's, or unallocated
     total = 300.0 * (held[-1].collected_at - seen[0].collected_at)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuquota.exporter.enrich.admin_access import reserved_pods
 from gpuquota.exporter.enrich.devicecheckpoint import (
     CheckpointEntry,
     CheckpointError,
@@ -156,6 +157,16 @@ def test_dra_pods_are_named_by_their_claims_reservations() -> None:
     names = node_pod_names(listed, [], lambda ns, claim: reservations.get((ns, claim)))
     assert {u: n.pod for u, n in names.by_uid.items()} == {UID_A: "worker-0", UID_B: "worker-1"}
     assert names.stale_claims == {("ml", "shared")}  # read again for "late"
+
+
+def test_a_claims_reservation_names_its_pods() -> None:
+    claim = {"status": {"reservedFor": [
+        {"resource": "pods", "name": "worker-0", "uid": UID_A},
+        {"resource": "pods", "name": "worker-1", "uid": UID_B},
+        {"apiGroup": "example.com", "resource": "pods", "name": "not-a-pod", "uid": UID_C},
+    ]}}  # fmt: skip
+    assert reserved_pods(claim) == (("worker-0", UID_A), ("worker-1", UID_B))
+    assert reserved_pods({"status": {}}) == () == reserved_pods({})
 
 
 # --- the kubelet stand-in lists as the kubelet does ----------------------------------------
