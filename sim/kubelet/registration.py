@@ -332,6 +332,7 @@ class KubeletStandIn:
             {c: dict(r) for c, r in containers.items()},
         )
         answers: dict[str, dict[str, pb.ContainerAllocateResponse]] = {}
+        self._update_allocated_devices(admitting=pod.uid)
         try:
             for container, wanted in pod.containers.items():
                 for resource, count in wanted.items():
@@ -407,7 +408,11 @@ class KubeletStandIn:
             }
 
     def remove_pod(self, namespace: str, name: str) -> None:
-        """The pod is deleted: its devices are free and its checkpoint entries go."""
+        """The pod is deleted: no longer active, so pod-resources stops listing it. Its devices
+        are freed, and its checkpoint entries dropped, only at the next allocation, as the
+        kubelet's device manager does (``UpdateAllocatedDevices`` prunes inactive pods in
+        memory before allocating; the file is rewritten only by an allocation or a plugin's
+        device update): until then the checkpoint still names the deleted pod's UID."""
         with self._cond:
             uids = {
                 uid for uid, p in self._pods.items() if (p.namespace, p.name) == (namespace, name)
@@ -415,10 +420,16 @@ class KubeletStandIn:
             for uid in uids:
                 self._pods.pop(uid, None)
                 self._pod_status.pop(uid, None)
-            for key in [k for k in self._entries if k[0] in uids]:
-                del self._entries[key]
-            self._write_checkpoint()
         self._publish_pods()
+
+    def _update_allocated_devices(self, admitting: str) -> None:
+        """The device manager's UpdateAllocatedDevices: forget the devices of pods no longer
+        active (not the one being admitted), in memory; the next checkpoint write has them
+        gone."""
+        with self._cond:
+            active = {*self._pods, admitting}
+            for key in [k for k in self._entries if k[0] not in active]:
+                del self._entries[key]
 
     def pod_uid(self, namespace: str, name: str) -> str | None:
         with self._cond:
