@@ -169,6 +169,47 @@ def test_a_claims_reservation_names_its_pods() -> None:
     assert reserved_pods({"status": {}}) == () == reserved_pods({})
 
 
+def test_a_pod_that_joins_a_shared_claim_later_is_named_after_a_reread(
+    tmp_path: Path, sim_dir: Path
+) -> None:
+    from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
+    from gpuquota.exporter.enrich.poddirectory import PodDirectory
+    from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
+    from gpuquota.kube.client import Kube
+    from gpuquota.kube.rest import load
+    from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
+
+    def claim(*pods: tuple[str, str]) -> dict[str, object]:
+        reserved = [{"resource": "pods", "name": n, "uid": u} for n, u in pods]
+        return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "shared", "namespace": "ml", "uid": UID_OLD},
+                "spec": {"devices": {"requests": []}}, "status": {"reservedFor": reserved}}  # fmt: skip
+
+    device = (("gpu.nvidia.com", "node-a", "gpu-0"),)
+    with ApiServer() as api, PodResourcesServer(sim_dir / "pr.sock") as kubelet:
+        api.forbid("pods")
+        api.apply("ADDED", claim(("first", UID_A)))
+        kube = Kube(load(str(api.write_kubeconfig(tmp_path / "kubeconfig"))))
+        claims = AdminAccessClaims(kube, reread_s=0.2)
+        claims.start()
+        try:
+            directory = PodDirectory(None)
+            directory.claims = claims
+            watcher = PodResourcesWatcher(sim_dir / "pr.sock", directory=directory)
+            for pod in ("first", "late"):
+                kubelet.assign_claim(ClaimAssignment("ml", pod, "main", "shared", "ml", device))
+            claims.devices("ml", "shared")  # what DRA attribution asks first: the claim is read
+            assert poll(lambda: watcher.refresh() and directory.uid_of("ml", "first"), 5)
+            assert directory.uid_of("ml", "late") is None  # not in the reservation read
+            api.apply("MODIFIED", claim(("first", UID_A), ("late", UID_B)))
+            assert poll(lambda: watcher.refresh() and directory.uid_of("ml", "late"), 5) == UID_B
+            found = directory.lookup(UID_B)
+            assert found is not None and (found.namespace, found.pod) == ("ml", "late")
+            watcher.stop()
+        finally:
+            claims.stop()
+
+
 # --- the kubelet stand-in lists as the kubelet does ----------------------------------------
 
 
