@@ -226,6 +226,7 @@ def build_pod_usage(
     directory = PodDirectory(checkpoint)
     if dra is not None:
         directory.claims = dra.attribution.admin
+    directory.wake = pods.wake  # a UID it cannot name yet: ask the kubelet again now
     pods.directory = directory
     return PodUsageEnricher(ProcReader(args.proc_root), directory)
 

@@ -6,6 +6,10 @@ hands it to :meth:`PodDirectory.update`, which reads the kubelet's device checkp
 into names (exporter/enrich/podnames.py). Names are thus as fresh as the attribution itself
 (one pod-resources interval), and a pod that is gone from List is gone from here.
 
+A UID it cannot name asks the watcher for an early answer, once per UID (a pod started since
+the last answer is named within a moment, not a whole interval, so its series do not begin
+under ``pod_uid`` alone; a pod the node can never name costs one extra List).
+
 A checkpoint that cannot be read names no device-plugin pod until it can (said once, counted
 in ``errors_total``): a stale name is worse than a UID.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -27,6 +32,7 @@ from gpuquota.exporter.enrich.podnames import PodName, PodNames, ReservedFor, no
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
 
 log = logging.getLogger(__name__)
+MAX_ASKED = 4096
 
 
 class Claims(Protocol):
@@ -42,6 +48,8 @@ class PodDirectory:
     def __init__(self, checkpoint: Path | None = DEFAULT_CHECKPOINT) -> None:
         self.checkpoint = checkpoint  # None: device-plugin pods are not named
         self.claims: Claims | None = None  # set when DRA attribution is on
+        self.wake: Callable[[], None] | None = None  # asks the watcher for an early answer
+        self._asked: set[str] = set()  # UIDs that asked already
         self._lock = threading.Lock()
         self._names = PodNames()
         self.errors_total = 0
@@ -80,7 +88,15 @@ class PodDirectory:
 
     def lookup(self, uid: str) -> PodName | None:
         with self._lock:
-            return self._names.by_uid.get(uid)
+            found = self._names.by_uid.get(uid)
+            ask = found is None and uid not in self._asked and self.wake is not None
+            if ask:
+                if len(self._asked) > MAX_ASKED:  # bounded: a UID may ask once more
+                    self._asked.clear()
+                self._asked.add(uid)
+        if ask and self.wake is not None:
+            self.wake()
+        return found
 
     def uid_of(self, namespace: str, pod: str) -> str | None:
         """The UID of the pod of that name on this node (None: the node cannot tell)."""

@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 # A node with hundreds of pods can exceed gRPC's default 4 MiB receive limit.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# an early List (asked by the pod directory for a pod UID it cannot name yet) at most this often
+EARLY_GAP_S = 0.5
 
 
 class PodResourcesWatcher:
@@ -87,6 +89,7 @@ class PodResourcesWatcher:
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.PodResourcesListerStub | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- the refresh loop ---------------------------------------------------------------
@@ -175,20 +178,33 @@ class PodResourcesWatcher:
         if self._thread is not None:
             return
         self._stop.clear()
+        self._wake.clear()
         self.refresh()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Ask the kubelet now rather than at the next interval (a process of a pod the
+        directory cannot name yet: it started since the last answer)."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            woken = self._wake.wait(self.interval)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             try:
                 self.refresh()
             except Exception:  # keep attributing on the next round whatever went wrong
                 log.exception("pod-resources refresh crashed")
                 self._failed("unexpected error")
+            if woken and self._stop.wait(EARLY_GAP_S):
+                return
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout + self.interval)
             self._thread = None

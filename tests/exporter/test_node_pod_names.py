@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,6 +209,36 @@ def test_a_pod_that_joins_a_shared_claim_later_is_named_after_a_reread(
             watcher.stop()
         finally:
             claims.stop()
+
+
+def test_a_pod_started_since_the_last_answer_is_named_without_waiting_an_interval(
+    sim_dir: Path,
+) -> None:
+    from gpuquota.exporter.enrich.poddirectory import PodDirectory
+    from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
+    from gpuquota.sim.kubelet.podresources import PodResourcesServer
+
+    checkpoint = sim_dir / CHECKPOINT_FILE
+    with PodResourcesServer(sim_dir / "pr.sock", checkpoint=checkpoint) as kubelet:
+        directory = PodDirectory(checkpoint)
+        watcher = PodResourcesWatcher(sim_dir / "pr.sock", interval=3600, directory=directory)
+        directory.wake = watcher.wake
+        watcher.start()
+        try:
+            kubelet.assign("ml", "new", "main", GPU, "GPU-1", uid=UID_A)  # after the answer
+            calls = kubelet.calls
+            assert directory.lookup(UID_A) is None  # its process shows up: ask again now
+            assert poll(lambda: directory.lookup(UID_A), 5) is not None
+            # a UID the node can never name (no GPU through the kubelet) asks once, not
+            # every round
+            assert directory.lookup(UID_C) is None
+            assert poll(lambda: kubelet.calls >= calls + 2, 5)
+            for _ in range(20):
+                directory.lookup(UID_C)
+            time.sleep(1.0)
+            assert kubelet.calls == calls + 2
+        finally:
+            watcher.stop()
 
 
 # --- the kubelet stand-in lists as the kubelet does ----------------------------------------
