@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         proc_root = work / "proc"
         node = SimNode.create(work / "nvml.state", "h100x8")
         port = free_port()
-        with ApiServer() as api, PodResourcesServer(work / "kubelet.sock") as kubelet:
+        checkpoint = plugins / "kubelet_internal_checkpoint"  # the pods' UIDs, as the kubelet
+        with (
+            ApiServer() as api,
+            PodResourcesServer(work / "kubelet.sock", checkpoint=checkpoint) as kubelet,
+        ):
             assignments = []
             for i in range(node.gpu_count):
                 uid = f"be0c0000-0000-4000-8000-{i:012x}"
@@ -100,7 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               (node.uuid(i),), cid)  # fmt: skip
                 api.apply("ADDED", pod_object(pod, time.time() - 60))
                 assignments.append(
-                    Assignment("team", pod.name, "main", pod.resource, pod.device_ids)
+                    Assignment("team", pod.name, "main", pod.resource, pod.device_ids, uid)
                 )
                 (proc_root / str(5000 + i)).mkdir(parents=True)
                 (proc_root / str(5000 + i) / "cgroup").write_text(f"0::/kubepods/pod{uid}/{cid}\n")
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "--listen": f"--listen=127.0.0.1:{port}",
                     "--pod-resources-socket": f"--pod-resources-socket={work / 'kubelet.sock'}",
                     "--web.config.file": f"--web.config.file={web / 'web-config.yml'}",
+                    "--device-checkpoint": f"--device-checkpoint={checkpoint}",
                 }.get(flag, arg)
                 argv.append(arg)
             argv += [f"--kubeconfig={api.write_kubeconfig(work / 'kubeconfig')}",
@@ -169,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args)
     flags = " ".join(a for a in result["args"] if not a.startswith(("--kubeconfig", "--proc-root",
                                                                       "--device-plugin-dir",
+                                                                      "--device-checkpoint",
                                                                       "--pod-resources-socket",
                                                                       "--web.config", "--listen")))  # fmt: skip
     print(f"gpu-exporter {flags}: VmRSS {result['rss_mb']:.1f} MB, peak VmHWM "

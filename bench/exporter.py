@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.results import write_section
@@ -43,7 +43,6 @@ from gpuquota.exporter.collect.loop import CollectLoop, RoundDone
 from gpuquota.exporter.collect.nvml import NvmlApi
 from gpuquota.exporter.collect.profiling import MIN_GPM_GAP, PROCESS_SAMPLE_PERIOD
 from gpuquota.exporter.snapshot import NodeSnapshot
-from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import free_port, stop_process
 from gpuquota.sim.kubelet.podresources import PodResourcesServer, one_pod_each
 from gpuquota.sim.nvml.control import SimNode
@@ -54,7 +53,6 @@ VENV_BIN = Path(sys.executable).parent
 MIG_RESOURCE = "nvidia.com/mig-1g.5gb"
 GPU_RESOURCE = "nvidia.com/gpu"
 PCIE_SAMPLE = "nvmlDeviceGetPcieThroughput"
-NODE_NAME = "bench-node"
 WRK_LATENCY_RE = re.compile(r"^\s+(50|99)%\s+([0-9.]+)(us|ms|s)\s*$", re.M)
 WRK_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
 # The exporter's own count of finished collections (a counter in its metric table).
@@ -336,9 +334,10 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
         if mig_uuids
         else one_pod_each(gpu_uuids, GPU_RESOURCE, "bench")
     )
-    kubelet = PodResourcesServer(socket_path, held)
+    checkpoint = work / f"{safe}.checkpoint"  # the pods' UIDs, as the kubelet keeps them
+    held = [replace(a, uid=f"00000000-0000-4000-8000-{n:012d}") for n, a in enumerate(held)]
+    kubelet = PodResourcesServer(socket_path, held, checkpoint=checkpoint)
     kubelet.start()
-    api = ApiServer().start() if args.usage_counters else None
     busy(node)
     rounds = round_times_ms(node, args.interval, args.rounds_seconds)
     results = []
@@ -351,17 +350,10 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
             f"--pod-resources-socket={socket_path}",
         ]
         expect = b'pod="pod-0"'
-        if api is not None:  # --pod-usage: the pods' UIDs, so the usage counters run too
-            for n, a in enumerate(held):
-                api.apply("ADDED", _pod(a.namespace, a.pod, n))
+        if args.usage_counters:  # --pod-usage: the pods' UIDs, so the usage counters run too
             proc = work / f"{safe}-proc"
             proc.mkdir(exist_ok=True)
-            ours += [
-                "--pod-usage",
-                f"--node-name={NODE_NAME}",
-                f"--proc-root={proc}",
-                f"--kubeconfig={api.write_kubeconfig(work / f'{safe}.kubeconfig')}",
-            ]
+            ours += ["--pod-usage", f"--proc-root={proc}", f"--device-checkpoint={checkpoint}"]
             expect = b"gpu_pod_energy_joules_total{"
         ours_result = run_one(
             shape, "gpu-exporter", node, ours, port, expect, args, len(held), devices, work
@@ -397,23 +389,7 @@ def bench_shape(shape: str, args: argparse.Namespace, work: Path) -> list[Result
         )
     finally:
         kubelet.stop()
-        if api is not None:
-            api.stop()
     return results
-
-
-def _pod(namespace: str, name: str, n: int) -> dict[str, object]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": f"00000000-0000-4000-8000-{n:012d}",
-        },
-        "spec": {"nodeName": NODE_NAME, "containers": [{"name": "main", "image": "x"}]},
-        "status": {"phase": "Running"},
-    }
 
 
 def table(results: list[Result]) -> str:
@@ -477,8 +453,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--usage-counters",
         action="store_true",
-        help="run gpu-exporter with --pod-usage (the API server stand-in naming the pods' "
-        "UIDs), so the usage counters (issue 19) are computed and exposed; off by default, "
+        help="run gpu-exporter with --pod-usage (the stand-in's device checkpoint naming the "
+        "pods' UIDs), so the usage counters (issue 19) are computed and exposed; off by default, "
         "so the table stays comparable with the earlier runs",
     )
     args = parser.parse_args(argv)
@@ -578,7 +554,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "- Pod attribution on: one pod per GPU (h100x8) or per MIG instance (a100-mig) "
             "through the kubelet pod-resources stand-in"
             + (
-                "; with `--pod-usage` (the API server stand-in names the pods' UIDs), so the "
+                "; with `--pod-usage` (the kubelet checkpoint names the pods' UIDs), so the "
                 "usage counters (gpu_pod_used_seconds_total, gpu_pod_energy_joules_total, "
                 "issue 19) are computed every round and exposed."
                 if args.usage_counters

@@ -43,7 +43,7 @@ from gpuquota.exporter.dra.taints import DeviceTaintPublisher
 from gpuquota.exporter.enrich.claimreader import AdminAccessClaims
 from gpuquota.exporter.enrich.dra import DraAttribution
 from gpuquota.exporter.enrich.ledger import LedgerConfig, LedgerEnricher, UidSource
-from gpuquota.exporter.enrich.poddirectory import PodDirectory, lister_for_node
+from gpuquota.exporter.enrich.poddirectory import PodDirectory
 from gpuquota.exporter.enrich.podresources import PodResourcesWatcher
 from gpuquota.exporter.enrich.procfs import ProcReader
 from gpuquota.exporter.enrich.slices import KINDS, SliceIndex
@@ -203,21 +203,32 @@ def build_dra(args: argparse.Namespace) -> DraParts | None:
 
 
 def build_pod_usage(
-    args: argparse.Namespace, core: Callable[[Path | None, str], Any] | None = None
+    args: argparse.Namespace, pods: PodResourcesWatcher | None, dra: DraParts | None
 ) -> PodUsageEnricher | None:
     """The enricher --pod-usage asks for (None without it). NVML reports PIDs in the
     exporter's PID namespace and /proc shows only that namespace's processes: both need the
-    host PID namespace (``hostPID: true``, deploy/components/pod-usage)."""
+    host PID namespace (``hostPID: true``, deploy/components/pod-usage). Pods are named from
+    the node alone (exporter/enrich/poddirectory.py): the pod-resources answers ``pods``
+    gets, the kubelet's device checkpoint and, with DRA, the claims it reads; never a list of
+    pods from the API server."""
     if not args.pod_usage:
         return None
-    if not args.node_name:
-        raise UsageError("--pod-usage needs --node-name (or $NODE_NAME)")
+    if pods is None:
+        raise UsageError(
+            "--pod-usage needs pod attribution (a --pod-resources-socket): the kubelet's "
+            "pod-resources answer names the pods"
+        )
     if not args.proc_root.is_dir():
         raise UsageError(f"--proc-root {args.proc_root}: no such folder")
-    lister = lister_for_node(
-        (core or core_api)(args.kubeconfig, "--pod-usage needs"), args.node_name
-    )
-    return PodUsageEnricher(ProcReader(args.proc_root), PodDirectory(lister))
+    checkpoint = Path(args.device_checkpoint) if args.device_checkpoint else None
+    if checkpoint is not None and checkpoint.is_dir():
+        raise UsageError(f"--device-checkpoint {checkpoint}: a folder, not the checkpoint file")
+    directory = PodDirectory(checkpoint)
+    if dra is not None:
+        directory.claims = dra.attribution.admin
+    directory.wake = pods.wake  # a UID it cannot name yet: ask the kubelet again now
+    pods.directory = directory
+    return PodUsageEnricher(ProcReader(args.proc_root), directory)
 
 
 # --- pods on failed GPUs ----------------------------------------------------------------------
@@ -274,7 +285,8 @@ def build_ledger(
     if pod_usage is None:
         log.info(
             "usage counters (gpu_pod_used_seconds_total, gpu_pod_energy_joules_total...) are "
-            "off: they need --pod-usage, whose pod directory names the pods' UIDs"
+            "off: they need --pod-usage, whose pod directory names the pods' UIDs (from the "
+            "kubelet's device checkpoint)"
         )
         return None
     directory = pod_usage.directory
@@ -323,7 +335,7 @@ class App:
         parts: list[Any] = [self.xid, health.checker, health.node_status, health.plugin_manager]
         if dra is not None:
             parts += [dra.attribution.admin, dra.watcher, dra.taints]
-        parts += [self.pods, self.remediation, self.pod_usage, self.collector, self.server]
+        parts += [self.pods, self.remediation, self.collector, self.server]
         for part in parts:
             if part is not None:
                 part.start()
@@ -335,7 +347,7 @@ class App:
         order += [self.health.node_status]
         if self.dra is not None:
             order += [self.dra.taints, self.dra.watcher, self.dra.attribution.admin]
-        order += [self.collector, self.remediation, self.pods, self.pod_usage, self.xid]
+        order += [self.collector, self.remediation, self.pods, self.xid]
         for part in order:
             if part is not None and any(part is p for p in self._started):
                 began = time.monotonic()
@@ -401,7 +413,7 @@ def _build_on(
         )
         collector.add_enricher(pods.enrich)
     remediation = build_remediation(args, pods, health)
-    pod_usage = build_pod_usage(args)  # after pod attribution: it reads the same processes
+    pod_usage = build_pod_usage(args, pods, dra)  # after pod attribution: it reads its answer
     if pod_usage is not None:
         collector.add_enricher(pod_usage)
     ledger = build_ledger(args, pods, pod_usage, dra)  # last: it reads both
@@ -492,14 +504,3 @@ def kube_api(
     except KubeConfigError as exc:
         raise KubeConfigUnavailableError(f"{needed_by} the Kubernetes API: {exc}") from None
     return Kube(config, field_selectors=field_selectors or {})
-
-
-def core_api(kubeconfig: Path | None, needed_by: str = "--pod-usage needs") -> Any:
-    """The Kubernetes API for --pod-usage's pod list: a gpuquota.kube.client.Kube (raw JSON,
-    no generated models); ``needed_by`` as for kube_api. A list answers within 10 s or is
-    tried again on the directory's next turn."""
-    from gpuquota.kube.client import Timeouts
-
-    kube = kube_api(kubeconfig, needed_by)
-    kube.timeouts = Timeouts(read=10.0)
-    return kube

@@ -24,6 +24,7 @@ from gpuquota.exporter import app as program
 from gpuquota.exporter.app import SetupError, UsageError, liveness_timeout
 from gpuquota.exporter.deviceplugin.devices import DEFAULT_PLUGIN_DIR, DEFAULT_RESOURCE
 from gpuquota.exporter.dra.taintrules import EFFECTS
+from gpuquota.exporter.enrich.devicecheckpoint import DEFAULT_CHECKPOINT
 from gpuquota.exporter.enrich.podresources import DEFAULT_SOCKET
 from gpuquota.exporter.enrich.slices import DEFAULT_DRIVERS
 from gpuquota.exporter.expose import metrics
@@ -44,7 +45,7 @@ examples:
   gpu-exporter --compat dcgm --web.config.file /etc/gpu-exporter/web.yaml
   gpu-exporter --node-condition --node-taint --node-name "$NODE_NAME"
   gpu-exporter --dra on --dra-device-taints --node-name "$NODE_NAME"   # a DRA node
-  gpu-exporter --pod-usage --node-name "$NODE_NAME"   # per-pod GPU use (needs hostPID)
+  gpu-exporter --pod-usage                         # per-pod GPU use (needs hostPID)
   eval "$(python -m gpuquota.sim.nvml /tmp/node.state env)"; gpu-exporter --pod-resources-socket ''
                                                  # against the NVML stand-in (docs/sim.md)
 
@@ -398,7 +399,15 @@ def add_pod_usage_arguments(parser: argparse.ArgumentParser) -> None:
         "--pod-usage",
         action="store_true",
         help="publish SM/memory utilisation and framebuffer use per pod per GPU "
-        "(gpu_pod_*): needs hostPID, --node-name and read access to this node's pods",
+        "(gpu_pod_*): needs hostPID and pod attribution; pods are named from the kubelet's "
+        "pod-resources answer and device checkpoint, with no API access to pods",
+    )
+    group.add_argument(
+        "--device-checkpoint",
+        default=str(DEFAULT_CHECKPOINT),
+        metavar="PATH",
+        help="the kubelet's device checkpoint, read for --pod-usage to name the pods holding "
+        "device-plugin GPUs; '' names them by pod_uid only (default %(default)s)",
     )
     group.add_argument(
         "--proc-root",

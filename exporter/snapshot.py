@@ -115,7 +115,7 @@ class ProcessUtilization:
 class PodUsage:
     """What one pod's (or the host's) processes use of one device (exporter/enrich/usage.py)."""
 
-    owner: str  # "pod", "host" (a process in no pod) or "unknown" (a pod not on this node's list)
+    owner: str  # "pod", "host" (a process in no pod) or "unknown" (a process /proc does not show)
     namespace: str
     pod: str
     container: str
@@ -125,6 +125,8 @@ class PodUsage:
     memory_ratio: float | None
     # SM-seconds of the processes' new samples (none held): what the usage counters add
     sm_seconds_sampled: float | None = None
+    # owner "pod": its UID, always (namespace and pod are "" where the node cannot name it)
+    pod_uid: str = ""
 
 
 @dataclass(frozen=True, slots=True)

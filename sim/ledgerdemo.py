@@ -33,6 +33,7 @@ from typing import Any
 from gpuquota.quota.promhttp import PrometheusError, instant_query
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import free_port, poll, stop_process
+from gpuquota.sim.kubelet.checkpoint import CHECKPOINT_FILE
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.promserver import scraping
@@ -242,7 +243,9 @@ class LedgerDemo:
                     cid.replace("0", "6", 1), pid=4102),
         ]  # fmt: skip
         for node in self.nodes.values():
-            server = PodResourcesServer(node.work / "pod-resources.sock", ()).start()
+            server = PodResourcesServer(
+                node.work / "pod-resources.sock", (), checkpoint=node.work / CHECKPOINT_FILE
+            ).start()
             self.stack.callback(server.stop)
             node.pod_resources = server
             for pod in node.pods:
@@ -260,6 +263,7 @@ class LedgerDemo:
             f"--interval={INTERVAL}",
             f"--pod-resources-socket={node.work / 'pod-resources.sock'}",
             "--pod-usage",
+            f"--device-checkpoint={node.work / CHECKPOINT_FILE}",
             f"--node-name={node.name}",
             f"--kubeconfig={self.kubeconfig}",
             f"--proc-root={self.proc_root}",
@@ -349,7 +353,7 @@ class LedgerDemo:
                     node.sim.add_process(0, pod.pid, 4 * 2**30)  # gpu-c's one GPU
             assert node.pod_resources is not None
             node.pod_resources.set_assignments(
-                [Assignment(p.namespace, p.name, "main", p.resource, p.device_ids)
+                [Assignment(p.namespace, p.name, "main", p.resource, p.device_ids, p.uid)
                  for p in node.pods]
             )  # fmt: skip
         return started

@@ -27,6 +27,17 @@ def admin_devices(claim: dict[str, Any]) -> frozenset[Device]:
     )
 
 
+def reserved_pods(claim: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The pods a ResourceClaim is reserved for, as (name, UID): ``status.reservedFor`` names
+    every consumer (the pods of the claim's namespace) by name and UID."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    return tuple(
+        (str(r.get("name") or ""), str(r.get("uid") or ""))
+        for r in reserved
+        if isinstance(r, dict) and r.get("resource") == "pods" and not r.get("apiGroup")
+    )
+
+
 def claim_path(version: str, namespace: str, name: str) -> str:
     """The API path of one namespaced ResourceClaim (resource.k8s.io `version`)."""
     return f"/apis/resource.k8s.io/{version}/namespaces/{namespace}/resourceclaims/{name}"

@@ -1,97 +1,104 @@
-"""The pods on this node by UID, listed from the API server in a background thread.
+"""The pods on this node by UID, from the node alone: no API server call for pods.
 
-``lister_for_node`` is the one API call (pods by ``spec.nodeName``: what the pod-usage RBAC
-overlay grants); ``PodDirectory`` keeps the answer fresh and turns it into names through
-exporter/enrich/podnames.py.
+Each time the pod-resources watcher (exporter/enrich/podresources.py) gets a List answer, it
+hands it to :meth:`PodDirectory.update`, which reads the kubelet's device checkpoint
+(exporter/enrich/devicecheckpoint.py) and joins the two, and the DRA claims' reservations,
+into names (exporter/enrich/podnames.py). Names are thus as fresh as the attribution itself
+(one pod-resources interval), and a pod that is gone from List is gone from here.
+
+A UID it cannot name asks the watcher for an early answer, once per UID (a pod started since
+the last answer is named within a moment, not a whole interval, so its series do not begin
+under ``pod_uid`` alone; a pod the node can never name costs one extra List).
+
+A checkpoint that cannot be read names no device-plugin pod until it can (said once, counted
+in ``errors_total``): a stale name is worse than a UID.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
 
-from gpuquota.exporter.enrich.podnames import PodName, pod_names
+from gpuquota.exporter.enrich.devicecheckpoint import (
+    DEFAULT_CHECKPOINT,
+    CheckpointEntry,
+    CheckpointError,
+    read_checkpoint,
+)
+from gpuquota.exporter.enrich.podnames import PodName, PodNames, ReservedFor, node_pod_names
+from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
 
 log = logging.getLogger(__name__)
+MAX_ASKED = 4096
 
-PodLister = Callable[[], Iterable[dict[str, Any]]]  # this node's pods, as the API's JSON
 
+class Claims(Protocol):
+    """The DRA claim reader's side (exporter/enrich/claimreader.py)."""
 
-def lister_for_node(kube: Any, node_name: str) -> PodLister:
-    """Lists the pods bound to `node_name` through a gpuquota.kube.client.Kube: plain JSON,
-    not the official client's generated models (loading those alone costs the agent some
-    20 MB: docs/benchmarks.md, "The node agent's memory")."""
-
-    def pods() -> Iterable[dict[str, Any]]:
-        answer = kube.call("GET", "/api/v1/pods", [("fieldSelector", f"spec.nodeName={node_name}")])
-        return [p for p in answer.get("items") or [] if isinstance(p, dict)]
-
-    return pods
+    def reserved_for(self, namespace: str, name: str) -> list[tuple[str, str]] | None: ...
+    def reread(self, namespace: str, name: str) -> None: ...
 
 
 class PodDirectory:
-    """The pods on this node by UID, refreshed in the background from the API server.
+    """UID <-> (namespace, pod) of this node's pods, as of the latest pod-resources answer."""
 
-    A UID that is not on the list (a pod started since the last refresh) asks for an early
-    refresh, at most every ``min_refresh`` seconds.
-    """
-
-    def __init__(self, lister: PodLister, interval: float = 30.0, min_refresh: float = 5.0):
-        self._lister = lister
-        self.interval = interval
-        self.min_refresh = min_refresh
-        self._names: dict[str, PodName] = {}
-        self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> UID
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+    def __init__(self, checkpoint: Path | None = DEFAULT_CHECKPOINT) -> None:
+        self.checkpoint = checkpoint  # None: device-plugin pods are not named
+        self.claims: Claims | None = None  # set when DRA attribution is on
+        self.wake: Callable[[], None] | None = None  # asks the watcher for an early answer
+        self._asked: set[str] = set()  # UIDs that asked already
+        self._lock = threading.Lock()
+        self._names = PodNames()
         self.errors_total = 0
+        self._logged = False
 
-    def refresh(self) -> bool:
-        try:
-            names = pod_names(self._lister())
+    def update(self, response: pb.ListPodResourcesResponse) -> None:
+        entries = self._entries()
+        claims = self.claims
+        reserved: ReservedFor | None = claims.reserved_for if claims is not None else None
+        names = node_pod_names(response, entries, reserved)
+        if claims is not None:
+            for namespace, name in names.stale_claims:
+                claims.reread(namespace, name)  # a pod that joined a shared claim since
+        with self._lock:
             self._names = names
-            self._uids = {(n.namespace, n.pod): uid for uid, n in names.items()}
-        except Exception as exc:  # an API failure keeps the last list
+
+    def _entries(self) -> tuple[CheckpointEntry, ...]:
+        if self.checkpoint is None:
+            return ()
+        try:
+            entries = read_checkpoint(self.checkpoint)
+        except (OSError, CheckpointError) as exc:
             self.errors_total += 1
-            log.warning("listing this node's pods for per-pod usage failed: %s", exc)
-            return False
-        return True
+            if not self._logged:
+                log.warning(
+                    "cannot read the kubelet's device checkpoint (%s): pods holding "
+                    "device-plugin GPUs are published by pod_uid only until it can be read",
+                    exc,
+                )
+                self._logged = True
+            return ()
+        if self._logged:
+            log.info("the kubelet's device checkpoint %s is readable again", self.checkpoint)
+            self._logged = False
+        return entries
 
     def lookup(self, uid: str) -> PodName | None:
-        found = self._names.get(uid)
-        if found is None:
-            self._wake.set()
+        with self._lock:
+            found = self._names.by_uid.get(uid)
+            ask = found is None and uid not in self._asked and self.wake is not None
+            if ask:
+                if len(self._asked) > MAX_ASKED:  # bounded: a UID may ask once more
+                    self._asked.clear()
+                self._asked.add(uid)
+        if ask and self.wake is not None:
+            self.wake()
         return found
 
     def uid_of(self, namespace: str, pod: str) -> str | None:
-        """The UID of the pod of that name on this node (None: not listed yet, which asks
-        for an early refresh)."""
-        found = self._uids.get((namespace, pod))
-        if found is None:
-            self._wake.set()
-        return found
-
-    def start(self) -> None:
-        self.refresh()
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="pod-directory", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._wake.wait(self.interval)
-            if self._stop.is_set():
-                return
-            self._wake.clear()
-            self.refresh()
-            self._stop.wait(self.min_refresh)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
+        """The UID of the pod of that name on this node (None: the node cannot tell)."""
+        with self._lock:
+            return self._names.uids.get((namespace, pod))

@@ -7,7 +7,9 @@ enricher joins that mapping onto each snapshot, so a scrape never waits on the k
 The join itself is pure and lives in exporter/enrich/pods.py (device ids, replicas, index
 strategy, DRA partitions); this module is its I/O. On DRA nodes the same List answer carries
 ``dynamic_resources``, which exporter/enrich/dra.py resolves through the node's
-ResourceSlices.
+ResourceSlices. With per-pod usage on, each answer also goes to the node's pod directory
+(exporter/enrich/poddirectory.py), which names the pods' UIDs from it and the kubelet's device
+checkpoint.
 
 Failure policy: no socket (bare metal, or the kubelet not up yet) means attribution is off,
 logged once, and the refresher keeps looking so attribution starts when the socket appears.
@@ -27,6 +29,7 @@ from pathlib import Path
 import grpc
 
 from gpuquota.exporter.enrich.dra import DraAttribution
+from gpuquota.exporter.enrich.poddirectory import PodDirectory
 from gpuquota.exporter.enrich.pods import (
     DeviceMap,
     attach_claims,
@@ -43,6 +46,8 @@ log = logging.getLogger(__name__)
 DEFAULT_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 # A node with hundreds of pods can exceed gRPC's default 4 MiB receive limit.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+# an early List (asked by the pod directory for a pod UID it cannot name yet) at most this often
+EARLY_GAP_S = 0.5
 
 
 class PodResourcesWatcher:
@@ -57,6 +62,7 @@ class PodResourcesWatcher:
         max_stale: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         dra: DraAttribution | None = None,
+        directory: PodDirectory | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"pod-resources refresh interval must be > 0, got {interval}")
@@ -72,6 +78,7 @@ class PodResourcesWatcher:
         self._lock = threading.Lock()
         self._mapping: DeviceMap = {}
         self._dra = dra
+        self.directory = directory
         self._claims: dict[str, tuple[ClaimRef, ...]] = {}
         self._last_success: float | None = None
         self._up = False
@@ -82,6 +89,7 @@ class PodResourcesWatcher:
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.PodResourcesListerStub | None = None
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- the refresh loop ---------------------------------------------------------------
@@ -107,6 +115,8 @@ class PodResourcesWatcher:
             claims = resolved.claims
             for uuid, refs in resolved.devices.items():
                 mapping[uuid] = ordered_pods({*mapping.get(uuid, ()), *refs})
+        if self.directory is not None:
+            self.directory.update(response)
         with self._lock:
             self._mapping = mapping
             self._claims = claims
@@ -168,20 +178,33 @@ class PodResourcesWatcher:
         if self._thread is not None:
             return
         self._stop.clear()
+        self._wake.clear()
         self.refresh()
         self._thread = threading.Thread(target=self._run, name="pod-resources", daemon=True)
         self._thread.start()
 
+    def wake(self) -> None:
+        """Ask the kubelet now rather than at the next interval (a process of a pod the
+        directory cannot name yet: it started since the last answer)."""
+        self._wake.set()
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            woken = self._wake.wait(self.interval)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
             try:
                 self.refresh()
             except Exception:  # keep attributing on the next round whatever went wrong
                 log.exception("pod-resources refresh crashed")
                 self._failed("unexpected error")
+            if woken and self._stop.wait(EARLY_GAP_S):
+                return
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=self.timeout + self.interval)
             self._thread = None

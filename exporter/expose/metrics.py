@@ -383,12 +383,14 @@ def _read_pod_usage(attr: str) -> DeviceReader:
         for use in node.pod_usage.get(device.uuid, ()):
             value = getattr(use, attr)
             if value is not None:
-                yield (use.namespace, use.pod, use.container, use.owner), float(value)
+                yield (use.namespace, use.pod, use.container, use.owner, use.pod_uid), float(value)
 
     return read
 
 
-POD_USAGE_LABELS = (*POD_LABELS, "owner")
+POD_USAGE_LABELS = (*POD_LABELS, "owner", "pod_uid")
+# no API server read: the node names its pods (exporter/enrich/poddirectory.py)
+_POD_USAGE_SOURCE = "{} + /proc/<pid>/cgroup + pod-resources List + kubelet_internal_checkpoint"
 
 
 def _read_holder_used(kind: str) -> DeviceReader:
@@ -1046,11 +1048,13 @@ METRICS: list[MetricSpec] = [
         name=f"{P}pod_sm_utilization_ratio",
         type="gauge",
         unit="ratio",
-        help="SM utilisation of the device by each pod's processes (owner=pod), by processes "
-        "of no pod (owner=host) and of pods not listed on this node (owner=unknown); needs "
-        "--pod-usage (host PID namespace).",
+        help="SM utilisation of the device by each pod's processes (owner=pod, pod_uid from "
+        "the process's cgroup; namespace, pod and container where the kubelet's pod-resources "
+        "answer and device checkpoint name it, else empty: join pod_uid with the controller's "
+        "pods), by processes of no pod (owner=host) and by processes /proc does not show "
+        "(owner=unknown); needs --pod-usage (host PID namespace).",
         labels=POD_USAGE_LABELS,
-        source="nvmlDeviceGetProcessUtilization + /proc/<pid>/cgroup + pods of this node",
+        source=_POD_USAGE_SOURCE.format("nvmlDeviceGetProcessUtilization"),
         accessor="NodeSnapshot.pod_usage[uuid].sm_ratio",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("sm_ratio"),
@@ -1063,7 +1067,7 @@ METRICS: list[MetricSpec] = [
         help="Memory bandwidth utilisation of the device by each pod's processes (labels as "
         "gpu_pod_sm_utilization_ratio).",
         labels=POD_USAGE_LABELS,
-        source="nvmlDeviceGetProcessUtilization + /proc/<pid>/cgroup + pods of this node",
+        source=_POD_USAGE_SOURCE.format("nvmlDeviceGetProcessUtilization"),
         accessor="NodeSnapshot.pod_usage[uuid].memory_ratio",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_ratio"),
@@ -1076,7 +1080,7 @@ METRICS: list[MetricSpec] = [
         help="Framebuffer memory used on the device by each pod's processes (labels as "
         "gpu_pod_sm_utilization_ratio; MIG instances too).",
         labels=POD_USAGE_LABELS,
-        source="nvmlDeviceGetComputeRunningProcesses_v3 + /proc/<pid>/cgroup + pods of this node",
+        source=_POD_USAGE_SOURCE.format("nvmlDeviceGetComputeRunningProcesses_v3"),
         accessor="NodeSnapshot.pod_usage[uuid].memory_used_bytes",
         scope=Scope.IDENTITY,
         read_device=_read_pod_usage("memory_used_bytes"),

@@ -3,8 +3,9 @@
 The exporter (exporter/expose/metrics.py) publishes ``gpu_utilization_ratio`` per device, the
 attribution join metric ``gpu_pod_info{gpu, uuid, namespace, pod, container}`` (value 1, one
 series per container holding the device) and, with ``--pod-usage``,
-``gpu_pod_sm_utilization_ratio{uuid, namespace, pod, container, owner}``: each pod's own share
-of the device's SM time. The query reduces each to one series per device (utilisation;
+``gpu_pod_sm_utilization_ratio{uuid, namespace, pod, container, owner, pod_uid}``: each pod's
+own share of the device's SM time (a pod the node names by ``pod_uid`` alone holds no
+allocation and is left out). The query reduces each to one series per device (utilisation;
 ``--pod-labels`` may copy it per pod) and per (device, pod). Where a device has per-pod
 utilisation, each pod is charged what it used (utilisation-weighted); elsewhere a shared
 GPU's busy time is split evenly among the pods holding it.
@@ -56,7 +57,9 @@ def busy_query(
         f" / on ({DEVICE_LABEL}) group_left count by ({DEVICE_LABEL}) ({pods})"
     )
     if not measured:  # each pod's own use where the exporter measures it per pod
-        own = f'sum by ({DEVICE_LABEL}, namespace, pod) ({POD_UTIL_METRIC}{{owner="pod"}})'
+        # a pod the node could name only by pod_uid holds no GPU through the kubelet (no
+        # allocation to charge): left out, so it cannot hide the holders' even split
+        own = f'sum by ({DEVICE_LABEL}, namespace, pod) ({POD_UTIL_METRIC}{{owner="pod",pod!=""}})'
         joined = f"{own} or ({joined} unless on ({DEVICE_LABEL}) {own})"
     labels = ", ".join(by)
     return f"sum by ({labels}) (sum_over_time(({joined})[{seconds}s:{step}s])) * {step}"

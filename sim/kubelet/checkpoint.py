@@ -5,10 +5,15 @@ A real kubelet (../shared/kubelet.md) writes it after each allocation and reads 
 a container that starts again (after a kubelet or plugin restart) gets the checkpointed answer,
 not a new Allocate call, so a bad answer stays with the pod until the pod is deleted.
 
-The layout follows the kubelet's JSON (``Data.PodDeviceEntries`` with ``PodUID``,
-``ContainerName``, ``ResourceName``, ``DeviceIDs`` by NUMA node, ``AllocResp`` as base64 of the
-protobuf; ``Data.RegisteredDevices``; ``Checksum``). The checksum here is CRC-32 of the data,
-not the kubelet's FNV hash of its Go structure: nothing outside the stand-in reads it.
+The layout is the kubelet's (pkg/kubelet/cm/devicemanager/checkpoint, Go's encoding/json):
+compact JSON, fields in the Go structures' order, ``{"Data": {"PodDeviceEntries": [{"PodUID",
+"ContainerName", "ResourceName", "DeviceIDs", "AllocResp"}], "RegisteredDevices": {resource:
+[ids]}}, "Checksum": N}``. ``DeviceIDs`` maps each NUMA node (a string key, as Go writes an
+int64 map key) to the ids on it, as the plugin's ListAndWatch topology said; a device without
+topology is under ``"-1"``, one on two nodes under both. ``AllocResp`` is base64 of the
+serialized ContainerAllocateResponse. One difference: the checksum here is CRC-32 of the data,
+not the kubelet's FNV-32a of its Go structure as go-spew prints it; only a kubelet verifies it,
+and gpu-exporter (exporter/enrich/devicecheckpoint.py) does not.
 """
 
 from __future__ import annotations
@@ -37,6 +42,17 @@ class PodDeviceEntry:
     resource: str
     device_ids: tuple[str, ...]
     alloc_resp: bytes  # the serialized ContainerAllocateResponse
+    # device ID -> its NUMA nodes (ListAndWatch topology); absent or empty: no topology
+    numa: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    def per_numa(self) -> dict[str, list[str]]:
+        """DeviceIDs as the kubelet writes them: NUMA node (a string) -> ids."""
+        nodes = dict(self.numa)
+        out: dict[str, list[str]] = {}
+        for device_id in self.device_ids:
+            for node in nodes.get(device_id) or (int(NO_NUMA),):
+                out.setdefault(str(node), []).append(device_id)
+        return dict(sorted(out.items()))  # Go sorts map keys as strings: "-1" < "0" < "1"
 
 
 def _data(entries: list[PodDeviceEntry], registered: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -46,7 +62,7 @@ def _data(entries: list[PodDeviceEntry], registered: Mapping[str, list[str]]) ->
                 "PodUID": e.pod_uid,
                 "ContainerName": e.container,
                 "ResourceName": e.resource,
-                "DeviceIDs": {NO_NUMA: list(e.device_ids)},
+                "DeviceIDs": e.per_numa(),
                 "AllocResp": base64.b64encode(e.alloc_resp).decode(),
             }
             for e in entries
@@ -63,8 +79,25 @@ def write(path: Path, entries: list[PodDeviceEntry], registered: Mapping[str, li
     """Replace the checkpoint atomically (a kubelet killed mid-write leaves the old one)."""
     data = _data(entries, registered)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"Data": data, "Checksum": _checksum(data)}))
+    # Go's json.Marshal: no spaces, map keys sorted as strings, struct fields in order
+    text = json.dumps({"Data": data, "Checksum": _checksum(data)}, separators=(",", ":"))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def _entry(raw: dict[str, Any]) -> PodDeviceEntry:
+    nodes: dict[str, list[int]] = {}
+    for node, ids in sorted(raw["DeviceIDs"].items(), key=lambda kv: int(kv[0])):
+        for device_id in ids:
+            nodes.setdefault(device_id, []).append(int(node))
+    return PodDeviceEntry(
+        str(raw["PodUID"]),
+        str(raw["ContainerName"]),
+        str(raw["ResourceName"]),
+        tuple(nodes),
+        base64.b64decode(raw["AllocResp"], validate=True),
+        tuple((i, tuple(n)) for i, n in nodes.items() if n != [int(NO_NUMA)]),
+    )
 
 
 def read(path: Path) -> tuple[list[PodDeviceEntry], dict[str, list[str]]]:
@@ -79,16 +112,7 @@ def read(path: Path) -> tuple[list[PodDeviceEntry], dict[str, list[str]]]:
         data = raw["Data"]
         if raw["Checksum"] != _checksum(data):
             raise CorruptCheckpointError(f"{path}: checksum mismatch")
-        entries = [
-            PodDeviceEntry(
-                str(e["PodUID"]),
-                str(e["ContainerName"]),
-                str(e["ResourceName"]),
-                tuple(i for ids in e["DeviceIDs"].values() for i in ids),
-                base64.b64decode(e["AllocResp"], validate=True),
-            )
-            for e in data["PodDeviceEntries"]
-        ]
+        entries = [_entry(e) for e in data["PodDeviceEntries"] or []]
         registered = {str(r): list(ids) for r, ids in data["RegisteredDevices"].items()}
     except (KeyError, TypeError, AttributeError, binascii.Error) as exc:
         raise CorruptCheckpointError(f"{path}: malformed ({exc!r})") from exc

@@ -9,8 +9,14 @@ DRA allocations (a container's ResourceClaims) are answered as ``dynamic_resourc
 as a kubelet with DRA does: claim name and namespace, and per device the driver, pool, device
 name and CDI device ids (:class:`ClaimAssignment`, :meth:`PodResourcesServer.assign_claim`).
 
+Given a ``checkpoint`` path, it also writes the kubelet device manager's checkpoint
+(sim/kubelet/checkpoint.py) for the assignments that carry a pod ``uid``, whenever they change:
+how a node ties the UIDs to the names List gives (the full kubelet stand-in,
+sim/kubelet/registration.py, writes it from its own allocations instead).
+
 Run it on its own: ``python -m gpuquota.sim.kubelet.podresources --socket PATH --assignments FILE``
-where FILE is a JSON list of ``{"namespace", "pod", "container", "resource", "device_ids"}``.
+where FILE is a JSON list of ``{"namespace", "pod", "container", "resource", "device_ids"}``
+(and optionally ``"uid"``).
 """
 
 from __future__ import annotations
@@ -32,19 +38,23 @@ import grpc
 
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2 as pb
 from gpuquota.exporter.kubeletapi import podresources_v1_pb2_grpc as pb_grpc
+from gpuquota.sim.kubelet import checkpoint
 
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True, slots=True)
 class Assignment:
-    """Devices of one resource that the kubelet gave to one container."""
+    """Devices of one resource that the kubelet gave to one container. With ``resource`` ""
+    and no ids: a container that holds no device, listed all the same (the kubelet's List
+    names every container of every active pod)."""
 
     namespace: str
     pod: str
     container: str
     resource: str
     device_ids: tuple[str, ...]
+    uid: str = ""  # the pod's UID: what the device checkpoint keys it by (List has none)
 
     @classmethod
     def from_json(cls, raw: Any) -> Assignment:
@@ -62,6 +72,7 @@ class Assignment:
             str(raw["container"]),
             str(raw["resource"]),
             tuple(ids),
+            str(raw.get("uid") or ""),
         )
 
 
@@ -181,8 +192,15 @@ class _Lister(pb_grpc.PodResourcesListerServicer):
 class PodResourcesServer:
     """The stand-in server. Use as a context manager or call start()/stop()."""
 
-    def __init__(self, socket_path: Path, assignments: Iterable[Assignment] = ()) -> None:
+    def __init__(
+        self,
+        socket_path: Path,
+        assignments: Iterable[Assignment] = (),
+        *,
+        checkpoint: Path | None = None,
+    ) -> None:
         self.socket_path = socket_path
+        self.checkpoint = checkpoint
         self._lock = threading.Lock()
         self._assignments: list[Assignment] = list(assignments)
         self._claims: list[ClaimAssignment] = []
@@ -198,12 +216,36 @@ class PodResourcesServer:
     def set_assignments(self, assignments: Iterable[Assignment]) -> None:
         with self._lock:
             self._assignments = list(assignments)
+            self._write_checkpoint()
 
     def assign(
-        self, namespace: str, pod: str, container: str, resource: str, *device_ids: str
+        self,
+        namespace: str,
+        pod: str,
+        container: str,
+        resource: str,
+        *device_ids: str,
+        uid: str = "",
     ) -> None:
         with self._lock:
-            self._assignments.append(Assignment(namespace, pod, container, resource, device_ids))
+            self._assignments.append(
+                Assignment(namespace, pod, container, resource, device_ids, uid)
+            )
+            self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        """Under _lock: the device manager's checkpoint for the assignments with a UID."""
+        if self.checkpoint is None:
+            return
+        held = [a for a in self._assignments if a.uid and a.resource]
+        entries = [
+            checkpoint.PodDeviceEntry(a.uid, a.container, a.resource, a.device_ids, b"")
+            for a in held
+        ]
+        registered: dict[str, list[str]] = {}
+        for a in held:
+            registered.setdefault(a.resource, []).extend(a.device_ids)
+        checkpoint.write(self.checkpoint, entries, registered)
 
     def assign_claim(self, claim: ClaimAssignment) -> None:
         """A container holds a DRA claim's devices (several pods may share one claim)."""
@@ -220,6 +262,7 @@ class PodResourcesServer:
                 a for a in self._assignments if (a.namespace, a.pod) != (namespace, pod)
             ]
             self._claims = [c for c in self._claims if (c.namespace, c.pod) != (namespace, pod)]
+            self._write_checkpoint()
 
     def set_allocatable(self, resource: str, device_ids: Sequence[str]) -> None:
         with self._lock:
@@ -259,9 +302,10 @@ class PodResourcesServer:
         for a in assignments:
             containers = pods.setdefault((a.namespace, a.pod), {})
             container = containers.setdefault(a.container, pb.ContainerResources(name=a.container))
-            container.devices.append(
-                pb.ContainerDevices(resource_name=a.resource, device_ids=a.device_ids)
-            )
+            if a.resource:
+                container.devices.append(
+                    pb.ContainerDevices(resource_name=a.resource, device_ids=a.device_ids)
+                )
         for c in claims:
             containers = pods.setdefault((c.namespace, c.pod), {})
             container = containers.setdefault(c.container, pb.ContainerResources(name=c.container))
@@ -279,6 +323,8 @@ class PodResourcesServer:
             ]
 
     def start(self) -> PodResourcesServer:
+        with self._lock:
+            self._write_checkpoint()
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
         self.socket_path.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))

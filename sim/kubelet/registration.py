@@ -260,6 +260,7 @@ class KubeletStandIn:
         self._pod_resources: PodResourcesServer | None = None
         # the device manager's state, under _cond
         self._health: dict[str, dict[str, str]] = {}  # resource -> device ID -> health
+        self._numa: dict[str, dict[str, tuple[int, ...]]] = {}  # resource -> ID -> NUMA nodes
         self._stopped_at: dict[str, float] = {}  # resource -> when its plugin went away
         self._entries: dict[tuple[str, str, str], checkpoint.PodDeviceEntry] = {}
         self._pods: dict[str, Pod] = {}  # uid -> pod
@@ -306,6 +307,7 @@ class KubeletStandIn:
                 self._stopped_at[plugin.resource] = time.monotonic()
             else:
                 self._health[plugin.resource] = dict(update.devices)
+                self._numa[plugin.resource] = dict(update.numa)
             self._write_checkpoint()
         self._publish_pods()
 
@@ -330,6 +332,7 @@ class KubeletStandIn:
             {c: dict(r) for c, r in containers.items()},
         )
         answers: dict[str, dict[str, pb.ContainerAllocateResponse]] = {}
+        self._update_allocated_devices(admitting=pod.uid)
         try:
             for container, wanted in pod.containers.items():
                 for resource, count in wanted.items():
@@ -381,8 +384,14 @@ class KubeletStandIn:
             raise AdmissionError(f"Allocate for {resource} failed: {exc.details()}") from exc
         answer = response.container_responses[0]
         with self._cond:
+            numa = self._numa.get(resource, {})
             self._entries[key] = checkpoint.PodDeviceEntry(
-                pod.uid, container, resource, tuple(chosen), answer.SerializeToString()
+                pod.uid,
+                container,
+                resource,
+                tuple(chosen),
+                answer.SerializeToString(),
+                tuple((i, numa[i]) for i in chosen if numa.get(i)),
             )
             self._write_checkpoint()
         return answer
@@ -399,7 +408,11 @@ class KubeletStandIn:
             }
 
     def remove_pod(self, namespace: str, name: str) -> None:
-        """The pod is deleted: its devices are free and its checkpoint entries go."""
+        """The pod is deleted: no longer active, so pod-resources stops listing it. Its devices
+        are freed, and its checkpoint entries dropped, only at the next allocation, as the
+        kubelet's device manager does (``UpdateAllocatedDevices`` prunes inactive pods in
+        memory before allocating; the file is rewritten only by an allocation or a plugin's
+        device update): until then the checkpoint still names the deleted pod's UID."""
         with self._cond:
             uids = {
                 uid for uid, p in self._pods.items() if (p.namespace, p.name) == (namespace, name)
@@ -407,10 +420,16 @@ class KubeletStandIn:
             for uid in uids:
                 self._pods.pop(uid, None)
                 self._pod_status.pop(uid, None)
-            for key in [k for k in self._entries if k[0] in uids]:
-                del self._entries[key]
-            self._write_checkpoint()
         self._publish_pods()
+
+    def _update_allocated_devices(self, admitting: str) -> None:
+        """The device manager's UpdateAllocatedDevices: forget the devices of pods no longer
+        active (not the one being admitted), in memory; the next checkpoint write has them
+        gone."""
+        with self._cond:
+            active = {*self._pods, admitting}
+            for key in [k for k in self._entries if k[0] not in active]:
+                del self._entries[key]
 
     def pod_uid(self, namespace: str, name: str) -> str | None:
         with self._cond:
@@ -496,11 +515,17 @@ class KubeletStandIn:
                 if statuses != self._pod_status.get(uid):
                     self._pod_status[uid] = statuses
                     changed.append((pod, statuses))
-            assignments = [
-                Assignment(p.namespace, p.name, container, resource, e.device_ids)
-                for (uid, container, resource), e in self._entries.items()
-                if (p := self._pods.get(uid)) is not None
-            ]
+            # every admitted pod and each of its containers, in spec order, devices or not:
+            # what the kubelet's List answers (it has no UIDs: those are in the checkpoint)
+            assignments = []
+            for uid, p in self._pods.items():
+                for container in p.containers:
+                    held = [
+                        Assignment(p.namespace, p.name, container, resource, e.device_ids)
+                        for (pod_uid, name, resource), e in self._entries.items()
+                        if (pod_uid, name) == (uid, container)
+                    ]
+                    assignments += held or [Assignment(p.namespace, p.name, container, "", ())]
             allocatable = {r: sorted(d) for r, d in self._health.items()}
         if self._pod_resources is not None:
             self._pod_resources.set_assignments(assignments)

@@ -148,10 +148,12 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             node.set(i, gpu_utilization_ratio=0.1 * i, power_watts=120.0 + 40 * i)
         uuids = [node.uuid(i) for i in range(node.gpu_count)]
         pods = [
-            Assignment("team-a", "train-0", "main", GPU, tuple(uuids[0:4])),
-            Assignment("team-b", "serve-0", "main", GPU, (uuids[4],)),
+            Assignment("team-a", "train-0", "main", GPU, tuple(uuids[0:4]), _UIDS[0]),
+            Assignment("team-b", "serve-0", "main", GPU, (uuids[4],), _UIDS[1]),
         ]
-        kubelet = PodResourcesServer(work / "pod-resources.sock", pods).start()
+        checkpoint = work / "kubelet_internal_checkpoint"  # the kubelet's: the pods' UIDs
+        kubelet = PodResourcesServer(work / "pod-resources.sock", pods, checkpoint=checkpoint)
+        kubelet.start()
         stack.callback(kubelet.stop)
         node.set(4, clock_event_reasons=0x4)  # SW power cap: a throttled GPU
         for i in range(node.gpu_count):  # profiling, as an H100 under a matmul reads
@@ -173,6 +175,7 @@ def scene(sim_library: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 f"--pod-resources-socket={work / 'pod-resources.sock'}",
                 "--health-quiet-period=1h",
                 "--pod-usage",
+                f"--device-checkpoint={checkpoint}",
                 "--node-name=gpu-1",
                 f"--proc-root={proc}",
                 f"--kubeconfig={api.write_kubeconfig(work / 'exporter-kubeconfig')}",

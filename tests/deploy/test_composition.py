@@ -51,6 +51,8 @@ import yaml
 from gpuquota.sim import promoperator
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import free_port, stop_process, wait_for
+from gpuquota.sim.kubelet.checkpoint import CHECKPOINT_FILE, PodDeviceEntry
+from gpuquota.sim.kubelet.checkpoint import write as write_checkpoint
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
 from gpuquota.sim.ledgerdemo import DemoPod, node_object, pod_object
 from gpuquota.sim.nvml.control import SimNode
@@ -226,6 +228,12 @@ def test_the_production_build_runs_as_one_system(
         kubelet = stack.enter_context(PodResourcesServer(Path(socket)))
         kubelet.set_assignments(
             [Assignment(TEAM, "trainer", "main", "nvidia.com/gpu", (node.uuid(0),))]
+        )
+        # the kubelet's device checkpoint in the host folder pod-usage mounts: the pod's UID
+        write_checkpoint(
+            mounts["/var/lib/gpuquota/device-plugins"] / CHECKPOINT_FILE,
+            [PodDeviceEntry(UID, "main", "nvidia.com/gpu", (node.uuid(0),), b"")],
+            {"nvidia.com/gpu": [node.uuid(0), node.uuid(1)]},
         )
         argv = [
             *exporter["command"],

@@ -180,16 +180,23 @@ def test_overlays_build_and_change_what_they_say() -> None:
     usage = built("components/pod-usage")
     pod = find(usage, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"]
     assert pod["hostPID"] is True and "--pod-usage" in pod["containers"][0]["args"]
-    assert pod["automountServiceAccountToken"] is True
+    # no Kubernetes API at all: the node names its pods (tests/deploy/test_least_privilege.py)
+    assert pod["automountServiceAccountToken"] is False
     assert pod["containers"][0]["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert not find(base, "DaemonSet", "gpu-exporter")["spec"]["template"]["spec"].get("hostPID")
-    build_parser().parse_args(pod["containers"][0]["args"])
-    # the one call exporter/enrich/poddirectory.py makes (tests/exporter/test_podusage.py runs it)
-    assert find(usage, "ClusterRole", "gpu-exporter-pod-usage")["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+    args = build_parser().parse_args(pod["containers"][0]["args"])
+    # the kubelet's device checkpoint, through a read-only mount of its folder (the kubelet
+    # replaces the file: a file mount would keep the old one)
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "device-checkpoint"]
+    assert mount["readOnly"] is True
+    assert Path(args.device_checkpoint).parent == Path(mount["mountPath"])
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "device-checkpoint"]
+    assert volume["hostPath"] == {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"}
+    assert not [
+        d
+        for d in usage
+        if d["kind"] in ("ClusterRole", "Role") and "pod-usage" in d["metadata"]["name"]
     ]
-    binding = find(usage, "ClusterRoleBinding", "gpu-exporter-pod-usage")
-    assert binding["subjects"][0]["name"] == "gpu-exporter"
 
     ledger = built("components/usage-ledger")
     config = find(ledger, "ConfigMap", "gpuquota-controller")["data"]

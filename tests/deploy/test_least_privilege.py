@@ -23,12 +23,16 @@ import pytest
 from gpuquota.kube.client import Kube
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import stop_process, wait_for
+from gpuquota.sim.kubelet.checkpoint import PodDeviceEntry
+from gpuquota.sim.kubelet.checkpoint import write as write_checkpoint
+from gpuquota.sim.kubelet.podresources import GPU_RESOURCE as GPU
 from gpuquota.sim.kubelet.podresources import ClaimAssignment, PodResourcesServer
+from gpuquota.sim.kubelet.registration import KubeletStandIn
 from gpuquota.sim.nvml import spec
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.resourceslices import DRIVER, resource_slices
-from tests.deploy.manifests import DEPLOY, built, find, kustomize, needs_kubectl
-from tests.kubelet.exporter_proc import Exporter
+from tests.deploy.manifests import DEPLOY, OVERLAYS, built, find, kustomize, needs_kubectl
+from tests.kubelet.exporter_proc import Exporter, scrape
 
 Grant = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 NODE = "node-a"
@@ -143,8 +147,9 @@ def test_exporter_roles_grant_exactly_what_the_exporter_calls(overlay: str, fold
 @needs_kubectl
 @pytest.mark.parametrize(
     "folder_name",
-    ["base", "components/restricted", "components/dcgm-compat", "components/grafana-dashboards"],
-)
+    ["base", "components/restricted", "components/dcgm-compat", "components/grafana-dashboards",
+     "components/pod-usage"],
+)  # fmt: skip
 def test_exporters_without_api_flags_have_no_token_and_no_grant(folder_name: str) -> None:
     docs = built(folder_name)
     assert grants(docs, EXPORTER_SA) == set()
@@ -210,31 +215,70 @@ def test_every_resource_the_exporter_may_change_is_under_a_policy(
     assert {p["metadata"]["name"] for p in policies} <= bound
 
 
+POD_READS = {("", "pods", verb) for verb in ("get", "list", "watch")}
+
+
 @needs_kubectl
-def test_pod_usage_role_grants_exactly_what_the_exporter_calls(folder: Path) -> None:
-    """components/pod-usage: the pod list that joins a process's pod UID to its name, nothing more."""
+@pytest.mark.parametrize("build", OVERLAYS)
+def test_the_agent_may_read_no_pod_in_any_build(build: str) -> None:
+    """Issue 35: RBAC cannot confine a pod read to one node (a field selector is the client's
+    choice), and pod specs carry credentials: no build of deploy/ lets the node agent read
+    pods, whatever it composes."""
+    granted = grants(built(build), EXPORTER_SA)
+    assert not granted & POD_READS, f"{build}: the agent may read pods: {granted & POD_READS}"
+    assert not {g for g in granted if g[1].startswith("pods")}, granted
+
+
+@needs_kubectl
+def test_pod_usage_calls_no_api_and_names_pods_from_the_node(folder: Path) -> None:
+    """components/pod-usage with its manifest's arguments, on the kubelet stand-in, and an
+    API server that would refuse pods: not one request, and the GPU's pod named."""
     docs = built("components/pod-usage")
-    granted = grants(docs, EXPORTER_SA)
-    socket_path = folder / "kubelet.sock"
+    assert grants(docs, EXPORTER_SA) == set()
+    kubelet = KubeletStandIn(folder / "dp", root_dir=folder / "root")
+    (folder / "dp").mkdir()
+    kubelet.start()
+    uid = "6f1b3a8e-2c4d-4e5f-9a0b-1c2d3e4f5a6b"
+    proc = folder / "proc" / "4242"
+    proc.mkdir(parents=True)
+    proc.joinpath("cgroup").write_text(f"0::/kubepods/pod{uid}/{'c' * 64}\n")
+    args = [a for a in exporter_args(docs) if not a.startswith("--device-checkpoint")]
     with (
         SimNode.create(folder / "nvml.state", "h100x8") as node,
         ApiServer(bookmark_interval=0.2) as api,
-        PodResourcesServer(socket_path),
     ):
+        api.forbid("pods")
+        gpu = node.uuid(3)
+        # what the kubelet's device manager keeps after admitting the pod with GPU 3
+        write_checkpoint(kubelet.checkpoint_path, [PodDeviceEntry(uid, "main", GPU, (gpu,), b"")],
+                         {GPU: [gpu]})  # fmt: skip
+        kubelet.stop()
+        kubelet.start()  # reads the checkpoint back, as after a kubelet restart
+        kubelet.admit("team-a", "trainer", {"main": {}}, uid=uid)  # known pod, no new Allocate
+        node.add_process(3, 4242, 2**30)
+        assert kubelet.pod_resources_socket is not None
         exporter = Exporter(
             node,
-            socket_path,
-            *exporter_args(docs),
+            kubelet.pod_resources_socket,
+            *args,
+            f"--device-checkpoint={kubelet.checkpoint_path}",
+            f"--proc-root={folder / 'proc'}",
             f"--node-name={NODE}",
             f"--kubeconfig={api.write_kubeconfig(folder / 'kubeconfig')}",
         )
         try:
-            wait_for(lambda: ("", "pods", "list") in set(api.calls), timeout=15,
-                     what="the exporter's pod list")  # fmt: skip
+            wait_for(lambda: _named(exporter, "trainer", uid), timeout=20,
+                     what=f"the pod named from the node ({exporter.output()})")  # fmt: skip
             called = set(api.calls)
         finally:
             exporter.stop()
-    assert called <= granted, f"calls no role allows: {sorted(called - granted)}"
-    assert granted <= called, (
-        f"pod-usage grants what the code never calls: {sorted(granted - called)}"
-    )
+            kubelet.stop()
+    assert called == set(), f"pod-usage called the API server: {sorted(called)}"
+
+
+def _named(exporter: Exporter, pod: str, uid: str) -> bool:
+    return any(
+        line.startswith("gpu_pod_memory_used_bytes{") and f'pod="{pod}"' in line
+        and f'pod_uid="{uid}"' in line
+        for line in scrape(exporter.port).splitlines()
+    )  # fmt: skip

@@ -201,11 +201,15 @@ def test_beyond_the_profile_read_only_roots_and_host_folders(folder: str) -> Non
             for mount in container.get("volumeMounts", []):
                 if mount["name"] not in host:
                     continue
-                # writable only where the device plugin creates its sockets
-                writable = host[mount["name"]] == "/var/lib/kubelet/device-plugins"
+                # writable only where the device plugin creates its sockets (pod-usage reads
+                # the kubelet's device checkpoint in the same folder, read-only)
+                writable = mount["name"] == "device-plugins"
+                if writable:
+                    assert "device-plugin" in components_of(folder), (folder, mount)
+                    assert host[mount["name"]] == "/var/lib/kubelet/device-plugins"
                 assert mount.get("readOnly", False) is not writable, (folder, mount)
         paths = set(host.values())
-        if "device-plugin" not in components_of(folder):
+        if not {"device-plugin", "pod-usage"} & set(components_of(folder)):
             assert "/var/lib/kubelet/device-plugins" not in paths, folder
         assert paths <= {"/var/lib/kubelet/pod-resources", "/var/lib/kubelet/device-plugins"}
 

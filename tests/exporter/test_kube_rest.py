@@ -129,7 +129,6 @@ def test_the_agent_with_every_api_feature_never_loads_the_official_client(tmp_pa
         "from gpuquota.exporter.nodestatus import updater\n"
         "from gpuquota.exporter.dra import taints\n"
         "from gpuquota.kube import watch\n"
-        f"kube = app.core_api(Path({str(config)!r}))\n"
         "app.kube_api(Path(" + repr(str(config)) + "))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'kubernetes'))\n"
     )

@@ -13,7 +13,6 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -50,19 +49,6 @@ SMALL = 1  # the stand-in lists a GPU's MIG instances largest first: 3g.40gb, 1g
 POWER = {0: 500.0, 1: 400.0, 2: 700.0, 3: 70.0, 4: 30.0}
 
 
-def _pod(name: str) -> dict[str, Any]:
-    namespace, uid, pid = PODS[name]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
-        "spec": {"nodeName": NODE, "containers": [{"name": "main", "image": "x"}]},
-        "status": {"phase": "Running", "containerStatuses": [
-            {"name": "main", "containerID": f"containerd://{pid:064x}", "ready": True,
-             "restartCount": 0, "image": "x", "imageID": "x"}]},
-    }  # fmt: skip
-
-
 def _proc(root: Path, name: str) -> None:
     _namespace, uid, pid = PODS[name]
     (root / str(pid)).mkdir(parents=True)
@@ -84,11 +70,14 @@ def _cluster(node: SimNode, tmp_path: Path, kubelet: PodResourcesServer) -> None
     for pid, sm in ((201, 0.6), (301, 0.2)):
         node.add_process(1, pid, 2**30)
         node.set_process_utilization(1, pid, sm=sm, memory=0.1)
-    kubelet.assign("team-a", "train", "main", "nvidia.com/gpu", node.uuid(0))
-    kubelet.assign("team-b", "nb1", "main", "nvidia.com/gpu", f"{node.uuid(1)}::0")
-    kubelet.assign("team-c", "nb2", "main", "nvidia.com/gpu", f"{node.uuid(1)}::1")
-    kubelet.assign("team-a", "mig", "main", "nvidia.com/mig-1g.10gb", node.mig_uuids(2)[SMALL])
-    kubelet.assign("team-b", "infer", "main", "nvidia.com/gpu", node.uuid(3))
+    uid = {name: u for name, (_ns, u, _pid) in PODS.items()}  # in the kubelet's checkpoint
+    gpu = "nvidia.com/gpu"
+    kubelet.assign("team-a", "train", "main", gpu, node.uuid(0), uid=uid["train"])
+    kubelet.assign("team-b", "nb1", "main", gpu, f"{node.uuid(1)}::0", uid=uid["nb1"])
+    kubelet.assign("team-c", "nb2", "main", gpu, f"{node.uuid(1)}::1", uid=uid["nb2"])
+    mig = node.mig_uuids(2)[SMALL]
+    kubelet.assign("team-a", "mig", "main", "nvidia.com/mig-1g.10gb", mig, uid=uid["mig"])
+    kubelet.assign("team-b", "infer", "main", gpu, node.uuid(3), uid=uid["infer"])
 
 
 @pytest.fixture
@@ -97,14 +86,17 @@ def cluster(
 ) -> Iterator[tuple[SimNode, Path, list[str]]]:
     """(node, kubeconfig, the exporter's pod flags)."""
     node = make_node(SPEC)
-    with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet, ApiServer() as server:
-        for name in PODS:
-            server.apply("ADDED", _pod(name))
+    checkpoint = tmp_path / "kubelet_internal_checkpoint"
+    with (
+        PodResourcesServer(tmp_path / "kubelet.sock", checkpoint=checkpoint) as kubelet,
+        ApiServer() as server,
+    ):
+        server.forbid("pods")  # the agent names pods from the node alone (issue 35)
         _cluster(node, tmp_path, kubelet)
         kubeconfig = server.write_kubeconfig(tmp_path / "kubeconfig")
         flags = [
             "--pod-resources-socket", str(tmp_path / "kubelet.sock"),
-            "--pod-resources-interval", "100ms",
+            "--pod-resources-interval", "100ms", "--device-checkpoint", str(checkpoint),
             "--pod-usage", "--node-name", NODE, "--proc-root", str(tmp_path / "proc"),
             "--kubeconfig", str(kubeconfig), "--dra", "off",
         ]  # fmt: skip
@@ -280,7 +272,13 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
     node.set(1, power_watts=100.0)
     node.set_gpm(0, sm_activity=0.5)
     claim_uid = "66666666-6666-4666-8666-666666666666"
-    (tmp_path / "proc").mkdir()
+    pod_uids = {"p1": "77777777-7777-4777-8777-777777777771",
+                "p2": "77777777-7777-4777-8777-777777777772"}  # fmt: skip
+    (tmp_path / "proc" / "601").mkdir(parents=True)
+    (tmp_path / "proc" / "601" / "cgroup").write_text(
+        f"0::/kubepods/pod{pod_uids['p1']}/{'d' * 64}\n"
+    )
+    node.add_process(0, 601, 2**30)
     with PodResourcesServer(tmp_path / "kubelet.sock") as kubelet, ApiServer() as server:
         for obj in resource_slices(spec.load(two), NODE):
             server.apply("ADDED", obj)
@@ -288,7 +286,10 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": "shared", "namespace": "team-d", "uid": claim_uid},
             "spec": {"devices": {"requests": []}},
+            "status": {"reservedFor": [{"resource": "pods", "name": p, "uid": u}
+                                       for p, u in pod_uids.items()]},
         })  # fmt: skip
+        server.forbid("pods")  # the claim's reservation names p1's process (issue 35)
         for pod in ("p1", "p2"):
             device = ((DRIVER, NODE, "gpu-0"),)
             kubelet.assign_claim(ClaimAssignment("team-d", pod, "main", "shared", "team-d", device))
@@ -341,6 +342,8 @@ def test_a_dra_claim_shared_by_two_pods_is_charged_once(
     energy_since = seen[max(seen.index(held[0]) - 1, 0)].collected_at
     assert joules == pytest.approx(300.0 * (held[-1].collected_at - energy_since), rel=0.02)
     assert "gpu_pod_used_seconds_total" not in scraped  # the pods hold it through the claim
+    (mine,) = [lbl for lbl, _ in scraped["gpu_pod_memory_used_bytes"] if lbl["owner"] == "pod"]
+    assert (mine["namespace"], mine["pod"], mine["pod_uid"]) == ("team-d", "p1", pod_uids["p1"])
     unallocated = {lbl["uuid"]: v for lbl, v in scraped["gpu_unallocated_energy_joules_total"]}
     # before the claim was seen GPU 0 was nobody's: every joule is someone's, or unallocated
     total = 300.0 * (held[-1].collected_at - seen[0].collected_at)

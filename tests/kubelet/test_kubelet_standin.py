@@ -139,10 +139,18 @@ def test_allocate_answers_are_checkpointed_and_stick_until_the_pod_is_recreated(
 
     # Only a new pod gets the plugin's new answer.
     kubelet.remove_pod("ml", "train")
-    assert json.loads((plugin_dir / CHECKPOINT_FILE).read_text())["Data"]["PodDeviceEntries"] == []
+
+    def uids() -> list[str]:
+        saved = json.loads((plugin_dir / CHECKPOINT_FILE).read_text())
+        return [e["PodUID"] for e in saved["Data"]["PodDeviceEntries"]]
+
+    # the kubelet rewrites the file only at the next allocation (or a plugin's device update):
+    # until then it still names the deleted pod
+    assert uids() == [uid]
     listed(kubelet)
     fresh = kubelet.admit("ml", "train", {"main": {GPU: 1}})["main"][GPU]
     assert [d.name for d in fresh.cdi_devices] and not fresh.devices
+    assert uids() == [kubelet.pod_uid("ml", "train")] != [uid]
 
 
 def test_allocatable_is_published_only_at_the_node_status_sync(make_kubelet, plugins) -> None:

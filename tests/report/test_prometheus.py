@@ -32,7 +32,7 @@ def test_query_joins_utilisation_with_pod_attribution() -> None:
         "(max by (uuid) (gpu_utilization_ratio)"
         f" * on (uuid) group_right {pods}) / on (uuid) group_left count by (uuid) ({pods})"
     )
-    own = 'sum by (uuid, namespace, pod) (gpu_pod_sm_utilization_ratio{owner="pod"})'
+    own = 'sum by (uuid, namespace, pod) (gpu_pod_sm_utilization_ratio{owner="pod",pod!=""})'
     # each pod's own SM use where the exporter measures it, else an even split of the GPU
     assert busy_query(86400, 9) == (
         f"sum by (namespace) (sum_over_time(({own} or ({even} unless on (uuid) {own}))"
@@ -235,6 +235,10 @@ def _openmetrics_per_pod(start: int, end: int) -> str:
             f'uuid="GPU-b",namespace="{ns}",pod="{pod}",container="{container}",owner="{owner}"'
         )
         lines += [f"gpu_pod_sm_utilization_ratio{{{labels}}} {sm} {t}" for t in times]
+    # a process on GPU-a of a pod that holds no GPU through the kubelet: named by UID alone
+    # (issue 35); ml/a's share of GPU-a stays the device's utilisation
+    labels = 'uuid="GPU-a",namespace="",pod="",container="",owner="pod",pod_uid="u-1"'
+    lines += [f"gpu_pod_sm_utilization_ratio{{{labels}}} 0.1 {t}" for t in times]
     return "\n".join([*lines, "# EOF", ""])
 
 
