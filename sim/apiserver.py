@@ -1014,6 +1014,10 @@ class ApiServer:
         """POST pods/<name>/eviction: honour the pod's PodDisruptionBudgets, then delete it."""
         if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
             raise ApiError(400, "BadRequest", "the body of an eviction must be an Eviction")
+        # admission judges the Eviction (a CREATE of pods/eviction); the delete it leads to is
+        # the server's own
+        self._judge(RESOURCES["pods"], "CREATE", body, None)
+        self._http.sub = None
         with self.state.lock:
             pod = self.state.objects["pods"].get((ns, name))
             if pod is None:
