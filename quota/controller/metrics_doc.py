@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from gpuquota.cli_common import generated
 from gpuquota.quota.controller.metrics import METRICS, ControllerMetric
+from gpuquota.quota.remediation.metrics import METRICS as REMEDIATION
+from gpuquota.quota.remediation.metrics import RemediationMetric
 
 HEADER = """\
 # Controller metrics reference
@@ -42,13 +44,11 @@ REMEDIATION_HEADER = """
 
 
 def render(table: Sequence[ControllerMetric] = METRICS) -> str:
-    from gpuquota.quota.remediation.metrics import METRICS as REMEDIATION
-
     lines = [HEADER, *_rows(table), REMEDIATION_HEADER, *_rows(REMEDIATION)]
     return "\n".join(lines) + "\n"
 
 
-def _rows(table: Sequence[ControllerMetric]) -> list[str]:
+def _rows(table: Sequence[ControllerMetric | RemediationMetric]) -> list[str]:
     lines = [
         "| Metric | Type | Labels | Description | Source, and how often it is set |",
         "|---|---|---|---|---|",

@@ -162,7 +162,7 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
 def _with_pod_actions(
     args: argparse.Namespace, text: str, summaries: list[summary.BoardSummary], window: Period
 ) -> str:
-    from gpuquota.quota.remediation import view
+    from gpuquota.quota.fleet import pod_actions as view
     from gpuquota.quota.remediation.record import acts_on_devices
 
     acts = {}

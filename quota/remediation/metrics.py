@@ -3,14 +3,29 @@ docs/controller-metrics.md beside the controller's by quota/controller/metrics_d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gpuquota.quota.controller.metrics import ControllerMetric
+
+@dataclass(frozen=True)
+class RemediationMetric:
+    """One row of the table: the fields of the controller's (quota/controller/metrics.py), so
+    one generator renders both."""
+
+    attr: str  # the RemediationMetrics attribute
+    name: str
+    type: Literal["gauge", "counter"]
+    help: str
+    labels: tuple[str, ...]
+    source: str  # where the value comes from, and how often it is set
+
 
 _ROUND = "after each round (every --interval)"
 
-METRICS: tuple[ControllerMetric, ...] = (
-    ControllerMetric(
+METRICS: tuple[RemediationMetric, ...] = (
+    RemediationMetric(
         "breaker_open",
         "gpuquota_remediation_breaker_open",
         "gauge",
@@ -19,7 +34,7 @@ METRICS: tuple[ControllerMetric, ...] = (
         (),
         "The nodes' published verdicts (Node condition, DeviceTaintRules), " + _ROUND,
     ),
-    ControllerMetric(
+    RemediationMetric(
         "gpu_nodes",
         "gpuquota_remediation_gpu_nodes",
         "gauge",
@@ -27,7 +42,7 @@ METRICS: tuple[ControllerMetric, ...] = (
         (),
         "The Node list and DeviceTaintRules, " + _ROUND,
     ),
-    ControllerMetric(
+    RemediationMetric(
         "reporting_nodes",
         "gpuquota_remediation_reporting_nodes",
         "gauge",
@@ -35,7 +50,7 @@ METRICS: tuple[ControllerMetric, ...] = (
         (),
         "The Node list and DeviceTaintRules, " + _ROUND,
     ),
-    ControllerMetric(
+    RemediationMetric(
         "budget_left",
         "gpuquota_remediation_eviction_budget_left",
         "gauge",
@@ -43,7 +58,7 @@ METRICS: tuple[ControllerMetric, ...] = (
         (),
         "The store's remediation_actions rows, " + _ROUND + " with --evict",
     ),
-    ControllerMetric(
+    RemediationMetric(
         "actions",
         "gpuquota_remediation_actions",
         "counter",
@@ -52,7 +67,7 @@ METRICS: tuple[ControllerMetric, ...] = (
         ("action", "result"),
         "Each action, as it is recorded in the store",
     ),
-    ControllerMetric(
+    RemediationMetric(
         "round_errors",
         "gpuquota_remediation_round_errors",
         "counter",

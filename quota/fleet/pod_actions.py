@@ -1,5 +1,5 @@
 """What the central remediation did to the pods of one board's fences, for `gpuquota gpus
---serial S` (rows from quota/remediation/record.py; added after the board's own table)."""
+--serial S` (rows quota/remediation/record.py reads; shown after the board's own table)."""
 
 from __future__ import annotations
 
