@@ -10,8 +10,10 @@ so the format has one owner:
   annotations, the DRA device (driver/pool/device) in ``spec.deviceSelector``
   (exporter/dra/taintrules.fences_of).
 
-A GPU node is one whose capacity offers a GPU resource, or whose agent has published a verdict
-(our condition, whatever its status, or a rule naming it): the circuit breaker's denominator.
+A GPU node is one whose capacity offers a GPU resource, that carries the label
+``nvidia.com/gpu.present=true`` (the agent's DaemonSet runs there; DRA nodes offer no
+resource in their capacity), or whose agent has published a verdict (our condition, whatever
+its status, or a rule naming it): the circuit breaker's denominator.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ Obj = dict[str, Any]
 # the actions that no restart of the application clears: its pods are acted on
 NEEDS_ACTION = (Action.RESET_GPU, Action.REBOOT_NODE)
 GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-")
+GPU_NODE_LABEL = (
+    "nvidia.com/gpu.present"  # GPU feature discovery's; the agent's DaemonSet selects it
+)
 
 DraId = tuple[str, str, str]  # driver, pool, device
 
@@ -78,6 +83,11 @@ def _has_gpu_capacity(node: Obj) -> bool:
     )
 
 
+def _labelled_gpu_node(node: Obj) -> bool:
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(GPU_NODE_LABEL, "")).lower() == "true"
+
+
 def _has_our_condition(node: Obj) -> bool:
     conditions = (node.get("status") or {}).get("conditions") or []
     return any(isinstance(c, dict) and c.get("type") == CONDITION_TYPE for c in conditions)
@@ -112,7 +122,7 @@ def read_verdicts(nodes: Iterable[Obj], rules: Iterable[Obj]) -> FleetVerdicts:
         name = _name(node)
         if not name:
             continue
-        if _has_gpu_capacity(node) or _has_our_condition(node):
+        if _has_gpu_capacity(node) or _labelled_gpu_node(node) or _has_our_condition(node):
             gpu_nodes.add(name)
         for fence in node_fences(node):
             devices = fenced.setdefault(name, {})

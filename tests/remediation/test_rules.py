@@ -24,7 +24,7 @@ from gpuquota.quota.remediation.rules import (
     untouchable,
 )
 from gpuquota.quota.remediation.verdicts import read_verdicts
-from tests.health.factory import gpus, node
+from tests.health.factory import gpu, gpus, mig, node
 
 Obj = dict[str, Any]
 DRIVER = "gpu.nvidia.com"
@@ -71,9 +71,10 @@ def test_verdicts_are_read_back_from_what_the_agents_publish() -> None:
         published_node("a", health_after((0, 79), (1, 48), (2, 13))),
         published_node("b", health_after()),
         {"metadata": {"name": "cpu-only"}, "status": {"capacity": {"cpu": "64"}}},
+        {"metadata": {"name": "dra-node", "labels": {"nvidia.com/gpu.present": "true"}}},
     ]
     verdicts = read_verdicts(nodes, [])
-    assert verdicts.gpu_nodes == {"a", "b"}
+    assert verdicts.gpu_nodes == {"a", "b", "dra-node"}
     assert verdicts.reporting == {"a"}
     fenced = {d.uuid: (d.action.label, d.reasons, d.acted_on) for d in verdicts.fenced["a"]}
     assert fenced == {
@@ -123,6 +124,20 @@ def test_the_pod_object_on_the_fenced_node_holding_the_device_is_in_trouble() ->
     assert "not on the fenced node" in (still_the_one(moved, trouble, {}) or "")
     assert "holds none" in (still_the_one(pod("p", "a", {}), trouble, {}) or "")
     assert held_devices(pod("p", "", {bad: "Unhealthy"}), trouble.devices, {}) == ()
+
+
+def test_a_mig_instance_of_a_fenced_gpu_is_its_pods_trouble() -> None:
+    tracker = DeviceTracker(parse_config(None, quiet_period_s=1000))
+    tracker.observe_snapshot(node(gpu(0, mig_mode_enabled=True), mig(0, 1), mig(0, 2)), 1000.0)
+    contained = tracker.observe_xid("GPU-00000000", 94, at=1001.0, gpu_instance_id=1,
+                                    compute_instance_id=0)  # fmt: skip
+    verdicts = read_verdicts([published_node("a", contained)], [])
+    one = pod("one", "a", {"MIG-00-01-00": "Unhealthy"})
+    assert trouble_of(one, verdicts, {}) is None  # contained: restart the application
+    whole = tracker.observe_xid("GPU-00000000", 79, at=1002.0)  # the GPU fell off the bus
+    verdicts = read_verdicts([published_node("a", whole)], [])
+    trouble = trouble_of(one, verdicts, {})
+    assert trouble is not None and trouble.uuids() == ("MIG-00-01-00",)
 
 
 def test_pods_that_are_never_touched() -> None:
