@@ -75,3 +75,28 @@ def test_an_eviction_without_the_pods_uid_is_refused(api: tuple[ApiServer, Kube]
     assert server.get("pods", "p", "ml") is not None
     kube.call("POST", EVICT, body={**bare, "deleteOptions": {"preconditions": {"uid": "uid-p"}}})
     assert server.get("pods", "p", "ml") is None
+
+
+def test_the_stand_in_checks_events_and_a_uid_in_a_patch_as_the_real_server(
+    tmp_path: Path,
+) -> None:
+    with ApiServer() as server:
+        kube = Kube(load(str(server.write_kubeconfig(tmp_path / "kubeconfig"))))
+        server.apply("ADDED", {"kind": "Pod", "apiVersion": "v1",
+                               "metadata": {"name": "p", "namespace": "ml", "uid": "uid-p"},
+                               "spec": {}, "status": {"phase": "Running"}})  # fmt: skip
+        event = {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                 "metadata": {"name": "p.1", "namespace": "ml"},
+                 "eventTime": "2026-11-29T00:00:00.000000Z", "reportingController": "x/y",
+                 "reportingInstance": "i", "action": "Evict", "reason": "GPUEvicted",
+                 "regarding": {"kind": "Pod", "name": "p", "namespace": "ml"}, "type": "Warning"}  # fmt: skip
+        path = "/apis/events.k8s.io/v1/namespaces/ml/events"
+        for missing in ("eventTime", "reportingController", "action"):
+            with pytest.raises(ApiStatusError) as raised:
+                kube.call("POST", path, body={k: v for k, v in event.items() if k != missing})
+            assert raised.value.status == 422 and missing in str(raised.value)
+        kube.call("POST", path, body=event)
+        assert server.count("events") == 1
+        with pytest.raises(ApiStatusError) as raised:  # another pod object's UID
+            kube.call("PATCH", STATUS, body={"metadata": {"uid": "uid-old"}}, content_type=SMP)
+        assert raised.value.status == 422
