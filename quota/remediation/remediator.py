@@ -226,7 +226,9 @@ class Remediator:
             log.info("not marking %s/%s: %s", *trouble.key, why)
             return
         condition = pod_condition(trouble, our_condition(pod), rfc3339(self.clock()))
-        if condition is None:
+        if condition is None:  # the pod says so already (a store restored from a backup)
+            if not self.settings.dry_run:  # noted, so that it is cleared when the fence lifts
+                self._done("condition", "marked", trouble, trouble.message())
             return
         if self.settings.dry_run:
             if (trouble.uid, trouble.message()) in self._said_dry:

@@ -284,3 +284,22 @@ def test_the_condition_is_set_beside_the_kubelets_and_cleared_after_a_restart(
         ("condition", "marked", "train"),
         ("condition", "cleared", "train"),
     ]
+
+
+def test_a_condition_the_store_does_not_know_of_is_noted_and_cleared_later(
+    cluster: Cluster,
+) -> None:
+    a = cluster.add_node("node-a")
+    cluster.add_node("node-b")
+    cluster.add_pod("ml", "train", "node-a", {uuid_of("node-a", 0): UNHEALTHY})
+    a.xid(0, 79)
+    cluster.remediator([T0 + 100], cluster="before", condition=True).round()
+    assert conditions(cluster.server, "ml", "train")["GPUUnhealthy"] == "True"
+    # a store that lost its rows (restored from an older backup): the pod already says so
+    restored = cluster.remediator([T0 + 200], cluster="restored", condition=True)
+    patches = cluster.server.requests.get("PATCH pods", 0)
+    restored.round()
+    assert cluster.server.requests.get("PATCH pods", 0) == patches  # nothing to write
+    a.recover(T0 + 200_000)
+    restored.round()
+    assert conditions(cluster.server, "ml", "train")["GPUUnhealthy"] == "False"
