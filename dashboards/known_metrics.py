@@ -3,6 +3,7 @@
 * gpu-exporter: every family in the one metric table, exporter/expose/metrics.py.
 * gpuquota controller: its metric table, quota/controller/metrics.py (tests/controller checks
   that the table is what it exposes; the ledger's rows only while it leads with a ledger).
+* gpuquota remediate: its metric table, quota/remediation/metrics.py.
 * Prometheus itself: ``up`` and the other per-target series (gpuquota.dashboards.promql).
 """
 
@@ -25,5 +26,17 @@ def controller_metric_names() -> frozenset[str]:
     return frozenset(s.name + ("_total" if s.type == "counter" else "") for s in METRICS)
 
 
+def remediation_metric_names() -> frozenset[str]:
+    """Every series name `gpuquota remediate` exposes (quota/remediation/metrics.py)."""
+    from gpuquota.quota.remediation.metrics import METRICS
+
+    return frozenset(s.name + ("_total" if s.type == "counter" else "") for s in METRICS)
+
+
 def known_metric_names() -> frozenset[str]:
-    return exporter_metric_names() | controller_metric_names() | PROMETHEUS_SERIES
+    return (
+        exporter_metric_names()
+        | controller_metric_names()
+        | remediation_metric_names()
+        | PROMETHEUS_SERIES
+    )

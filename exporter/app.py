@@ -231,43 +231,6 @@ def build_pod_usage(
     return PodUsageEnricher(ProcReader(args.proc_root), directory)
 
 
-# --- pods on failed GPUs ----------------------------------------------------------------------
-
-
-def build_remediation(
-    args: argparse.Namespace, pods: PodResourcesWatcher | None, health: CheckerAndPublishers
-) -> Any:
-    """The opt-in PodRemediator (exporter/remediation/) for --pod-condition / --evict-pods, or
-    None; UsageError naming the flag on settings it cannot run with."""
-    if args.evict_dry_run and not args.evict_pods:
-        raise UsageError("--evict-dry-run only makes sense with --evict-pods")
-    if not (args.pod_condition or args.evict_pods):
-        return None
-    if pods is None:
-        raise UsageError(
-            "--pod-condition/--evict-pods need pod attribution (a --pod-resources-socket): "
-            "it says which pods hold which GPU"
-        )
-    from gpuquota.exporter.remediation.remediator import PodRemediator, RemediationConfig
-
-    config = RemediationConfig(
-        condition=args.pod_condition,
-        evict=args.evict_pods,
-        dry_run=args.evict_dry_run,
-        max_evictions=args.evict_max,
-        window_s=args.evict_window,
-        after_s=args.evict_after,
-    )
-    remediator = PodRemediator(
-        kube_api(args.kubeconfig, "--pod-condition/--evict-pods need"),
-        pods.mapping,
-        health.checker.board.verdict,
-        config,
-    )
-    health.checker.add_listener(remediator)
-    return remediator
-
-
 # --- the usage ledger's counters --------------------------------------------------------------
 
 
@@ -312,14 +275,13 @@ class App:
     pods: PodResourcesWatcher | None = None
     pod_usage: PodUsageEnricher | None = None
     ledger: LedgerEnricher | None = None
-    remediation: Any = None  # exporter/remediation/remediator.PodRemediator
     _started: list[Any] = field(default_factory=list)
 
     def publisher_status(self) -> PublisherStatus:
         """The publishers' own state of this moment, rendered beside the verdict."""
         manager = self.health.plugin_manager
         taints = self.dra.taints if self.dra is not None else None
-        writers = [w for w in (self.health.node_status, taints, self.remediation) if w is not None]
+        writers = [w for w in (self.health.node_status, taints) if w is not None]
         return PublisherStatus(
             device_plugin=manager.registrations() if manager is not None else None,
             api_writers={w.name: w.status() for w in writers},
@@ -335,7 +297,7 @@ class App:
         parts: list[Any] = [self.xid, health.checker, health.node_status, health.plugin_manager]
         if dra is not None:
             parts += [dra.attribution.admin, dra.watcher, dra.taints]
-        parts += [self.pods, self.remediation, self.collector, self.server]
+        parts += [self.pods, self.collector, self.server]
         for part in parts:
             if part is not None:
                 part.start()
@@ -347,7 +309,7 @@ class App:
         order += [self.health.node_status]
         if self.dra is not None:
             order += [self.dra.taints, self.dra.watcher, self.dra.attribution.admin]
-        order += [self.collector, self.remediation, self.pods, self.xid]
+        order += [self.collector, self.pods, self.xid]
         for part in order:
             if part is not None and any(part is p for p in self._started):
                 began = time.monotonic()
@@ -412,7 +374,6 @@ def _build_on(
             dra=dra.attribution if dra is not None else None,
         )
         collector.add_enricher(pods.enrich)
-    remediation = build_remediation(args, pods, health)
     pod_usage = build_pod_usage(args, pods, dra)  # after pod attribution: it reads its answer
     if pod_usage is not None:
         collector.add_enricher(pod_usage)
@@ -434,7 +395,7 @@ def _build_on(
         if exc.errno == errno.EADDRINUSE:
             raise SetupError(f"cannot listen on {where}: the port is already in use") from None
         raise SetupError(f"cannot listen on {where}: {exc.strerror}") from None
-    app = App(api, collector, xid, health, server, dra, pods, pod_usage, ledger, remediation)
+    app = App(api, collector, xid, health, server, dra, pods, pod_usage, ledger)
     # the checker's inputs: every snapshot and every XID event
     collector.subscribe(health.checker.on_snapshot)
     xid.add_listener(health.checker.on_xid)

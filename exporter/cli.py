@@ -309,57 +309,40 @@ def add_health_arguments(parser: argparse.ArgumentParser) -> None:
                        help="kubeconfig for --node-taint/--node-condition and --dra (default: in-cluster config)")  # fmt: skip
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+# pod remediation moved to the cluster component `gpuquota remediate` (issue 35): the flags that
+# turned it on in the agent are refused by name, never ignored (a silent no-op would leave pods
+# on broken GPUs while the operator believes they are handled)
+MOVED_FLAGS = (
+    ("--pod-condition", 0),
+    ("--evict-pods", 0),
+    ("--evict-dry-run", 0),
+    ("--evict-max", "?"),
+    ("--evict-window", "?"),
+    ("--evict-after", "?"),
+)
+MOVED_MESSAGE = (
+    "{flag}: pod remediation is no longer done by the node agent, which only publishes its "
+    "verdict (--node-condition, --node-taint, DeviceTaintRules): run the cluster component "
+    '`gpuquota remediate` (deploy/components/remediation; docs/health.md, "Pods on a failed '
+    'GPU") with --condition / --evict instead'
+)
+
+
+class _Moved(argparse.Action):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        parser.error(MOVED_MESSAGE.format(flag=option_string or self.dest))
 
 
 def add_remediation_arguments(parser: argparse.ArgumentParser) -> None:
-    """Pods on a GPU that needs a reset or a reboot: the kubelet evicts nothing by itself."""
-    group = parser.add_argument_group("pods on failed GPUs (docs/health.md, off by default)")
-    group.add_argument(
-        "--pod-condition",
-        action="store_true",
-        help="set the pod condition GPUUnhealthy on pods holding a GPU that needs a reset or a "
-        "reboot (needs pod attribution and RBAC to patch pods/status)",
-    )
-    group.add_argument(
-        "--evict-pods",
-        action="store_true",
-        help="evict those pods through the Eviction API (PodDisruptionBudgets honoured), "
-        "at most --evict-max per --evict-window, once the verdict held --evict-after",
-    )
-    group.add_argument(
-        "--evict-dry-run",
-        action="store_true",
-        help="with --evict-pods: log what would be evicted, evict nothing",
-    )
-    group.add_argument(
-        "--evict-max",
-        type=_positive_int,
-        default=1,
-        metavar="N",
-        help="evictions per --evict-window at most (default %(default)s)",
-    )
-    group.add_argument(
-        "--evict-window",
-        type=duration_flag(),
-        default=600.0,
-        metavar="DURATION",
-        help="the sliding window of --evict-max (default 10m)",
-    )
-    group.add_argument(
-        "--evict-after",
-        type=duration_flag(minimum=0.0),
-        default=60.0,
-        metavar="DURATION",
-        help="evict only once the GPU has needed a reset or reboot this long (default 1m)",
-    )
+    """The agent's former pod-remediation flags, refused with where remediation went."""
+    for flag, nargs in MOVED_FLAGS:
+        parser.add_argument(flag, action=_Moved, nargs=nargs, help=argparse.SUPPRESS)
 
 
 def add_dra_arguments(parser: argparse.ArgumentParser) -> None:

@@ -27,6 +27,11 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
         "gpuquota.quota.controller.cli",
         "watch the cluster and keep GPU use in the store",
     ),
+    (
+        "remediate",
+        "gpuquota.quota.remediation.cli",
+        "mark and evict the pods of GPUs the node agents fenced (central, off by default)",
+    ),
     ("report", "gpuquota.quota.report.cli", "GPU-hours, cost, quota use and idle GPUs per group"),
     ("gpus", "gpuquota.quota.fleet.cli", "every GPU's health history by serial, worst first"),
 ]

@@ -52,7 +52,12 @@ Fairness queues them on a busy server). Every watch the server ends without its 
 recorded with why in :attr:`ApiServer.unclean_watch_ends` (a cut, a write that failed or waited
 ``unresponsive_after``): a client that sees "Response ended prematurely" can be matched to it.
 
-The Eviction API (``POST pods/<name>/eviction``, policy/v1): a Running pod covered by a
+Events (events.k8s.io/v1): created with the real server's required fields checked (422).
+A patch whose ``metadata.uid`` is not the object's is 422 (the UID is immutable), so a UID in
+a patch is a precondition.
+
+The Eviction API (``POST pods/<name>/eviction``, policy/v1): ``deleteOptions.preconditions.uid``
+other than the pod's is 409 Conflict ("Precondition failed"), as the real server's; a Running pod covered by a
 PodDisruptionBudget whose ``status.disruptionsAllowed`` is below 1 is refused with 429 and the
 real message; otherwise the budget's allowance is decremented (as the real server does until
 the disruption controller recounts) and the pod is deleted. The budget's status is what the
@@ -124,6 +129,7 @@ RESOURCES: dict[str, Resource] = {
         Resource("resourcequotas", "ResourceQuota", "v1", True),
         Resource("leases", "Lease", "coordination.k8s.io/v1", True),
         Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
+        Resource("events", "Event", "events.k8s.io/v1", True),
         Resource("resourceslices", "ResourceSlice", "resource.k8s.io/v1", False),
         Resource("deviceclasses", "DeviceClass", "resource.k8s.io/v1", False),
         Resource("resourceclaims", "ResourceClaim", "resource.k8s.io/v1", True),
@@ -168,6 +174,21 @@ class ApiError(Exception):
             "reason": self.reason,
             "code": self.code,
         }
+
+
+EVENT_REQUIRED = ("eventTime", "reportingController", "reportingInstance", "action", "reason")
+
+
+def _check_event(body: Obj) -> None:
+    """events.k8s.io/v1 validation of a new Event, as the real server's: the fields it
+    requires, a type of Normal or Warning, and a regarding object."""
+    missing = [f for f in EVENT_REQUIRED if not body.get(f)]
+    if missing:
+        raise ApiError(422, "Invalid", f"Event is invalid: {missing[0]}: Required value")
+    if body.get("type") not in ("Normal", "Warning"):
+        raise ApiError(422, "Invalid", "Event is invalid: type: Unsupported value")
+    if not (body.get("regarding") or {}).get("kind"):
+        raise ApiError(422, "Invalid", "Event is invalid: regarding.kind: Required value")
 
 
 def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
@@ -881,6 +902,8 @@ class ApiServer:
         with self.state.lock:
             if (ns, name) in self.state.objects[res.plural]:
                 raise ApiError(409, "AlreadyExists", f'{res.plural} "{name}" already exists')
+            if res.plural == "events":
+                _check_event(body)
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", rfc3339(int(time.time())))
             body["kind"], body["apiVersion"] = res.kind, res.group_version
@@ -961,6 +984,14 @@ class ApiServer:
                     f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
                     "modified; please apply your changes to the latest version and try again",
                 )
+            uid = ((body or {}).get("metadata") or {}).get("uid")
+            if uid and uid != cur["metadata"]["uid"]:  # ObjectMeta update validation
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{res.kind} "{name}" is invalid: metadata.uid: Invalid value: "{uid}": '
+                    "field is immutable",
+                )
             new = merge_patch(cur, body, strategic="strategic" in content_type)
             new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
             self._judge(res, "UPDATE", new, cur)
@@ -983,10 +1014,22 @@ class ApiServer:
         """POST pods/<name>/eviction: honour the pod's PodDisruptionBudgets, then delete it."""
         if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
             raise ApiError(400, "BadRequest", "the body of an eviction must be an Eviction")
+        # admission judges the Eviction (a CREATE of pods/eviction); the delete it leads to is
+        # the server's own
+        self._judge(RESOURCES["pods"], "CREATE", body, None)
+        self._http.sub = None
         with self.state.lock:
             pod = self.state.objects["pods"].get((ns, name))
             if pod is None:
                 raise ApiError(404, "NotFound", f'pods "{name}" not found')
+            want = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+            if want and want != pod["metadata"]["uid"]:  # the real server's storage check
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on Pod "{name}": Precondition failed: '
+                    f"UID in precondition: {want}, UID in object meta: {pod['metadata']['uid']}",
+                )
             labels = pod["metadata"].get("labels") or {}
             budgets = [
                 b

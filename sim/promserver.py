@@ -90,9 +90,15 @@ def serving_blocks(tsdb: Path, work: Path) -> Iterator[Served]:
 
 
 @contextmanager
-def scraping(work: Path, jobs: Mapping[str, Sequence[int]]) -> Iterator[Served]:
-    """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit."""
-    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
+def scraping(
+    work: Path, jobs: Mapping[str, Sequence[int]], rules: Path | None = None
+) -> Iterator[Served]:
+    """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit;
+    with ``rules`` (a rules file) evaluating it every second too."""
+    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s"]
+    if rules is not None:
+        lines += ["  evaluation_interval: 1s", "rule_files:", f"  - '{rules}'"]
+    lines += ["scrape_configs:"]
     for job, ports in jobs.items():
         targets = ", ".join(f"'127.0.0.1:{port}'" for port in ports)
         lines += [f"  - job_name: {job}", "    static_configs:", f"      - targets: [{targets}]"]

@@ -47,9 +47,12 @@ class Prometheus:
 
 
 @contextmanager
-def running(work: Path, jobs: Mapping[str, Sequence[int]]) -> Iterator[Prometheus]:
-    """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit."""
-    with promserver.scraping(work, jobs) as served:
+def running(
+    work: Path, jobs: Mapping[str, Sequence[int]], rules: Path | None = None
+) -> Iterator[Prometheus]:
+    """Prometheus scraping 127.0.0.1:<port> for each job's ports every second, until exit
+    (and evaluating ``rules``, a rules file, as often)."""
+    with promserver.scraping(work, jobs, rules) as served:
         yield Prometheus(served.proc, served.url)
 
 

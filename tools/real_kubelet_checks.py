@@ -2,13 +2,14 @@
 replicas and MIG (mixed strategy), each with gpu-exporter on the NVML stand-in serving the
 device plugin.
 
-Per mode: the exporter starts (``--device-plugin --cdi --pod-condition --node-taint
+Per mode: the exporter starts (``--device-plugin --cdi --node-taint
 --node-condition``; ``--cdi`` because the machine has no /dev/nvidia* files, kubelet.md), and the
 checks are: the Node's allocatable per resource as the kubelet counts it (replicas and MIG
 instances one each), pods admitted and Running, each attributed on /metrics through the real
 pod-resources API, time-sliced pods on distinct GPUs, the kubelet's checkpoint naming every pod,
 ``allocatedResourcesStatus`` Healthy; then an XID on the first pod's GPU (79) or MIG GPU (95):
-the pod's own device Unhealthy, the others' not, the pod condition GPUUnhealthy True, the
+the pod's own device Unhealthy, the others' not, the pod condition GPUUnhealthy True (set by
+`gpuquota remediate --condition`, started beside the agent since issue 35), the
 allocatable lower at the next node status sync with the capacity unchanged, the pod still
 running (the kubelet evicts nothing); then recovery after the quiet period on every count.
 
@@ -104,7 +105,7 @@ def poll(check: Callable[[], Any], timeout: float, step: float = 0.2) -> tuple[A
 
 class Exporter:
     def __init__(
-        self, run: Run, mode: str, node: SimNode, replicas: int, extra: tuple[str, ...] = ()
+        self, run: Run, mode: str, node: SimNode, replicas: int, remediate: tuple[str, ...] = ()
     ) -> None:
         a = run.args
         self.log_path = Path(a.work) / "log" / f"exporter-{mode}.log"
@@ -117,8 +118,6 @@ class Exporter:
             a.pod_resources_socket, "--pod-resources-interval", "1s",
             "--health-quiet-period", f"{QUIET_S}s", "--node-name", a.node,
             "--kubeconfig", a.kubeconfig, "--node-taint", "--node-condition", "--dra", "off",
-            # an older agent (--exporter-source) may predate --pod-condition
-            *([] if a.exporter_source else ["--pod-condition"]), *extra,
         ]  # fmt: skip
         env = {**os.environ, **node.env()}
         if a.exporter_source:  # another checkout's agent (the "before" of a fix)
@@ -133,6 +132,19 @@ class Exporter:
             self.stop()
             raise SystemExit(f"gpu-exporter did not start; see {self.log_path}")
         self.url = f"http://{found.group(1)}:{found.group(2)}"
+        # pods are marked and evicted centrally (issue 35): gpuquota remediate beside the agent,
+        # on a store of its own, logging into the same file; an older checkout has none
+        self.remediate: subprocess.Popen[bytes] | None = None
+        if not a.exporter_source:
+            url = f"sqlite:///{Path(a.work) / f'remediate-{mode}.db'}"
+            subprocess.run([sys.executable, "-m", "gpuquota.quota.cli", "db", "upgrade",
+                            "--db", url], check=True, stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+            self.remediate = subprocess.Popen(
+                [sys.executable, "-m", "gpuquota.quota.cli", "remediate", "--kubeconfig",
+                 a.kubeconfig, "--db", url, "--metrics-port", "0", "--interval", "1s",
+                 "--condition", *remediate],
+                stdout=self.log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
 
     def pods_on(self) -> dict[str, str]:
         """pod -> the GPU or MIG UUID /metrics attributes to it (the last, for several)."""
@@ -146,12 +158,15 @@ class Exporter:
         return out
 
     def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        for proc in (self.remediate, self.proc):
+            if proc is None:
+                continue
+            proc.terminate()
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
         self.log.close()
 
 
@@ -318,7 +333,7 @@ EVICT_AFTER_S = 5
 
 
 def run_evict(run: Run) -> None:
-    """--evict-pods on a real apiserver and kubelet: the pod on a GPU that needs a reboot is
+    """gpuquota remediate --evict on a real apiserver and kubelet: the pod on a GPU that needs a reboot is
     evicted through the Eviction API once the verdict held --evict-after; a pod whose
     PodDisruptionBudget (counted by the real disruption controller) allows no disruption stays;
     a pod on a healthy GPU stays."""
@@ -331,7 +346,7 @@ def run_evict(run: Run) -> None:
     policy.create_namespaced_pod_disruption_budget(NAMESPACE, pdb)
     pods = {"victim": {}, "guarded": {"app": "guarded"}, "bystander": {}}
     exporter = Exporter(
-        run, name, node, 1, ("--evict-pods", f"--evict-after={EVICT_AFTER_S}s", "--evict-max=2")
+        run, name, node, 1, ("--evict", f"--evict-after={EVICT_AFTER_S}s", "--evict-max=2")
     )
     try:
         for pod, labels in pods.items():

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 
 from gpuquota.cli_common import generated
 from gpuquota.quota.controller.metrics import METRICS, ControllerMetric
+from gpuquota.quota.remediation.metrics import METRICS as REMEDIATION
+from gpuquota.quota.remediation.metrics import RemediationMetric
 
 HEADER = """\
 # Controller metrics reference
@@ -31,9 +33,23 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+REMEDIATION_HEADER = """
+## gpuquota remediate
+
+`gpuquota remediate` (deploy/components/remediation) serves these at `/metrics` on its
+`--metrics-port` (9403), from its own table (quota/remediation/metrics.py). The alert
+`GPURemediationBreakerOpen` fires on `gpuquota_remediation_breaker_open` (docs/health.md,
+"The circuit breaker").
+"""
+
+
 def render(table: Sequence[ControllerMetric] = METRICS) -> str:
+    lines = [HEADER, *_rows(table), REMEDIATION_HEADER, *_rows(REMEDIATION)]
+    return "\n".join(lines) + "\n"
+
+
+def _rows(table: Sequence[ControllerMetric | RemediationMetric]) -> list[str]:
     lines = [
-        HEADER,
         "| Metric | Type | Labels | Description | Source, and how often it is set |",
         "|---|---|---|---|---|",
     ]
@@ -43,7 +59,7 @@ def render(table: Sequence[ControllerMetric] = METRICS) -> str:
             f"| `{spec.name}` | {spec.type} | {labels} | {_cell(spec.help)} "
             f"| {_cell(spec.source)} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

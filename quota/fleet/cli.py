@@ -165,7 +165,27 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
     )
     if args.top is not None:
         summaries = summaries[: args.top]
-    return render.boards_text(summaries, window, args.format), []
+    text = render.boards_text(summaries, window, args.format)
+    if args.serial and args.format != "csv":  # which pods its fences evicted or marked, when
+        text = _with_pod_actions(args, text, summaries, window)
+    return text, []
+
+
+def _with_pod_actions(
+    args: argparse.Namespace, text: str, summaries: list[summary.BoardSummary], window: Period
+) -> str:
+    from gpuquota.quota.fleet import pod_actions as view
+    from gpuquota.quota.remediation.record import acts_on_devices
+
+    acts = {}
+    with connect(args.db) as conn:
+        for s in summaries:
+            acts[s.serial] = acts_on_devices(
+                conn, s.cluster, set(s.uuids), window.start, window.end
+            )
+    if args.format == "json":
+        return view.with_acts_json(text, acts, window)
+    return text + "".join(view.acts_text(a, window) for a in acts.values())
 
 
 def _no_history(args: argparse.Namespace, window: Period, where: str) -> str:

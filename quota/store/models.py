@@ -19,6 +19,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Text,
     UniqueConstraint,
     text,
 )
@@ -453,3 +454,27 @@ class GpuHistoryProgress(Base):
     window_seconds: Mapped[int] = mapped_column(Integer)
     ingested_until: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class RemediationAction(Base):
+    """One act of the central pod remediation (migration 0012; quota/remediation): a pod
+    evicted or marked for a fenced GPU, or refused, or the circuit breaker opening or closing.
+    ``action``: evict | condition | breaker; ``result``: evicting (budget reserved, the call
+    under way), evicted, dry_run, blocked_by_pdb, refused, gone, failed, marked, cleared,
+    open, closed. Evictions reserved, done, dry-run or failed in the last window count
+    against the fleet-wide budget, so it holds across restarts and replicas."""
+
+    __tablename__ = "remediation_actions"
+    __table_args__ = (Index("ix_remediation_actions_at", "cluster", "action", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    cluster: Mapped[str] = mapped_column(String(253))
+    at: Mapped[int] = mapped_column(BigInteger)
+    action: Mapped[str] = mapped_column(String(16))
+    result: Mapped[str] = mapped_column(String(16))
+    node: Mapped[str] = mapped_column(String(253))
+    namespace: Mapped[str] = mapped_column(String(253))
+    pod: Mapped[str] = mapped_column(String(253))
+    pod_uid: Mapped[str] = mapped_column(String(64))
+    devices: Mapped[list[str]] = mapped_column(JSON)  # the fenced GPU / MIG UUIDs
+    message: Mapped[str] = mapped_column(Text)

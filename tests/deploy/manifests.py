@@ -21,6 +21,7 @@ needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with kustom
 # (tls-auth after prometheus-operator: it gives the ServiceMonitor its credentials).
 COMPONENTS = (
     "report-cronjob",  # before postgres, which points the report at the database
+    "remediation",  # before postgres too: it points remediate at the database
     "postgres",
     "prometheus-operator",
     "dcgm-compat",
@@ -35,6 +36,7 @@ COMPONENTS = (
 # restricted takes the exporter's host folders away: it composes only with what needs none
 RESTRICTED_WITH = (
     "report-cronjob",
+    "remediation",
     "postgres",
     "prometheus-operator",
     "dcgm-compat",

@@ -208,8 +208,23 @@ def test_overlays_build_and_change_what_they_say() -> None:
 
     operator = built("components/prometheus-operator")
     kinds = [d["kind"] for d in operator]
-    assert kinds.count("ServiceMonitor") == 2 and "PrometheusRule" in kinds
-    assert len(operator) == len(base) + 3
+    # the remediation's ServiceMonitor is inert without its component (no Service to select)
+    assert kinds.count("ServiceMonitor") == 3 and "PrometheusRule" in kinds
+    assert len(operator) == len(base) + 4
+
+    # remediation: its own ServiceAccount, on SQLite the controller's volume and node; with
+    # postgres (listed after it) the database Secret and any node
+    remediation = built("components/remediation")
+    pod = find(remediation, "Deployment", "gpuquota-remediate")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpuquota-remediate"
+    assert "--condition" in pod["containers"][0]["args"]
+    assert "--evict" not in pod["containers"][0]["args"]  # evictions are opted into
+    assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "gpuquota-data"
+    both = built("components/remediation+postgres")
+    pod = find(both, "Deployment", "gpuquota-remediate")["spec"]["template"]["spec"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["GPUQUOTA_DB"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
+    assert "affinity" not in pod and not pod.get("volumes")
 
 
 @needs_kubectl
@@ -245,6 +260,7 @@ def test_alerts_use_only_known_metrics() -> None:
         "GPUExporterCollectionStalled",
         "GPUDevicePluginNotRegistered",
         "GPUQuotaNearLimit",
+        "GPURemediationBreakerOpen",
     } <= names
     for alert in alerts:
         used = metric_names(alert["expr"])

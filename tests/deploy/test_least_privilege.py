@@ -282,3 +282,82 @@ def _named(exporter: Exporter, pod: str, uid: str) -> bool:
         and f'pod_uid="{uid}"' in line
         for line in scrape(exporter.port).splitlines()
     )  # fmt: skip
+
+
+# --- the central remediation (deploy/components/remediation) ------------------------------------
+
+REMEDIATE_SA = ("gpuquota", "gpuquota-remediate")
+
+
+def remediate_args(docs: list[dict[str, Any]]) -> list[str]:
+    """The manifest's `gpuquota remediate` arguments, less the metrics port the test sets."""
+    pod = find(docs, "Deployment", "gpuquota-remediate")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["command"] == ["gpuquota", "remediate"]
+    return [a for a in container["args"] if not a.startswith("--metrics-port")]
+
+
+@needs_kubectl
+def test_remediate_roles_grant_exactly_what_it_calls_and_its_policies_admit_it(
+    folder: Path,
+) -> None:
+    """One round of `gpuquota remediate` with the manifest's arguments and --evict (the
+    documented opt-in), through a fenced GPU on a device-plugin node and one on a DRA node,
+    as its ServiceAccount under the component's admission policies."""
+    from tests.remediation.cluster import make_cluster, uuid_of
+
+    docs = built("components/remediation")
+    granted = grants(docs, REMEDIATE_SA)
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert {p["metadata"]["name"] for p in policies} == {
+        "gpuquota-remediate-pod-status", "gpuquota-remediate-evictions"}  # fmt: skip
+    with ApiServer() as api:
+        cluster = make_cluster(api, folder)
+        try:
+            for i in range(8):  # healthy GPU nodes: two fenced of ten keep the breaker closed
+                cluster.add_node(f"node-{i}")
+            cluster.add_node("node-a")
+            cluster.add_pod("ml", "train", "node-a", {uuid_of("node-a", 0): "Unhealthy"})
+            cluster.agents["node-a"].xid(0, 79)
+            # a DRA node: the agent's DeviceTaintRule and a pod's claim on the fenced device
+            dra = {"driver": "gpu.nvidia.com", "pool": "node-d", "device": "gpu-0"}
+            api.apply("ADDED", {"kind": "DeviceTaintRule", "apiVersion": "resource.k8s.io/v1",
+                                "metadata": {"name": "gpuquota-node-d-gpu-0", "uid": "r1",
+                                             "labels": {"app.kubernetes.io/managed-by": "gpuquota-exporter",
+                                                        "gpuquota.io/node": "node-d"},
+                                             "annotations": {"gpuquota.io/device-uuid": "GPU-d0",
+                                                             "gpuquota.io/reasons": "xid_79",
+                                                             "gpuquota.io/action": "reboot_node"}},
+                                "spec": {"deviceSelector": dra,
+                                         "taint": {"key": "gpuquota.io/gpu-unhealthy",
+                                                   "value": "reboot_node", "effect": "NoSchedule"}}})  # fmt: skip
+            pod = cluster.add_pod("ml", "dra-job", "node-d", {}, uid="uid-dra")
+            pod["status"]["resourceClaimStatuses"] = [{"name": "gpu", "resourceClaimName": "c"}]
+            api.apply("MODIFIED", pod)
+            api.apply("ADDED", {"kind": "ResourceClaim", "apiVersion": "resource.k8s.io/v1",
+                                "metadata": {"name": "c", "namespace": "ml", "uid": "uid-c"},
+                                "spec": {}, "status": {
+                                    "reservedFor": [{"resource": "pods", "name": "dra-job",
+                                                     "uid": "uid-dra"}],
+                                    "allocation": {"devices": {"results": [
+                                        {"request": "gpu", **dra}]}}}})  # fmt: skip
+            api.calls.clear()
+            api.admit(policies, {"username": "system:serviceaccount:gpuquota:gpuquota-remediate"})
+            done = subprocess.run(
+                [sys.executable, "-m", "gpuquota.quota.cli", "remediate",
+                 *remediate_args(docs), "--evict", "--evict-max=5", "--evict-after=100ms",
+                 f"--kubeconfig={folder / 'kubeconfig'}", f"--db={cluster.db_url}",
+                 "--metrics-port=0", "--once"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert "forbidden" not in done.stderr.lower(), done.stderr
+            assert api.get("pods", "train", "ml") is None
+            assert api.get("pods", "dra-job", "ml") is None
+            called = set(api.calls)
+        finally:
+            cluster.close()
+    assert called <= granted, f"calls no role allows: {sorted(called - granted)}"
+    assert granted <= called, f"grants the code never calls: {sorted(granted - called)}"
+    writes = {r for _g, r, v in granted if v not in ("get", "list", "watch")}
+    assert writes == {"pods/status", "pods/eviction", "events"}

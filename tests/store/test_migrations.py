@@ -39,10 +39,12 @@ TABLES = {
     "gpu_observations",
     "gpu_events",
     "gpu_history_progress",
+    "remediation_actions",
 }
 LEDGER = {"usage_series", "usage_windows", "ledger_progress"}  # migration 0008
 DEVICES = {"usage_devices"}  # migration 0010
 FLEET = {"gpu_boards", "gpu_observations", "gpu_events", "gpu_history_progress"}  # 0011
+REMEDIATION = {"remediation_actions"}  # 0012
 
 
 def tables(url: str) -> set[str]:
@@ -95,6 +97,15 @@ def test_a_store_stamped_with_the_fleet_historys_first_name_reads_and_upgrades(
         engine.dispose()
 
 
+def test_remediation_migration_steps_up_and_down(empty_db_url: str) -> None:
+    db.upgrade(empty_db_url, "0011")
+    assert not tables(empty_db_url) & REMEDIATION
+    db.upgrade(empty_db_url, "0012")
+    assert tables(empty_db_url) >= REMEDIATION | FLEET
+    db.downgrade(empty_db_url, "0011")
+    assert tables(empty_db_url) == TABLES - REMEDIATION
+
+
 def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
     assert db.current(empty_db_url) is None
     assert tables(empty_db_url) == set()
@@ -109,21 +120,25 @@ def test_upgrade_from_empty_then_downgrade_to_base(empty_db_url: str) -> None:
 
 def test_claim_allocations_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0005")
-    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == (
+        TABLES - FLEET - LEDGER - DEVICES - REMEDIATION - {"claim_allocations", "gaps"}
+    )
     db.upgrade(empty_db_url, "0006")
     assert "claim_allocations" in tables(empty_db_url)
     db.downgrade(empty_db_url, "0005")
     assert db.current(empty_db_url) == "0005"
-    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES - {"claim_allocations", "gaps"}
+    assert tables(empty_db_url) == (
+        TABLES - FLEET - LEDGER - DEVICES - REMEDIATION - {"claim_allocations", "gaps"}
+    )
 
 
 def test_usage_ledger_migration_steps_up_and_down(empty_db_url: str) -> None:
     db.upgrade(empty_db_url, "0007")
-    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES
+    assert tables(empty_db_url) == TABLES - REMEDIATION - FLEET - LEDGER - DEVICES
     db.upgrade(empty_db_url, "0008")
-    assert tables(empty_db_url) == TABLES - FLEET - DEVICES
+    assert tables(empty_db_url) == TABLES - REMEDIATION - FLEET - DEVICES
     db.downgrade(empty_db_url, "0007")
-    assert tables(empty_db_url) == TABLES - FLEET - LEDGER - DEVICES
+    assert tables(empty_db_url) == TABLES - REMEDIATION - FLEET - LEDGER - DEVICES
 
 
 def test_ledger_rollup_migration_keeps_progress_both_ways(empty_db_url: str) -> None:

@@ -1,0 +1,414 @@
+"""One round of central pod remediation: read the verdicts, decide, act, record (docs/health.md).
+
+Each round (``gpuquota remediate`` runs one every ``--interval``):
+
+1. lists the Nodes and this cluster's agents' DeviceTaintRules, and reads every agent's fences
+   from them (quota/remediation/verdicts.py);
+2. asks the circuit breaker: while it is tripped nothing else happens (no condition, no
+   eviction, no clearing), and its opening and closing are one log line and one stored row
+   each, the metric ``gpuquota_remediation_breaker_open`` says 1 and the alert
+   ``GPURemediationBreakerOpen`` fires;
+3. lists the pods of the reporting nodes only (field selector ``spec.nodeName``) and the
+   DRA claims they name, and finds the pods in trouble (quota/remediation/rules.py);
+4. ``--condition``: writes the pod condition ``GPUUnhealthy`` (strategic merge patch of
+   ``pods/status`` carrying the pod's ``metadata.uid`` and ``resourceVersion``: a pod
+   recreated or changed since it was read is a 409 or 422, never written), and sets it
+   "False" on the pods the store says it marked once their fence lifts;
+5. ``--evict``: pods in trouble for ``--evict-after``, oldest first, each read again just
+   before (same UID, same node, still holding the fenced device, not static, terminating or
+   opted out), one place of the fleet-wide budget reserved in the store, then evicted through
+   the Eviction API (policy/v1) with ``deleteOptions.preconditions.uid``: a 429 is a
+   PodDisruptionBudget saying "not now" (the place is given back, asked again next round), a
+   409 a pod recreated meanwhile;
+6. records every act: a row in ``remediation_actions`` and an Event (events.k8s.io/v1) on the
+   pod. ``--dry-run`` decides and records, writes nothing to the cluster.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any
+
+from gpuquota.exporter.dra.taintrules import GROUP, MANAGED_BY, MANAGER, VERSIONS
+from gpuquota.kube.client import ApiStatusError, Kube
+from gpuquota.quota.remediation.metrics import RemediationMetrics
+from gpuquota.quota.remediation.record import Act, Ledger, StoredAct
+from gpuquota.quota.remediation.rules import (
+    Breaker,
+    PodTrouble,
+    claims_wanted,
+    due_for_eviction,
+    our_condition,
+    pod_condition,
+    still_the_one,
+    trouble_of,
+    untouchable,
+)
+from gpuquota.quota.remediation.verdicts import FleetVerdicts, read_verdicts
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+REPORTING_CONTROLLER = "gpuquota.io/remediate"
+EVENT_REASONS = {"evict": "GPUEvicted", "condition": "GPUUnhealthy", "cleared": "GPUHealthy"}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    condition: bool = False
+    evict: bool = False
+    dry_run: bool = False
+    max_evictions: int = 1
+    window_s: float = 600.0
+    after_s: float = 60.0
+    breaker: Breaker = field(default_factory=lambda: Breaker(Fraction(1, 5), 2))
+    instance: str = field(default_factory=socket.gethostname)
+
+
+def rfc3339(t: float, micro: bool = False) -> str:
+    spec = "microseconds" if micro else "seconds"
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec=spec).replace("+00:00", "Z")
+
+
+class Remediator:
+    def __init__(
+        self,
+        kube: Kube,
+        ledger: Ledger,
+        settings: Settings,
+        metrics: RemediationMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.kube = kube
+        self.ledger = ledger
+        self.settings = settings
+        self.metrics = metrics or RemediationMetrics()
+        self.clock = clock
+        self._rule_version: str | None = None
+        self._rules_refused = False
+        self._breaker_open = ledger.breaker_open()  # as the last run left it: said once
+        self._handled: set[str] = set()  # pod UIDs evicted, refused or gone: not again
+        self._blocked: set[str] = set()  # pod UIDs a PDB holds: recorded once
+        self._said_budget = False
+        self._said_dry: set[tuple[str, str]] = set()  # (pod UID, message) a dry run recorded
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _taint_rules(self) -> list[Obj]:
+        """This cluster's agents' DeviceTaintRules, in the newest version served; none where
+        DeviceTaintRules are not served."""
+        versions = [self._rule_version] if self._rule_version else list(VERSIONS)
+        for version in versions:
+            path = f"/apis/{GROUP}/{version}/devicetaintrules"
+            try:
+                answer = self.kube.call("GET", path, [("labelSelector", f"{MANAGED_BY}={MANAGER}")])
+            except ApiStatusError as exc:
+                if exc.status == 404:
+                    continue
+                if exc.status == 403:
+                    if not self._rules_refused:
+                        log.warning("cannot list DeviceTaintRules (%s): DRA fences not seen", exc)
+                        self._rules_refused = True
+                    return []
+                raise
+            self._rule_version = version
+            return [r for r in answer.get("items") or [] if isinstance(r, dict)]
+        self._rule_version = None  # found again next round (the cluster may be upgraded)
+        return []
+
+    def _pods_on(self, node: str) -> list[Obj]:
+        answer = self.kube.call("GET", "/api/v1/pods", [("fieldSelector", f"spec.nodeName={node}")])
+        return [p for p in answer.get("items") or [] if isinstance(p, dict)]
+
+    def _claims(self, wanted: set[tuple[str, str]]) -> dict[tuple[str, str], Obj]:
+        found = {}
+        for namespace, name in sorted(wanted):
+            for version in ("v1", "v1beta2"):
+                path = f"/apis/{GROUP}/{version}/namespaces/{namespace}/resourceclaims/{name}"
+                try:
+                    found[(namespace, name)] = self.kube.call("GET", path)
+                    break
+                except ApiStatusError as exc:
+                    if exc.status != 404:
+                        raise
+        return found
+
+    def _pod(self, namespace: str, name: str) -> Obj | None:
+        try:
+            return self.kube.call("GET", f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except ApiStatusError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # -- one round ----------------------------------------------------------------------
+
+    def round(self) -> FleetVerdicts:
+        """One pass; raises on API or store failures (the caller retries next round)."""
+        nodes, _ = self.kube.list("Node")
+        verdicts = read_verdicts(nodes, self._taint_rules())
+        self.metrics.gpu_nodes.set(len(verdicts.gpu_nodes))
+        self.metrics.reporting_nodes.set(len(verdicts.reporting))
+        if not self._breaker(verdicts):
+            return verdicts
+        pods = [p for node in sorted(verdicts.reporting) for p in self._pods_on(node)]
+        claims = self._claims(claims_wanted(pods, verdicts))
+        troubles: dict[str, PodTrouble] = {}
+        for pod in pods:
+            trouble = trouble_of(pod, verdicts, claims)
+            if trouble is None:
+                continue
+            why = untouchable(pod)
+            if why is not None:
+                self._refuse(trouble, why)
+                continue
+            troubles[trouble.uid] = trouble
+        if self.settings.condition:
+            self._conditions(troubles, claims)
+        if self.settings.evict:
+            self._evictions(troubles, claims)
+        return verdicts
+
+    def _breaker(self, verdicts: FleetVerdicts) -> bool:
+        """False while the breaker stops every action."""
+        why = self.settings.breaker.tripped(verdicts)
+        self.metrics.breaker_open.set(1 if why else 0)
+        if why and not self._breaker_open:
+            log.error("circuit breaker open, every pod action stopped: %s", why)
+            self.ledger.record(Act("breaker", "open", message=why), self.clock())
+        elif not why and self._breaker_open:
+            log.warning("circuit breaker closed: %d GPU node(s) report", len(verdicts.reporting))
+            self.ledger.record(
+                Act("breaker", "closed", message=f"{len(verdicts.reporting)} reporting"),
+                self.clock(),
+            )
+        self._breaker_open = why is not None
+        return why is None
+
+    def _refuse(self, trouble: PodTrouble, why: str) -> None:
+        if trouble.uid in self._handled:
+            return
+        self._handled.add(trouble.uid)
+        log.warning("not acting on %s/%s on a fenced GPU: %s", *trouble.key, why)
+        self._done("evict" if self.settings.evict else "condition", "refused", trouble, why)
+
+    # -- the condition ------------------------------------------------------------------
+
+    def _conditions(self, troubles: dict[str, PodTrouble], claims: dict[Any, Obj]) -> None:
+        marked = self.ledger.marked()
+        for trouble in sorted(troubles.values(), key=lambda t: t.key):
+            previous = marked.get(trouble.key)
+            if (
+                previous is not None
+                and previous.pod_uid == trouble.uid
+                and previous.message == trouble.message()
+            ):
+                continue  # already says so
+            self._mark(trouble, claims)
+        in_trouble = {t.key for t in troubles.values()}
+        for key, act in sorted(marked.items()):
+            if key not in in_trouble or troubles_uid(troubles, key) != act.pod_uid:
+                self._clear(act)
+
+    def _mark(self, trouble: PodTrouble, claims: dict[Any, Obj]) -> None:
+        pod = self._pod(*trouble.key)
+        if pod is None:
+            return
+        why = still_the_one(pod, trouble, claims) or untouchable(pod)
+        if why is not None:
+            log.info("not marking %s/%s: %s", *trouble.key, why)
+            return
+        condition = pod_condition(trouble, our_condition(pod), rfc3339(self.clock()))
+        if condition is None:  # the pod says so already (a store restored from a backup)
+            if not self.settings.dry_run:  # noted, so that it is cleared when the fence lifts
+                self._done("condition", "marked", trouble, trouble.message())
+            return
+        if self.settings.dry_run:
+            if (trouble.uid, trouble.message()) in self._said_dry:
+                return
+            self._said_dry.add((trouble.uid, trouble.message()))
+        if not self._patch_condition(pod, condition):
+            return
+        self._done("condition", "dry_run" if self.settings.dry_run else "marked", trouble,
+                   trouble.message(), event=not self.settings.dry_run)  # fmt: skip
+
+    def _clear(self, act: StoredAct) -> None:
+        pod = self._pod(act.namespace, act.pod)
+        result = "cleared"
+        if pod is not None and (pod.get("metadata") or {}).get("uid") == act.pod_uid:
+            condition = pod_condition(None, our_condition(pod), rfc3339(self.clock()))
+            if condition is not None and not self._patch_condition(pod, condition):
+                return
+        else:
+            result = "gone"  # the pod we marked is no more: nothing to clear
+        self.ledger.record(
+            Act("condition", result, act.node, act.namespace, act.pod, act.pod_uid, act.devices,
+                "the fence lifted" if result == "cleared" else "the pod is gone"),
+            self.clock(),
+        )  # fmt: skip
+        self.metrics.actions.labels("condition", result).inc()
+        log.info("pod %s/%s: condition GPUUnhealthy=False (%s)", act.namespace, act.pod, result)
+
+    def _patch_condition(self, pod: Obj, condition: Obj) -> bool:
+        """Writes ``condition`` on exactly this pod object; False when it changed meanwhile."""
+        meta = pod.get("metadata") or {}
+        if self.settings.dry_run:
+            log.warning("dry run: would set GPUUnhealthy=%s on %s/%s", condition["status"],
+                        meta.get("namespace"), meta.get("name"))  # fmt: skip
+            return True
+        body = {
+            "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            "status": {"conditions": [condition]},
+        }
+        path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}/status"
+        try:
+            self.kube.call("PATCH", path, body=body, content_type=STRATEGIC_MERGE_PATCH)
+        except ApiStatusError as exc:
+            if exc.status in (404, 409, 422):  # gone, changed or recreated: next round decides
+                log.info("pod %s/%s changed before its condition was written: %s",
+                         meta.get("namespace"), meta.get("name"), exc)  # fmt: skip
+                return False
+            raise
+        return True
+
+    # -- eviction -----------------------------------------------------------------------
+
+    def _evictions(self, troubles: dict[str, PodTrouble], claims: dict[Any, Obj]) -> None:
+        now = self.clock()
+        s = self.settings
+        self._blocked &= set(troubles)
+        for trouble in due_for_eviction(troubles.values(), now, s.after_s):
+            if trouble.uid in self._handled:
+                continue
+            pod = self._pod(*trouble.key)
+            why = "deleted" if pod is None else still_the_one(pod, trouble, claims)
+            if why is not None:
+                log.info("not evicting %s/%s: %s", *trouble.key, why)
+                continue  # the next round decides from the pod as it is then
+            refusal = untouchable(pod) if pod is not None else None
+            if refusal is not None:
+                self._refuse(trouble, refusal)
+                continue
+            result = "dry_run" if s.dry_run else "evicting"
+            act = Act("evict", result, trouble.node, trouble.namespace, trouble.pod, trouble.uid,
+                      trouble.uuids(), trouble.message())  # fmt: skip
+            row = self.ledger.reserve(act, now, s.max_evictions, s.window_s)
+            if row is None:
+                if not self._said_budget:
+                    log.warning("eviction budget spent (%d per %.0fs, fleet-wide): %s/%s waits",
+                                s.max_evictions, s.window_s, *trouble.key)  # fmt: skip
+                    self._said_budget = True
+                break
+            self._said_budget = False
+            if s.dry_run:
+                log.warning("dry run: would evict %s/%s (%s)", *trouble.key, trouble.message())
+                self._handled.add(trouble.uid)
+                self.metrics.actions.labels("evict", "dry_run").inc()
+                continue
+            self._evict(trouble, row)
+        self.metrics.budget_left.set(
+            max(self.ledger.left(self.clock(), s.max_evictions, s.window_s), 0)
+        )
+
+    def _evict(self, trouble: PodTrouble, row: int) -> None:
+        path = f"/api/v1/namespaces/{trouble.namespace}/pods/{trouble.pod}/eviction"
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": trouble.pod, "namespace": trouble.namespace},
+            "deleteOptions": {"preconditions": {"uid": trouble.uid}},
+        }
+        what = f"{trouble.namespace}/{trouble.pod} ({trouble.message()})"
+        try:
+            self.kube.call("POST", path, body=body)
+        except ApiStatusError as exc:
+            if exc.status == 429:  # a PodDisruptionBudget says not now: the place goes back
+                if trouble.uid in self._blocked:
+                    self.ledger.discard(row)  # one row says it waits; the others would repeat it
+                    return
+                self._blocked.add(trouble.uid)
+                log.info("eviction of %s waits for its disruption budget", what)
+                self.ledger.finish(row, "blocked_by_pdb", f"{trouble.message()}: {exc}")
+                self.metrics.actions.labels("evict", "blocked_by_pdb").inc()
+                self._event(trouble, "evict", f"eviction waits for a PodDisruptionBudget: {exc}",
+                            reason="GPUEvictionBlocked")  # fmt: skip
+                return
+            if exc.status in (404, 409):  # gone, or recreated under its name (UID precondition)
+                self._handled.add(trouble.uid)
+                self.ledger.finish(row, "gone", f"{trouble.message()}: {exc}")
+                self.metrics.actions.labels("evict", "gone").inc()
+                log.info("not evicted %s: %s", what, exc)
+                return
+            self.ledger.finish(row, "failed", f"{trouble.message()}: {exc}")
+            self.metrics.actions.labels("evict", "failed").inc()
+            raise
+        self._handled.add(trouble.uid)
+        self.ledger.finish(row, "evicted")
+        self.metrics.actions.labels("evict", "evicted").inc()
+        log.warning("evicted %s", what)
+        self._event(trouble, "evict", f"evicted: its GPU needs {trouble.action.label}: "
+                    f"{trouble.message()}")  # fmt: skip
+
+    # -- records ------------------------------------------------------------------------
+
+    def _done(
+        self, action: str, result: str, trouble: PodTrouble, message: str, event: bool = False
+    ) -> None:
+        self.ledger.record(
+            Act(action, result, trouble.node, trouble.namespace, trouble.pod, trouble.uid,
+                trouble.uuids(), message),
+            self.clock(),
+        )  # fmt: skip
+        self.metrics.actions.labels(action, result).inc()
+        if result == "marked":
+            log.info("pod %s/%s: condition GPUUnhealthy=True (%s)", *trouble.key, message)
+        if event:
+            self._event(trouble, action, message)
+
+    def _event(
+        self, trouble: PodTrouble, action: str, note: str, reason: str | None = None
+    ) -> None:
+        """An Event on the pod (events.k8s.io/v1); a failure is a log line, never the act's:
+        the stored row is the record that must not be lost."""
+        if self.settings.dry_run:
+            return
+        now = self.clock()
+        body = {
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{trouble.pod}.{int(now * 1e9):x}"[:253],
+                "namespace": trouble.namespace,
+            },
+            "eventTime": rfc3339(now, micro=True),
+            "reportingController": REPORTING_CONTROLLER,
+            "reportingInstance": self.settings.instance[:128],
+            "action": "Evict" if action == "evict" else "MarkUnhealthy",
+            "reason": reason or EVENT_REASONS.get(action, "GPUUnhealthy"),
+            "regarding": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": trouble.namespace,
+                "name": trouble.pod,
+                "uid": trouble.uid,
+            },
+            "note": note[:1024],
+            "type": "Warning",
+        }
+        try:
+            self.kube.call(
+                "POST", f"/apis/events.k8s.io/v1/namespaces/{trouble.namespace}/events", body=body
+            )
+        except ApiStatusError as exc:
+            log.warning("no Event on %s/%s: %s", *trouble.key, exc)
+
+
+def troubles_uid(troubles: dict[str, PodTrouble], key: tuple[str, str]) -> str | None:
+    return next((t.uid for t in troubles.values() if t.key == key), None)
