@@ -71,14 +71,14 @@ class Charge:
     details: dict[str, str] = field(default_factory=dict)
     model: str | None = None
     resource: str | None = None
-    # PricingQuantity where it differs from the consumed quantity: the GPU-hours a rate card
-    # prices a MIG profile as (mig_fractions) against the physical ones consumed
-    pricing_quantity: Fraction | None = None
     # a split cost allocation (FOCUS 1.3): the row's share of its origin charge, the method,
     # and the usage the share was computed from (unit, quantity)
     ratio: Fraction | None = None
     method: str | None = None
     basis: tuple[str, Fraction] | None = None
+    # PricingQuantity where it differs from the consumed quantity: the GPU-hours a rate card
+    # prices a MIG profile as (mig_fractions) against the physical ones consumed
+    pricing_quantity: Fraction | None = None
 
 
 @dataclass(frozen=True)

@@ -179,7 +179,7 @@ def test_the_focus_export_consumes_physical_and_prices_the_cards_fraction(
     result = report(*argv, "--format", "focus", db=store)
     assert result.rc == 0, result.err
     rows = {
-        (r["SubAccountId"], r["SkuId"]): r
+        (r["SubAccountId"].rpartition("/")[2], r["SkuId"]): r  # SubAccountId: cluster/namespace
         for r in csv.DictReader(io.StringIO(result.out))
         if r["SkuMeter"] == "GPU allocation"
     }
