@@ -28,7 +28,9 @@ def ingest_window(fleet: FleetStore, settings: LedgerSettings, start: int) -> in
     readings, xids = source.fetch(
         s.prometheus_url, start, s.window, s.max_gap, s.timeout, max_samples=s.max_samples
     )
-    priors = fleet.priors(sorted({r.serial for r in readings}), start)
+    # a quiet board (one reading over the window: source.py) has no event to compare
+    priors = fleet.priors(sorted({r.serial for r in readings if r.until is None}), start)
+    source.recall(s.prometheus_url, priors, start - s.max_gap, s.timeout)
     history = rules.window_history(readings, xids, priors, start, start + s.window, s.max_gap)
     return fleet.replace_window(start, s.window, history)
 

@@ -1,0 +1,122 @@
+"""Which node agents' GPUs changed in a window, asked of the time-series store with PromQL
+instead of read from every sample (issue 37): the fleet history needs transitions (a verdict
+or its reasons changed, a counter moved, a series appeared or went silent, an identity
+changed), and nearly every scrape of a big fleet says "nothing changed".
+
+An agent's GPU (its ``uuid``, ``node`` and ``instance`` labels) is *busy* in [lo, hi] when:
+
+- a series of it changed value (``changes``) or was not there at every scrape of its
+  ``gpu_info`` (``count_over_time`` against gpu_info's), so appeared, went, or was NaN;
+- it had more than one ``gpu_info`` series (its identity changed);
+- its ``gpu_info`` was silent for about ``max_gap`` or more anywhere in [lo, hi]: a subquery
+  counts gpu_info's samples in windows of ``W`` seconds every ``S`` seconds (W + S =
+  max_gap - 2, so any silence the history could call a gap leaves one window empty), and
+  fewer windows with a sample than windows is a silence, the start or the end included.
+
+The others are *quiet*: said the same at every scrape from before the window to after it,
+without a gap. The history of a quiet GPU is one observed stretch over the whole window and
+no event (quota/fleet/rules.py, ``Reading.until``), so only its identity, verdict and whether
+it is lost are asked (their values at ``hi``); the samples of the busy ones are fetched.
+Both Prometheus and VictoriaMetrics answer these queries through the same HTTP API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuquota.quota import promhttp
+from gpuquota.quota.promhttp import PrometheusError
+
+BY = "uuid,node,instance"  # an agent's GPU: what rules.Reading.agent is made of
+GPU = ',uuid=~"GPU-.*"'  # whole GPUs (MIG instances are parts of their board)
+INFO = "gpu_info"
+
+
+def windows(max_gap: int) -> tuple[int, int] | None:
+    """The silence test's window and step (W, S), or None when ``max_gap`` is too short for
+    one (every GPU is then busy)."""
+    if max_gap < 6:
+        return None
+    w = (max_gap - 2) // 2
+    return w, max_gap - 2 - w
+
+
+def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | None:
+    """The PromQL, evaluated at ``hi``, of every busy agent's GPU (labels ``BY``)."""
+    steps = windows(max_gap)
+    if steps is None:
+        return None
+    w, step = steps
+    r = f"[{hi - lo + 1}s]"  # a second before lo too: Prometheus 3 leaves a range's start out
+    info = f"{{__name__={INFO!r}{GPU}}}".replace("'", '"')
+    seen = f"max by ({BY}) (count_over_time({info}{r}))"
+    terms = [
+        f"count by ({BY}) (count_over_time({info}{r})) > 1",
+        # every window of w seconds in [lo, hi] holds a sample of gpu_info
+        f"count by ({BY}) (count_over_time(count_over_time({info}[{w}s])[{hi - lo - w}s:{step}s])"
+        f" < scalar(count_over_time(vector(1)[{hi - lo - w}s:{step}s])))",
+    ]
+    for metric in metrics:
+        if metric == INFO:
+            continue
+        sel = f'{{__name__="{metric}"{GPU}}}'
+        terms.append(f"sum by ({BY}) (changes({sel}{r})) > 0")
+        terms.append(
+            f"count by ({BY}) (count_over_time({sel}{r}) != on ({BY}) group_left () {seen})"
+        )
+    return " or ".join(f"({t})" for t in terms)
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """A quiet agent's GPU: its gpu_info labels, verdict (``unknown`` when no state is 1) and
+    whether it is lost."""
+
+    info: dict[str, str]
+    state: str
+    lost: bool
+
+
+def _key(labels: dict[str, str]) -> tuple[str, str, str]:
+    return labels.get("uuid", ""), labels.get("node", ""), labels.get("instance", "")
+
+
+def _vector(base_url: str, promql: str, at: int, timeout: float) -> list[dict[str, Any]]:
+    data = promhttp.instant_query(base_url, promql, at, timeout)
+    result = data.get("result")
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        raise PrometheusError(f"Prometheus at {base_url}: expected a vector for {promql!r:.200}")
+    try:
+        return [{"metric": dict(item["metric"]), "value": item["value"]} for item in result]
+    except (KeyError, TypeError) as exc:
+        raise PrometheusError(
+            f"Prometheus at {base_url}: malformed answer {result!r:.200}"
+        ) from exc
+
+
+def find(
+    base_url: str, metrics: Sequence[str], lo: int, hi: int, max_gap: int, timeout: float
+) -> tuple[list[tuple[str, str, str]], list[Quiet]] | None:
+    """The busy agents' GPUs (uuid, node, instance) and the quiet ones, or None when the
+    silence test cannot tell (``windows``)."""
+    promql = busy_query(metrics, lo, hi, max_gap)
+    if promql is None:
+        return None
+    busy = sorted({_key(item["metric"]) for item in _vector(base_url, promql, hi, timeout)})
+    busy_uuids = {uuid for uuid, _, _ in busy}
+    r = f"[{hi - lo + 1}s]"  # quiet: the same value throughout, so the last one says it
+    state = f"max by ({BY},state) (last_over_time(gpu_health_state{{{GPU[1:]}}}{r}) == 1)"
+    states = {
+        _key(item["metric"]): item["metric"].get("state", "")
+        for item in _vector(base_url, state, hi, timeout)
+    }
+    lost_query = f'max by ({BY}) (last_over_time(gpu_device_state{{state="lost"{GPU}}}{r}) == 1)'
+    lost = {_key(item["metric"]) for item in _vector(base_url, lost_query, hi, timeout)}
+    quiet = []
+    for item in _vector(base_url, f"last_over_time({INFO}{{{GPU[1:]}}}{r})", hi, timeout):
+        key = _key(item["metric"])
+        if key[0] not in busy_uuids:
+            quiet.append(Quiet(item["metric"], states.get(key, "unknown"), key in lost))
+    return busy, quiet
