@@ -43,29 +43,65 @@ def windows(max_gap: int) -> tuple[int, int] | None:
     return w, max_gap - 2 - w
 
 
+# The agents' series, in groups whose series never share their labels once the metric's name
+# is dropped (as changes() drops it; two that did would make Prometheus refuse the query):
+# one query per group reads each series once. A metric of the fleet history that is in none
+# is asked on its own.
+GROUPS = (
+    (
+        "gpu_health_state",
+        "gpu_device_state",
+        "gpu_health_reason",
+        "gpu_xid_errors_total",
+        "gpu_ecc_aggregate_errors_total",
+        "gpu_health_since_timestamp_seconds",
+    ),
+    ("gpu_remapped_rows_total", "gpu_row_remap_pending"),
+    ("gpu_retired_pages_total", "gpu_row_remap_failure"),
+    ("gpu_retired_pages_pending",),
+)
+# series whose presence at every scrape matters, not only their values: a reason or an XID
+# counter appearing, a verdict or a lost GPU's state no longer said (the other series may
+# be left out of a scrape, a failed NVML read, without changing the history)
+PRESENCE = (
+    "gpu_health_reason",
+    "gpu_xid_errors_total",
+    "gpu_health_state",
+    'gpu_device_state{state="lost"}',
+)
+
+
+def groups(metrics: Sequence[str]) -> list[tuple[str, ...]]:
+    """``metrics`` (but gpu_info) in ``GROUPS``, each other one on its own."""
+    wanted = [m for m in metrics if m != INFO]
+    out = [tuple(m for m in g if m in wanted) for g in GROUPS]
+    grouped = {m for g in GROUPS for m in g}
+    return [g for g in out if g] + [(m,) for m in wanted if m not in grouped]
+
+
 def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | None:
-    """The PromQL, evaluated at ``hi``, of every busy agent's GPU (labels ``BY``)."""
+    """The PromQL, evaluated at ``hi``, of every busy agent's GPU (labels ``BY``; MIG
+    instances too, which the caller leaves out)."""
     steps = windows(max_gap)
     if steps is None:
         return None
     w, step = steps
     r = f"[{hi - lo + 1}s]"  # a second before lo too: Prometheus 3 leaves a range's start out
-    info = f"{{__name__={INFO!r}{GPU}}}".replace("'", '"')
-    seen = f"max by ({BY}) (count_over_time({info}{r}))"
+    seen = f"max by ({BY}) (count_over_time({INFO}{r}))"
     terms = [
-        f"count by ({BY}) (count_over_time({info}{r})) > 1",
+        f"count by ({BY}) (count_over_time({INFO}{r})) > 1",
         # every window of w seconds in [lo, hi] holds a sample of gpu_info
-        f"count by ({BY}) (count_over_time(count_over_time({info}[{w}s])[{hi - lo - w}s:{step}s])"
+        f"count by ({BY}) (count_over_time(count_over_time({INFO}[{w}s])[{hi - lo - w}s:{step}s])"
         f" < scalar(count_over_time(vector(1)[{hi - lo - w}s:{step}s])))",
     ]
-    for metric in metrics:
-        if metric == INFO:
-            continue
-        sel = f'{{__name__="{metric}"{GPU}}}'
-        terms.append(f"sum by ({BY}) (changes({sel}{r})) > 0")
-        terms.append(
-            f"count by ({BY}) (count_over_time({sel}{r}) != on ({BY}) group_left () {seen})"
-        )
+    for group in groups(metrics):
+        names = "|".join(group)
+        terms.append(f'sum by ({BY}) (changes({{__name__=~"{names}"}}{r})) > 0')
+    for sel in PRESENCE:
+        if sel.split("{")[0] in metrics:
+            terms.append(
+                f"count by ({BY}) (count_over_time({sel}{r}) != on ({BY}) group_left () {seen})"
+            )
     return " or ".join(f"({t})" for t in terms)
 
 
@@ -104,7 +140,10 @@ def find(
     promql = busy_query(metrics, lo, hi, max_gap)
     if promql is None:
         return None
-    busy = sorted({_key(item["metric"]) for item in _vector(base_url, promql, hi, timeout)})
+    said = _vector(base_url, promql, hi, timeout)
+    busy = sorted(
+        {k for k in map(_key, (item["metric"] for item in said)) if k[0].startswith("GPU-")}
+    )
     busy_uuids = {uuid for uuid, _, _ in busy}
     r = f"[{hi - lo + 1}s]"  # quiet: the same value throughout, so the last one says it
     state = f"max by ({BY},state) (last_over_time(gpu_health_state{{{GPU[1:]}}}{r}) == 1)"
