@@ -45,12 +45,11 @@ def windows(max_gap: int) -> tuple[int, int] | None:
 
 # The agents' series, in groups whose series never share their labels once the metric's name
 # is dropped (as changes() drops it; two that did would make Prometheus refuse the query):
-# one query per group reads each series once. A metric of the fleet history that is in none
-# is asked on its own.
+# one query per group reads each series once. A metric of the fleet history in none is asked
+# on its own.
 GROUPS = (
     (
         "gpu_health_state",
-        "gpu_device_state",
         "gpu_health_reason",
         "gpu_xid_errors_total",
         "gpu_ecc_aggregate_errors_total",
@@ -60,23 +59,32 @@ GROUPS = (
     ("gpu_retired_pages_total", "gpu_row_remap_failure"),
     ("gpu_retired_pages_pending",),
 )
+# of a metric, the series the history reads (of the device states, only whether it is lost)
+ONLY = {"gpu_device_state": ',state="lost"'}
 # series whose presence at every scrape matters, not only their values: a reason or an XID
-# counter appearing, a verdict or a lost GPU's state no longer said (the other series may
-# be left out of a scrape, a failed NVML read, without changing the history)
+# counter appearing, a verdict or a lost GPU's state no longer said (the verdict's series come
+# and go together: its since stands for its states). The others may be left out of a scrape
+# (a failed NVML read) without changing the history.
 PRESENCE = (
     "gpu_health_reason",
     "gpu_xid_errors_total",
-    "gpu_health_state",
+    "gpu_health_since_timestamp_seconds",
     'gpu_device_state{state="lost"}',
 )
 
 
-def groups(metrics: Sequence[str]) -> list[tuple[str, ...]]:
-    """``metrics`` (but gpu_info) in ``GROUPS``, each other one on its own."""
+def selectors(metrics: Sequence[str]) -> list[str]:
+    """The selectors that read ``metrics`` (but gpu_info): ``GROUPS``, then each other one on
+    its own."""
     wanted = [m for m in metrics if m != INFO]
-    out = [tuple(m for m in g if m in wanted) for g in GROUPS]
+    out = []
+    for group in GROUPS:
+        names = [m for m in group if m in wanted]
+        if names:
+            out.append(f'{{__name__=~"{"|".join(names)}"}}')
     grouped = {m for g in GROUPS for m in g}
-    return [g for g in out if g] + [(m,) for m in wanted if m not in grouped]
+    out += [f'{{__name__="{m}"{ONLY.get(m, "")}}}' for m in wanted if m not in grouped]
+    return out
 
 
 def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | None:
@@ -94,9 +102,8 @@ def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | 
         f"count by ({BY}) (count_over_time(count_over_time({INFO}[{w}s])[{hi - lo - w}s:{step}s])"
         f" < scalar(count_over_time(vector(1)[{hi - lo - w}s:{step}s])))",
     ]
-    for group in groups(metrics):
-        names = "|".join(group)
-        terms.append(f'sum by ({BY}) (changes({{__name__=~"{names}"}}{r})) > 0')
+    for sel in selectors(metrics):
+        terms.append(f"sum by ({BY}) (changes({sel}{r})) > 0")
     for sel in PRESENCE:
         if sel.split("{")[0] in metrics:
             terms.append(
