@@ -152,21 +152,29 @@ def recall(base_url: str, priors: dict[str, Prior], lo: int, timeout: float = 60
             chunk = boards[i : i + CHUNK]
             uuids = _alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
             # the samples of that very scrape (a second wide: readings are to the second)
-            promql = f'{{__name__=~"{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
+            promql = f'{{__name__=~"{INFO}|{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
             said = promhttp.matrix_query(base_url, promql, at + 0.5, timeout)
             for prior in chunk:
                 assert prior.identity is not None
                 uuid, node = prior.identity.uuid, prior.identity.node
-                prior.xids_then = {}
+                xids: dict[str, float] = {}
+                kept = False  # the store still holds that reading (its gpu_info)
                 for item in said:
                     labels = item.metric
                     if node_of(labels) != node or not item.values:
                         continue
-                    value = item.values[-1][1]
-                    if labels.get("__name__") == START:
+                    name, value = labels.get("__name__"), item.values[-1][1]
+                    if name == START:
                         prior.started_then = value
-                    elif labels.get("uuid") == uuid and math.isfinite(value):
-                        prior.xids_then[labels.get("xid", "?")] = value
+                    elif labels.get("uuid") != uuid:
+                        continue
+                    elif name == INFO:
+                        kept = True
+                    elif math.isfinite(value):
+                        xids[labels.get("xid", "?")] = value
+                # a counter absent from a reading the store still holds was at zero; a reading
+                # it no longer holds says nothing (its counters after the silence: a baseline)
+                prior.xids_then = xids if kept else None
 
 
 def readings_of(result: list[MatrixSeries]) -> tuple[list[Reading], list[XidSeries]]:
