@@ -31,6 +31,7 @@ from gpuquota.quota.fleet import ingest, source
 from gpuquota.quota.fleet.write import FleetStore
 from gpuquota.quota.ledger.ingest import LedgerSettings
 from gpuquota.quota.store.db import open_store
+from gpuquota.sim import vmserver
 from tests.fleet import scenario
 from tests.fleet.test_gpus_cli import iso
 from tests.fleet.test_history import dump, events
@@ -107,6 +108,28 @@ def openmetrics() -> str:
     return "\n".join(lines) + "\n# EOF\n"
 
 
+def vm_lines(openmetrics: str) -> bytes:
+    """OpenMetrics lines (seconds) as Prometheus text with milliseconds (VictoriaMetrics')."""
+    out = []
+    for line in openmetrics.splitlines():
+        if line and not line.startswith("#"):
+            head, t = line.rsplit(" ", 1)
+            out.append(f"{head} {int(t) * 1000}\n")
+    return "".join(out).encode()
+
+
+@pytest.fixture(scope="module")
+def victoria_metrics(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """Two real VictoriaMetrics, one holding this module's samples, one the scenario's."""
+    with (
+        vmserver.serving(tmp_path_factory.mktemp("vm-silences")) as silences,
+        vmserver.serving(tmp_path_factory.mktemp("vm-scenario")) as fleet,
+    ):
+        vmserver.import_text(silences, [vm_lines(openmetrics())])
+        vmserver.import_text(fleet, [vm_lines(scenario.openmetrics())])
+        yield silences.url, fleet.url
+
+
 @pytest.fixture(scope="module")
 def silences_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     work = tmp_path_factory.mktemp("silences")
@@ -164,23 +187,34 @@ def test_xids_across_silences_and_restarts(
 
 
 def test_changes_give_the_history_of_every_sample(
-    silences_prometheus: Prometheus, fleet_prometheus: Prometheus, ledger_sqlite_url: str, cluster: str
-) -> None:  # fmt: skip
+    silences_prometheus: Prometheus,
+    fleet_prometheus: Prometheus,
+    victoria_metrics: tuple[str, str],
+    ledger_sqlite_url: str,
+    cluster: str,
+) -> None:
     """Asking only the GPUs that changed (and one reading for each quiet one) stores what
     every sample stores: silences, restarts, appearances, moves, gaps, fences, reasons, lost
-    and counters; 5-minute windows on both data sets, and the scenario's hourly ones."""
+    and counters; 5-minute windows on both data sets, and the scenario's hourly ones; and
+    VictoriaMetrics, holding the same samples, gives the same history as Prometheus."""
+    silences_vm, fleet_vm = victoria_metrics
     cases = (
-        (silences_prometheus.url, WINDOW, END + 300),
-        (fleet_prometheus.url, WINDOW, scenario.D + 300),
-        (fleet_prometheus.url, scenario.WINDOW, scenario.D + 300),
+        (silences_prometheus.url, silences_vm, WINDOW, END + 300),
+        (fleet_prometheus.url, fleet_vm, WINDOW, scenario.D + 300),
+        (fleet_prometheus.url, fleet_vm, scenario.WINDOW, scenario.D + 300),
     )
-    for i, (url, window, now) in enumerate(cases):
-        by_samples, by_changes = f"{cluster}-{i}-samples", f"{cluster}-{i}-changes"
-        ingested(url, ledger_sqlite_url, by_samples, now, window=window, by_changes=False)
-        ingested(url, ledger_sqlite_url, by_changes, now, window=window)
-        expected = dump(ledger_sqlite_url, by_samples)
-        assert expected["stretches"] and expected["events"]
-        assert dump(ledger_sqlite_url, by_changes) == expected, (url, window)
+    for i, (prometheus, victoria, window, now) in enumerate(cases):
+        expected = None
+        for store, url in (("prom", prometheus), ("vm", victoria)):
+            by_samples, by_changes = f"{cluster}-{i}-{store}-samples", f"{cluster}-{i}-{store}-changes"  # fmt: skip
+            ingested(url, ledger_sqlite_url, by_samples, now, window=window, by_changes=False)
+            ingested(url, ledger_sqlite_url, by_changes, now, window=window)
+            samples = dump(ledger_sqlite_url, by_samples)
+            assert samples["stretches"] and samples["events"]
+            assert dump(ledger_sqlite_url, by_changes) == samples, (store, window)
+            if expected is None:
+                expected = samples
+            assert samples == expected, (store, window)
 
 
 def test_quiet_gpus_are_not_fetched(silences_prometheus: Prometheus) -> None:
