@@ -23,6 +23,7 @@ Both Prometheus and VictoriaMetrics answer these queries through the same HTTP A
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from gpuquota.quota.promhttp import PrometheusError
 BY = "uuid,node,instance"  # an agent's GPU: what rules.Reading.agent is made of
 GPU = ',uuid=~"GPU-.*"'  # whole GPUs (MIG instances are parts of their board)
 INFO = "gpu_info"
+SIDE_BY_SIDE = 4  # queries asked at once
 
 
 def windows(max_gap: int) -> tuple[int, int] | None:
@@ -55,12 +57,13 @@ GROUPS = (
         "gpu_ecc_aggregate_errors_total",
         "gpu_health_since_timestamp_seconds",
     ),
-    ("gpu_remapped_rows_total", "gpu_row_remap_pending"),
+    ("gpu_remapped_rows_total", "gpu_row_remap_pending", "gpu_device_state"),
     ("gpu_retired_pages_total", "gpu_row_remap_failure"),
     ("gpu_retired_pages_pending",),
 )
-# of a metric, the series the history reads (of the device states, only whether it is lost)
-ONLY = {"gpu_device_state": ',state="lost"'}
+# more matchers of a group: of the device states the history reads only whether it is lost
+# (the group's other series have no state label)
+ONLY = {"gpu_device_state": ',state=~"lost|"'}
 # series whose presence at every scrape matters, not only their values: a reason or an XID
 # counter appearing, a verdict or a lost GPU's state no longer said (the verdict's series come
 # and go together: its since stands for its states). The others may be left out of a scrape
@@ -69,7 +72,7 @@ PRESENCE = (
     "gpu_health_reason",
     "gpu_xid_errors_total",
     "gpu_health_since_timestamp_seconds",
-    'gpu_device_state{state="lost"}',
+    "gpu_device_state",  # its lost state only
 )
 
 
@@ -81,15 +84,17 @@ def selectors(metrics: Sequence[str]) -> list[str]:
     for group in GROUPS:
         names = [m for m in group if m in wanted]
         if names:
-            out.append(f'{{__name__=~"{"|".join(names)}"}}')
+            more = "".join(sorted({ONLY.get(m, "") for m in names}))
+            out.append(f'{{__name__=~"{"|".join(names)}"{more}}}')
     grouped = {m for g in GROUPS for m in g}
     out += [f'{{__name__="{m}"{ONLY.get(m, "")}}}' for m in wanted if m not in grouped]
     return out
 
 
-def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | None:
-    """The PromQL, evaluated at ``hi``, of every busy agent's GPU (labels ``BY``; MIG
-    instances too, which the caller leaves out)."""
+def busy_terms(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> list[str] | None:
+    """The PromQL queries, evaluated at ``hi``, whose answers together are every busy agent's
+    GPU (labels ``BY``; MIG instances too, which the caller leaves out): asked side by side,
+    a store evaluating each query on one core uses several."""
     steps = windows(max_gap)
     if steps is None:
         return None
@@ -104,12 +109,21 @@ def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | 
     ]
     for sel in selectors(metrics):
         terms.append(f"sum by ({BY}) (changes({sel}{r})) > 0")
-    for sel in PRESENCE:
-        if sel.split("{")[0] in metrics:
-            terms.append(
-                f"count by ({BY}) (count_over_time({sel}{r}) != on ({BY}) group_left () {seen})"
-            )
-    return " or ".join(f"({t})" for t in terms)
+    present = [m for m in PRESENCE if m in metrics]
+    if present:
+        # one selector for all (their labels differ): the lost device state and the others,
+        # which have no state label
+        sel = f'{{__name__=~"{"|".join(present)}",state=~"lost|"}}'
+        terms.append(
+            f"count by ({BY}) (count_over_time({sel}{r}) != on ({BY}) group_left () {seen})"
+        )
+    return terms
+
+
+def busy_query(metrics: Sequence[str], lo: int, hi: int, max_gap: int) -> str | None:
+    """``busy_terms`` as one query."""
+    terms = busy_terms(metrics, lo, hi, max_gap)
+    return None if terms is None else " or ".join(f"({t})" for t in terms)
 
 
 @dataclass(frozen=True)
@@ -143,25 +157,34 @@ def find(
     base_url: str, metrics: Sequence[str], lo: int, hi: int, max_gap: int, timeout: float
 ) -> tuple[list[tuple[str, str, str]], list[Quiet]] | None:
     """The busy agents' GPUs (uuid, node, instance) and the quiet ones, or None when the
-    silence test cannot tell (``windows``)."""
-    promql = busy_query(metrics, lo, hi, max_gap)
-    if promql is None:
+    silence test cannot tell (``windows``). Its queries are asked side by side."""
+    terms = busy_terms(metrics, lo, hi, max_gap)
+    if terms is None:
         return None
-    said = _vector(base_url, promql, hi, timeout)
+    r = f"[{hi - lo + 1}s]"
+    asked = [
+        # quiet: the same value throughout; gpu_info in [lo, hi] only, the others as at hi
+        f"last_over_time({INFO}{{{GPU[1:]}}}{r})",
+        f"max by ({BY},state) (gpu_health_state{{{GPU[1:]}}} == 1)",
+        f'max by ({BY}) (gpu_device_state{{state="lost"{GPU}}} == 1)',
+        *terms,
+    ]
+    with ThreadPoolExecutor(max_workers=SIDE_BY_SIDE) as pool:
+        answers = list(pool.map(lambda q: _vector(base_url, q, hi, timeout), asked))
+    infos, states_said, lost_said = answers[:3]
     busy = sorted(
-        {k for k in map(_key, (item["metric"] for item in said)) if k[0].startswith("GPU-")}
+        {
+            key
+            for said in answers[3:]
+            for key in map(_key, (item["metric"] for item in said))
+            if key[0].startswith("GPU-")
+        }
     )
     busy_uuids = {uuid for uuid, _, _ in busy}
-    r = f"[{hi - lo + 1}s]"  # quiet: the same value throughout, so the last one says it
-    state = f"max by ({BY},state) (last_over_time(gpu_health_state{{{GPU[1:]}}}{r}) == 1)"
-    states = {
-        _key(item["metric"]): item["metric"].get("state", "")
-        for item in _vector(base_url, state, hi, timeout)
-    }
-    lost_query = f'max by ({BY}) (last_over_time(gpu_device_state{{state="lost"{GPU}}}{r}) == 1)'
-    lost = {_key(item["metric"]) for item in _vector(base_url, lost_query, hi, timeout)}
+    states = {_key(item["metric"]): item["metric"].get("state", "") for item in states_said}
+    lost = {_key(item["metric"]) for item in lost_said}
     quiet = []
-    for item in _vector(base_url, f"last_over_time({INFO}{{{GPU[1:]}}}{r})", hi, timeout):
+    for item in infos:
         key = _key(item["metric"])
         if key[0] not in busy_uuids:
             quiet.append(Quiet(item["metric"], states.get(key, "unknown"), key in lost))
