@@ -126,8 +126,8 @@ def family_series(family: str, gpu: int, times: list[float]) -> Iterator[Series]
         if gpu % 40 == 0:
             yield constant({**base, "reason": "ecc_sbe_rate", "action": "none"}, 1)
         if fenced:
-            labels = _labels({**base, "reason": "xid_79", "action": "reboot_node"})
-            yield labels, [(t, 1) for t in times if t >= FENCE]
+            reason = _labels({**base, "reason": "xid_79", "action": "reboot_node"})
+            yield reason, [(t, 1) for t in times if t >= FENCE]
     elif family == "gpu_health_since_timestamp_seconds":
         yield stepped(base, START - 86400, FENCE if fenced else START - 86400)
     elif family == "gpu_device_state":
@@ -192,7 +192,14 @@ def digest(history: rules.WindowHistory) -> str:
     return hashlib.sha256(repr((stretches, events)).encode()).hexdigest()[:16]
 
 
-def child(url: str, by_changes: bool) -> dict[str, Any]:
+def process_cpu(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (the store's, during a fetch)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
     """One fetch of the window, measured (runs in a process of its own)."""
     answers = [0]
     get_body = promhttp.get_body
@@ -203,14 +210,17 @@ def child(url: str, by_changes: bool) -> dict[str, Any]:
 
     promhttp.get_body = counted
     before = rss_mb()
+    store = process_cpu(store_pid)
     wall, cpu = time.perf_counter(), time.process_time()
     readings, xids = source.fetch(url, START, WINDOW, MAX_GAP, 600.0, by_changes=by_changes)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    store = process_cpu(store_pid) - store
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
     history = rules.window_history(readings, xids, {}, START, START + WINDOW, MAX_GAP)
     return {
         "wall_s": wall,
         "cpu_s": cpu,
+        "store_cpu_s": store,
         "answers": answers[0],
         "rss_peak_mb": peak,
         "readings": len(readings),
@@ -221,16 +231,17 @@ def child(url: str, by_changes: bool) -> dict[str, Any]:
     }
 
 
-def run_child(url: str, by_changes: bool) -> dict[str, Any]:
-    args = [sys.executable, "-m", "bench.fleet_fetch", "--child", url, "changes" if by_changes else "samples"]  # fmt: skip
+def run_child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
+    way = "changes" if by_changes else "samples"
+    args = [sys.executable, "-m", "bench.fleet_fetch", "--child", url, way, str(store_pid)]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bench.fleet_fetch child failed:\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def measure(url: str) -> dict[str, dict[str, Any]]:
-    got = {way: run_child(url, way == "changes") for way in ("samples", "changes")}
+def measure(url: str, store_pid: int) -> dict[str, dict[str, Any]]:
+    got = {way: run_child(url, way == "changes", store_pid) for way in ("samples", "changes")}
     if got["samples"]["history"] != got["changes"]["history"]:
         raise SystemExit(f"the change-based fetch gave another history: {got}")
     return got
@@ -240,10 +251,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child", nargs=2, metavar=("URL", "WAY"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs=3, metavar=("URL", "WAY", "PID"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1] == "changes")))
+        print(json.dumps(child(args.child[0], args.child[1] == "changes", int(args.child[2]))))
         return
     load = os.getloadavg()[0]
     rows: list[tuple[str, int, int, dict[str, dict[str, Any]]]] = []
@@ -255,16 +266,17 @@ def main() -> None:
             promserver.create_blocks(work / "fleet.om", work / "tsdb")
             (work / "fleet.om").unlink()
             with promserver.serving_blocks(work / "tsdb", work) as prometheus:
-                rows.append(("Prometheus 2.42", gpus, samples, measure(prometheus.url)))
+                got = measure(prometheus.url, prometheus.proc.pid)
+                rows.append(("Prometheus 2.42", gpus, samples, got))
             with vmserver.serving(work / "vm") as vm:
                 vmserver.import_text(vm, prometheus_text(gpus))
-                rows.append(("VictoriaMetrics 1.79", gpus, samples, measure(vm.url)))
+                rows.append(("VictoriaMetrics 1.79", gpus, samples, measure(vm.url, vm.proc.pid)))
             for store, n, _, got in rows[-2:]:
                 print(store, n, json.dumps(got))
     load_after = os.getloadavg()[0]
     table = [
-        "| store | GPUs (samples) | way | answers | wall / CPU of the fetch | peak RSS over the RSS before | readings | busy GPUs |",
-        "|---|---|---|---:|---:|---:|---:|---:|",
+        "| store | GPUs (samples) | way | answers | wall / CPU of the fetch | the store's CPU | peak RSS over the RSS before | readings | busy GPUs |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for store, gpus, samples, got in rows:
         for way in ("samples", "changes"):
@@ -272,7 +284,7 @@ def main() -> None:
             bold = "**" if way == "changes" else ""
             table.append(
                 f"| {store} | {gpus:,} ({samples:,}) | {way} | {g['answers']} | "
-                f"{bold}{g['wall_s']:.2f}{bold} / {g['cpu_s']:.2f} s | {bold}{g['rss_peak_mb']:.0f} MB{bold} | "
+                f"{bold}{g['wall_s']:.2f}{bold} / {g['cpu_s']:.2f} s | {g['store_cpu_s']:.2f} s | {bold}{g['rss_peak_mb']:.0f} MB{bold} | "
                 f"{g['readings']:,} | {'' if g['busy'] is None else g['busy']} |"
             )
     text = "\n".join(
