@@ -48,6 +48,7 @@ GPU_METRICS = (INFO, STATE, REASON, SINCE, DEVICE_STATE, XID, *COUNTERS)
 METRICS = (*GPU_METRICS, START)
 # busy GPUs asked per query (their UUIDs in one regular expression): a few KB of URL
 CHUNK = 200
+MOSTLY_BUSY = 0.25  # above this share of busy GPUs, every sample is asked for
 
 
 def node_of(labels: dict[str, str]) -> str:
@@ -85,6 +86,8 @@ def fetch(
     lo, hi = start - max_gap, start + window + max_gap
     readings = Readings()
     found = changes.find(base_url, GPU_METRICS, lo, hi, max_gap, timeout) if by_changes else None
+    if found is not None and len(found[0]) > max(5 * CHUNK, MOSTLY_BUSY * (len(found[0]) + len(found[1]))):  # fmt: skip
+        found = None  # many GPUs changed: every sample in shards beats UUIDs by the hundred
     if found is None:
         for piece in prompieces.pieces(base_url, METRICS, lo, hi, timeout, max_samples=max_samples):
             readings.add(piece)
