@@ -65,18 +65,22 @@ def plan(total: float, lo: int, hi: int, max_samples: int) -> tuple[int, list[in
     return count, [lo + (span * i) // slices for i in range(slices + 1)]
 
 
+def count_query(metrics: Sequence[str], lo: int, hi: int, matchers: str = "") -> str:
+    """The PromQL, evaluated at ``hi``, of how many samples of ``metrics`` are in [lo, hi]."""
+    # one count per metric, added up: count_over_time drops the metric's name, so two
+    # metrics with the same labels (gpu_row_remap_pending and _failure of one GPU) would be
+    # one labelset twice in a single count, which Prometheus refuses (HTTP 422)
+    return " + ".join(
+        f"(sum(count_over_time({selector([m], matchers)}[{hi - lo + 1}s])) or vector(0))"
+        for m in metrics
+    )
+
+
 def count_samples(
     base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float, matchers: str = ""
 ) -> float:
     """How many samples of ``metrics`` (with more ``matchers``) Prometheus holds in [lo, hi]."""
-    # one count per metric, added up: count_over_time drops the metric's name, so two
-    # metrics with the same labels (gpu_row_remap_pending and _failure of one GPU) would be
-    # one labelset twice in a single count, which Prometheus refuses (HTTP 422)
-    promql = " + ".join(
-        f"(sum(count_over_time({selector([m], matchers)}[{hi - lo + 1}s])) or vector(0))"
-        for m in metrics
-    )
-    data = promhttp.instant_query(base_url, promql, hi, timeout)
+    data = promhttp.instant_query(base_url, count_query(metrics, lo, hi, matchers), hi, timeout)
     try:
         return float(data["result"][0]["value"][1]) if data.get("result") else 0.0
     except (KeyError, IndexError, TypeError, ValueError) as exc:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from gpuquota.quota import promhttp, prompieces
@@ -46,9 +47,13 @@ COUNTERS: dict[str, str | None] = {
 }
 GPU_METRICS = (INFO, STATE, REASON, SINCE, DEVICE_STATE, XID, *COUNTERS)
 METRICS = (*GPU_METRICS, START)
-# busy GPUs asked per query (their UUIDs in one regular expression): a few KB of URL
-CHUNK = 200
-MOSTLY_BUSY = 0.25  # above this share of busy GPUs, every sample is asked for
+# the longest query asked with UUIDs or instances in a regular expression (VictoriaMetrics
+# refuses queries over 16 KB by default, -search.maxQueryLen; a count repeats the selector
+# once per metric)
+QUERY_BYTES = 14_000
+MANY_BUSY = 1_000  # over this many busy GPUs and
+MOSTLY_BUSY = 0.25  # this share of the fleet, every sample is asked for
+RECALLED = 200  # silent boards recalled per query (about 45 characters of UUID each)
 
 
 def node_of(labels: dict[str, str]) -> str:
@@ -86,7 +91,7 @@ def fetch(
     lo, hi = start - max_gap, start + window + max_gap
     readings = Readings()
     found = changes.find(base_url, GPU_METRICS, lo, hi, max_gap, timeout) if by_changes else None
-    if found is not None and len(found[0]) > max(5 * CHUNK, MOSTLY_BUSY * (len(found[0]) + len(found[1]))):  # fmt: skip
+    if found is not None and len(found[0]) > max(MANY_BUSY, MOSTLY_BUSY * (len(found[0]) + len(found[1]))):  # fmt: skip
         found = None  # many GPUs changed: every sample in shards beats UUIDs by the hundred
     if found is None:
         for piece in prompieces.pieces(base_url, METRICS, lo, hi, timeout, max_samples=max_samples):
@@ -94,15 +99,15 @@ def fetch(
         return readings.result()
     busy, quiet = found
     uuids = sorted({uuid for uuid, _, _ in busy})
-    for i in range(0, len(uuids), CHUNK):
-        matchers = f',uuid=~"{_alternatives(uuids[i : i + CHUNK])}"'
+    for regex in _regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
+        matchers = f',uuid=~"{regex}"'
         for piece in prompieces.pieces(
             base_url, GPU_METRICS, lo, hi, timeout, max_samples=max_samples, matchers=matchers
         ):
             readings.add(piece)
     instances = sorted({instance for _, _, instance in busy})
-    for i in range(0, len(instances), CHUNK):
-        matchers = f',instance=~"{_alternatives(instances[i : i + CHUNK])}"'
+    for regex in _regexes(instances, QUERY_BYTES // 2):
+        matchers = f',instance=~"{regex}"'
         for piece in prompieces.pieces(
             base_url, (START,), lo, hi, timeout, max_samples=max_samples, matchers=matchers
         ):
@@ -112,6 +117,22 @@ def fetch(
     for q in quiet:
         got.append(_quiet_reading(q, start - 1, start + window, identities))
     return got, xids
+
+
+def _regexes(values: list[str], budget: int) -> Iterator[str]:
+    """``values`` as regular expressions (``_alternatives``) of at most about ``budget``
+    characters each (one value each at least)."""
+    out: list[str] = []
+    size = 0
+    for value in values:
+        one = _alternatives([value])
+        if out and size + len(one) + 1 > budget:
+            yield "|".join(out)
+            out, size = [], 0
+        out.append(one)
+        size += len(one) + 1
+    if out:
+        yield "|".join(out)
 
 
 def _alternatives(values: list[str]) -> str:
@@ -151,8 +172,8 @@ def recall(base_url: str, priors: dict[str, Prior], lo: int, timeout: float = 60
         if prior.last_observed is not None and prior.last_observed < lo and prior.identity:
             by_time.setdefault(prior.last_observed, []).append(prior)
     for at, boards in sorted(by_time.items()):
-        for i in range(0, len(boards), CHUNK):
-            chunk = boards[i : i + CHUNK]
+        for i in range(0, len(boards), RECALLED):
+            chunk = boards[i : i + RECALLED]
             uuids = _alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
             # the samples of that very scrape (a second wide: readings are to the second)
             promql = f'{{__name__=~"{INFO}|{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
