@@ -199,8 +199,9 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
-    """One fetch of the window, measured (runs in a process of its own)."""
+def child(url: str, by_changes: bool, store_pid: int, start: int) -> dict[str, Any]:
+    """One fetch of the window from ``start`` (the parent's START: the hour may have turned
+    since), measured (runs in a process of its own)."""
     answers = [0]
     get_body = promhttp.get_body
 
@@ -212,11 +213,11 @@ def child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
     before = rss_mb()
     store = process_cpu(store_pid)
     wall, cpu = time.perf_counter(), time.process_time()
-    readings, xids = source.fetch(url, START, WINDOW, MAX_GAP, 600.0, by_changes=by_changes)
+    readings, xids = source.fetch(url, start, WINDOW, MAX_GAP, 600.0, by_changes=by_changes)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     store = process_cpu(store_pid) - store
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
-    history = rules.window_history(readings, xids, {}, START, START + WINDOW, MAX_GAP)
+    history = rules.window_history(readings, xids, {}, start, start + WINDOW, MAX_GAP)
     return {
         "wall_s": wall,
         "cpu_s": cpu,
@@ -233,7 +234,16 @@ def child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
 
 def run_child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
     way = "changes" if by_changes else "samples"
-    args = [sys.executable, "-m", "bench.fleet_fetch", "--child", url, way, str(store_pid)]
+    args = [
+        sys.executable,
+        "-m",
+        "bench.fleet_fetch",
+        "--child",
+        url,
+        way,
+        str(store_pid),
+        str(START),
+    ]
     done = subprocess.run(args, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"bench.fleet_fetch child failed:\n{done.stderr[-3000:]}")
@@ -251,10 +261,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child", nargs=3, metavar=("URL", "WAY", "PID"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=4, metavar=("URL", "WAY", "PID", "START"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1] == "changes", int(args.child[2]))))
+        url, way, pid, start = args.child
+        print(json.dumps(child(url, way == "changes", int(pid), int(start))))
         return
     load = os.getloadavg()[0]
     rows: list[tuple[str, int, int, dict[str, dict[str, Any]]]] = []
