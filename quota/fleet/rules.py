@@ -345,8 +345,9 @@ def _xids(
         else:
             p_t, p_value, p_started = previous
             last_t = max(last_t, p_t) if last_t is not None else p_t
-            if started is not None and p_started is not None:
-                # the agent's own word: a new start time is a restart (counting from zero)
+            if started is not None or p_started is not None:
+                # the agent's own word: a new start time is a restart (counting from zero),
+                # and so is one said only on one side (an agent upgraded to one that says it)
                 restarted = started != p_started or value < p_value
             else:
                 # a drop, or the series was absent while the agent reported the GPU

@@ -77,3 +77,11 @@ def test_busy_gpus_are_asked_in_queries_victoria_metrics_takes() -> None:
     for regex in regexes:
         query = prompieces.count_query(source.GPU_METRICS, 0, 420, f',uuid=~"{regex}"')
         assert len(query) < 16_384
+
+
+def test_an_agent_that_begins_to_say_its_start_time_was_restarted() -> None:
+    """Before the silence the agent did not say its start time, after it does: a new
+    agent (an upgrade), whose counter began from zero, even at a value above the one before."""
+    back = [reading(t) for t in range(600, 700, 15)]
+    samples = tuple((r.t, 3.0) for r in back)
+    assert xid_events(back, samples, silent_since(100, {"79": 2.0}, None)) == [(100, 600, 3, [100, 600])]  # fmt: skip
