@@ -1,179 +1,183 @@
-"""Benchmark of the fleet history's fetch of one window: one answer against pieces.
+"""Benchmark of the fleet history's fetch of one window: every sample against the changes.
 
-A stand-in Prometheus (an HTTP server in a process of its own, answering the two kinds of
-query the fetch asks: the count, and range selectors with or without a shard of UUIDs, with
-Prometheus 2's inclusive ranges) serves an hour and two minutes of the node agents' health
-series for ``--gpus`` GPUs scraped every 15 s (per GPU: gpu_info, three health states,
-since, four device states, two ECC aggregates, two remapped-rows causes, remap pending and
-failure; every 50th GPU one XID counter, every 40th a health reason). Each way of fetching
-runs in a child process of its own (so its peak RSS is its own):
+A real Prometheus (Debian's, serving blocks written by promtool) and a real VictoriaMetrics
+(Debian's, the same samples imported through its HTTP API) each hold the node agents' health
+series of ``--gpus`` GPUs (one or more sizes), scraped every 15 s, each node at its own moment,
+over a 5-minute window and a minute and a half either side. Per GPU: gpu_info, three health
+states, since, four device states, two ECC aggregates, two remapped-rows causes, remap pending
+and failure; per node the agent's start time; every 50th GPU an XID 13 counter and every 40th
+a health reason, unchanged. What changes in the window: every 100th GPU is fenced by an XID 79
+(its verdict, reason, since and a new XID counter) and every 200th node's agent is silent for
+two minutes (about 1.5 % of the GPUs busy).
 
-- ``one``: the whole window in one answer (``max_samples`` above the total: the fetch as it
-  was before quota/prompieces.py);
-- ``pieces``: the default, about 5,000 samples per answer.
+Each way of fetching runs in a child process of its own (so its peak RSS is its own):
 
-Per way: wall and CPU time of ``fleet.source.fetch``; the longest decode of one answer
-(from its last byte read to its series decoded, promhttp.matrix_query); the longest stall of
-a thread that wakes every millisecond meanwhile (what the controller's watch threads would
-see); the peak RSS over the child's RSS before the fetch; and, in a second run of the child
-under tracemalloc, the peak of Python's allocations.
+- ``samples``: every sample of the window (``source.fetch(by_changes=False)``, as before);
+- ``changes``: PromQL finds the busy GPUs, only their samples are fetched, each quiet GPU is
+  one reading over the window (quota/fleet/changes.py, the default).
 
-    .venv/bin/python -m bench.fleet_fetch [--gpus 1000] [--no-write]
+Per way: wall and CPU time of ``fleet.source.fetch``, the HTTP answers it read, the peak RSS
+over the child's RSS before the fetch, the readings; and the window's history from them
+(rules.window_history), which must be the same both ways (the command fails otherwise).
+
+    nice .venv/bin/python -m bench.fleet_fetch [--gpus 1000 10000] [--no-write]
 
 Writes the ``fleet_fetch`` section of docs/benchmarks.md; the last line printed is
-``one_peak_mb=<n> pieces_peak_mb=<n> one_decode_ms=<n> pieces_decode_ms=<n>``.
+``same_history=yes`` and, per store and size, ``<store>_<gpus>_changes_wall_s=<n>
+<store>_<gpus>_changes_peak_mb=<n>``.
 """
 
 from __future__ import annotations
 
 import argparse
-import bisect
-import gc
+import hashlib
 import json
-import multiprocessing
 import os
 import platform
-import re
 import resource
 import subprocess
 import sys
-import threading
+import tempfile
 import time
-import tracemalloc
-import urllib.parse
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 from bench.results import write_section
-from gpuquota.quota import promhttp, prompieces
-from gpuquota.quota.fleet import source
-from gpuquota.sim.harness import free_port, wait_for
+from gpuquota.quota import promhttp
+from gpuquota.quota.fleet import rules, source
+from gpuquota.sim import promserver, vmserver
 
 STEP = 15
-WINDOW = 3600
+WINDOW = 300
 MAX_GAP = 60
-START = 1_800_000_000  # the window [START, START + WINDOW)
+START = (int(time.time()) // 3600 - 2) * 3600  # the window [START, START + WINDOW)
+FIRST, LAST = START - MAX_GAP - 30, START + WINDOW + MAX_GAP + 15
+FENCE = START + 120
+SILENT = (START + 100, START + 220)
 GPU_NAMESPACE = uuid.UUID("0f1c5e2a-7d3b-4c8e-9a61-2b4d6f8e0a13")
-SELECTOR = re.compile(
-    r'\{__name__=~"(?P<names>[^"]*)"(?:,uuid(?P<op>=~|!~)"(?P<re>.*)")?\}\[(?P<len>\d+)s\]'
+MODEL = "NVIDIA H100 80GB HBM3"
+FAMILIES = (
+    ("gpuquota_exporter_start_time_seconds", "gauge"),
+    ("gpu_info", "gauge"),
+    ("gpu_health_state", "gauge"),
+    ("gpu_health_reason", "gauge"),
+    ("gpu_health_since_timestamp_seconds", "gauge"),
+    ("gpu_device_state", "gauge"),
+    ("gpu_ecc_aggregate_errors_total", "counter"),
+    ("gpu_remapped_rows_total", "counter"),
+    ("gpu_row_remap_pending", "gauge"),
+    ("gpu_row_remap_failure", "gauge"),
+    ("gpu_xid_errors_total", "counter"),
 )
-COUNT = re.compile(r"sum\(count_over_time\((?P<sel>.*)\)\)")
+
+Series = tuple[str, list[tuple[float, float]]]  # labels as text, samples (t, value)
 
 
-def gpu_series(gpu: int) -> Iterator[tuple[dict[str, str], list[str]]]:
-    """One GPU's series over the window and a minute either side: labels, and each sample
-    already written as Prometheus writes it (``[t,"v"]``, t to the millisecond)."""
-    node = f"node-{gpu // 8:03d}"
-    base = {
-        "gpu": str(gpu % 8),
-        "uuid": f"GPU-{uuid.uuid5(GPU_NAMESPACE, f'bench/{gpu}')}",
-        "node": node,
-        "instance": f"{node}:9400",
-        "job": "gpu-exporter",
-    }
-    offset = (gpu // 8) * 0.731 % STEP  # each node's agent is scraped at its own moment
-    times = [START - MAX_GAP - 14 + offset + STEP * k for k in range((WINDOW + 2 * MAX_GAP) // STEP + 2)]  # fmt: skip
-
-    def constant(labels: dict[str, str], value: str) -> tuple[dict[str, str], list[str]]:
-        return {**base, **labels}, [f'[{t:.3f},"{value}"]' for t in times]
-
-    info = {
-        "__name__": "gpu_info",
-        "serial": f"{1650000000000 + gpu}",
-        "model": "NVIDIA H100 80GB HBM3",
-        "pci_bus_id": f"00000000:{0x18 + gpu % 8:02X}:00.0",
-        "driver_version": "550.54.15",
-        "vbios_version": "96.00.89.00.01",
-    }
-    yield constant(info, "1")
-    for state in ("healthy", "degraded", "unhealthy"):
-        yield constant({"__name__": "gpu_health_state", "state": state}, "1" if state == "healthy" else "0")  # fmt: skip
-    yield constant({"__name__": "gpu_health_since_timestamp_seconds"}, "1799000000")
-    for state in ("ok", "lost", "reset_required", "error"):
-        yield constant({"__name__": "gpu_device_state", "state": state}, "1" if state == "ok" else "0")  # fmt: skip
-    for kind in ("corrected", "uncorrected"):
-        yield constant({"__name__": "gpu_ecc_aggregate_errors_total", "type": kind}, "0")
-    for cause in ("correctable", "uncorrectable"):
-        yield constant({"__name__": "gpu_remapped_rows_total", "cause": cause}, "0")
-    yield constant({"__name__": "gpu_row_remap_pending"}, "0")
-    yield constant({"__name__": "gpu_row_remap_failure"}, "0")
-    if gpu % 50 == 0:
-        yield constant({"__name__": "gpu_xid_errors_total", "xid": "13"}, "2")
-    if gpu % 40 == 0:
-        reason = {"__name__": "gpu_health_reason", "reason": "ecc_sbe_rate", "action": "none"}
-        yield constant(reason, "1")
+def scrapes(node: int) -> list[float]:
+    """When node ``node``'s agent was scraped (its own moment in each 15 s; none while it
+    was silent)."""
+    offset = round(node * 0.731 % STEP, 3)
+    times = [FIRST + offset + STEP * k for k in range((LAST - FIRST) // STEP)]
+    if node % 200 == 1:
+        return [t for t in times if not SILENT[0] <= t < SILENT[1]]
+    return times
 
 
-class Served:
-    """Every series of the fleet, by UUID, with its samples' times."""
-
-    def __init__(self, gpus: int) -> None:
-        self.by_uuid: dict[str, list[tuple[str, str, list[float], list[str]]]] = {}
-        for gpu in range(gpus):
-            for labels, samples in gpu_series(gpu):
-                head = json.dumps(labels, separators=(",", ":"))
-                times = [float(s[1 : s.index(",")]) for s in samples]
-                series = (labels["__name__"], head, times, samples)
-                self.by_uuid.setdefault(labels["uuid"], []).append(series)
-        self.shards: dict[tuple[str, str], list[str]] = {}
-
-    def uuids(self, op: str | None, pattern: str | None) -> list[str]:
-        if op is None or pattern is None:
-            return list(self.by_uuid)
-        key = (op, pattern)
-        if key not in self.shards:
-            hit = [u for u in self.by_uuid if (re.fullmatch(pattern, u) is not None) == (op == "=~")]  # fmt: skip
-            self.shards[key] = hit
-        return self.shards[key]
-
-    def answer(self, promql: str, at: float) -> bytes:
-        counted = COUNT.fullmatch(promql)
-        match = SELECTOR.fullmatch(counted["sel"] if counted else promql)
-        if match is None:
-            raise ValueError(promql)
-        names = set(match["names"].split("|"))
-        lo = at - int(match["len"])
-        parts, total = [], 0
-        for u in self.uuids(match["op"], match["re"]):
-            for name, head, times, samples in self.by_uuid[u]:
-                if name not in names:
-                    continue
-                a, b = bisect.bisect_left(times, lo), bisect.bisect_right(times, at)
-                if a < b:
-                    total += b - a
-                    if not counted:
-                        parts.append(f'{{"metric":{head},"values":[{",".join(samples[a:b])}]}}')
-        if counted:
-            result = f'[{{"metric":{{}},"value":[{at},"{total}"]}}]' if total else "[]"
-            kind = "vector"
-        else:
-            result, kind = f"[{','.join(parts)}]", "matrix"
-        body = f'{{"status":"success","data":{{"resultType":"{kind}","result":{result}}}}}'
-        return body.encode()
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{k}="{v}"' for k, v in labels.items())
 
 
-def serve(gpus: int, port: int) -> None:
-    served = Served(gpus)
+def family_series(family: str, gpu: int, times: list[float]) -> Iterator[Series]:
+    """One GPU's series of ``family`` (the agent's start time: its node's, on its first GPU)."""
+    node = gpu // 8
+    agent = {"node": f"node-{node:04d}", "instance": f"node-{node:04d}:9400"}
+    base = {"uuid": f"GPU-{uuid.uuid5(GPU_NAMESPACE, f'bench/{gpu}')}", "gpu": str(gpu % 8), **agent}  # fmt: skip
+    fenced = gpu % 100 == 3
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-            if "query" not in query:
-                body = b"ok"
+    def constant(labels: dict[str, str], value: float) -> Series:
+        return _labels(labels), [(t, value) for t in times]
+
+    def stepped(labels: dict[str, str], before: float, after: float) -> Series:
+        return _labels(labels), [(t, before if t < FENCE else after) for t in times]
+
+    if family == "gpuquota_exporter_start_time_seconds":
+        if gpu % 8 == 0:
+            yield constant(agent, START - 3 * 86400)
+    elif family == "gpu_info":
+        info = {
+            **base,
+            "serial": f"{1650000000000 + gpu}",
+            "model": MODEL,
+            "pci_bus_id": f"00000000:{0x18 + gpu % 8:02X}:00.0",
+            "driver_version": "550.54.15",
+            "vbios_version": "96.00.89.00.01",
+        }
+        yield constant(info, 1)
+    elif family == "gpu_health_state":
+        for state in ("healthy", "degraded", "unhealthy"):
+            labels = {**base, "state": state}
+            if fenced:
+                yield stepped(labels, state == "healthy", state == "unhealthy")
             else:
-                body = served.answer(query["query"][0], float(query["time"][0]))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+                yield constant(labels, state == "healthy")
+    elif family == "gpu_health_reason":
+        if gpu % 40 == 0:
+            yield constant({**base, "reason": "ecc_sbe_rate", "action": "none"}, 1)
+        if fenced:
+            reason = _labels({**base, "reason": "xid_79", "action": "reboot_node"})
+            yield reason, [(t, 1) for t in times if t >= FENCE]
+    elif family == "gpu_health_since_timestamp_seconds":
+        yield stepped(base, START - 86400, FENCE if fenced else START - 86400)
+    elif family == "gpu_device_state":
+        for state in ("ok", "lost", "reset_required", "error"):
+            yield constant({**base, "state": state}, state == "ok")
+    elif family == "gpu_ecc_aggregate_errors_total":
+        for kind in ("corrected", "uncorrected"):
+            yield constant({**base, "type": kind}, 0)
+    elif family == "gpu_remapped_rows_total":
+        for cause in ("correctable", "uncorrectable"):
+            yield constant({**base, "cause": cause}, 0)
+    elif family in ("gpu_row_remap_pending", "gpu_row_remap_failure"):
+        yield constant(base, 0)
+    elif family == "gpu_xid_errors_total":
+        if gpu % 50 == 0:
+            yield constant({**base, "xid": "13"}, 2)
+        if fenced:
+            yield _labels({**base, "xid": "79"}), [(t, 1) for t in times if t >= FENCE]
 
-        def log_message(self, *args: Any) -> None:
-            pass
 
-    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+def fleet(gpus: int) -> Iterator[tuple[str, str, Series]]:
+    """Every series (family, kind, series), family by family as OpenMetrics wants them."""
+    times = {node: scrapes(node) for node in range((gpus + 7) // 8)}
+    for family, kind in FAMILIES:
+        for gpu in range(gpus):
+            for series in family_series(family, gpu, times[gpu // 8]):
+                yield family, kind, series
+
+
+def write_openmetrics(gpus: int, path: Path) -> int:
+    """The fleet's samples as OpenMetrics (timestamps in seconds) for promtool; how many."""
+    count = 0
+    with path.open("w") as out:
+        seen: set[str] = set()
+        for family, kind, (labels, samples) in fleet(gpus):
+            if family not in seen:
+                seen.add(family)
+                out.write(f"# TYPE {family.removesuffix('_total')} {kind}\n")
+            head = f"{family}{{{labels}}} "
+            out.write("".join(f"{head}{float(v):g} {t:.3f}\n" for t, v in samples))
+            count += len(samples)
+        out.write("# EOF\n")
+    return count
+
+
+def prometheus_text(gpus: int) -> Iterator[bytes]:
+    """The fleet's samples as Prometheus text with millisecond timestamps (VictoriaMetrics)."""
+    for family, _kind, (labels, samples) in fleet(gpus):
+        head = f"{family}{{{labels}}} "
+        yield "".join(f"{head}{float(v):g} {round(t * 1000)}\n" for t, v in samples).encode()
 
 
 def rss_mb() -> float:
@@ -181,154 +185,148 @@ def rss_mb() -> float:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def child(url: str, max_samples: int, trace: bool) -> dict[str, float]:
-    """One fetch of the window, measured (runs in a process of its own)."""
-    decodes: list[float] = []
-    received: list[float] = []
-    get_body, matrix_query = promhttp.get_body, promhttp.matrix_query
+def digest(history: rules.WindowHistory) -> str:
+    """The window's stretches and events, as a hash (the same history gives the same)."""
+    stretches = sorted((s.serial, s.start, s.end, s.identity, s.state, s.lost) for s in history.stretches)  # fmt: skip
+    events = sorted((e.serial, e.at, e.seen, e.kind, e.key, repr(sorted(e.detail.items()))) for e in history.events)  # fmt: skip
+    return hashlib.sha256(repr((stretches, events)).encode()).hexdigest()[:16]
 
-    def timed_body(*args: Any, **kwargs: Any) -> bytes:
-        body = get_body(*args, **kwargs)
-        received.append(time.perf_counter())
-        return body
 
-    def timed_query(*args: Any, **kwargs: Any) -> list[promhttp.MatrixSeries]:
-        result = matrix_query(*args, **kwargs)
-        decodes.append(time.perf_counter() - received[-1])
-        return result
+def process_cpu(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (the store's, during a fetch)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    promhttp.get_body = timed_body
-    promhttp.matrix_query = timed_query
-    stalls = [0.0]
-    done = threading.Event()
-    collections: list[float] = []
-    began = [0.0]
 
-    def collected(phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            began[0] = time.perf_counter()
-        else:
-            collections.append(time.perf_counter() - began[0])
+def child(url: str, by_changes: bool, store_pid: int, start: int) -> dict[str, Any]:
+    """One fetch of the window from ``start`` (the parent's START: the hour may have turned
+    since), measured (runs in a process of its own)."""
+    answers = [0]
+    get_body = promhttp.get_body
 
-    if trace:  # not in the timed run: a callback lets other threads in mid-collection
-        gc.callbacks.append(collected)
+    def counted(*args: Any, **kwargs: Any) -> bytes:
+        answers[0] += 1
+        return get_body(*args, **kwargs)
 
-    def ticker() -> None:
-        last = time.perf_counter()
-        while not done.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            stalls[0] = max(stalls[0], now - last)
-            last = now
-
+    promhttp.get_body = counted
     before = rss_mb()
-    if trace:
-        tracemalloc.start()
-    thread = threading.Thread(target=ticker, daemon=True)
-    thread.start()
+    store = process_cpu(store_pid)
     wall, cpu = time.perf_counter(), time.process_time()
-    readings, xids = source.fetch(url, START, WINDOW, MAX_GAP, 600.0, max_samples=max_samples)
+    readings, xids = source.fetch(url, start, WINDOW, MAX_GAP, 600.0, by_changes=by_changes)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    done.set()
-    thread.join()
-    out = {
+    store = process_cpu(store_pid) - store
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
+    history = rules.window_history(readings, xids, {}, start, start + WINDOW, MAX_GAP)
+    return {
         "wall_s": wall,
         "cpu_s": cpu,
-        "answers": len(decodes),
-        "decode_max_ms": 1000 * max(decodes),
-        "decode_sum_s": sum(decodes),
-        "stall_max_ms": 1000 * stalls[0],
+        "store_cpu_s": store,
+        "answers": answers[0],
+        "rss_peak_mb": peak,
         "readings": len(readings),
-        "xids": len(xids),
-        "rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before,
+        "busy": len({r.agent for r in readings if r.until is None}) if by_changes else None,
+        "stretches": len(history.stretches),
+        "events": len(history.events),
+        "history": digest(history),
     }
-    if trace:
-        current, peak = tracemalloc.get_traced_memory()
-        out |= {"traced_peak_mb": peak / 2**20, "traced_kept_mb": current / 2**20}
-        out |= {"gc_max_ms": 1000 * max(collections, default=0.0)}
-    return out
 
 
-def run_child(url: str, max_samples: int, trace: bool) -> dict[str, float]:
-    args = [sys.executable, "-m", "bench.fleet_fetch", "--child", url, str(max_samples)]
-    done = subprocess.run(args + (["--trace"] if trace else []), capture_output=True, text=True, check=True)  # fmt: skip
+def run_child(url: str, by_changes: bool, store_pid: int) -> dict[str, Any]:
+    way = "changes" if by_changes else "samples"
+    args = [
+        sys.executable,
+        "-m",
+        "bench.fleet_fetch",
+        "--child",
+        url,
+        way,
+        str(store_pid),
+        str(START),
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"bench.fleet_fetch child failed:\n{done.stderr[-3000:]}")
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def measure(url: str, store_pid: int) -> dict[str, dict[str, Any]]:
+    got = {way: run_child(url, way == "changes", store_pid) for way in ("samples", "changes")}
+    if got["samples"]["history"] != got["changes"]["history"]:
+        raise SystemExit(f"the change-based fetch gave another history: {got}")
+    return got
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=1000)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1000, 10000])
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--child", nargs=2, metavar=("URL", "MAX_SAMPLES"), help=argparse.SUPPRESS)  # fmt: skip
-    parser.add_argument("--trace", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--child", nargs=4, metavar=("URL", "WAY", "PID", "START"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.child[0], int(args.child[1]), args.trace)))
+        url, way, pid, start = args.child
+        print(json.dumps(child(url, way == "changes", int(pid), int(start))))
         return
-    port = free_port()
-    server = multiprocessing.Process(target=serve, args=(args.gpus, port), daemon=True)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: _up(url), timeout=600, what="the stand-in Prometheus")
-        lo, hi = START - MAX_GAP, START + WINDOW + MAX_GAP
-        total = prompieces.count_samples(url, source.METRICS, lo, hi, 600)
-        load = os.getloadavg()[0]
-        ways = {"one": int(total) + 1, "pieces": prompieces.MAX_SAMPLES_PER_QUERY}
-        got = {}
-        for name, max_samples in ways.items():
-            got[name] = run_child(url, max_samples, trace=False)
-            traced = run_child(url, max_samples, trace=True)
-            got[name] |= {k: v for k, v in traced.items() if k.startswith(("traced", "gc"))}
-            print(name, json.dumps({k: round(v, 3) for k, v in got[name].items()}))
-        load_after = os.getloadavg()[0]
-    finally:
-        server.terminate()
-        server.join()
-    one, pieces = got["one"], got["pieces"]
+    load = os.getloadavg()[0]
+    rows: list[tuple[str, int, int, dict[str, dict[str, Any]]]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+        for gpus in args.gpus:
+            work = Path(tmp) / str(gpus)
+            work.mkdir()
+            samples = write_openmetrics(gpus, work / "fleet.om")
+            promserver.create_blocks(work / "fleet.om", work / "tsdb")
+            (work / "fleet.om").unlink()
+            with promserver.serving_blocks(work / "tsdb", work) as prometheus:
+                got = measure(prometheus.url, prometheus.proc.pid)
+                rows.append(("Prometheus 2.42", gpus, samples, got))
+            with vmserver.serving(work / "vm") as vm:
+                vmserver.import_text(vm, prometheus_text(gpus))
+                rows.append(("VictoriaMetrics 1.79", gpus, samples, measure(vm.url, vm.proc.pid)))
+            for store, n, _, got in rows[-2:]:
+                print(store, n, json.dumps(got))
+    load_after = os.getloadavg()[0]
     table = [
-        "| | one answer | pieces of 5,000 samples (the default) |",
-        "|---|---:|---:|",
-        f"| answers | {one['answers']:.0f} | {pieces['answers']:.0f} |",
-        f"| longest decode of one answer | **{one['decode_max_ms']:.0f} ms** | **{pieces['decode_max_ms']:.1f} ms** |",
-        f"| longest stall of a 1 ms ticker thread | {one['stall_max_ms']:.0f} ms | {pieces['stall_max_ms']:.0f} ms |",
-        f"| peak RSS over the RSS before the fetch | **{one['rss_peak_mb']:.0f} MB** | **{pieces['rss_peak_mb']:.0f} MB** |",
-        f"| peak of Python's allocations (tracemalloc) | {one['traced_peak_mb']:.0f} MB | {pieces['traced_peak_mb']:.0f} MB |",
-        f"| of which kept: the readings | {one['traced_kept_mb']:.0f} MB | {pieces['traced_kept_mb']:.0f} MB |",
-        f"| longest garbage collection (tracemalloc run) | {one['gc_max_ms']:.0f} ms | {pieces['gc_max_ms']:.0f} ms |",
-        f"| wall / CPU time of the fetch | {one['wall_s']:.1f} / {one['cpu_s']:.1f} s | {pieces['wall_s']:.1f} / {pieces['cpu_s']:.1f} s |",
+        "| store | GPUs (samples) | way | answers | wall / CPU of the fetch | the store's CPU | peak RSS over the RSS before | readings | busy GPUs |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
     ]
+    for store, gpus, samples, got in rows:
+        for way in ("samples", "changes"):
+            g = got[way]
+            bold = "**" if way == "changes" else ""
+            table.append(
+                f"| {store} | {gpus:,} ({samples:,}) | {way} | {g['answers']} | "
+                f"{bold}{g['wall_s']:.2f}{bold} / {g['cpu_s']:.2f} s | {g['store_cpu_s']:.2f} s | {bold}{g['rss_peak_mb']:.0f} MB{bold} | "
+                f"{g['readings']:,} | {'' if g['busy'] is None else g['busy']} |"
+            )
     text = "\n".join(
         [
-            f"### Fleet history: fetching one window of a {args.gpus:,}-GPU cluster",
+            f"### Fleet history: fetching one 5-minute window of {' and '.join(f'{g:,}' for g in args.gpus)} GPUs",
             "",
-            f"Command: `.venv/bin/python -m bench.fleet_fetch --gpus {args.gpus}` ({platform.machine()}, "
-            f"{os.cpu_count()} cores, Python {platform.python_version()}; load average {load:.1f} before, "
-            f"{load_after:.1f} after).",
+            f"Command: `nice .venv/bin/python -m bench.fleet_fetch --gpus {' '.join(map(str, args.gpus))}` "
+            f"({platform.machine()}, {os.cpu_count()} cores shared with other work, Python "
+            f"{platform.python_version()}; load average {load:.1f} before, {load_after:.1f} after).",
             "",
-            f"Data: {args.gpus:,} GPUs' health series ({int(total):,} samples in the window and a "
-            f"minute either side; {one['readings']:,.0f} readings, {one['xids']:.0f} XID series), "
-            "served by a stand-in Prometheus (bench/fleet_fetch.py: an HTTP server in another "
-            "process on the same machine, answering as Prometheus 2 does). Each way runs in a "
-            "child process of its own; tracemalloc in a second run.",
+            "Data (bench/fleet_fetch.py): each GPU's 15 health series and its node's start "
+            "time, every 15 s, over the window and a minute and a half either side; every 100th "
+            "GPU fenced in the window, every 200th node silent for two minutes. The same "
+            "samples in a real Prometheus (promtool blocks) and a real VictoriaMetrics "
+            "(imported), both asked through their HTTP API on this machine. Each way in a child "
+            "process of its own; both ways gave the same history (stretches and events) for "
+            "every store and size.",
             "",
             *table,
         ]
     )
     if not args.no_write:
         write_section("fleet_fetch", text)
-    print(
-        f"one_peak_mb={one['rss_peak_mb']:.0f} pieces_peak_mb={pieces['rss_peak_mb']:.0f} "
-        f"one_decode_ms={one['decode_max_ms']:.0f} pieces_decode_ms={pieces['decode_max_ms']:.1f}"
+    figures = " ".join(
+        f"{store.split()[0].lower()}_{gpus}_changes_wall_s={got['changes']['wall_s']:.2f} "
+        f"{store.split()[0].lower()}_{gpus}_changes_peak_mb={got['changes']['rss_peak_mb']:.0f}"
+        for store, gpus, _, got in rows
     )
-
-
-def _up(url: str) -> bool:
-    try:
-        promhttp.get_body(f"{url}/-/ready", url, 5)
-    except promhttp.PrometheusError:
-        return False
-    return True
+    print(f"same_history=yes {figures}")
 
 
 if __name__ == "__main__":

@@ -277,6 +277,9 @@ class NodeSnapshot:
     # Unix time of the last collection in which NVML answered (ok=True), this one or earlier.
     last_success_at: float | None = None
     collections_total: int = 0  # collections since the exporter started, this one included
+    # Unix time the collector (and so the exporter's counters: XIDs, usage) started; a new
+    # value tells a restart (counters from zero) from a silence (counters went on)
+    started_at: float | None = None
     # Pod attribution's own state, set by its enricher (None: attribution turned off).
     pod_attribution: PodAttributionStatus | None = None
     # device UUID -> the DRA claims through which pods hold it (exporter/dra/)

@@ -65,15 +65,22 @@ def plan(total: float, lo: int, hi: int, max_samples: int) -> tuple[int, list[in
     return count, [lo + (span * i) // slices for i in range(slices + 1)]
 
 
-def count_samples(base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float) -> float:
-    """How many samples of ``metrics`` Prometheus holds in [lo, hi]."""
+def count_query(metrics: Sequence[str], lo: int, hi: int, matchers: str = "") -> str:
+    """The PromQL, evaluated at ``hi``, of how many samples of ``metrics`` are in [lo, hi]."""
     # one count per metric, added up: count_over_time drops the metric's name, so two
     # metrics with the same labels (gpu_row_remap_pending and _failure of one GPU) would be
     # one labelset twice in a single count, which Prometheus refuses (HTTP 422)
-    promql = " + ".join(
-        f"(sum(count_over_time({selector([m])}[{hi - lo + 1}s])) or vector(0))" for m in metrics
+    return " + ".join(
+        f"(sum(count_over_time({selector([m], matchers)}[{hi - lo + 1}s])) or vector(0))"
+        for m in metrics
     )
-    data = promhttp.instant_query(base_url, promql, hi, timeout)
+
+
+def count_samples(
+    base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float, matchers: str = ""
+) -> float:
+    """How many samples of ``metrics`` (with more ``matchers``) Prometheus holds in [lo, hi]."""
+    data = promhttp.instant_query(base_url, count_query(metrics, lo, hi, matchers), hi, timeout)
     try:
         return float(data["result"][0]["value"][1]) if data.get("result") else 0.0
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -81,7 +88,7 @@ def count_samples(base_url: str, metrics: Sequence[str], lo: int, hi: int, timeo
 
 
 def queries(
-    metrics: Sequence[str], lo: int, hi: int, total: float, max_samples: int
+    metrics: Sequence[str], lo: int, hi: int, total: float, max_samples: int, matchers: str = ""
 ) -> list[tuple[str, int]]:
     """The range selectors, each with the time to evaluate it at, that ask for the ``total``
     samples of ``metrics`` in [lo, hi] in pieces of about ``max_samples``: the shards one
@@ -93,7 +100,7 @@ def queries(
             # the first slice reaches back to lo itself (a range excludes its start in
             # Prometheus 3; Prometheus 2 includes it, so a sample on an edge comes twice)
             length = edges[i + 1] - edges[i] + (1 if i == 0 else 0)
-            out.append((f"{selector(metrics, shard)}[{length}s]", edges[i + 1]))
+            out.append((f"{selector(metrics, matchers + shard)}[{length}s]", edges[i + 1]))
     return out
 
 
@@ -105,14 +112,16 @@ def pieces(
     timeout: float,
     *,
     max_samples: int = MAX_SAMPLES_PER_QUERY,
+    matchers: str = "",
 ) -> Iterator[list[MatrixSeries]]:
     """Every raw sample of ``metrics`` in [lo, hi], as the series of answers of about
-    ``max_samples`` samples each (``queries``). A series comes once per slice where it has
-    samples, and one on a slice's edge may come in both slices."""
-    total = count_samples(base_url, metrics, lo, hi, timeout)
+    ``max_samples`` samples each (``queries``); ``matchers`` (``,label=~"..."``) narrow them.
+    A series comes once per slice where it has samples, and one on a slice's edge may come
+    in both slices."""
+    total = count_samples(base_url, metrics, lo, hi, timeout, matchers)
     if total <= 0:
         return
-    for promql, at in queries(metrics, lo, hi, total, max_samples):
+    for promql, at in queries(metrics, lo, hi, total, max_samples, matchers):
         yield promhttp.matrix_query(base_url, promql, at, timeout)
 
 

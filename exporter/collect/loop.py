@@ -170,6 +170,7 @@ class CollectLoop:
         self.read_timeout = read_timeout if read_timeout is not None else max(interval, 1.0)
         self.hostname = hostname or socket.gethostname()
         self.xid = xid
+        self.started_at = time.time()  # the counters' epoch (gpuquota_exporter_start_time_seconds)
         self._enrichers: list[Enricher] = []
         self._subscribers: list[Subscriber] = []
         self._watchers: list[RoundWatcher] = []
@@ -360,6 +361,7 @@ class CollectLoop:
             nvml_errors_total=errors_total,
             last_success_at=self._last_success,
             collections_total=self._collections,
+            started_at=self.started_at,
             nvml_calls=self.api.call_stats(),
         )
 

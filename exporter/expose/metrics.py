@@ -1349,6 +1349,20 @@ METRICS: list[MetricSpec] = [
         read_node=_node_value(lambda n: n.collections_total),
     ),
     MetricSpec(
+        name=f"{S}start_time_seconds",
+        type="gauge",
+        unit="seconds",
+        help="Unix time this exporter started: its counters (XIDs, usage) count from then. A "
+        "new value is a restart, after which they begin again from zero; the same value "
+        "after a silence means they went on counting (the fleet history tells the two apart "
+        "with it).",
+        labels=(),
+        source="exporter",
+        accessor="NodeSnapshot.started_at",
+        scope=Scope.NODE,
+        read_node=_node_value(lambda n: n.started_at),
+    ),
+    MetricSpec(
         name=f"{S}last_success_timestamp_seconds",
         type="gauge",
         unit="seconds",

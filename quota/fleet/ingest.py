@@ -22,13 +22,24 @@ from gpuquota.quota.store.db import Store
 log = logging.getLogger(__name__)
 
 
-def ingest_window(fleet: FleetStore, settings: LedgerSettings, start: int) -> int:
-    """Fetch and store the history of one window; returns the rows written."""
+def ingest_window(
+    fleet: FleetStore, settings: LedgerSettings, start: int, *, by_changes: bool = True
+) -> int:
+    """Fetch and store the history of one window; returns the rows written. ``by_changes``:
+    samples of the GPUs that changed only (source.fetch); the history is the same."""
     s = settings
     readings, xids = source.fetch(
-        s.prometheus_url, start, s.window, s.max_gap, s.timeout, max_samples=s.max_samples
+        s.prometheus_url,
+        start,
+        s.window,
+        s.max_gap,
+        s.timeout,
+        max_samples=s.max_samples,
+        by_changes=by_changes,
     )
-    priors = fleet.priors(sorted({r.serial for r in readings}), start)
+    # a quiet board (one reading over the window: source.py) has no event to compare
+    priors = fleet.priors(sorted({r.serial for r in readings if r.until is None}), start)
+    source.recall(s.prometheus_url, priors, start - s.max_gap, s.timeout)
     history = rules.window_history(readings, xids, priors, start, start + s.window, s.max_gap)
     return fleet.replace_window(start, s.window, history)
 
@@ -76,6 +87,8 @@ def run_once(
     settings: LedgerSettings,
     now: float,
     stopped: Callable[[], bool] = lambda: False,
+    *,
+    by_changes: bool = True,
 ) -> int:
     """Ingest every history window that is due; returns how many. Raises PrometheusError or
     StoreError; windows ingested before the failure stay ingested."""
@@ -95,6 +108,6 @@ def run_once(
     for start in due:
         if stopped():
             break
-        ingest_window(fleet, s, start)
+        ingest_window(fleet, s, start, by_changes=by_changes)
         done += 1
     return done

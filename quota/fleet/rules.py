@@ -15,9 +15,19 @@ Rules (docs/accounting.md, "Fleet history"):
 - An event belongs to the window holding the reading that showed it, so windows never share
   one; a reading is compared with the board's reading before it (in the fetch, else the
   board's last stored state: ``Prior``).
-- XIDs: the increase of each per-code counter between two samples of one agent's series (a
-  drop is an agent restart: the new value counts whole); a series whose first sample comes
-  after an earlier reading of the same agent and GPU was born then and counts whole.
+- XIDs: the increase of each per-code counter between two samples of one agent's series,
+  whatever the silence between them. The agent's start time (``Reading.started``: its
+  ``gpuquota_exporter_start_time_seconds``) tells a restart, after which the counter began
+  again from zero and its value counts whole, from a silence, across which it went on
+  counting and only its increase counts; where the agent does not say it, a drop, or the
+  series missing while the agent reported the GPU, is a restart. A series whose first sample
+  comes after an earlier reading of the same agent and GPU was born then and counts whole.
+  For a board silent since before the fetch, the counters' values at its last reading
+  (``Prior.xids_then``, asked of the time-series store) are that earlier sample. XIDs that
+  came during a silence are dated to the silence's start (their detail says the silence).
+- A quiet run (``Reading.until``) is a reading whose word was said again at every scrape
+  through ``until``, none more than ``max_gap`` apart (quota/fleet/source.py finds them with
+  PromQL instead of fetching their samples): it covers [t, until] as those readings would.
 """
 
 from __future__ import annotations
@@ -67,6 +77,8 @@ class Reading:
     since: int | None = None
     lost: bool = False
     counters: dict[str, float] = field(default_factory=dict)  # memory counters by key
+    started: float | None = None  # the agent's start time, where it says it
+    until: int | None = None  # a quiet run: the same word at every scrape through this second
 
     @property
     def agent(self) -> tuple[str, str]:
@@ -93,6 +105,11 @@ class Prior:
     identity: Identity | None = None
     counters: dict[str, float] = field(default_factory=dict)
     last_observed: int | None = None
+    # the XID counters (code -> value; a code without one had none) and the agent's start
+    # time at ``last_observed``, of the agent of ``identity``: asked of the time-series store
+    # for a board silent since before the fetch (source.recall), else None
+    xids_then: dict[str, float] | None = None
+    started_then: float | None = None
 
 
 @dataclass(frozen=True)
@@ -146,18 +163,20 @@ def window_history(
     by_serial: dict[str, list[Reading]] = {}
     for r in readings:
         by_serial.setdefault(r.serial, []).append(r)
-    agent_times: dict[tuple[str, str], list[int]] = {}
+    agent_times: dict[tuple[str, str], list[tuple[int, float | None]]] = {}
     serial_of_agent: dict[tuple[str, str], str] = {}
     for serial, timeline in by_serial.items():
         timeline.sort(key=lambda r: r.t)
         for r in timeline:
-            agent_times.setdefault(r.agent, []).append(r.t)
+            agent_times.setdefault(r.agent, []).append((r.t, r.started))
             serial_of_agent[r.agent] = serial
         _board(serial, timeline, priors.get(serial, Prior()), start, end, max_gap, out)
     for series in xids:
         owner = serial_of_agent.get((series.uuid, series.node))
         if owner is not None:
-            _xids(owner, series, agent_times[(series.uuid, series.node)], start, end, out)
+            agent = _Agent(agent_times[(series.uuid, series.node)])
+            then = _then(series, priors.get(owner, Prior()))
+            _xids(owner, series, agent, then, start, end, max_gap, out)
     return out
 
 
@@ -194,11 +213,14 @@ def _board(
         lost = r.lost
         identity = r.identity
         counters.update(r.counters)
-        last_t = r.t
+        last_t = r.t if r.until is None else r.until
+        if r.until is not None and max(r.t, start) < min(r.until, end):
+            run = Stretch(serial, max(r.t, start), min(r.until, end), r.identity, r.state, r.lost)
+            _stretch(out, run)
         if i + 1 < len(timeline):
             nxt = timeline[i + 1].t
-            lo, hi = max(r.t, start), min(nxt, end)
-            if nxt - r.t <= max_gap and lo < hi:
+            lo, hi = max(last_t, start), min(nxt, end)
+            if nxt - last_t <= max_gap and lo < hi:
                 _stretch(out, Stretch(serial, lo, hi, r.identity, r.state, r.lost))
 
 
@@ -260,33 +282,82 @@ def _changes(
             )  # fmt: skip
 
 
-def _any_between(times: list[int], lo: int, hi: int) -> bool:
-    """Whether sorted ``times`` hold one strictly between lo and hi."""
-    return bisect.bisect_right(times, lo) < bisect.bisect_left(times, hi)
+class _Agent:
+    """One agent's readings of one GPU: their times and its start time said at each."""
+
+    def __init__(self, readings: list[tuple[int, float | None]]) -> None:
+        self.times = [t for t, _ in readings]
+        self.started = [s for _, s in readings]
+
+    def last_before(self, t: int) -> int | None:
+        """The time of the agent's latest reading before ``t``."""
+        i = bisect.bisect_left(self.times, t)
+        return self.times[i - 1] if i else None
+
+    def started_at(self, t: int) -> float | None:
+        """The agent's start time said at its reading of ``t`` (None where not said)."""
+        i = bisect.bisect_left(self.times, t)
+        return self.started[i] if i < len(self.times) and self.times[i] == t else None
+
+    def any_between(self, lo: int, hi: int) -> bool:
+        """Whether the agent read the GPU strictly between lo and hi."""
+        return bisect.bisect_right(self.times, lo) < bisect.bisect_left(self.times, hi)
+
+
+@dataclass(frozen=True)
+class _Then:
+    """A series' value at its board's last reading before a silence reaching past the fetch
+    (0: the series had none), and its agent's start time then."""
+
+    t: int
+    value: float
+    started: float | None
+
+
+def _then(series: XidSeries, prior: Prior) -> _Then | None:
+    last, identity = prior.last_observed, prior.identity
+    if prior.xids_then is None or last is None or identity is None:
+        return None
+    if (identity.uuid, identity.node) != (series.uuid, series.node):
+        return None  # another agent's counters (the board moved): this one's are its own
+    if not series.samples or series.samples[0][0] <= last:
+        return None
+    return _Then(last, prior.xids_then.get(series.code, 0.0), prior.started_then)
 
 
 def _xids(
     serial: str,
     series: XidSeries,
-    agent_times: list[int],
+    agent: _Agent,
+    then: _Then | None,
     start: int,
     end: int,
+    max_gap: int,
     out: WindowHistory,
 ) -> None:
-    previous: tuple[int, float] | None = None
+    previous = (then.t, then.value, then.started) if then is not None else None
     for t, value in series.samples:
+        started = agent.started_at(t)
+        last_t = agent.last_before(t)
         if previous is None:
             # born while its agent was already reporting the GPU: every count is new
-            count = value if any(a < t for a in agent_times) else 0.0
-        elif value < previous[1] or _any_between(agent_times, previous[0], t):
-            # a drop, or the series was absent while the agent reported the GPU: the agent
-            # restarted and counts from zero again
-            count = value
+            count = value if last_t is not None else 0.0
         else:
-            count = value - previous[1]
-        previous = (t, value)
+            p_t, p_value, p_started = previous
+            last_t = max(last_t, p_t) if last_t is not None else p_t
+            if started is not None or p_started is not None:
+                # the agent's own word: a new start time is a restart (counting from zero),
+                # and so is one said only on one side (an agent upgraded to one that says it)
+                restarted = started != p_started or value < p_value
+            else:
+                # a drop, or the series was absent while the agent reported the GPU
+                restarted = value < p_value or agent.any_between(p_t, t)
+            count = value if restarted else value - p_value
+        previous = (t, value, started)
         if count > 0 and _inside(t, start, end):
-            out.events.append(
-                Event(serial, t, t, "xid", f"xid:{series.code}",
-                      {"code": series.code, "count": round(count)})
-            )  # fmt: skip
+            detail: dict[str, Any] = {"code": series.code, "count": round(count)}
+            at = t
+            if last_t is not None and t - last_t > max_gap:
+                # they came while the agent was silent: dated to the silence
+                at, detail["silence"] = last_t, [last_t, t]
+            out.events.append(Event(serial, at, t, "xid", f"xid:{series.code}", detail))

@@ -1,7 +1,13 @@
 """The fleet history's source: the node agents' identity, health and error series, read from
-Prometheus' HTTP API the way the usage ledger reads its counters (quota/prompieces.py: raw
-samples of a range selector, nothing extrapolated, asked in pieces of a few thousand samples),
-and turned into readings (fleet/rules.py), piece by piece.
+Prometheus' (or VictoriaMetrics') HTTP API the way the usage ledger reads its counters
+(quota/prompieces.py: raw samples of a range selector, nothing extrapolated, asked in pieces
+of a few thousand samples), and turned into readings (fleet/rules.py), piece by piece.
+
+Only the GPUs that changed in the window are read sample by sample: PromQL finds them
+(quota/fleet/changes.py), and each of the others is one quiet reading over the window
+(``Reading.until``), which gives the history every sample would give. ``recall`` asks, for
+a board silent since before the window, its agent's XID counters and start time at its last
+reading, so that a counter's increase across a silence of any length is counted.
 
 A reading is one scrape of one agent about one GPU: its ``gpu_info`` sample (serial, model,
 PCI bus id, driver and VBIOS versions, with the agent's node) and the samples of the same
@@ -13,10 +19,13 @@ without a serial (NVML answered none) are tracked by their UUID, prefixed ``uuid
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from gpuquota.quota import prompieces
-from gpuquota.quota.fleet.rules import Identity, Reading, XidSeries
+from gpuquota.quota import promhttp, prompieces
+from gpuquota.quota.fleet import changes
+from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries
 from gpuquota.quota.promhttp import MatrixSeries
 from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
 
@@ -26,6 +35,7 @@ REASON = "gpu_health_reason"
 SINCE = "gpu_health_since_timestamp_seconds"
 DEVICE_STATE = "gpu_device_state"
 XID = "gpu_xid_errors_total"
+START = "gpuquota_exporter_start_time_seconds"  # per agent, no uuid: the counters' epoch
 # memory counters and flags kept as history: metric -> the label that splits it
 COUNTERS: dict[str, str | None] = {
     "gpu_ecc_aggregate_errors_total": "type",
@@ -35,7 +45,15 @@ COUNTERS: dict[str, str | None] = {
     "gpu_retired_pages_total": "cause",
     "gpu_retired_pages_pending": None,
 }
-METRICS = (INFO, STATE, REASON, SINCE, DEVICE_STATE, XID, *COUNTERS)
+GPU_METRICS = (INFO, STATE, REASON, SINCE, DEVICE_STATE, XID, *COUNTERS)
+METRICS = (*GPU_METRICS, START)
+# the longest query asked with UUIDs or instances in a regular expression (VictoriaMetrics
+# refuses queries over 16 KB by default, -search.maxQueryLen; a count repeats the selector
+# once per metric)
+QUERY_BYTES = 14_000
+MANY_BUSY = 1_000  # over this many busy GPUs and
+MOSTLY_BUSY = 0.25  # this share of the fleet, every sample is asked for
+RECALLED = 200  # silent boards recalled per query (about 45 characters of UUID each)
 
 
 def node_of(labels: dict[str, str]) -> str:
@@ -63,15 +81,124 @@ def fetch(
     timeout: float = 60.0,
     *,
     max_samples: int = MAX_SAMPLES_PER_QUERY,
+    by_changes: bool = True,
 ) -> tuple[list[Reading], list[XidSeries]]:
     """Readings and XID series of [start - max_gap, start + window + max_gap], asked in
     pieces of about ``max_samples`` samples (quota/prompieces.py) and added up piece by
-    piece: no answer is big, and none is held longer than it takes to read it."""
+    piece: no answer is big, and none is held longer than it takes to read it. With
+    ``by_changes`` (the default) only the busy GPUs' samples are asked, and each quiet GPU
+    is one reading over the window (quota/fleet/changes.py); the history is the same."""
     lo, hi = start - max_gap, start + window + max_gap
     readings = Readings()
-    for piece in prompieces.pieces(base_url, METRICS, lo, hi, timeout, max_samples=max_samples):
-        readings.add(piece)
-    return readings.result()
+    found = changes.find(base_url, GPU_METRICS, lo, hi, max_gap, timeout) if by_changes else None
+    if found is not None and len(found[0]) > max(MANY_BUSY, MOSTLY_BUSY * (len(found[0]) + len(found[1]))):  # fmt: skip
+        found = None  # many GPUs changed: every sample in shards beats UUIDs by the hundred
+    if found is None:
+        for piece in prompieces.pieces(base_url, METRICS, lo, hi, timeout, max_samples=max_samples):
+            readings.add(piece)
+        return readings.result()
+    busy, quiet = found
+    uuids = sorted({uuid for uuid, _, _ in busy})
+    for regex in _regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
+        matchers = f',uuid=~"{regex}"'
+        for piece in prompieces.pieces(
+            base_url, GPU_METRICS, lo, hi, timeout, max_samples=max_samples, matchers=matchers
+        ):
+            readings.add(piece)
+    instances = sorted({instance for _, _, instance in busy})
+    for regex in _regexes(instances, QUERY_BYTES // 2):
+        matchers = f',instance=~"{regex}"'
+        for piece in prompieces.pieces(
+            base_url, (START,), lo, hi, timeout, max_samples=max_samples, matchers=matchers
+        ):
+            readings.add(piece)
+    got, xids = readings.result()
+    identities: dict[tuple[str | None, ...], Identity] = {}
+    for q in quiet:
+        got.append(_quiet_reading(q, start - 1, start + window, identities))
+    return got, xids
+
+
+def _regexes(values: list[str], budget: int) -> Iterator[str]:
+    """``values`` as regular expressions (``_alternatives``) of at most about ``budget``
+    characters each (one value each at least)."""
+    out: list[str] = []
+    size = 0
+    for value in values:
+        one = _alternatives([value])
+        if out and size + len(one) + 1 > budget:
+            yield "|".join(out)
+            out, size = [], 0
+        out.append(one)
+        size += len(one) + 1
+    if out:
+        yield "|".join(out)
+
+
+def _alternatives(values: list[str]) -> str:
+    """A regular expression matching exactly ``values`` (each character but letters,
+    digits, ``_``, ``:`` and ``-`` escaped), written for a double-quoted PromQL string."""
+    regex = "|".join(re.sub(r"[^A-Za-z0-9_:-]", lambda m: "\\" + m.group(), v) for v in values)
+    return regex.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _quiet_reading(
+    q: changes.Quiet, t: int, until: int, identities: dict[tuple[str | None, ...], Identity]
+) -> Reading:
+    info = q.info
+    uuid = info.get("uuid", "")
+    fields = (
+        uuid,
+        node_of(info),
+        info.get("pci_bus_id") or None,
+        info.get("model") or None,
+        info.get("driver_version") or None,
+        info.get("vbios_version") or None,
+    )
+    identity = identities.get(fields)
+    if identity is None:
+        identity = identities[fields] = Identity(*fields)
+    serial = info.get("serial") or f"uuid:{uuid}"
+    return Reading(t=t, serial=serial, identity=identity, state=q.state, lost=q.lost, until=until)
+
+
+def recall(base_url: str, priors: dict[str, Prior], lo: int, timeout: float = 60.0) -> None:
+    """For each board last observed before ``lo`` (silent since, at least until the
+    fetch), its agent's XID counters and start time at that last reading, from the
+    time-series store, into its prior (``xids_then``, ``started_then``): what its
+    counters said before the silence, whatever its length."""
+    by_time: dict[int, list[Prior]] = {}
+    for prior in priors.values():
+        if prior.last_observed is not None and prior.last_observed < lo and prior.identity:
+            by_time.setdefault(prior.last_observed, []).append(prior)
+    for at, boards in sorted(by_time.items()):
+        for i in range(0, len(boards), RECALLED):
+            chunk = boards[i : i + RECALLED]
+            uuids = _alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
+            # the samples of that very scrape (a second wide: readings are to the second)
+            promql = f'{{__name__=~"{INFO}|{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
+            said = promhttp.matrix_query(base_url, promql, at + 0.5, timeout)
+            for prior in chunk:
+                assert prior.identity is not None
+                uuid, node = prior.identity.uuid, prior.identity.node
+                xids: dict[str, float] = {}
+                kept = False  # the store still holds that reading (its gpu_info)
+                for item in said:
+                    labels = item.metric
+                    if node_of(labels) != node or not item.values:
+                        continue
+                    name, value = labels.get("__name__"), item.values[-1][1]
+                    if name == START:
+                        prior.started_then = value
+                    elif labels.get("uuid") != uuid:
+                        continue
+                    elif name == INFO:
+                        kept = True
+                    elif math.isfinite(value):
+                        xids[labels.get("xid", "?")] = value
+                # a counter absent from a reading the store still holds was at zero; a reading
+                # it no longer holds says nothing (its counters after the silence: a baseline)
+                prior.xids_then = xids if kept else None
 
 
 def readings_of(result: list[MatrixSeries]) -> tuple[list[Reading], list[XidSeries]]:
@@ -92,6 +219,8 @@ class Readings:
         self._agents: dict[tuple[str, str], _Agent] = {}
         # one Prometheus series (its labels) -> its finite samples so far
         self._xids: dict[tuple[tuple[str, str], ...], list[tuple[float, float]]] = {}
+        # each agent's (node's) start time by sample time
+        self._starts: dict[str, dict[int, float]] = {}
 
     def add(self, result: list[MatrixSeries]) -> None:
         for item in result:
@@ -100,6 +229,10 @@ class Readings:
     def _add(self, item: MatrixSeries) -> None:
         labels = item.metric
         name = labels.get("__name__", "")
+        if name == START:
+            said = self._starts.setdefault(node_of(labels), {})
+            said.update((round(t), v) for t, v in item.values if math.isfinite(v))
+            return
         uuid = labels.get("uuid", "")
         if not uuid.startswith("GPU-"):
             return  # MIG instances are parts of their GPU's board
@@ -144,6 +277,7 @@ class Readings:
         for key in sorted(self._agents):
             uuid, node = key
             agent = self._agents.pop(key)
+            starts = self._starts.get(node, {})
             previous: dict[str, float] = {}
             for t, info in sorted(agent.info.items()):
                 serial = info.get("serial") or f"uuid:{uuid}"
@@ -172,6 +306,7 @@ class Readings:
                         since=agent.since.get(t),
                         lost=agent.lost.get(t, False),
                         counters=counters,
+                        started=starts.get(t),
                     )
                 )
         xids = []

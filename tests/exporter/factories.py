@@ -88,6 +88,7 @@ def node(*devices: DeviceSnapshot, **overrides: object) -> NodeSnapshot:
         collection_seconds=0.004,
         collections_total=10,
         last_success_at=1_700_000_000.0,
+        started_at=1_699_990_000.0,
     )
     values.update(overrides)
     return NodeSnapshot(**values)  # type: ignore[arg-type]

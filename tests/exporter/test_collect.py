@@ -768,3 +768,18 @@ def test_start_up_reads_a_few_gpus_a_round_and_no_round_passes_100_ms_of_nvml(
     assert first is not None and first.collections_total == 1
     assert [d.ecc_corrected_volatile for d in first.devices] == [i + 1 for i in range(8)]
     assert all({"fast", "slow", "once"} <= dict(d.read_at).keys() for d in first.devices)
+
+
+def test_start_time_tells_a_restart_from_a_silence(nvml_on: NvmlOn, sim_library) -> None:
+    """The exporter's start time is exported and stays while it runs (its counters go on
+    counting); a new exporter (a restart: its counters begin again) exports a later one."""
+    _node, api = nvml_on("h100x8")
+    before = time.time()
+    first = CollectLoop(api)
+    one, two = first.collect_once(), first.collect_once()
+    assert one.started_at == two.started_at and before <= one.started_at <= time.time()  # type: ignore[operator]
+    samples = parse(Renderer().render(two))
+    assert value(samples, "gpuquota_exporter_start_time_seconds") == two.started_at
+    time.sleep(0.01)
+    restarted = CollectLoop(api).collect_once()
+    assert restarted.started_at > one.started_at  # type: ignore[operator]
