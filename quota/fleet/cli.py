@@ -9,6 +9,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
@@ -49,6 +50,9 @@ examples:
   gpuquota gpus --serial 1654922005863 --evidence
 
 """ + exitcodes.help_text()
+
+if TYPE_CHECKING:
+    from gpuquota.quota.remediation.record import StoredAct
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,10 +144,16 @@ def build(args: argparse.Namespace) -> tuple[str, list[Path]]:
             )
         base = args.evidence or f"rma-{args.serial}"
         doc = render.evidence(boards[0], args.relapse_within)
+        # the pods its fences evicted or marked, over its whole life: the same key the table's
+        # JSON carries for --serial, so the file and the table tell one story
+        acts = _acts(args, boards[0].cluster, {st.uuid for st in boards[0].stretches}, lo, hi)
+        from gpuquota.quota.fleet import pod_actions as view
+
+        doc["summary"]["pod_actions"] = [view.act_json(a, None) for a in acts]
         files = []
         for suffix, text in (
             (".json", json.dumps(doc, indent=2) + "\n"),
-            (".txt", render.evidence_text(doc)),
+            (".txt", render.evidence_text(doc) + view.acts_text(acts, None)),
         ):
             target = base + suffix
             try:
@@ -175,17 +185,23 @@ def _with_pod_actions(
     args: argparse.Namespace, text: str, summaries: list[summary.BoardSummary], window: Period
 ) -> str:
     from gpuquota.quota.fleet import pod_actions as view
-    from gpuquota.quota.remediation.record import acts_on_devices
 
-    acts = {}
-    with connect(args.db) as conn:
-        for s in summaries:
-            acts[s.serial] = acts_on_devices(
-                conn, s.cluster, set(s.uuids), window.start, window.end
-            )
+    acts = {
+        s.serial: _acts(args, s.cluster, set(s.uuids), window.start, window.end) for s in summaries
+    }
     if args.format == "json":
         return view.with_acts_json(text, acts, window)
     return text + "".join(view.acts_text(a, window) for a in acts.values())
+
+
+def _acts(
+    args: argparse.Namespace, cluster: str, uuids: set[str], lo: int, hi: int
+) -> list[StoredAct]:
+    """What gpuquota remediate did to pods holding these devices in [lo, hi)."""
+    from gpuquota.quota.remediation.record import acts_on_devices
+
+    with connect(args.db) as conn:
+        return list(acts_on_devices(conn, cluster, uuids, lo, hi))
 
 
 def _no_history(args: argparse.Namespace, window: Period, where: str) -> str:

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gpuquota.quota.fleet.cost import NamespaceCost
-from gpuquota.quota.fleet.rules import FENCED
 from gpuquota.quota.fleet.summary import BoardHistory, BoardSummary, GroupRate, summarize
 from gpuquota.quota.report.period import Period
+from gpuquota.quota.store.vocabulary import FENCED
 
 # CSV and JSON carry exact figures (hours and GPU-days as the floats they are, seconds as
 # seconds); the table rounds them to what a reader can use (durations: "45s", "12m", "1.8h")

@@ -39,7 +39,6 @@ from typing import Any
 
 # severity of the recommended actions (docs/health.md), for the action of a verdict
 ACTIONS = ("none", "restart_app", "reset_gpu", "reboot_node")
-FENCED = "unhealthy"  # the verdict the agent withdraws a GPU on (device plugin, taint, DRA)
 UNKNOWN = "unknown"
 
 

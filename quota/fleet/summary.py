@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuquota.quota.fleet.rules import FENCED
+from gpuquota.quota.store.vocabulary import FENCED
 
 DAY = 86400
 DEFAULT_RELAPSE_WITHIN = DAY

@@ -28,7 +28,6 @@ from sqlalchemy import and_, delete, func, or_, select, text, update
 from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from gpuquota.quota.fleet.rules import FENCED
 from gpuquota.quota.store.db import StoreError, _describe, open_store, safe_url
 from gpuquota.quota.store.models import (
     Allocation,
@@ -44,6 +43,7 @@ from gpuquota.quota.store.models import (
     UsageSeries,
     UsageWindow,
 )
+from gpuquota.quota.store.vocabulary import FENCED
 
 
 def sqlite_path(url: str) -> Path:
