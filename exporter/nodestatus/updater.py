@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -88,8 +89,10 @@ class NodeStatusUpdater(ListenerThread):
         max_backoff_s: float = 30.0,
         effect: str = TAINT_EFFECT,
         on_fences: Callable[[list[Fence]], None] | None = None,
+        clock: Callable[[], float] = time.time,
     ):
         self.kube = kube
+        self.clock = clock  # the condition's heartbeat and transition times
         self.node_name = node_name
         self.taint = taint
         self.condition = condition
@@ -169,7 +172,7 @@ class NodeStatusUpdater(ListenerThread):
                     node = self.kube.call("GET", self.path)  # changed meanwhile: recompute
         if self.condition:
             conditions = (node.get("status") or {}).get("conditions") or []
-            condition = condition_for(wanted, conditions, rfc3339(datetime.now(UTC).timestamp()))
+            condition = condition_for(wanted, conditions, rfc3339(self.clock()))
             self.kube.call(
                 "PATCH",
                 f"{self.path}/status",

@@ -45,7 +45,12 @@ class Agent:
         self.name = name
         self.tracker = DeviceTracker(parse_config(None, quiet_period_s=100_000))
         self.count = count
-        self.updater = NodeStatusUpdater(kube, name, taint=True, condition=True)
+        # the condition's times on the same fake clock as the verdicts: a wall clock would
+        # date a fence minutes after T0 once the suite is loaded, and --evict-after would wait
+        self.now = T0
+        self.updater = NodeStatusUpdater(
+            kube, name, taint=True, condition=True, clock=lambda: self.now
+        )
         self.health: NodeHealth = self.tracker.observe_snapshot(node(*self._devices()), T0)
         self.publish()
 
@@ -53,15 +58,18 @@ class Agent:
         return tuple(replace(d, uuid=uuid_of(self.name, d.index)) for d in gpus(self.count))
 
     def xid(self, index: int, xid: int, at: float = T0 + 1) -> None:
+        self.now = at
         self.health = self.tracker.observe_xid(uuid_of(self.name, index), xid, at=at)
         self.publish()
 
     def nvml_fails(self, at: float = T0 + 1) -> None:
         """NVML stops answering (a driver upgrade): every GPU nvml_unavailable, reboot_node."""
+        self.now = at
         self.health = self.tracker.observe_snapshot(node(ok=False, at=at), at)
         self.publish()
 
     def recover(self, at: float) -> None:
+        self.now = at
         self.health = self.tracker.observe_snapshot(node(*self._devices(), at=at), at)
         self.health = self.tracker.expire(at)
         self.publish()
