@@ -32,6 +32,7 @@ from gpuquota.sim.harness import poll, stop_process
 from gpuquota.sim.kubelet.registration import KubeletStandIn, PluginClient
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.spec import load as load_spec
+from tests.exporter.scrape import parse, value
 
 # Upper bounds for waits, generous for a loaded machine; the latency itself is measured by
 # bench/health.py (milliseconds), never asserted here.
@@ -147,18 +148,18 @@ def test_xids_are_classified_as_the_table_says_and_recover(h100: Exporter) -> No
         assert (v["state"], v["action"], v["reasons"][0]["reason"]) == (state, action, reason)
     assert verdicts[uuid[0]]["state"] == "healthy"
 
-    metrics = h100.get("/metrics")
-    assert f'gpu_health_state{{gpu="1",uuid="{uuid[1]}",state="unhealthy"}} 1' in metrics
-    assert (
-        f'gpu_health_reason{{gpu="1",uuid="{uuid[1]}",reason="xid_79",action="reboot_node"}} 1'
-        in metrics
-    )
-    assert f'gpu_health_state{{gpu="4",uuid="{uuid[4]}",state="degraded"}} 1' in metrics
+    # by their labels, not their text: the agent adds its node to every gpu_* series
+    metrics = parse(h100.get("/metrics").encode())
+    assert value(metrics, "gpu_health_state", gpu="1", uuid=uuid[1], state="unhealthy") == 1
+    assert value(metrics, "gpu_health_reason", gpu="1", uuid=uuid[1], reason="xid_79",
+                 action="reboot_node") == 1  # fmt: skip
+    assert value(metrics, "gpu_health_state", gpu="4", uuid=uuid[4], state="degraded") == 1
 
     # No repeat for the quiet period: everything returns to healthy, on every channel.
     assert plugin.wait_for(healthy(8), timeout=QUIET_S + 2, start=plugin.count() - 1)
     assert poll(lambda: {v["state"] for v in h100.health().values()} == {"healthy"}, 3)
-    assert f'gpu_health_state{{gpu="1",uuid="{uuid[1]}",state="healthy"}} 1' in h100.get("/metrics")
+    metrics = parse(h100.get("/metrics").encode())
+    assert value(metrics, "gpu_health_state", gpu="1", uuid=uuid[1], state="healthy") == 1
 
 
 def test_ignored_xid_changes_nothing(h100: Exporter) -> None:
