@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -128,3 +129,17 @@ def built(name: str) -> list[dict[str, Any]]:
             "namespace: gpuquota\nresources:\n  - ../../base\ncomponents:\n" + listed
         )
     return kustomize(folder)
+
+
+def expanded(args: list[str], env: dict[str, str]) -> list[str]:
+    """``args`` as the kubelet runs them: ``$(VAR)`` replaced by the container's variable VAR
+    (env and envFrom) where it has one, ``$$`` an escaped ``$``, anything else as written."""
+
+    def one(arg: str) -> str:
+        return re.sub(
+            r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)",
+            lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+            arg,
+        )
+
+    return [one(a) for a in args]

@@ -5,17 +5,21 @@ run on this machine as the build describes it, with real parts:
   kubelet's pod-resources stand-in and the API server stand-in, with the web config and
   certificate files mounted where the build mounts them, from the Secrets' keys the operator
   creates (made here by components/tls-auth/generate.py, as the docs say);
-- a real Prometheus whose scrape configuration is derived from the built ServiceMonitors as
-  the Prometheus Operator derives it: the Service and port each selects, scheme, tls_config
-  (the CA from the referenced Secret, serverName), basic_auth (from the referenced Secret),
-  relabelings and the job label;
+- a real Prometheus whose scrape configuration is the one the Prometheus Operator renders for
+  the built ServiceMonitors (sim/promoperator.py, checked against the Operator's golden files
+  in test_operator_config.py): its relabelings and target labels (namespace, service, pod,
+  container, endpoint, job), honor_labels, scheme, tls_config (the CA from the referenced
+  Secret, serverName) and basic_auth (from the referenced Secret), each target a static one
+  carrying the labels Kubernetes discovery gives the Service's endpoint on the agent's pod;
 - the controller with the Deployment's command, arguments and environment (the ConfigMap, the
   gpuquota-db Secret pointing at a real PostgreSQL), after its init container's `db upgrade`,
   its usage ledger reading that Prometheus;
 - the CronJob's exact command line, with the rate card mounted from the ConfigMap the operator
   creates, run at the time the CronJob runs (the 1st of the next month, 06:00 UTC).
 
-It passes when every target is up, the ledger ingests windows and the monthly CSV has costs.
+It passes when every target is up, the workload's GPU series name the workload's namespace and
+pod (not gpuquota's, not renamed exported_*) and the agent's node, the ledger ingests windows
+and the monthly CSV has costs.
 What the test changes, and only because a machine is not a cluster: addresses and ports
 (127.0.0.1, free ports), the kubeconfig (the stand-in's, instead of the mounted token), the
 paths of host folders and mounts (under tmp), the Prometheus URL the ledger reads (the one
@@ -44,6 +48,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpuquota.sim import promoperator
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import free_port, stop_process, wait_for
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
@@ -51,7 +56,7 @@ from gpuquota.sim.ledgerdemo import DemoPod, node_object, pod_object
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.promserver import serving
 from tests.conftest import PgSchemas
-from tests.deploy.manifests import DEPLOY, ROOT, built, find, needs_kubectl
+from tests.deploy.manifests import DEPLOY, ROOT, built, expanded, find, needs_kubectl
 
 BIN = Path(sys.executable).parent
 NODE = "gpu-node-1"
@@ -102,18 +107,14 @@ def replaced(args: list[str], **flags: str) -> list[str]:
     return out
 
 
-def scrape_configs(
-    docs: list[dict[str, Any]],
-    secrets: dict[str, dict[str, bytes]],
-    ports: dict[str, int],
-    work: Path,
-) -> list[dict[str, Any]]:
-    """Prometheus scrape jobs for the built ServiceMonitors, as the Prometheus Operator makes
-    them: the Services they select, the endpoint's port by name, scheme, tls_config with the
-    CA Secret key written to a file, basic_auth from the Secret's keys, interval (1 s here),
-    relabelings, and ``job`` from the Service label ``jobLabel`` names. ``ports``: the
-    workload's name -> where it listens here (its pod IP:port in a cluster)."""
-    jobs = []
+def targets_of(
+    docs: list[dict[str, Any]], ports: dict[str, int], pods: dict[str, str]
+) -> dict[str, list[promoperator.Target]]:
+    """Each ServiceMonitor job's targets as Kubernetes discovery gives them: the Service it
+    selects, the Service port the endpoint names (reaching a port of the workload's pod), the
+    pod and the container behind it. ``ports``: the workload's name -> where it listens here
+    (its pod IP:port in a cluster); ``pods``: the workload's name -> its pod's name."""
+    targets: dict[str, list[promoperator.Target]] = {}
     for monitor in (d for d in docs if d["kind"] == "ServiceMonitor"):
         spec = monitor["spec"]
         services = [
@@ -123,52 +124,27 @@ def scrape_configs(
         ]  # fmt: skip
         assert len(services) == 1, monitor["metadata"]["name"]
         (service,) = services
+        service = {**service, "metadata": {"namespace": NAMESPACE, **service["metadata"]}}
         workload = next(
             d for d in docs
             if d["kind"] in ("DaemonSet", "Deployment")
             and service["spec"]["selector"].items() <= d["spec"]["template"]["metadata"]["labels"].items()
         )  # fmt: skip
+        name = workload["metadata"]["name"]
         for i, endpoint in enumerate(spec["endpoints"]):
             port = next(p for p in service["spec"]["ports"] if p["name"] == endpoint["port"])
-            container_ports = {
-                p["name"]: p["containerPort"]
+            # the container whose port the Service reaches
+            (container,) = [
+                c["name"]
                 for c in workload["spec"]["template"]["spec"]["containers"]
-                for p in c.get("ports", [])
-            }
-            assert port["targetPort"] in container_ports  # the Service reaches the pod's port
-            job: dict[str, Any] = {
-                "job_name": f"serviceMonitor/{monitor['metadata']['namespace']}/"
-                f"{monitor['metadata']['name']}/{i}",
-                "scrape_interval": "1s",
-                "scrape_timeout": "1s",
-                "metrics_path": endpoint.get("path", "/metrics"),
-                "scheme": endpoint.get("scheme", "http"),
-                "static_configs": [{
-                    "targets": [f"127.0.0.1:{ports[workload['metadata']['name']]}"],
-                    "labels": {"__meta_kubernetes_pod_node_name": NODE},
-                }],
-            }  # fmt: skip
-            tls = endpoint.get("tlsConfig")
-            if tls:
-                ref = tls["ca"]["secret"]
-                ca_file = work / f"secret_{NAMESPACE}_{ref['name']}_{ref['key']}"
-                ca_file.write_bytes(secrets[ref["name"]][ref["key"]])
-                job["tls_config"] = {"ca_file": str(ca_file), "server_name": tls["serverName"]}
-            auth = endpoint.get("basicAuth")
-            if auth:
-                job["basic_auth"] = {
-                    part: secrets[auth[part]["name"]][auth[part]["key"]].decode()
-                    for part in ("username", "password")
-                }
-            relabel = [
-                {"source_labels": r["sourceLabels"], "target_label": r["targetLabel"]}
-                for r in endpoint.get("relabelings", [])
+                if port["targetPort"] in {p["name"] for p in c.get("ports", [])}
             ]
-            job_label = service["metadata"]["labels"][spec["jobLabel"]]
-            relabel.append({"target_label": "job", "replacement": job_label})
-            job["relabel_configs"] = relabel
-            jobs.append(job)
-    return jobs
+            job = f"serviceMonitor/{monitor['metadata']['namespace']}/{monitor['metadata']['name']}/{i}"
+            targets[job] = [promoperator.Target(
+                address=f"127.0.0.1:{ports[name]}", service=service, port_name=port["name"],
+                pod=pods[name], container=container, node=NODE,
+            )]  # fmt: skip
+    return targets
 
 
 def next_run(now: float) -> float:
@@ -268,12 +244,14 @@ def test_the_production_build_runs_as_one_system(
         stack.callback(stop_process, agent)
 
         # --- Prometheus as the Operator configures it from the ServiceMonitors --------------
-        jobs = scrape_configs(
-            docs, secrets, {"gpu-exporter": exporter_port, "gpuquota-controller": controller_port},
-            work,
+        rendered = promoperator.render(docs, secrets)
+        targets = targets_of(
+            docs, {"gpu-exporter": exporter_port, "gpuquota-controller": controller_port},
+            {"gpu-exporter": "gpu-exporter-x7k2p", "gpuquota-controller": "gpuquota-controller-0"},
         )  # fmt: skip
-        assert {j["job_name"] for j in jobs} == {
+        assert set(targets) == {
             "serviceMonitor/gpuquota/gpu-exporter/0", "serviceMonitor/gpuquota/gpuquota-controller/0"}  # fmt: skip
+        jobs = promoperator.on_this_machine(rendered, targets, work / "certs", scrape_interval="1s")
         config = work / "prometheus.yml"
         config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"},
                                           "scrape_configs": jobs}))  # fmt: skip
@@ -324,9 +302,18 @@ def test_the_production_build_runs_as_one_system(
 
         wait_for(every_target_up, timeout=40, what="every target up")
         print(f"every target up after {time.monotonic() - started:.1f} s")
-        # the ServiceMonitor's relabeling: the node name on the exporter's series
+        # the workload's labels kept through the Operator's target labels, and the node named
         used = query("gpu_pod_used_seconds_total")
-        assert used and all(s["metric"]["node"] == NODE for s in used), used
+        assert used, "no gpu_pod_used_seconds_total"
+        for series in used:
+            labels = series["metric"]
+            assert (labels.get("namespace"), labels.get("pod"), labels.get("node")) == (
+                TEAM, "trainer", NODE), labels  # fmt: skip
+            assert not [k for k in labels if k.startswith("exported_")], labels
+        # no series of ours says the agent's or the controller's own namespace or pod
+        assert query(f'{{namespace="{NAMESPACE}"}}') == []
+        assert query(f'{{__name__=~"gpu_.+", node!="{NODE}"}}') == []
+        assert query('{__name__=~".+", exported_namespace!=""}') == []
 
         counting_since = time.time()
 
@@ -364,10 +351,11 @@ def test_the_production_build_runs_as_one_system(
             report_mounts[mount["mountPath"]] = folder
         clock = work / "clock"
         clock.write_text(repr(next_run(time.time())))
-        argv = [*report["command"], *mapped(report["args"], report_mounts)]
+        report_env = env_of(report, docs, values)
+        argv = [*report["command"], *expanded(mapped(report["args"], report_mounts), report_env)]
         done = subprocess.run(
             [sys.executable, "-m", "gpuquota.sim.clock", str(clock), "--", *argv],
-            env={**os.environ, **env_of(report, docs, values)},
+            env={**os.environ, **report_env},
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
