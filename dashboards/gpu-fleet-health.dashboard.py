@@ -21,8 +21,8 @@ from gpuquota.dashboards.panels import (
     timeseries,
 )
 
-UNHEALTHY = 'gpu_health_state{instance=~"$node", state="unhealthy"}'
-INFO = 'gpu_info{instance=~"$node", model=~"$model"}'
+UNHEALTHY = 'gpu_health_state{node=~"$node", state="unhealthy"}'
+INFO = 'gpu_info{node=~"$node", model=~"$model"}'
 
 
 def fences(window: str) -> str:
@@ -74,7 +74,7 @@ grid.add(
         (f"topk(20, sum by (serial, model) ({fences('$__range')}))", "fences"),
         (
             "topk(20, sum by (serial, model) (increase(gpu_xid_errors_total"
-            '{instance=~"$node"}[$__range]) * on (uuid) group_left (serial, model) '
+            '{node=~"$node"}[$__range]) * on (uuid) group_left (serial, model) '
             f"max by (uuid, serial, model) (last_over_time({INFO}[$__range]))))",
             "XIDs",
         ),
@@ -134,7 +134,7 @@ dashboard = Dashboard(
     templating=Templating(
         list=[
             datasource_variable(),
-            query_variable("node", "Node", "label_values(gpu_info, instance)"),
+            query_variable("node", "Node", "label_values(gpu_info, node)"),
             query_variable("model", "Model", "label_values(gpu_info, model)"),
         ]
     ),

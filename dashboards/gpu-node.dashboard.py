@@ -17,8 +17,11 @@ from gpuquota.dashboards.panels import (
 )
 
 # Every exporter series carries gpu (NVML index) and uuid; the node is the scrape target.
-SEL = 'instance=~"$node", gpu=~"$gpu"'
-BY_GPU = "{{instance}} GPU {{gpu}}"
+# node: the label the agent puts on every gpu_* series (docs/metrics.md), a scrape relabel
+# not needed
+SEL = 'node=~"$node", gpu=~"$gpu"'
+ON_NODE = '* on (instance) group_left (node) max by (instance, node) (gpu_info{node=~"$node"})'
+BY_GPU = "{{node}} GPU {{gpu}}"
 BY_POD = "{{namespace}}/{{pod}}"
 
 grid = Grid()
@@ -78,7 +81,7 @@ grid.add(
     timeseries(
         "Framebuffer memory used",
         (f"gpu_memory_used_bytes{{{SEL}}}", BY_GPU),
-        (f"gpu_memory_total_bytes{{{SEL}}}", "{{instance}} GPU {{gpu}} total"),
+        (f"gpu_memory_total_bytes{{{SEL}}}", "{{node}} GPU {{gpu}} total"),
         unit="bytes",
         minimum=0,
     ),
@@ -90,7 +93,7 @@ grid.add(
     timeseries(
         "Power draw",
         (f"gpu_power_watts{{{SEL}}}", BY_GPU),
-        (f"gpu_power_limit_watts{{{SEL}}}", "{{instance}} GPU {{gpu}} limit"),
+        (f"gpu_power_limit_watts{{{SEL}}}", "{{node}} GPU {{gpu}} limit"),
         unit="watt",
         minimum=0,
     )
@@ -99,7 +102,7 @@ grid.add(
     timeseries(
         "Temperature",
         (f"gpu_temperature_celsius{{{SEL}}}", BY_GPU),
-        (f"gpu_memory_temperature_celsius{{{SEL}}}", "{{instance}} GPU {{gpu}} memory"),
+        (f"gpu_memory_temperature_celsius{{{SEL}}}", "{{node}} GPU {{gpu}} memory"),
         unit="celsius",
     )
 )
@@ -113,7 +116,7 @@ grid.add(
 grid.add(
     timeseries(
         "Throttle reasons active",
-        (f"gpu_clock_event_reason{{{SEL}}} == 1", "{{instance}} GPU {{gpu}} {{reason}}"),
+        (f"gpu_clock_event_reason{{{SEL}}} == 1", "{{node}} GPU {{gpu}} {{reason}}"),
         description="Why clocks are held down (NVML clock event reasons); 1 while active.",
     )
 )
@@ -124,7 +127,7 @@ grid.add(
         "XID errors",
         (
             f"increase(gpu_xid_errors_total{{{SEL}}}[$__rate_interval])",
-            "{{instance}} GPU {{gpu}} XID {{xid}}",
+            "{{node}} GPU {{gpu}} XID {{xid}}",
         ),
     )
 )
@@ -140,15 +143,15 @@ grid.add(
 grid.add(
     timeseries(
         "Health state",
-        (f'gpu_health_state{{{SEL}, state="degraded"}} == 1', "{{instance}} {{uuid}} degraded"),
-        (f'gpu_health_state{{{SEL}, state="unhealthy"}} == 1', "{{instance}} {{uuid}} unhealthy"),
+        (f'gpu_health_state{{{SEL}, state="degraded"}} == 1', "{{node}} {{uuid}} degraded"),
+        (f'gpu_health_state{{{SEL}, state="unhealthy"}} == 1', "{{node}} {{uuid}} unhealthy"),
         description="Devices that are not healthy (docs/health.md); healthy ones draw nothing.",
     )
 )
 grid.add(
     timeseries(
         "Device state (NVML)",
-        (f'gpu_device_state{{{SEL}, state!="ok"}} == 1', "{{instance}} {{uuid}} {{state}}"),
+        (f'gpu_device_state{{{SEL}, state!="ok"}} == 1', "{{node}} {{uuid}} {{state}}"),
         description="Devices NVML reports lost, needing a reset, or unreadable.",
     )
 )
@@ -166,8 +169,8 @@ grid.row("Profiling (GPM: Hopper and later)")
 grid.add(
     timeseries(
         "SM activity and occupancy",
-        (f"gpu_sm_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} {{mig_profile}} SM active"),
-        (f"gpu_sm_occupancy_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} {{mig_profile}} occupancy"),
+        (f"gpu_sm_active_ratio{{{SEL}}}", "{{node}} GPU {{gpu}} {{mig_profile}} SM active"),
+        (f"gpu_sm_occupancy_ratio{{{SEL}}}", "{{node}} GPU {{gpu}} {{mig_profile}} occupancy"),
         unit="percentunit",
         minimum=0,
         maximum=1,
@@ -182,9 +185,9 @@ grid.add(
         "Tensor and DRAM activity",
         (
             f'gpu_pipe_active_ratio{{{SEL}, pipe="tensor"}}',
-            "{{instance}} GPU {{gpu}} {{mig_profile}} tensor",
+            "{{node}} GPU {{gpu}} {{mig_profile}} tensor",
         ),
-        (f"gpu_dram_active_ratio{{{SEL}}}", "{{instance}} GPU {{gpu}} {{mig_profile}} DRAM"),
+        (f"gpu_dram_active_ratio{{{SEL}}}", "{{node}} GPU {{gpu}} {{mig_profile}} DRAM"),
         unit="percentunit",
         minimum=0,
         maximum=1,
@@ -197,7 +200,7 @@ grid.add(
         "Pipes by precision",
         (
             f'gpu_pipe_active_ratio{{{SEL}, pipe!="tensor"}}',
-            "{{instance}} GPU {{gpu}} {{mig_profile}} {{pipe}}",
+            "{{node}} GPU {{gpu}} {{mig_profile}} {{pipe}}",
         ),
         unit="percentunit",
         minimum=0,
@@ -209,11 +212,11 @@ grid.add(
 grid.add(
     timeseries(
         "PCIe and NVLink bandwidth",
-        (f"gpu_pcie_tx_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} PCIe tx"),
-        (f"gpu_pcie_rx_bytes_per_second{{{SEL}}}", "{{instance}} GPU {{gpu}} PCIe rx"),
+        (f"gpu_pcie_tx_bytes_per_second{{{SEL}}}", "{{node}} GPU {{gpu}} PCIe tx"),
+        (f"gpu_pcie_rx_bytes_per_second{{{SEL}}}", "{{node}} GPU {{gpu}} PCIe rx"),
         (
             f"gpu_nvlink_bandwidth_bytes_per_second{{{SEL}}}",
-            "{{instance}} GPU {{gpu}} NVLink {{direction}}",
+            "{{node}} GPU {{gpu}} NVLink {{direction}}",
         ),
         unit="Bps",
         minimum=0,
@@ -244,8 +247,8 @@ grid.add(
             "{{namespace}}/{{pod}} GPU {{gpu}}",
         ),
         (
-            f'sum by (instance, gpu) (gpu_pod_sm_utilization_ratio{{{SEL}, owner!="pod"}})',
-            "{{instance}} GPU {{gpu}} host and unknown processes",
+            f'sum by (node, gpu) (gpu_pod_sm_utilization_ratio{{{SEL}, owner!="pod"}})',
+            "{{node}} GPU {{gpu}} host and unknown processes",
         ),
         unit="percentunit",
         minimum=0,
@@ -262,8 +265,8 @@ grid.add(
             "{{namespace}}/{{pod}} GPU {{gpu}}",
         ),
         (
-            f'sum by (instance, gpu) (gpu_pod_memory_used_bytes{{{SEL}, owner!="pod"}})',
-            "{{instance}} GPU {{gpu}} host and unknown processes",
+            f'sum by (node, gpu) (gpu_pod_memory_used_bytes{{{SEL}, owner!="pod"}})',
+            "{{node}} GPU {{gpu}} host and unknown processes",
         ),
         unit="bytes",
         minimum=0,
@@ -293,11 +296,12 @@ grid.add(table("Pod attribution", (f"gpu_pod_info{{{SEL}}}", "")), w=18)
 grid.add(
     timeseries(
         "kubelet pod-resources",
-        ('gpuquota_exporter_pod_resources_up{instance=~"$node"}', "{{instance}} up"),
+        # the agent's own series name no node (a relabel may add one): its node is that of
+        # its gpu_info, joined by the scrape target
+        (f"gpuquota_exporter_pod_resources_up {ON_NODE}", "{{node}} up"),
         (
-            'increase(gpuquota_exporter_pod_resources_errors_total{instance=~"$node"}'
-            "[$__rate_interval])",
-            "{{instance}} errors",
+            "increase(gpuquota_exporter_pod_resources_errors_total[$__rate_interval]) " + ON_NODE,
+            "{{node}} errors",
         ),
         description="Whether the exporter can ask the kubelet which pods hold which GPUs.",
     ),
@@ -316,8 +320,8 @@ dashboard = Dashboard(
     templating=Templating(
         list=[
             datasource_variable(),
-            query_variable("node", "Node", "label_values(gpu_info, instance)"),
-            query_variable("gpu", "GPU", 'label_values(gpu_info{instance=~"$node"}, gpu)'),
+            query_variable("node", "Node", "label_values(gpu_info, node)"),
+            query_variable("gpu", "GPU", 'label_values(gpu_info{node=~"$node"}, gpu)'),
         ]
     ),
     panels=grid.panels,

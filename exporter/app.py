@@ -349,7 +349,9 @@ def build(args: argparse.Namespace) -> App:
     """The whole exporter from its parsed flags, nothing started; NVML is initialised and
     shut down again when a later part cannot be built."""
     compat = frozenset().union(*args.compat) if args.compat else frozenset()
-    renderer = Renderer(RenderOptions(compat=compat, pod_labels=args.pod_labels))
+    # the node label: the node's name in Kubernetes, else this host's (as the collector's)
+    node = args.node_name or args.hostname or os.environ.get("NODE_NAME") or socket.gethostname()
+    renderer = Renderer(RenderOptions(compat=compat, pod_labels=args.pod_labels, node=node))
     web_config: ReloadingWebConfig | None = None
     if args.web_config_file:
         try:

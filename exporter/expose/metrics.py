@@ -59,8 +59,22 @@ class Scope(Enum):
 
 # Labels every per-device series carries; MIG instances add MIG_LABELS.
 DEVICE_LABELS = ("gpu", "uuid")
+# The label every native gpu_* series carries (carries_node): the agent's node name
+# (--node-name / $NODE_NAME, else the host name). Where a GPU is must not depend on a scrape
+# relabel: without one the target is the agent pod's IP:port, new at every restart, and the
+# fleet history (quota/fleet/source.py) would record every board as moved. dcgm rows say
+# Hostname instead, as dcgm-exporter does; the agent's own gpuquota_exporter_* series are
+# about the agent (its scrape target).
+NODE_LABEL = "node"
 MIG_LABELS = ("gpu_instance_id", "mig_profile")
 POD_LABELS = ("namespace", "pod", "container")
+
+
+def carries_node(spec: MetricSpec) -> bool:
+    """Whether a row's series carry NODE_LABEL: every native gpu_* row."""
+    return spec.compat is None and spec.name.startswith(PREFIX)
+
+
 # dcgm-exporter's label set for its own rows (the MIG and pod labels only where they apply).
 DCGM_LABELS = (
     "gpu",

@@ -46,6 +46,7 @@ L = TypeVar("L")  # how label prefixes are held: pairs, or pre-rendered text
 class RenderOptions:
     compat: frozenset[str] = frozenset()  # e.g. {"dcgm"}
     pod_labels: bool = False  # put namespace/pod/container on every per-device series
+    node: str | None = None  # metrics.NODE_LABEL's value on every native gpu_* series
 
 
 def escape_label_value(value: str) -> str:
@@ -145,8 +146,9 @@ def _device_labels(
     snapshot: NodeSnapshot,
     options: RenderOptions,
     convert: Callable[[LabelPairs], L],
+    node: LabelPairs = (),
 ) -> _DeviceLabels[L]:
-    base = native_labels(device)
+    base = native_labels(device) + node
     holders = _holders(snapshot, device.uuid)
     identity = [convert(base)]
     per_device = identity
@@ -181,19 +183,22 @@ def walk(
     Verdict rows have series only for devices the verdict (None: no health checking) names,
     publisher rows only with the publishers' state (None: not given).
     """
-    labels = [_device_labels(d, snapshot, options, convert) for d in snapshot.devices]
+    node: LabelPairs = ((metrics.NODE_LABEL, options.node),) if options.node else ()
+    labels = [_device_labels(d, snapshot, options, convert, node) for d in snapshot.devices]
     no_prefix = [convert(())]
+    node_prefix = [convert(node)]
 
     def row(spec: MetricSpec) -> RowSamples[L]:
+        prefix = node_prefix if metrics.carries_node(spec) else no_prefix
         if spec.read_publishers is not None:
             if publishers is not None:
                 for values, value in spec.read_publishers(publishers):
-                    yield no_prefix, values, value
+                    yield prefix, values, value
             return
         if spec.scope is Scope.NODE:
             assert spec.read_node is not None
             for values, value in spec.read_node(snapshot):
-                yield no_prefix, values, value
+                yield prefix, values, value
             return
         for device, device_labels in zip(snapshot.devices, labels, strict=True):
             if spec.compat == "dcgm":

@@ -407,3 +407,30 @@ def test_device_plugin_registration_per_resource() -> None:
     name = "gpuquota_exporter_device_plugin_registered"
     assert value(samples, name, resource="nvidia.com/gpu") == 1.0
     assert value(samples, name, resource="nvidia.com/mig-1g.5gb") == 0.0
+
+
+def test_every_native_gpu_series_names_the_agents_node() -> None:
+    """Issue 38: where a GPU is comes from the agent, not a scrape relabel (the fleet history
+    keys a board's place by it); dcgm rows say Hostname, the agent's own rows nothing."""
+    parent = gpu(0, mig_mode_enabled=True)
+    snapshot = node(
+        parent, mig(parent, 0, 7, "3g.40gb"), gpu(1),
+        pods={parent.uuid: (PodRef("ml", "a", "c"),)}, hostname="host-7",
+    )  # fmt: skip
+    options = RenderOptions(compat=frozenset({"dcgm"}), pod_labels=True, node="gpu-node-7")
+    publishers = PublisherStatus(device_plugin={"nvidia.com/gpu": True})
+    samples = parse(Renderer(options).render(snapshot, publishers=publishers))
+    native = {spec.name for spec in METRICS if metrics.carries_node(spec)}
+    seen = set()
+    for name, series in samples.items():
+        for labels, _ in series:
+            if name in native:
+                seen.add(name)
+                assert labels.get("node") == "gpu-node-7", (name, labels)
+            else:
+                assert "node" not in labels, (name, labels)
+    assert {"gpu_info", "gpu_power_watts", "gpu_pod_info"} <= seen
+    assert any(name.startswith("DCGM_") for name in samples)
+    assert any(name.startswith("gpuquota_exporter_") for name in samples)
+    # without a node name (a renderer of tests, bench): no node label at all
+    assert b'node="' not in Renderer().render(snapshot)
