@@ -291,8 +291,13 @@ def check_cronjob(run: Run) -> None:
         run.record("report-cronjob", False, f"job {state}; {path} {'exists' if path.is_file() else 'missing'}; {tail}", took)  # fmt: skip
         return
     job_csv = path.read_text()
-    ours = gpuquota(run, "report", "--month=previous", f"--now={first_next}", "--format=csv",
-                    f"--rate-card={REPO / 'docs/examples/ratecard.yaml'}")  # fmt: skip
+    # the same report on the host: the Job's own arguments, its environment's cluster name
+    cluster = run.core.read_namespaced_config_map("gpuquota-controller", NS).data[
+        "GPUQUOTA_CLUSTER"
+    ]
+    args = [a.replace("$(GPUQUOTA_CLUSTER)", cluster) for a in job["spec"]["template"]["spec"]["containers"][0]["args"]
+            if not a.startswith(("--output", "--rate-card"))]  # fmt: skip
+    ours = gpuquota(run, "report", *args, f"--rate-card={REPO / 'docs/examples/ratecard.yaml'}")
     rows = list(csv.DictReader(io.StringIO(job_csv)))
     mine = [r for r in rows if CHECKS_NS in r.values()]
     same = ours.returncode == 0 and ours.stdout == job_csv
@@ -301,56 +306,54 @@ def check_cronjob(run: Run) -> None:
     run.record("report-cronjob", same and bool(mine), detail, took)
 
 
-def fleet_nodes(run: Run) -> list[str]:
-    done = gpuquota(run, "gpus", "--by", "node", "--json")
-    data = json.loads(done.stdout or "{}")
-    names: set[str] = set()
-    for key in ("groups", "rates", "rows"):
-        for row in data.get(key, []) if isinstance(data, dict) else []:
-            if isinstance(row, dict) and "node" in row:
-                names.add(str(row["node"]))
-    if not names and done.stdout:
-        names = {n for n in ("gq-node",) if n in done.stdout}
-    return sorted(names)
-
-
-def board_moves(run: Run) -> int | None:
-    done = gpuquota(run, "gpus", "--serial", str(run.facts.get("serial")), "--json")
+def fleet(run: Run, *args: str) -> dict[str, Any]:
+    done = gpuquota(run, "gpus", "--json", *args)
     if done.returncode != 0:
-        return None
-    text = done.stdout
-    return text.count('"changed"') + text.count("moved")
+        raise ValueError(f"gpuquota gpus {' '.join(args)}: exit {done.returncode}: {done.stderr.strip()[-300:]}")  # fmt: skip
+    doc: dict[str, Any] = json.loads(done.stdout)
+    return doc
 
 
 def check_fleet(run: Run) -> None:
     """`gpuquota gpus` names the node by its name; an agent restart records no move."""
-    found, took = poll(lambda: (n := fleet_nodes(run)) and n, 240, 10)
-    run.record("fleet-node-name", found == ["gq-node"], f"gpus --by node: {found}", took)
-    before = board_moves(run)
+
+    def nodes() -> list[str] | None:
+        found = sorted(str(g["group"]) for g in fleet(run, "--by", "node")["groups"])
+        return found or None
+
+    found, took = poll(nodes, 240, 10)
+    run.record("fleet-node-name", found == [run.args.node], f"gpus --by node: {found}", took)
     old = agent_pod(run)
     start = time.monotonic()
     if old is not None:
         run.core.delete_namespaced_pod(old.metadata.name, NS)
     back, _ = poll(lambda: (p := agent_pod(run)) and p.metadata.name != old.metadata.name and ready(p), 120, 1)  # fmt: skip
-    time.sleep(90)  # a ledger window and the fleet history's next pass after the restart
-    after = board_moves(run)
-    nodes = fleet_nodes(run)
-    ok = bool(back) and before is not None and after == before and nodes == ["gq-node"]
-    run.record("fleet-no-move", ok, f"agent back {'yes' if back else 'no'}; board {run.facts.get('serial')} changes {before} -> {after}; nodes {nodes}", time.monotonic() - start)  # fmt: skip
+    moved_ip = back and old is not None and back.status.pod_ip != old.status.pod_ip
+    time.sleep(100)  # ledger windows of 1 min and their 20 s delay: the restart is in the store
+    boards = fleet(run)["gpus"]
+    placed = sorted({tuple(b["nodes"]) for b in boards})
+    ok = bool(back) and len(boards) == 8 and placed == [(run.args.node,)]
+    run.record("fleet-no-move", ok,
+               f"agent back {'on a new IP' if moved_ip else 'on the same IP' if back else 'NOT back'}; "
+               f"{len(boards)} boards, their nodes {placed}", time.monotonic() - start)  # fmt: skip
 
 
-def used_total(run: Run) -> float:
-    return float(psql(run, "SELECT coalesce(sum(used_gpu_seconds), 0) FROM usage_windows") or 0)
+def used_of_gpu_a(run: Run) -> float:
+    return float(psql(run, (
+        "SELECT coalesce(sum(w.used_gpu_seconds), 0) FROM usage_windows w JOIN usage_series s "
+        f"ON s.id = w.series_id WHERE s.holder_name = 'gpu-a' AND s.namespace = '{CHECKS_NS}'"
+    )) or 0)  # fmt: skip
 
 
 def check_leader(run: Run) -> None:
-    """Two replicas: the leader's pod killed, the other leads within the lease."""
+    """Two replicas: the leader's pod killed, the other leads within the lease; nothing
+    counted twice (one allocation row for gpu-a; its used GPU-seconds at most its age)."""
     lease = run.coord.read_namespaced_lease("gpuquota-controller", NS)
     leader = lease.spec.holder_identity
     duration = lease.spec.lease_duration_seconds or 15
     names = [p.metadata.name for p in pods(run, NS, CONTROLLER) if ready(p)]
-    alloc_before = psql(run, "SELECT count(*) FROM allocations WHERE pod_name = 'gpu-a'")
-    time.monotonic()
+    allocations = "SELECT count(*) FROM allocations WHERE pod_name = 'gpu-a'"
+    alloc_before = psql(run, allocations)
     run.core.delete_namespaced_pod(leader, NS, grace_period_seconds=0)
     others = [n for n in names if n != leader]
 
@@ -359,10 +362,16 @@ def check_leader(run: Run) -> None:
         return holder if holder in others else None
 
     holder, took = poll(new_leader, duration + 30, 0.5)
-    time.sleep(15)
-    alloc_after = psql(run, "SELECT count(*) FROM allocations WHERE pod_name = 'gpu-a'")
-    ok = bool(holder) and took <= duration + 5 and alloc_before == alloc_after == "1"
-    run.record("leader-failover", ok, f"{leader} killed; {holder} leads after {took:.1f}s (lease {duration}s); gpu-a allocation rows {alloc_before} -> {alloc_after}", took)  # fmt: skip
+    time.sleep(100)  # the new leader ingests the ledger windows the old one may have begun
+    alloc_after = psql(run, allocations)
+    pod = run.core.read_namespaced_pod("gpu-a", CHECKS_NS)
+    age = (dt.datetime.now(dt.UTC) - pod.status.start_time).total_seconds()
+    used = used_of_gpu_a(run)
+    ok = bool(holder) and took <= duration + 5 and alloc_before == alloc_after == "1" and 0 < used <= age  # fmt: skip
+    run.record("leader-failover", ok,
+               f"{leader} killed; {holder} leads after {took:.1f}s (lease {duration}s); gpu-a "
+               f"allocation rows {alloc_before} -> {alloc_after}; its used GPU-seconds {used:.0f} "
+               f"of {age:.0f} s alive at 80 %", took)  # fmt: skip
 
 
 def check_rollout(run: Run) -> None:

@@ -57,7 +57,9 @@ SYSCTLS = (
     "kernel/keys/root_maxkeys",
     "kernel/keys/root_maxbytes",
 )
-OUR_CHAINS = re.compile(r"\b(CNI-[\w-]+|KUBE-[\w-]+)\b")
+KUBE_CHAIN = re.compile(r"\bKUBE-[\w-]+\b")
+CNI_CHAIN = re.compile(r"\bCNI-[\w-]+\b")
+OTHER_NETWORK = re.compile(r'name: \\"(?!gq\\")')  # a CNI rule of another network (podman's)
 
 
 def sh(*args: str, check: bool = False) -> str:
@@ -173,6 +175,13 @@ def processes(work: str) -> list[str]:
     return sorted(out)
 
 
+def modules() -> list[str]:
+    path = Path("/proc/modules")  # absent in some VMs and containers
+    return (
+        sorted(line.split()[0] for line in path.read_text().splitlines()) if path.exists() else []
+    )
+
+
 def snapshot(work: str) -> dict[str, Any]:
     return {
         "time": time.time(),
@@ -185,14 +194,23 @@ def snapshot(work: str) -> dict[str, Any]:
         "sysctls": sysctls(),
         "cgroups": cgroups(),
         "folders": folders(),
-        "modules": sorted(
-            line.split()[0] for line in Path("/proc/modules").read_text().splitlines()
-        ),
+        "modules": modules(),
     }
 
 
 def is_cluster_rule(rule: str, subnet: str, bridge: str) -> bool:
-    return bool(OUR_CHAINS.search(rule)) or subnet in rule or bridge in rule or "gq-guard" in rule
+    """Rules and chains of this cluster: the kubelet's KUBE-* (no other kubelet runs here), the
+    guard, and what CNI made for the network "gq" (a chain of podman's is left alone)."""
+    if KUBE_CHAIN.search(rule) or "gq-guard" in rule or bridge in rule or subnet in rule:
+        return True
+    if 'name: \\"gq\\"' in rule:
+        return True
+    # an empty CNI chain: its rules named the network; count it unless another network's
+    return (
+        bool(CNI_CHAIN.search(rule))
+        and " :" in f" {rule.split(' ', 1)[1]}"
+        and not OTHER_NETWORK.search(rule)
+    )
 
 
 def compare(before: dict[str, Any], after: dict[str, Any], work: str, subnet: str, bridge: str) -> list[str]:  # fmt: skip
@@ -258,27 +276,27 @@ def unmount_new(before: dict[str, Any]) -> None:
 def drop_rules(before: dict[str, Any], family: str, key: str, subnet: str, bridge: str) -> None:
     old = set(before[key])
     for table in ("filter", "nat", "mangle"):
-        # rules first (they name the chains), then the chains
         lines = [line for line in iptables(family) if line.startswith(table + " ")]
-        for line in lines:
-            rule = line[len(table) + 1 :]
-            if rule.startswith("-A ") and line not in old and is_cluster_rule(line, subnet, bridge):
-                args = ["-D", *rule[3:].split(" ", 1)[0:1]]
-                spec = rule[3:].split(" ", 1)[1] if " " in rule[3:] else ""
-                subprocess.run(
-                    [family, "-t", table, *args, *split_rule(spec)],
-                    capture_output=True,
-                    check=False,
-                )
-        for line in lines:
-            rule = line[len(table) + 1 :]
-            if rule.startswith(":") and line not in old:
-                chain = rule[1:].split()[0]
+        ours = [
+            line[len(table) + 1 :]
+            for line in lines
+            if line not in old
+            and " -A " in f" {line}"
+            and is_cluster_rule(line, subnet, bridge)
+            and not OTHER_NETWORK.search(line)
+        ]
+        # the chains our rules jump to or live in, and the kubelet's
+        chains = {c for rule in ours for c in CNI_CHAIN.findall(rule) + KUBE_CHAIN.findall(rule)}
+        for rule in ours:  # rules first (they name the chains), then the chains
+            chain, _, spec = rule[3:].partition(" ")
+            subprocess.run([family, "-t", table, "-D", chain, *split_rule(spec)],
+                           capture_output=True, check=False)  # fmt: skip
+        new_chains = [line.split()[1][1:] for line in lines if line not in old and line.split()[1].startswith(":")]  # fmt: skip
+        for chain in new_chains:
+            if chain in chains or KUBE_CHAIN.fullmatch(chain):
                 subprocess.run([family, "-t", table, "-F", chain], capture_output=True, check=False)
-        for line in lines:
-            rule = line[len(table) + 1 :]
-            if rule.startswith(":") and line not in old:
-                chain = rule[1:].split()[0]
+        for chain in new_chains:
+            if chain in chains or KUBE_CHAIN.fullmatch(chain):
                 subprocess.run([family, "-t", table, "-X", chain], capture_output=True, check=False)
 
 
