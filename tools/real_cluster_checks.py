@@ -110,7 +110,7 @@ def gpu_pod(name: str, tolerate: bool = False) -> dict[str, Any]:
         "terminationGracePeriodSeconds": 2,
         "containers": [{
             "name": "work", "image": WORKLOAD, "imagePullPolicy": "Never",
-            "resources": {"limits": {GPU: 1}},
+            "resources": {"limits": {GPU: "1"}},
         }],
     }  # fmt: skip
     if tolerate:
@@ -174,43 +174,48 @@ def check_targets(run: Run) -> None:
     run.record("targets-up", bool(found), detail, took)
 
 
-def start_gpu_pod(run: Run) -> None:
-    """gpu-a: one GPU, busy at 80 % (the stand-in's utilisation on the GPU it got)."""
+def run_gpu_pod(run: Run, name: str) -> tuple[int, str, float] | str:
+    """A one-GPU pod Running, its GPU busy at 80 %: (GPU index, UUID, seconds) or what failed."""
     with_ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHECKS_NS}}
     kubectl(run, "apply", "-f", "-", stdin=json.dumps(with_ns))
     try:
-        run.core.create_namespaced_pod(CHECKS_NS, gpu_pod("gpu-a"))
+        run.core.create_namespaced_pod(CHECKS_NS, gpu_pod(name))
     except ApiException as error:
         if error.status != 409:
             raise
-    pod, took = poll(lambda: (p := run.core.read_namespaced_pod("gpu-a", CHECKS_NS)).status.phase == "Running" and p, 120)  # fmt: skip
+    pod, took = poll(lambda: (p := run.core.read_namespaced_pod(name, CHECKS_NS)).status.phase == "Running" and p, 120)  # fmt: skip
     if not pod:
-        run.record("gpu-pod-running", False, "gpu-a not Running", took)
-        return
-    run.facts["gpu_a_uid"] = pod.metadata.uid
+        return f"{name} not Running"
 
     def device() -> str | None:
         for series in prom(run, "gpu_pod_info"):
             labels = series["metric"]
-            if "gpu-a" in (labels.get("pod"), labels.get("exported_pod")):
+            if name in (labels.get("pod"), labels.get("exported_pod")):
                 return str(labels["uuid"])
         return None
 
     uuid, took2 = poll(device, 90, 2)
     if not uuid:
-        run.record(
-            "gpu-pod-running", False, "gpu-a Running but no gpu_pod_info series", took + took2
-        )
-        return
+        return f"{name} Running but no gpu_pod_info series"
     node = SimNode.attach(run.args.nvml_state)
     index = next(i for i in range(node.gpu_count) if node.uuid(i) == uuid)
     node.set(index, gpu_utilization_ratio=0.8)
-    run.facts["gpu_a_index"], run.facts["gpu_a_uuid"] = index, uuid
+    node.set_gpm(index, sm_activity=0.8)  # a whole GPU held by one pod: GPM SM activity counts
+    node.close()
+    return index, uuid, took + took2
+
+
+def start_gpu_pod(run: Run) -> None:
+    """gpu-a: one GPU, busy at 80 % (the stand-in's utilisation and GPM SM activity)."""
+    got = run_gpu_pod(run, "gpu-a")
+    if isinstance(got, str):
+        run.record("gpu-pod-running", False, got)
+        return
+    index, uuid, took = got
+    node = SimNode.attach(run.args.nvml_state)
     run.facts["serial"] = node.serial(index)
     node.close()
-    run.record(
-        "gpu-pod-running", True, f"gpu-a on GPU {index} ({uuid}), set busy at 80 %", took + took2
-    )
+    run.record("gpu-pod-running", True, f"gpu-a on GPU {index} ({uuid}), busy at 80 %", took)
 
 
 def check_labels(run: Run) -> None:
@@ -263,6 +268,13 @@ def check_cronjob(run: Run) -> None:
 
     The CronJob bills the previous month; this cluster's usage is this month's, so the Job is
     the CronJob's own template plus ``--now`` on the 1st of next month ('previous' = now)."""
+    # gpu-a ends first and the ledger ingests past its end: a bill of open allocations and
+    # windows not yet ingested changes by the second, and the two reports run seconds apart
+    with contextlib.suppress(ApiException):
+        run.core.delete_namespaced_pod("gpu-a", CHECKS_NS, grace_period_seconds=0)
+    ended, _ = poll(lambda: psql(run, "SELECT max(ended_at) FROM allocations WHERE pod_name = 'gpu-a' AND ended_at IS NOT NULL"), 60, 1)  # fmt: skip
+    if ended:
+        poll(lambda: float(psql(run, "SELECT min(ingested_until) FROM ledger_progress") or 0) >= float(ended) + 60, 200, 5)  # fmt: skip
     now = dt.datetime.now(dt.UTC)
     first_next = (now.replace(day=1) + dt.timedelta(days=32)).replace(day=1).strftime("%Y-%m-%d")
     name = f"report-by-hand-{int(time.time())}"
@@ -438,17 +450,18 @@ def check_token(run: Run) -> None:
 def check_fence(run: Run) -> None:
     """XID 79 on gpu-a's GPU: the pod's device status, the Node's taint and condition; then the
     agent pod deleted while fenced: a new agent Running on the node within 60 s, fence held."""
-    index = run.facts.get("gpu_a_index")
-    if index is None:
-        run.record("xid79-fence", False, "no GPU pod to fence (gpu-pod-running failed)")
+    got = run_gpu_pod(run, "gpu-f")
+    if isinstance(got, str):
+        run.record("xid79-fence", False, got)
         return
+    index = got[0]
     node = SimNode.attach(run.args.nvml_state)
     start = time.monotonic()
     node.inject_xid(index, 79)
     node.close()
 
     def unhealthy() -> bool:
-        pod = run.core.read_namespaced_pod("gpu-a", CHECKS_NS)
+        pod = run.core.read_namespaced_pod("gpu-f", CHECKS_NS)
         for status in pod.status.container_statuses or []:
             for res in status.allocated_resources_status or []:
                 if any(r.health == "Unhealthy" for r in res.resources or []):
@@ -490,11 +503,11 @@ CHECKS: dict[str, Callable[[Run], None]] = {
     "gpu-pod": start_gpu_pod,
     "labels": check_labels,
     "ledger": check_ledger,
-    "cronjob": check_cronjob,
     "fleet": check_fleet,
     "leader": check_leader,
     "rollout": check_rollout,
     "token": check_token,
+    "cronjob": check_cronjob,
     "fence": check_fence,
 }
 
