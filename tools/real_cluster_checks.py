@@ -339,7 +339,7 @@ def check_fleet(run: Run) -> None:
     start = time.monotonic()
     if old is not None:
         run.core.delete_namespaced_pod(old.metadata.name, NS)
-    back, _ = poll(lambda: (p := agent_pod(run)) and p.metadata.name != old.metadata.name and ready(p), 120, 1)  # fmt: skip
+    back, _ = poll(lambda: (p := agent_pod(run)) and p.metadata.name != old.metadata.name and ready(p) and p, 120, 1)  # fmt: skip
     moved_ip = back and old is not None and back.status.pod_ip != old.status.pod_ip
     time.sleep(100)  # ledger windows of 1 min and their 20 s delay: the restart is in the store
     boards = fleet(run)["gpus"]
@@ -539,6 +539,9 @@ def main(argv: list[str] | None = None) -> int:
         check_guard(run)
     failed = [r for r in run.results if not r["ok"]]
     out = Path(args.work) / "results.json"
+    # results.json is the latest run; results-<time>.json keeps each
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    (Path(args.work) / f"results-{stamp}.json").write_text(json.dumps({"results": run.results}, indent=1, default=str))  # fmt: skip
     out.write_text(json.dumps({"results": run.results, "facts": run.facts,
                                "seconds": time.monotonic() - started}, indent=1, default=str))  # fmt: skip
     print(f"{len(run.results) - len(failed)} of {len(run.results)} checks passed; {out}")
