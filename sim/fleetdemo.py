@@ -56,8 +56,8 @@ class FleetDemo(LedgerDemo):
             node.pod_resources = server
 
     def where(self, name: str) -> str:
-        """A node as the history names it: its scrape target here (no node label)."""
-        return f"127.0.0.1:{self.nodes[name].port}"
+        """A node as the history names it: its name, which its agent puts on its series."""
+        return self.nodes[name].name
 
     def health(self, uuid: str) -> str:
         found = self.query(f'gpu_health_state{{uuid="{uuid}"}} == 1')
@@ -100,7 +100,7 @@ class FleetDemo(LedgerDemo):
         self.start_exporter(x)
         self.start_exporter(y)
         self.wait(f"{moved} on gpu-e", lambda: bool(self.query(
-            f'gpu_info{{serial="{moved}", instance="{self.where("gpu-e")}"}}')), 30)  # fmt: skip
+            f'gpu_info{{serial="{moved}", node="{self.where("gpu-e")}"}}')), 30)  # fmt: skip
         time.sleep(5)
         final = int(time.time()) + 1
         self.say("waiting for the controller to ingest the history")
