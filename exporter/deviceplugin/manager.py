@@ -5,7 +5,10 @@ A background thread checks every ``poll_s`` (default 0.5 s):
 * the kubelet's socket was recreated (the kubelet restarted): register every plugin again;
 * a plugin's own socket vanished (a restarting kubelet wipes the folder): serve it again
   on a fresh socket, then register it;
-* the set of resources changed (MIG reconfigured): start and stop servers to match.
+* the set of resources changed (MIG reconfigured): start and stop servers to match;
+* the kubelet closed a plugin's ListAndWatch stream while it serves (the kubelet drops the
+  current plugin of a resource when a replaced one's stream ends: the agent that a surge
+  rollout replaces, exiting): register it again at once, not at the next round.
 
 Stopping the manager stops every server and removes their sockets.
 """
@@ -57,6 +60,8 @@ class DevicePluginManager:
         # (a gRPC call to the kubelet) may hold for seconds
         self._view: tuple[tuple[str, ...], dict[str, tuple[int, int]]] = ((), {})
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a stream lost: reconcile now
+        self._lost: set[str] = set()  # resources whose stream the kubelet closed
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
@@ -69,6 +74,7 @@ class DevicePluginManager:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
@@ -81,11 +87,20 @@ class DevicePluginManager:
             self._view = ((), {})
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+        while True:
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.reconcile()
             except Exception:  # keep watching whatever one round hit
                 log.exception("device plugin reconcile failed")
+
+    def lost(self, resource: str) -> None:
+        """The kubelet closed ``resource``'s stream while it was served: register again."""
+        self._lost.add(resource)
+        self._wake.set()
 
     def registrations(self) -> dict[str, bool]:
         """resource -> whether its plugin is registered with the kubelet running now (read at
@@ -120,7 +135,7 @@ class DevicePluginManager:
             server = self.servers.get(resource)
             if server is None:
                 server = DevicePluginServer(
-                    resource, self.plugin_dir, self.board, self.config, self.topology
+                    resource, self.plugin_dir, self.board, self.config, self.topology, self.lost
                 )
                 self.servers[resource] = server
             if not server.serving or not server.socket_is_ours():
@@ -128,6 +143,9 @@ class DevicePluginManager:
                     log.warning("socket %s was removed; serving again", server.socket_path)
                 server.start()
                 self._registered.pop(resource, None)
+        for resource in list(self._lost):
+            self._lost.discard(resource)
+            self._registered.pop(resource, None)
         kubelet = _identity(self.plugin_dir / KUBELET_SOCKET)
         if kubelet is None:
             return

@@ -1,5 +1,12 @@
 """One kubelet device plugin server (API v1beta1) for one resource name, on its own socket.
 
+Two agents may serve one resource on one node for a moment (a surge rollout: the new agent
+starts before the old one stops), so the socket's name is the resource's unless a live plugin
+already answers there: then a name of this process's own. The kubelet drops the plugin that is
+current for a resource whenever a replaced plugin's stream ends (../shared/kubelet.md; the
+1.36 kubelet's devicemanager looks the client up by resource name), so a ListAndWatch stream
+that the kubelet ends while we still serve is reported (``on_lost``) for a new registration.
+
 The servicer renders the health board's ``NodeHealth`` through exporter/deviceplugin/devices.py
 and answers Allocate / GetPreferredAllocation with the pure functions beside it; all that
 happens here is gRPC: sockets, streams, status codes.
@@ -8,6 +15,8 @@ happens here is gRPC: sockets, streams, status codes.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -34,9 +43,23 @@ KUBELET_SOCKET = "kubelet.sock"
 WAKE_S = 0.5  # how often an idle ListAndWatch stream checks that it should still run
 
 
-def endpoint_name(resource: str) -> str:
-    """Socket file name for a resource: nvidia.com/mig-1g.10gb -> gpuquota-nvidia.com-mig-1g.10gb.sock."""
-    return "gpuquota-" + resource.replace("/", "-") + ".sock"
+def endpoint_name(resource: str, instance: str = "") -> str:
+    """Socket file name for a resource: nvidia.com/mig-1g.10gb -> gpuquota-nvidia.com-mig-1g.10gb.sock
+    (with an instance: gpuquota-nvidia.com-mig-1g.10gb@<instance>.sock)."""
+    return "gpuquota-" + resource.replace("/", "-") + (f"@{instance}" if instance else "") + ".sock"
+
+
+def answers(path: Path) -> bool:
+    """Whether a process listens on the unix socket at ``path`` (a stale file does not)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(str(path))
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
 
 
 def _device(device_id: str, health: str, numa_node: int | None) -> pb.Device:
@@ -62,6 +85,8 @@ class _Servicer(pb_grpc.DevicePluginServicer):
         self, request: pb.Empty, context: grpc.ServicerContext
     ) -> Iterator[pb.ListAndWatchResponse]:
         plugin = self._plugin
+        # the kubelet ending the stream while we serve: it dropped this plugin
+        context.add_callback(plugin.stream_ended)
         generation = -1
         last: tuple[tuple[str, str, int | None], ...] | None = None
         while context.is_active() and not plugin.stopping.is_set():
@@ -146,12 +171,14 @@ class DevicePluginServer:
         board: VerdictBoard,
         config: PluginConfig,
         topology: Callable[[], Topology] = Topology,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.resource = resource
         self.plugin_dir = plugin_dir
         self.board = board
         self.config = config
         self.topology = topology
+        self.on_lost = on_lost
         self.endpoint = endpoint_name(resource)
         self.socket_path = plugin_dir / self.endpoint
         self.stopping = threading.Event()
@@ -165,6 +192,12 @@ class DevicePluginServer:
         """(Re)create the socket and serve on it."""
         self.stop()
         self.stopping.clear()
+        # the resource's own name, unless another agent (the one a rollout replaces) serves it
+        self.endpoint = endpoint_name(self.resource)
+        if answers(self.plugin_dir / self.endpoint):
+            self.endpoint = endpoint_name(self.resource, str(os.getpid()))
+            log.info("another plugin serves %s here: serving beside it", self.resource)
+        self.socket_path = self.plugin_dir / self.endpoint
         self.socket_path.unlink(missing_ok=True)
         # Each ListAndWatch stream holds a worker for its lifetime; the kubelet keeps one.
         server = grpc.server(
@@ -202,6 +235,12 @@ class DevicePluginServer:
             if self.socket_is_ours():  # a successor may already serve on the same path
                 self.socket_path.unlink(missing_ok=True)
             self._inode = None
+
+    def stream_ended(self) -> None:
+        """A ListAndWatch stream ended: if we did not end it, the kubelet dropped us."""
+        if not self.stopping.is_set() and self.on_lost is not None:
+            log.info("the kubelet closed the ListAndWatch stream of %s", self.resource)
+            self.on_lost(self.resource)
 
     def socket_is_ours(self) -> bool:
         try:

@@ -190,4 +190,11 @@ class ScrapeSource:
         limit = READY_AFTER_INTERVALS * self.snapshots.interval
         if age > limit:
             return text(503, f"newest snapshot is {age:.1f}s old (limit {limit:.1f}s)\n")
+        # a device plugin not registered yet is not ready: a surge rollout removes the agent
+        # it replaces only once this one is ready, and the GPUs must be served meanwhile
+        publishers = self._publishers()
+        if publishers is not None and publishers.device_plugin:
+            missing = sorted(r for r, ok in publishers.device_plugin.items() if not ok)
+            if missing:
+                return text(503, f"device plugin not registered with the kubelet: {', '.join(missing)}\n")  # fmt: skip
         return text(200, "ready\n")

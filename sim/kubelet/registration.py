@@ -12,6 +12,13 @@ unix sockets:
 * after a registration, connects back to ``<dir>/<endpoint>``, asks for the plugin options
   and keeps a ListAndWatch stream open, recording every device list it receives (with the
   time it arrived); a stream that ends marks all the resource's devices Unhealthy;
+* a second registration for a resource (another endpoint, or the same again) becomes the
+  resource's plugin, and the replaced one's stream is **not** closed: its lists still count,
+  and when it ends the kubelet disconnects whichever plugin is current for the resource then
+  and marks its devices Unhealthy (the 1.36 kubelet's ``runClient``/``disconnectClient`` in
+  pkg/kubelet/cm/devicemanager/plugin/v1beta1/handler.go look the client up by resource name).
+  A plugin that replaces an older one (a surge rollout) must register again when the old
+  one's exit drops it;
 * admits pods (:meth:`KubeletStandIn.admit`): picks healthy free devices (asking
   GetPreferredAllocation when the registration offered it), calls Allocate and checkpoints the
   answer in ``kubelet_internal_checkpoint`` (sim/kubelet/checkpoint.py). A container that
@@ -254,6 +261,9 @@ class KubeletStandIn:
         self.node_name = node_name
         self.registrations: list[tuple[float, pb.RegisterRequest]] = []
         self.plugins: dict[str, PluginClient] = {}
+        self._replaced: list[PluginClient] = []  # replaced plugins whose streams still run
+        # (time, endpoint) of each current plugin dropped because a replaced one's stream ended
+        self.disconnects: list[tuple[float, str]] = []
         self.node_status = NodeStatus(0.0, {}, {})
         self._cond = threading.Condition()
         self._server: grpc.Server | None = None
@@ -285,30 +295,40 @@ class KubeletStandIn:
         registered = pb.RegisterRequest()
         registered.CopyFrom(request)
         with self._cond:
-            old = self.plugins.pop(request.resource_name, None)
+            old = self.plugins.get(request.resource_name)
             self.registrations.append((time.time(), registered))
             self.plugins[request.resource_name] = PluginClient(
                 self.plugin_dir, registered, self._on_update
             )
             self._stopped_at.pop(request.resource_name, None)
+            if old is not None:  # replaced, not closed: its stream runs until the plugin ends it
+                self._replaced.append(old)
             self._cond.notify_all()
-        if old is not None:  # a re-registration replaces the previous connection
-            threading.Thread(target=old.close, daemon=True).start()
 
     def _on_update(self, plugin: PluginClient, update: Update | None) -> None:
         """The device manager's callback: a new list replaces the resource's devices; a stream
         that ended marks them all Unhealthy (the kubelet's PluginDisconnected)."""
+        dropped = None
         with self._cond:
-            if self.plugins.get(plugin.resource) is not plugin:
-                return  # a replaced connection's late news
-            if update is None:
+            current = self.plugins.get(plugin.resource)
+            if update is not None:  # a replaced plugin's lists count too (one resource, one list)
+                self._health[plugin.resource] = dict(update.devices)
+                self._numa[plugin.resource] = dict(update.numa)
+            elif current is not None:
+                # the stream of the current plugin, or of a replaced one, ended: the kubelet
+                # disconnects the plugin current for the resource either way
                 devices = self._health.get(plugin.resource, {})
                 self._health[plugin.resource] = dict.fromkeys(devices, UNHEALTHY)
                 self._stopped_at[plugin.resource] = time.monotonic()
-            else:
-                self._health[plugin.resource] = dict(update.devices)
-                self._numa[plugin.resource] = dict(update.numa)
+                if current is not plugin:
+                    dropped = self.plugins.pop(plugin.resource)
+                    self.disconnects.append((time.time(), dropped.endpoint))
+            if plugin in self._replaced and update is None:
+                self._replaced.remove(plugin)
             self._write_checkpoint()
+            self._cond.notify_all()
+        if dropped is not None:
+            threading.Thread(target=dropped.close, daemon=True).start()
         self._publish_pods()
 
     # -- allocation -----------------------------------------------------------------------
@@ -656,8 +676,9 @@ class KubeletStandIn:
             self._pod_resources.stop()
             self._pod_resources = None
         with self._cond:
-            plugins = list(self.plugins.values())
+            plugins = list(self.plugins.values()) + self._replaced
             self.plugins.clear()
+            self._replaced = []
         for plugin in plugins:
             plugin.close()
         self.socket_path.unlink(missing_ok=True)

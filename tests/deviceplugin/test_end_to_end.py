@@ -43,15 +43,21 @@ SERVING = re.compile(r"serving http://([\d.]+):(\d+)/metrics")
 
 
 class Exporter:
-    """One gpu-exporter process with its simulated node and kubelet."""
+    """One gpu-exporter process with its simulated node and kubelet (or, with ``beside``,
+    another agent on the same node and kubelet: a surge rollout's new agent)."""
 
-    def __init__(self, preset: str, *flags: str) -> None:
-        self.work = Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))
-        self.plugin_dir = self.work / "dp"
-        self.plugin_dir.mkdir()
-        self.node = SimNode.create(self.work / "state", preset)
-        self.kubelet = KubeletStandIn(self.plugin_dir)
-        self.kubelet.start()
+    def __init__(self, preset: str, *flags: str, beside: Exporter | None = None) -> None:
+        self.owner = beside is None
+        if beside is None:
+            self.work = Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))
+            self.plugin_dir = self.work / "dp"
+            self.plugin_dir.mkdir()
+            self.node = SimNode.create(self.work / "state", preset)
+            self.kubelet = KubeletStandIn(self.plugin_dir)
+            self.kubelet.start()
+        else:
+            self.work, self.plugin_dir = beside.work, beside.plugin_dir
+            self.node, self.kubelet = beside.node, beside.kubelet
         self.output: list[str] = []
         self._served = threading.Event()
         self.url = ""
@@ -91,11 +97,18 @@ class Exporter:
         assert plugin is not None, f"{resource} never registered:\n" + "".join(self.output[-30:])
         return plugin
 
-    def stop(self) -> int:
+    def stop_agent(self) -> int:
+        """Stop the exporter process only (the kubelet and node stay)."""
         code = stop_process(self.proc)
         self._reader.join(5)
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+        return code
+
+    def stop(self) -> int:
+        code = self.stop_agent()
+        if not self.owner:
+            return code
         self.kubelet.stop()
         self.node.close()
         shutil.rmtree(self.work, ignore_errors=True)
@@ -248,6 +261,11 @@ def test_preferred_allocation_uses_nvml_topology(h100: Exporter) -> None:
     assert sorted(plugin.preferred(uuid[1:], [], 4)) == sorted(uuid[4:8])  # the other, whole
 
 
+def third_endpoint(exporter: Exporter) -> str:
+    """The endpoint the exporter registered last."""
+    return exporter.kubelet.registrations[-1][1].endpoint
+
+
 def test_kubelet_restart_and_socket_removal(h100: Exporter) -> None:
     first = h100.plugin()
     assert first.wait_for(healthy(8), timeout=5)
@@ -256,9 +274,48 @@ def test_kubelet_restart_and_socket_removal(h100: Exporter) -> None:
     again = h100.plugin(after=restarted)
     assert again.wait_for(healthy(8), timeout=5)
     removed = time.time()
-    (h100.plugin_dir / "gpuquota-nvidia.com-gpu.sock").unlink()
-    third = h100.plugin(after=removed)
-    assert third.wait_for(healthy(8), timeout=5)
+    (h100.plugin_dir / third_endpoint(h100)).unlink()
+    assert h100.plugin(after=removed)
+    # the old stream may end after the new registration: the kubelet drops the new plugin
+    # too (it looks the client up by resource name), and the exporter registers again
+    current = h100.kubelet.plugins
+    assert poll(lambda: (p := current.get(GPU)) and healthy(8)(p.devices()), PUSH_S)
+
+
+def test_surge_rollout_keeps_the_gpus_schedulable(sim_library: Path) -> None:
+    """A surge rollout (the new agent starts before the old one stops, maxUnavailable 0):
+    the new agent serves beside the old one on a socket of its own and registers; when the
+    old one exits, the kubelet drops the plugin current for the resource (the new one's: the
+    1.36 kubelet looks the client up by resource name) and marks every GPU Unhealthy; the new
+    agent registers again at once, and the GPUs are Healthy and admit pods. Before: the new
+    agent took the old one's socket name, the two took it from each other every half second,
+    and after the old one's exit nobody registered again: the node kept no GPU."""
+    old = Exporter("h100x8")
+    new: Exporter | None = None
+    try:
+        assert old.plugin().wait_for(healthy(8), timeout=PUSH_S)
+        surged = time.time()
+        new = Exporter("h100x8", beside=old)
+        current = new.plugin(after=surged)
+        assert current.wait_for(healthy(8), timeout=PUSH_S)
+        endpoints = [r.endpoint for _, r in old.kubelet.registrations]
+        assert len(set(endpoints)) == 2, endpoints  # beside, not instead
+        time.sleep(2)  # four reconcile rounds: nobody takes a socket back
+        assert [r.endpoint for _, r in old.kubelet.registrations] == endpoints
+        left = time.time()
+        assert old.stop_agent() == 0
+        assert poll(lambda: old.kubelet.disconnects, PUSH_S), "the stand-in dropped nobody"
+        again = new.plugin(after=left)
+        assert again.endpoint == endpoints[-1]
+        assert again.wait_for(healthy(8), timeout=PUSH_S), "".join(new.output[-20:])
+        answer = old.kubelet.admit("ml", "after-rollout", {"main": {GPU: 1}})
+        assert answer["main"][GPU].envs
+    finally:
+        if new is not None:
+            assert new.stop() == 0
+        old.kubelet.stop()
+        old.node.close()
+        shutil.rmtree(old.work, ignore_errors=True)
 
 
 def test_mig_instances_are_their_own_resource(sim_library: Path) -> None:

@@ -72,8 +72,12 @@ def test_the_publishers_state_is_read_when_scraped_not_carried_by_a_snapshot(
         source.set_publisher_source(lambda: PublisherStatus(device_plugin=dict(registered)))
         name = b"gpuquota_exporter_device_plugin_registered"
         assert name + b'{resource="nvidia.com/gpu"} 1\n' in asyncio.run(source.scrape(False))[2]
+        assert source.readyz()[0] == 200
         registered["nvidia.com/gpu"] = False  # no new collection in between
         assert loop.latest() is snapshot
         assert name + b'{resource="nvidia.com/gpu"} 0\n' in asyncio.run(source.scrape(False))[2]
+        # not ready while unregistered: a surge rollout keeps the agent it replaces till then
+        status, _, body = source.readyz()
+        assert status == 503 and b"device plugin not registered" in body, body
     finally:
         source.close()
