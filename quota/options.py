@@ -18,6 +18,16 @@ ENV_NODE_POOL_LABELS = "GPUQUOTA_NODE_POOL_LABELS"
 ENV_DRA_DRIVERS = "GPUQUOTA_DRA_DRIVERS"
 
 
+def add_kube_options(parser: argparse.ArgumentParser) -> None:
+    """--kubeconfig and --context: how a cluster component reaches the API server."""
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="kubeconfig (default: in-cluster, else $KUBECONFIG or ~/.kube/config)",
+    )
+    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
+
+
 def add_db_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--db",

@@ -428,6 +428,9 @@ def check_token(run: Run) -> None:
     label = json.dumps({"metadata": {"labels": {"gq-check": "x"}}})
     attempts = {
         "read Secrets": ["-n", NS, "get", "secrets"],
+        # issue 35: the agent names pods from its node (pod-resources, the device checkpoint)
+        "list Pods": ["get", "pods", "--all-namespaces"],
+        "get its own Pod": ["-n", NS, "get", "pod", agent.metadata.name],
         "create a Pod": ["-n", NS, "run", "gq-x", f"--image={WORKLOAD}", "--restart=Never"],
         "taint another Node": ["patch", "node", "gq-other", "-p", taint],
         "label its own Node": ["patch", "node", run.args.node, "-p", label],

@@ -40,6 +40,7 @@ from gpuquota.quota.options import (
     add_accounting_options,
     add_cluster_option,
     add_db_option,
+    add_kube_options,
     port_number,
 )
 from gpuquota.quota.promhttp import PrometheusError, check_url
@@ -67,12 +68,7 @@ durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig (default: in-cluster, else $KUBECONFIG or ~/.kube/config)",
-    )
-    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    add_kube_options(parser)
     add_db_option(parser)
     add_cluster_option(parser)
     parser.add_argument(

@@ -142,14 +142,16 @@ def _alternatives(values: list[str]) -> str:
     return regex.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def _quiet_reading(
-    q: changes.Quiet, t: int, until: int, identities: dict[tuple[str | None, ...], Identity]
-) -> Reading:
-    info = q.info
-    uuid = info.get("uuid", "")
+def _identity(
+    uuid: str,
+    node: str,
+    info: dict[str, str],
+    identities: dict[tuple[str | None, ...], Identity],
+) -> Identity:
+    """The board's identity in a reading, shared by every reading with the same one."""
     fields = (
         uuid,
-        node_of(info),
+        node,
         info.get("pci_bus_id") or None,
         info.get("model") or None,
         info.get("driver_version") or None,
@@ -158,6 +160,15 @@ def _quiet_reading(
     identity = identities.get(fields)
     if identity is None:
         identity = identities[fields] = Identity(*fields)
+    return identity
+
+
+def _quiet_reading(
+    q: changes.Quiet, t: int, until: int, identities: dict[tuple[str | None, ...], Identity]
+) -> Reading:
+    info = q.info
+    uuid = info.get("uuid", "")
+    identity = _identity(uuid, node_of(info), info, identities)
     serial = info.get("serial") or f"uuid:{uuid}"
     return Reading(t=t, serial=serial, identity=identity, state=q.state, lost=q.lost, until=until)
 
@@ -281,17 +292,7 @@ class Readings:
             previous: dict[str, float] = {}
             for t, info in sorted(agent.info.items()):
                 serial = info.get("serial") or f"uuid:{uuid}"
-                fields = (
-                    uuid,
-                    node,
-                    info.get("pci_bus_id") or None,
-                    info.get("model") or None,
-                    info.get("driver_version") or None,
-                    info.get("vbios_version") or None,
-                )
-                identity = identities.get(fields)
-                if identity is None:
-                    identity = identities[fields] = Identity(*fields)
+                identity = _identity(uuid, node, info, identities)
                 counters = {c: by_t[t] for c, by_t in agent.counters.items() if t in by_t}
                 if counters == previous:
                     counters = previous

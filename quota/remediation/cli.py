@@ -30,7 +30,7 @@ from gpuquota.cli_common.durations import duration_flag
 from gpuquota.cli_common.ratios import ratio_flag
 from gpuquota.kube import rest
 from gpuquota.kube.client import Kube, Timeouts
-from gpuquota.quota.options import add_cluster_option, add_db_option, port_number
+from gpuquota.quota.options import add_cluster_option, add_db_option, add_kube_options, port_number
 from gpuquota.quota.remediation.metrics import RemediationMetrics
 from gpuquota.quota.remediation.record import Ledger
 from gpuquota.quota.remediation.remediator import Remediator, Settings
@@ -81,12 +81,7 @@ def _nodes(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument(
-        "--kubeconfig",
-        metavar="FILE",
-        help="kubeconfig (default: in-cluster, else $KUBECONFIG or ~/.kube/config)",
-    )
-    parser.add_argument("--context", help="kubeconfig context (default: its current-context)")
+    add_kube_options(parser)
     add_db_option(parser)
     add_cluster_option(parser)
     what = parser.add_argument_group("what to do (nothing unless asked)")
