@@ -1,11 +1,11 @@
 """Prometheus's configuration for tools/real-cluster, kept current as pods come and go: the
 scrape jobs the Prometheus Operator renders for the applied ServiceMonitors (issue 38).
 
-The jobs come from ``sim.promoperator.render`` (the Operator's rules, checked against its golden
+The jobs come from ``gpuquota.sim.promoperator.render`` (the Operator's rules, checked against its golden
 files in make test), with the Secrets they name read from the cluster as the Operator reads
 them. Debian's Prometheus is built without Kubernetes service discovery, so this loop stands in
 for it: every few seconds it lists the monitors' namespace's EndpointSlices and Pods, hands
-every address to every job as the Kubernetes discovery would (``sim.promoperator.on_this_machine``:
+every address to every job as the Kubernetes discovery would (``gpuquota.sim.promoperator.on_this_machine``:
 static targets carrying the ``__meta_kubernetes_*`` labels), and, when that changed, rewrites
 the configuration and asks Prometheus to reload it. The Operator's relabelings then select and
 label the targets unchanged.
@@ -26,8 +26,7 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from sim import promoperator  # the repository root: tools/ is not a package
+from gpuquota.sim import promoperator  # the repository's venv runs this (tools/real-cluster)
 
 
 def secrets(core: client.CoreV1Api, namespace: str) -> dict[str, dict[str, bytes]]:
