@@ -11,6 +11,7 @@ node-lifecycle controller's taints included): the node admission policy
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from gpuquota.exporter.health.verdict import NodeHealth, State
@@ -31,6 +32,10 @@ class Wanted:
     message: str
 
 
+def rfc3339(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
 def wanted_status(health: NodeHealth) -> Wanted:
     """Pure: the node-level verdict for one NodeHealth."""
     sick = [d for d in health.devices if d.state is State.UNHEALTHY]
@@ -43,7 +48,11 @@ def wanted_status(health: NodeHealth) -> Wanted:
     parts = []
     for device in sick:
         codes = ",".join(r.code for r in device.reasons if r.state is State.UNHEALTHY)
-        parts.append(f"{device.uuid} ({codes}; action {device.action.label})")
+        # each device's own fence time: the condition's lastTransitionTime is the node's first
+        # fence, and a device fenced later must not read as that old (gpuquota remediate's
+        # --evict-after, the agent's own restore)
+        when = f" since {rfc3339(device.since)}" if device.since > 0 else ""
+        parts.append(f"{device.uuid} ({codes}; action {device.action.label}){when}")
     return Wanted(True, "GPUUnhealthy", f"{len(sick)} unhealthy: " + "; ".join(parts))
 
 

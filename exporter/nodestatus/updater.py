@@ -28,7 +28,6 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any
 
 from gpuquota.exporter.health.engine import Fence
@@ -40,6 +39,7 @@ from gpuquota.exporter.nodestatus.status import (
     TAINT_KEY,
     Wanted,
     condition_for,
+    rfc3339,
     taints_with,
     wanted_status,
 )
@@ -50,12 +50,9 @@ Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 CONFLICT_RETRIES = 5  # a Node changed between our read and our write: read again this often
-# one device of the condition's message (status.wanted_status writes it)
-_DEVICE = re.compile(r"(\S+) \(([^;()]*); action (\w+)\)")
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+# one device of the condition's message (status.wanted_status writes it); agents before the
+# device's own "since" dated every device by the condition's lastTransitionTime
+_DEVICE = re.compile(r"(\S+) \(([^;()]*); action (\w+)\)(?: since ([0-9T:.+Z-]+))?")
 
 
 def fences_of(node: Obj) -> list[Fence]:
@@ -66,9 +63,10 @@ def fences_of(node: Obj) -> list[Fence]:
     ours = next((c for c in conditions if c.get("type") == CONDITION_TYPE), None)
     if ours is None or (ours.get("status") != "True" and not tainted):
         return []
-    since = parse_time(ours.get("lastTransitionTime")) or 0.0
+    node_since = parse_time(ours.get("lastTransitionTime")) or 0.0
     fences = []
-    for uuid, codes, action in _DEVICE.findall(str(ours.get("message") or "")):
+    for uuid, codes, action, stamp in _DEVICE.findall(str(ours.get("message") or "")):
+        since = parse_time(stamp) or node_since
         try:
             fences.append(Fence(uuid, parse_action(action), codes, since))
         except ValueError:

@@ -140,8 +140,8 @@ def test_the_condition_moves_its_transition_time_only_when_its_status_changes() 
 def test_the_fence_is_read_back_from_our_condition() -> None:
     t = DeviceTracker(parse_config(None, quiet_period_s=10))
     t.observe_snapshot(node(*gpus(3)), now=0)
-    t.observe_xid("GPU-00000001", 79, at=1)
-    wanted = wanted_status(t.observe_xid("GPU-00000002", 48, at=1))
+    t.observe_xid("GPU-00000001", 79, at=1795600800.0)  # 2026-11-25T10:00:00Z
+    wanted = wanted_status(t.observe_xid("GPU-00000002", 48, at=1795600800.0))
     cond = condition_for(wanted, [], "2026-11-25T10:00:00Z")
     obj = {"spec": {"taints": [OURS]}, "status": {"conditions": [cond]}}
     assert fences_of(obj) == [
@@ -150,6 +150,30 @@ def test_the_fence_is_read_back_from_our_condition() -> None:
     ]
     healthy = {"status": {"conditions": [{**cond, "status": "False"}]}}
     assert fences_of(healthy) == [] and fences_of({}) == []
+
+
+def test_each_fence_is_read_back_with_its_own_time() -> None:
+    """The condition's lastTransitionTime is the node's first fence; a GPU fenced an hour
+    later reads back with its own time (the message says it), and a message of an agent
+    that did not write it falls back to the node's time."""
+    t = DeviceTracker(parse_config(None, quiet_period_s=100_000))
+    t.observe_snapshot(node(*gpus(3)), now=0)
+    first = condition_for(
+        wanted_status(t.observe_xid("GPU-00000001", 79, at=1795600800.0)), [],
+        "2026-11-25T10:00:00Z",
+    )  # fmt: skip
+    wanted = wanted_status(t.observe_xid("GPU-00000002", 48, at=1795604400.0))
+    assert "GPU-00000002 (xid_48; action reset_gpu) since 2026-11-25T11:00:00Z" in wanted.message
+    cond = condition_for(wanted, [first], "2026-11-25T11:00:00Z")
+    assert cond["lastTransitionTime"] == "2026-11-25T10:00:00Z"
+    obj = {"spec": {"taints": [OURS]}, "status": {"conditions": [cond]}}
+    assert [(f.uuid, f.since) for f in fences_of(obj)] == [
+        ("GPU-00000001", 1795600800.0),
+        ("GPU-00000002", 1795604400.0),
+    ]
+    old = {**cond, "message": "2 unhealthy: GPU-00000001 (xid_79; action reboot_node); "
+                              "GPU-00000002 (xid_48; action reset_gpu)"}  # fmt: skip
+    assert [f.since for f in fences_of({"status": {"conditions": [old]}})] == [1795600800.0] * 2
 
 
 def _node_obj(taints: list[dict[str, Any]]) -> dict[str, Any]:

@@ -214,6 +214,24 @@ def test_the_fleet_budget_holds_across_a_restart_and_pdbs_do_not_spend_it(
     )
 
 
+def test_a_gpu_fenced_later_on_a_fenced_node_waits_its_own_evict_after(cluster: Cluster) -> None:
+    """The Node's condition dates the node's first fence; a second GPU fenced 500 s later is
+    dated by its own fence (the agent writes it in the message), not as 500 s old."""
+    cluster.add_node("node-a")
+    cluster.add_pod("ml", "first", "node-a", {uuid_of("node-a", 0): UNHEALTHY})
+    cluster.add_pod("ml", "second", "node-a", {uuid_of("node-a", 1): UNHEALTHY})
+    cluster.agents["node-a"].xid(0, 79, at=T0 + 1)
+    cluster.agents["node-a"].xid(1, 79, at=T0 + 500)
+    clock = [T0 + 510]
+    fix = cluster.remediator(clock, evict=True, after_s=60, max_evictions=5)
+    fix.round()
+    assert cluster.server.get("pods", "first", "ml") is None
+    assert cluster.server.get("pods", "second", "ml") is not None  # fenced 10 s ago
+    clock[0] = T0 + 561
+    fix.round()
+    assert cluster.server.get("pods", "second", "ml") is None
+
+
 def test_a_crash_between_reserving_and_evicting_never_frees_budget(cluster: Cluster) -> None:
     cluster.add_node("node-a")
     cluster.add_pod("ml", "p", "node-a", {uuid_of("node-a", 0): UNHEALTHY})
