@@ -43,12 +43,11 @@ from gpuquota.exporter.nodestatus.status import (
     taints_with,
     wanted_status,
 )
+from gpuquota.kube.client import MERGE_PATCH, STRATEGIC_MERGE_PATCH
 
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 CONFLICT_RETRIES = 5  # a Node changed between our read and our write: read again this often
 # one device of the condition's message (status.wanted_status writes it); agents before the
 # device's own "since" dated every device by the condition's lastTransitionTime

@@ -50,6 +50,9 @@ _MANAGER_TIMES = frozenset({"ResourceQuota"})
 
 
 WATCH_READ_BYTES = 1 << 16
+# the content types of a PATCH (Kube.call)
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 # Go's encoding of a list: ListMeta before the items, each item's ObjectMeta first (list items
 # carry no kind/apiVersion), its name first

@@ -36,7 +36,7 @@ from fractions import Fraction
 from typing import Any
 
 from gpuquota.exporter.dra.taintrules import GROUP, MANAGED_BY, MANAGER, VERSIONS
-from gpuquota.kube.client import ApiStatusError, Kube
+from gpuquota.kube.client import STRATEGIC_MERGE_PATCH, ApiStatusError, Kube
 from gpuquota.quota.remediation.metrics import RemediationMetrics
 from gpuquota.quota.remediation.record import Act, Ledger, StoredAct
 from gpuquota.quota.remediation.rules import (
@@ -55,7 +55,6 @@ from gpuquota.quota.remediation.verdicts import FleetVerdicts, read_verdicts
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 REPORTING_CONTROLLER = "gpuquota.io/remediate"
 EVENT_REASONS = {"evict": "GPUEvicted", "condition": "GPUUnhealthy", "cleared": "GPUHealthy"}
 

@@ -145,3 +145,8 @@ def expanded(args: list[str], env: dict[str, str]) -> list[str]:
         )
 
     return [one(a) for a in args]
+
+
+# ServiceMonitors of components/prometheus-operator for workloads another component adds
+# (deploy/components/remediation): they select nothing, and are inert, in a build without it
+OPTIONAL_MONITORS = ("gpuquota-remediate",)

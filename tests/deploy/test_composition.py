@@ -58,7 +58,15 @@ from gpuquota.sim.ledgerdemo import DemoPod, node_object, pod_object
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.promserver import serving
 from tests.conftest import PgSchemas
-from tests.deploy.manifests import DEPLOY, ROOT, built, expanded, find, needs_kubectl
+from tests.deploy.manifests import (
+    DEPLOY,
+    OPTIONAL_MONITORS,
+    ROOT,
+    built,
+    expanded,
+    find,
+    needs_kubectl,
+)
 
 BIN = Path(sys.executable).parent
 NODE = "gpu-node-1"
@@ -107,11 +115,6 @@ def replaced(args: list[str], **flags: str) -> list[str]:
         (at,) = [i for i, a in enumerate(out) if a.split("=", 1)[0] == flag]
         out[at] = f"{flag}={value}"
     return out
-
-
-# ServiceMonitors of components/prometheus-operator for workloads of another component
-# (deploy/components/remediation): inert where that component is not composed
-OPTIONAL_MONITORS = ("gpuquota-remediate",)
 
 
 def targets_of(

@@ -19,13 +19,10 @@ from gpuquota.exporter.expose.metrics import METRICS as EXPORTER_METRICS
 from gpuquota.quota.controller.metrics import METRICS as CONTROLLER_METRICS
 from gpuquota.quota.remediation.metrics import METRICS as REMEDIATION_METRICS
 from gpuquota.sim import promoperator
-from tests.deploy.manifests import BUILDS, built, find, needs_kubectl
+from tests.deploy.manifests import BUILDS, OPTIONAL_MONITORS, built, find, needs_kubectl
 
 GOLDEN = yaml.safe_load((Path(__file__).parent / "operator_golden.yaml").read_text())["cases"]
 WORKLOAD_LABELS = {"namespace", "pod", "container"}
-# components/prometheus-operator's monitors of workloads another component adds
-# (deploy/components/remediation): inert in a build without it
-OPTIONAL_MONITORS = ("gpuquota-remediate",)
 
 
 @pytest.mark.parametrize("case", GOLDEN, ids=[c["name"] for c in GOLDEN])
