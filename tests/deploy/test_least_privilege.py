@@ -106,9 +106,15 @@ def run_exporter_through_an_unhealthy_gpu(overlay: str, folder: Path) -> set[Gra
             "--health-quiet-period=1s",
         )
         try:
-            node.inject_xid(0, 79)
+            # one change at a time, each seen published before the next: the fence is made,
+            # then changed (a second reason: an update), then lifted, whatever the timing
             node.set(0, recovery_action=2)  # the driver asks for a reboot: the verdict holds
             wait_for(lambda: _marked(api), timeout=15, what="the unhealthy GPU published")
+            before = _fence_text(api)
+            node.inject_xid(0, 79)
+            wait_for(
+                lambda: _fence_text(api) != before, timeout=15, what="the new reason published"
+            )
             node.set(0, recovery_action=0)
             wait_for(lambda: not _marked(api), timeout=15, what="the recovery published")
             wait_for(lambda: _calls_settled(api), timeout=10, what="watches and reads")
@@ -120,6 +126,15 @@ def run_exporter_through_an_unhealthy_gpu(overlay: str, folder: Path) -> set[Gra
 def _marked(api: ApiServer) -> bool:
     taints = [t["key"] for t in ((api.get("nodes", NODE) or {}).get("spec") or {}).get("taints") or []]  # fmt: skip
     return bool(taints) or api.count("devicetaintrules") > 0
+
+
+def _fence_text(api: ApiServer) -> str:
+    """What the published fence says: the rules' annotations and the Node's conditions."""
+    with api.state.lock:
+        rules = sorted(repr(r.get("metadata", {}).get("annotations"))
+                       for r in api.state.objects["devicetaintrules"].values())  # fmt: skip
+    conditions = ((api.get("nodes", NODE) or {}).get("status") or {}).get("conditions")
+    return repr((rules, conditions))
 
 
 def _calls_settled(api: ApiServer) -> bool:
