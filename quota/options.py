@@ -16,6 +16,7 @@ ENV_CLUSTER = "GPUQUOTA_CLUSTER"
 DEFAULT_CLUSTER = "default"
 ENV_NODE_POOL_LABELS = "GPUQUOTA_NODE_POOL_LABELS"
 ENV_DRA_DRIVERS = "GPUQUOTA_DRA_DRIVERS"
+ENV_PROMETHEUS_CLUSTER_LABEL = "GPUQUOTA_PROMETHEUS_CLUSTER_LABEL"
 
 
 def add_kube_options(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +53,32 @@ def add_cluster_option(parser: argparse.ArgumentParser) -> None:
         type=cluster_name,
         default=os.environ.get(ENV_CLUSTER, DEFAULT_CLUSTER),
         help=f"cluster name stored with every row (env {ENV_CLUSTER}; default {DEFAULT_CLUSTER})",
+    )
+
+
+def prometheus_label(text: str) -> str:
+    """argparse type: a Prometheus label name, or empty (no label)."""
+    from gpuquota.quota.promscope import LABEL_NAME
+
+    if text and not LABEL_NAME.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a Prometheus label name (letters, digits and _, e.g. cluster)"
+        )
+    return text
+
+
+def add_prometheus_cluster_label_option(parser: argparse._ActionsContainer) -> None:
+    """--prometheus-cluster-label: the label telling this cluster's series from the others'
+    in a Prometheus (Thanos, Mimir, VictoriaMetrics) several clusters share."""
+    parser.add_argument(
+        "--prometheus-cluster-label",
+        metavar="LABEL",
+        type=prometheus_label,
+        default=os.environ.get(ENV_PROMETHEUS_CLUSTER_LABEL, ""),  # argparse checks it too
+        help="the label naming the cluster in a Prometheus (Thanos, Mimir, VictoriaMetrics) "
+        "several clusters share, e.g. cluster: its queries then read only the series whose "
+        f"label is --cluster (env {ENV_PROMETHEUS_CLUSTER_LABEL}; default: none, every series "
+        "is this cluster's)",
     )
 
 

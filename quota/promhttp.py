@@ -1,7 +1,8 @@
 """The project's one Prometheus HTTP helper: GET an /api/v1 answer, or one line naming why not.
 
-Used by ``gpuquota report --prometheus`` (quota/report/prometheus.py) and by the usage ledger's
-ingestion (quota/ledger/source.py).
+Used by ``gpuquota report --prometheus`` (quota/report/prometheus.py), the usage ledger's
+ingestion (quota/ledger/source.py) and the fleet history (quota/fleet/source.py). A query asked
+with a ``scope`` reads one cluster's series only (quota/promscope.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import urllib.request
 from typing import Any
 
 import msgspec
+
+from gpuquota.quota.promscope import Scope, scoped
 
 
 class PrometheusError(Exception):
@@ -75,9 +78,13 @@ def _query_url(base_url: str, promql: str, at: float) -> str:
     return f"{base_url.rstrip('/')}/api/v1/query?{params}"
 
 
-def instant_query(base_url: str, promql: str, at: float, timeout: float) -> dict[str, Any]:
-    """The ``data`` of a successful /api/v1/query of ``promql`` evaluated at unix time ``at``."""
-    return _data(get_json(_query_url(base_url, promql, at), base_url, timeout), base_url)
+def instant_query(
+    base_url: str, promql: str, at: float, timeout: float, scope: Scope | None = None
+) -> dict[str, Any]:
+    """The ``data`` of a successful /api/v1/query of ``promql`` evaluated at unix time ``at``
+    (over ``scope``'s series only, when given)."""
+    url = _query_url(base_url, scoped(promql, scope), at)
+    return _data(get_json(url, base_url, timeout), base_url)
 
 
 def _data(body: dict[str, Any], base_url: str) -> dict[str, Any]:
@@ -123,9 +130,12 @@ class _MatrixAnswer(msgspec.Struct):
 _MATRIX = msgspec.json.Decoder(_MatrixAnswer, strict=False)
 
 
-def matrix_query(base_url: str, promql: str, at: float, timeout: float) -> list[MatrixSeries]:
-    """The series of a successful /api/v1/query of the range selector ``promql`` at ``at``."""
-    raw = get_body(_query_url(base_url, promql, at), base_url, timeout)
+def matrix_query(
+    base_url: str, promql: str, at: float, timeout: float, scope: Scope | None = None
+) -> list[MatrixSeries]:
+    """The series of a successful /api/v1/query of the range selector ``promql`` at ``at``
+    (``scope``'s series only, when given)."""
+    raw = get_body(_query_url(base_url, scoped(promql, scope), at), base_url, timeout)
     try:
         answer = _MATRIX.decode(raw)
     except (msgspec.ValidationError, msgspec.DecodeError):

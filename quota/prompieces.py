@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 
 from gpuquota.quota import promhttp
 from gpuquota.quota.promhttp import MatrixSeries, PrometheusError
+from gpuquota.quota.promscope import Scope
 
 # samples per query (about 35 bytes of JSON each): decoding 5,000 holds the interpreter lock for
 # a few milliseconds (up to 15 on a loaded 2-core machine)
@@ -77,10 +78,18 @@ def count_query(metrics: Sequence[str], lo: int, hi: int, matchers: str = "") ->
 
 
 def count_samples(
-    base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float, matchers: str = ""
+    base_url: str,
+    metrics: Sequence[str],
+    lo: int,
+    hi: int,
+    timeout: float,
+    matchers: str = "",
+    scope: Scope | None = None,
 ) -> float:
-    """How many samples of ``metrics`` (with more ``matchers``) Prometheus holds in [lo, hi]."""
-    data = promhttp.instant_query(base_url, count_query(metrics, lo, hi, matchers), hi, timeout)
+    """How many samples of ``metrics`` (with more ``matchers``, of ``scope``'s cluster)
+    Prometheus holds in [lo, hi]."""
+    promql = count_query(metrics, lo, hi, matchers)
+    data = promhttp.instant_query(base_url, promql, hi, timeout, scope)
     try:
         return float(data["result"][0]["value"][1]) if data.get("result") else 0.0
     except (KeyError, IndexError, TypeError, ValueError) as exc:
@@ -113,16 +122,39 @@ def pieces(
     *,
     max_samples: int = MAX_SAMPLES_PER_QUERY,
     matchers: str = "",
+    scope: Scope | None = None,
 ) -> Iterator[list[MatrixSeries]]:
     """Every raw sample of ``metrics`` in [lo, hi], as the series of answers of about
-    ``max_samples`` samples each (``queries``); ``matchers`` (``,label=~"..."``) narrow them.
-    A series comes once per slice where it has samples, and one on a slice's edge may come
-    in both slices."""
-    total = count_samples(base_url, metrics, lo, hi, timeout, matchers)
+    ``max_samples`` samples each (``queries``); ``matchers`` (``,label=~"..."``) narrow them,
+    and ``scope`` to one cluster's (quota/promscope.py). A series comes once per slice where
+    it has samples, and one on a slice's edge may come in both slices."""
+    total = count_samples(base_url, metrics, lo, hi, timeout, matchers, scope)
     if total <= 0:
+        if scope:
+            check_label(base_url, metrics, lo, hi, timeout, scope)
         return
     for promql, at in queries(metrics, lo, hi, total, max_samples, matchers):
-        yield promhttp.matrix_query(base_url, promql, at, timeout)
+        yield promhttp.matrix_query(base_url, promql, at, timeout, scope)
+
+
+def check_label(
+    base_url: str, metrics: Sequence[str], lo: int, hi: int, timeout: float, scope: Scope
+) -> None:
+    """PrometheusError when ``metrics`` have samples in [lo, hi] but none carries ``scope``'s
+    label at all: the endpoint does not see it (a Prometheus' own external labels are put only
+    on what leaves it), and every window would look empty. A cluster whose series are merely
+    absent (no GPU ran) passes."""
+    if count_samples(base_url, metrics, lo, hi, timeout, f',{scope.label}!=""'):
+        return
+    without = count_samples(base_url, metrics, lo, hi, timeout)
+    if without:
+        raise PrometheusError(
+            f"Prometheus at {base_url}: no series of {', '.join(metrics)} carries the label "
+            f"{scope.label!r} (--prometheus-cluster-label), though it holds {without:.0f} samples "
+            "without it: an external label of that Prometheus itself is only put on what leaves "
+            "it (ask the Thanos, Mimir or federating Prometheus that sees it), or the label is "
+            "named otherwise there"
+        )
 
 
 def sorted_unique(samples: list[tuple[float, float]]) -> list[tuple[float, float]]:

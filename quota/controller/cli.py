@@ -41,6 +41,7 @@ from gpuquota.quota.options import (
     add_cluster_option,
     add_db_option,
     add_kube_options,
+    add_prometheus_cluster_label_option,
     port_number,
 )
 from gpuquota.quota.promhttp import PrometheusError, check_url
@@ -170,6 +171,7 @@ def add_ledger_options(parser: argparse.ArgumentParser) -> None:
         help="Prometheus holding the node agents' counters (env GPUQUOTA_LEDGER_PROMETHEUS_URL; "
         "default: no ledger)",
     )
+    add_prometheus_cluster_label_option(group)
     seconds = whole_seconds_flag()
     group.add_argument(
         "--ledger-window",
@@ -286,6 +288,7 @@ def ledger_settings(args: argparse.Namespace) -> LedgerSettings | None:
         rollup_after=args.ledger_rollup_after,
         rollup_tz=args.ledger_rollup_tz,
         relapse_within=args.relapse_within,
+        cluster_label=args.prometheus_cluster_label,
     )
     problem = check_ledger(settings)
     if problem:

@@ -29,6 +29,7 @@ from typing import Any
 
 from gpuquota.quota import promhttp
 from gpuquota.quota.promhttp import PrometheusError
+from gpuquota.quota.promscope import Scope
 
 BY = "uuid,node,instance"  # an agent's GPU: what rules.Reading.agent is made of
 GPU = ',uuid=~"GPU-.*"'  # whole GPUs (MIG instances are parts of their board)
@@ -140,8 +141,10 @@ def _key(labels: dict[str, str]) -> tuple[str, str, str]:
     return labels.get("uuid", ""), labels.get("node", ""), labels.get("instance", "")
 
 
-def _vector(base_url: str, promql: str, at: int, timeout: float) -> list[dict[str, Any]]:
-    data = promhttp.instant_query(base_url, promql, at, timeout)
+def _vector(
+    base_url: str, promql: str, at: int, timeout: float, scope: Scope | None = None
+) -> list[dict[str, Any]]:
+    data = promhttp.instant_query(base_url, promql, at, timeout, scope)
     result = data.get("result")
     if data.get("resultType") != "vector" or not isinstance(result, list):
         raise PrometheusError(f"Prometheus at {base_url}: expected a vector for {promql!r:.200}")
@@ -154,10 +157,17 @@ def _vector(base_url: str, promql: str, at: int, timeout: float) -> list[dict[st
 
 
 def find(
-    base_url: str, metrics: Sequence[str], lo: int, hi: int, max_gap: int, timeout: float
+    base_url: str,
+    metrics: Sequence[str],
+    lo: int,
+    hi: int,
+    max_gap: int,
+    timeout: float,
+    scope: Scope | None = None,
 ) -> tuple[list[tuple[str, str, str]], list[Quiet]] | None:
     """The busy agents' GPUs (uuid, node, instance) and the quiet ones, or None when the
-    silence test cannot tell (``windows``). Its queries are asked side by side."""
+    silence test cannot tell (``windows``). Its queries are asked side by side, over
+    ``scope``'s series only (quota/promscope.py adds its matcher to every selector)."""
     terms = busy_terms(metrics, lo, hi, max_gap)
     if terms is None:
         return None
@@ -170,7 +180,7 @@ def find(
         *terms,
     ]
     with ThreadPoolExecutor(max_workers=SIDE_BY_SIDE) as pool:
-        answers = list(pool.map(lambda q: _vector(base_url, q, hi, timeout), asked))
+        answers = list(pool.map(lambda q: _vector(base_url, q, hi, timeout, scope), asked))
     infos, states_said, lost_said = answers[:3]
     busy = sorted(
         {

@@ -36,10 +36,11 @@ def ingest_window(
         s.timeout,
         max_samples=s.max_samples,
         by_changes=by_changes,
+        scope=s.scope(fleet.cluster),
     )
     # a quiet board (one reading over the window: source.py) has no event to compare
     priors = fleet.priors(sorted({r.serial for r in readings if r.until is None}), start)
-    source.recall(s.prometheus_url, priors, start - s.max_gap, s.timeout)
+    source.recall(s.prometheus_url, priors, start - s.max_gap, s.timeout, s.scope(fleet.cluster))
     history = rules.window_history(readings, xids, priors, start, start + s.window, s.max_gap)
     return fleet.replace_window(start, s.window, history)
 

@@ -28,6 +28,7 @@ from gpuquota.quota.fleet import changes
 from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries
 from gpuquota.quota.promhttp import MatrixSeries
 from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
+from gpuquota.quota.promscope import Scope
 
 INFO = "gpu_info"
 STATE = "gpu_health_state"
@@ -82,19 +83,25 @@ def fetch(
     *,
     max_samples: int = MAX_SAMPLES_PER_QUERY,
     by_changes: bool = True,
+    scope: Scope | None = None,
 ) -> tuple[list[Reading], list[XidSeries]]:
     """Readings and XID series of [start - max_gap, start + window + max_gap], asked in
     pieces of about ``max_samples`` samples (quota/prompieces.py) and added up piece by
     piece: no answer is big, and none is held longer than it takes to read it. With
     ``by_changes`` (the default) only the busy GPUs' samples are asked, and each quiet GPU
-    is one reading over the window (quota/fleet/changes.py); the history is the same."""
+    is one reading over the window (quota/fleet/changes.py); the history is the same.
+    ``scope``: one cluster's series of a store that holds several (quota/promscope.py)."""
     lo, hi = start - max_gap, start + window + max_gap
     readings = Readings()
-    found = changes.find(base_url, GPU_METRICS, lo, hi, max_gap, timeout) if by_changes else None
+    found = (
+        changes.find(base_url, GPU_METRICS, lo, hi, max_gap, timeout, scope) if by_changes else None
+    )
     if found is not None and len(found[0]) > max(MANY_BUSY, MOSTLY_BUSY * (len(found[0]) + len(found[1]))):  # fmt: skip
         found = None  # many GPUs changed: every sample in shards beats UUIDs by the hundred
     if found is None:
-        for piece in prompieces.pieces(base_url, METRICS, lo, hi, timeout, max_samples=max_samples):
+        for piece in prompieces.pieces(
+            base_url, METRICS, lo, hi, timeout, max_samples=max_samples, scope=scope
+        ):
             readings.add(piece)
         return readings.result()
     busy, quiet = found
@@ -102,14 +109,28 @@ def fetch(
     for regex in _regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
         matchers = f',uuid=~"{regex}"'
         for piece in prompieces.pieces(
-            base_url, GPU_METRICS, lo, hi, timeout, max_samples=max_samples, matchers=matchers
+            base_url,
+            GPU_METRICS,
+            lo,
+            hi,
+            timeout,
+            max_samples=max_samples,
+            matchers=matchers,
+            scope=scope,
         ):
             readings.add(piece)
     instances = sorted({instance for _, _, instance in busy})
     for regex in _regexes(instances, QUERY_BYTES // 2):
         matchers = f',instance=~"{regex}"'
         for piece in prompieces.pieces(
-            base_url, (START,), lo, hi, timeout, max_samples=max_samples, matchers=matchers
+            base_url,
+            (START,),
+            lo,
+            hi,
+            timeout,
+            max_samples=max_samples,
+            matchers=matchers,
+            scope=scope,
         ):
             readings.add(piece)
     got, xids = readings.result()
@@ -173,7 +194,13 @@ def _quiet_reading(
     return Reading(t=t, serial=serial, identity=identity, state=q.state, lost=q.lost, until=until)
 
 
-def recall(base_url: str, priors: dict[str, Prior], lo: int, timeout: float = 60.0) -> None:
+def recall(
+    base_url: str,
+    priors: dict[str, Prior],
+    lo: int,
+    timeout: float = 60.0,
+    scope: Scope | None = None,
+) -> None:
     """For each board last observed before ``lo`` (silent since, at least until the
     fetch), its agent's XID counters and start time at that last reading, from the
     time-series store, into its prior (``xids_then``, ``started_then``): what its
@@ -188,7 +215,7 @@ def recall(base_url: str, priors: dict[str, Prior], lo: int, timeout: float = 60
             uuids = _alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
             # the samples of that very scrape (a second wide: readings are to the second)
             promql = f'{{__name__=~"{INFO}|{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
-            said = promhttp.matrix_query(base_url, promql, at + 0.5, timeout)
+            said = promhttp.matrix_query(base_url, promql, at + 0.5, timeout, scope)
             for prior in chunk:
                 assert prior.identity is not None
                 uuid, node = prior.identity.uuid, prior.identity.node

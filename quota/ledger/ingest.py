@@ -34,6 +34,7 @@ from gpuquota.quota.ledger.source import SeriesSamples, fetch_window
 from gpuquota.quota.ledger.write import Baseline, LedgerStore
 from gpuquota.quota.promhttp import PrometheusError
 from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
+from gpuquota.quota.promscope import Scope
 from gpuquota.quota.store.db import Store, StoreError, open_store
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,13 @@ class LedgerSettings:
     timeout: float = 120.0  # one Prometheus query
     max_samples: int = MAX_SAMPLES_PER_QUERY  # one Prometheus answer (no flag; tests lower it)
     backoff: float = 5.0  # first retry after a failure (doubling to 5 minutes)
+    # the label naming the cluster in a Prometheus several clusters share
+    # (--prometheus-cluster-label); empty: every series is this cluster's
+    cluster_label: str = ""
+
+    def scope(self, cluster: str) -> Scope:
+        """The series of ``cluster`` in the Prometheus (all of them without a cluster label)."""
+        return Scope(self.cluster_label, cluster)
 
 
 def check(settings: LedgerSettings) -> str | None:
@@ -242,7 +250,13 @@ class Ingester:
         """Fetch and store one window; returns the rows written."""
         s = self.settings
         found = fetch_window(
-            s.prometheus_url, start, s.window, s.max_gap, s.timeout, max_samples=s.max_samples
+            s.prometheus_url,
+            start,
+            s.window,
+            s.max_gap,
+            s.timeout,
+            max_samples=s.max_samples,
+            scope=s.scope(self.cluster),
         )
         series = [x for x in found.values() if _inside(x, start, start + s.window)]
         # holders whose allocation ended: their coverage stops at its end

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from gpuquota.quota import prompieces
 from gpuquota.quota.promhttp import MatrixSeries
 from gpuquota.quota.prompieces import MAX_SAMPLES_PER_QUERY
+from gpuquota.quota.promscope import Scope
 
 # metric -> (holder kind, counter): the contract's names (exporter/expose/metrics.py)
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -65,8 +66,10 @@ def fetch_window(
     timeout: float = 60.0,
     *,
     max_samples: int = MAX_SAMPLES_PER_QUERY,
+    scope: Scope | None = None,
 ) -> dict[tuple[str, str, str], SeriesSamples]:
-    """Every ledger series' raw samples in [start - max_gap, start + window + max_gap].
+    """Every ledger series' raw samples in [start - max_gap, start + window + max_gap] (of
+    ``scope``'s cluster only, when the store holds several: quota/promscope.py).
 
     Asked in pieces of at most about ``max_samples`` samples (quota/prompieces.py): decoding
     an answer holds the interpreter's lock, and a big one would hold up the watch loop's
@@ -74,7 +77,7 @@ def fetch_window(
     lo, hi = start - max_gap, start + window + max_gap
     out: dict[tuple[str, str, str], SeriesSamples] = {}
     for piece in prompieces.pieces(
-        base_url, tuple(COUNTERS), lo, hi, timeout, max_samples=max_samples
+        base_url, tuple(COUNTERS), lo, hi, timeout, max_samples=max_samples, scope=scope
     ):
         group(piece, into=out)
     for series in out.values():

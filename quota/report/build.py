@@ -70,6 +70,9 @@ class ReportRequest:
     # split it into calendar days, and where a price changes (the FOCUS export's periods)
     day_buckets: bool = False
     prometheus: str | None = None  # base URL for measured utilisation (namespace groups)
+    # the label naming the cluster in that Prometheus (--prometheus-cluster-label): with
+    # ``cluster``, its series only; without, every cluster's, as the store's
+    prometheus_cluster_label: str = ""
     # the idle-allocations view (the usage ledger's rule): activity under the threshold for at
     # least idle_for seconds of consecutive ledger windows
     idle_allocations: bool = False
@@ -255,14 +258,17 @@ def fetch(conn: Connection, request: ReportRequest) -> Fetched:
     except SQLAlchemyError as exc:
         raise ReportError(f"database query failed: {first_line(exc)}", 1) from exc
     if request.prometheus:
+        from gpuquota.quota import promscope
         from gpuquota.quota.report import prometheus
 
+        label = request.prometheus_cluster_label if request.cluster is not None else ""
         try:
             measured = prometheus.measure(
                 request.prometheus,
                 window.start,
                 min(window.end, now, known_end),
                 per_pod=fetched.pod_usage is not None,
+                scope=promscope.Scope(label, request.cluster or ""),
             )
         except prometheus.PrometheusError as exc:
             raise ReportError(str(exc), 1 if exc.unavailable else 2) from exc

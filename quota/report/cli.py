@@ -19,7 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag
 from gpuquota.cli_common.ratios import parse_ratio
-from gpuquota.quota.options import add_db_option
+from gpuquota.quota.options import add_db_option, add_prometheus_cluster_label_option
 from gpuquota.quota.report import period, ratecard, render
 from gpuquota.quota.report.allocations import GROUP_COLUMNS
 from gpuquota.quota.report.build import ReportError, ReportRequest, build_report, first_line
@@ -181,6 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="Prometheus base URL for measured utilisation (any --by keys)",
     )
+    add_prometheus_cluster_label_option(what)
     ledger = parser.add_argument_group("usage ledger")
     ledger.add_argument(
         "--idle-allocations",
@@ -428,6 +429,7 @@ def request_of(args: argparse.Namespace) -> ReportRequest:
         chart_buckets=args.chart is not None,
         day_buckets=args.format == "focus",
         prometheus=args.prometheus,
+        prometheus_cluster_label=args.prometheus_cluster_label,
         idle_allocations=args.idle_allocations,
         idle_threshold=threshold,
         idle_for=int(args.idle_for),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from gpuquota.quota.promhttp import PrometheusError, check_url, instant_query
+from gpuquota.quota.promscope import Scope
 from gpuquota.quota.report.compute import Report
 
 __all__ = ["PrometheusError", "check_url"]  # re-exported: the report's CLI imports them here
@@ -76,13 +77,20 @@ class Measured:
 
 
 def measure(
-    base_url: str, start: int, end: int, timeout: float = 30.0, *, per_pod: bool = False
+    base_url: str,
+    start: int,
+    end: int,
+    timeout: float = 30.0,
+    *,
+    per_pod: bool = False,
+    scope: Scope | None = None,
 ) -> Measured:
-    """Busy and sampled physical GPU-seconds per namespace (or per pod) in [start, end)."""
+    """Busy and sampled physical GPU-seconds per namespace (or per pod) in [start, end), of
+    ``scope``'s cluster when Prometheus holds several (quota/promscope.py)."""
     by = ("namespace", "pod") if per_pod else ("namespace",)
     return Measured(
-        busy_seconds(base_url, start, end, timeout, by=by),
-        busy_seconds(base_url, start, end, timeout, measured=True, by=by),
+        busy_seconds(base_url, start, end, timeout, by=by, scope=scope),
+        busy_seconds(base_url, start, end, timeout, measured=True, by=by, scope=scope),
         per_pod,
     )
 
@@ -95,16 +103,17 @@ def busy_seconds(
     *,
     measured: bool = False,
     by: tuple[str, ...] = ("namespace",),
+    scope: Scope | None = None,
 ) -> dict[str, Fraction]:
     """Busy physical GPU-seconds per namespace (or "namespace/pod" with ``by`` both) in
     [start, end), from Prometheus at ``base_url`` (with ``measured``: the GPU-seconds that
-    had samples)."""
+    had samples; ``scope``: one cluster's series)."""
     seconds = end - start
     if seconds <= 0:
         return {}
     step = step_for(seconds)
     data = instant_query(
-        base_url, busy_query(seconds, step, measured=measured, by=by), end, timeout
+        base_url, busy_query(seconds, step, measured=measured, by=by), end, timeout, scope
     )
     if data.get("resultType") != "vector":
         raise PrometheusError(

@@ -318,3 +318,48 @@ def test_query_uses_the_exporters_metric_names() -> None:
     }
     assert DEVICE_LABEL in metrics.DEVICE_LABELS
     assert {"namespace", "pod"} <= set(rows[JOIN_METRIC].labels)
+
+
+def _two_clusters(start: int, end: int) -> str:
+    """``_openmetrics`` as cluster c1's, beside cluster c2's agents (another GPU, fully busy,
+    held by a pod of the same namespace and name), in one Prometheus that tells them apart
+    by a ``cluster`` label (Thanos, Mimir, a shared Prometheus)."""
+    families: dict[str, list[str]] = {}
+    for cluster, text in (
+        ("c1", _openmetrics(start, end)),
+        ("c2", _openmetrics(start, end).replace('"GPU-a"} 0.5', '"GPU-a"} 1.0')),
+    ):
+        family = ""
+        for line in text.splitlines():
+            if line.startswith("# TYPE"):
+                family = line
+            elif line and line != "# EOF":
+                labelled = line.replace("{", f'{{cluster="{cluster}",', 1)
+                families.setdefault(family, []).append(labelled.replace("GPU-", f"GPU-{cluster}"))
+    lines = [x for family, samples in families.items() for x in (family, *samples)]
+    return "\n".join([*lines, "# EOF", ""])
+
+
+@pytest.mark.prometheus
+@pytest.mark.slow
+def test_one_cluster_of_a_shared_prometheus(sqlite_store: Store, report: Any) -> None:
+    """--prometheus-cluster-label: c1's report reads c1's series only, the figures of
+    test_against_real_prometheus; without it, c2's pod of the same name counts for c1."""
+    w0 = (int(time.time()) // H - 3) * H
+    w1 = w0 + H
+    with real_prometheus(_two_clusters(w0 - 600, w1 + 600)) as url:
+        sqlite_store.clear()
+        sqlite_store.alloc("ml", w0 - 600, None)
+        sqlite_store.alloc("ml", w0 - 600, None, physical=0.5, replicas=2)
+        sqlite_store.alloc("web", w0 - 600, None, physical=0.5, replicas=2)
+        asked = ("--from", _iso(w0), "--to", _iso(w1), "--prometheus", url, "--json")
+        used = {}
+        for label in ("cluster", ""):
+            result = report(
+                *asked, "--cluster", "c1", "--prometheus-cluster-label", label, db=sqlite_store
+            )
+            assert result.rc == 0, result.err
+            rows = {r["group"]["namespace"]: r for r in json.loads(result.out)["rows"]}
+            used[label] = {ns: r["used_gpu_hours"] for ns, r in rows.items()}
+        assert used["cluster"] == pytest.approx({"ml": 1.0, "web": 0.5}, abs=0.005)
+        assert used[""]["ml"] == pytest.approx(1.5, abs=0.005)  # capped by what ml held
