@@ -7,7 +7,10 @@ labels (and ``node`` where the address is a Node), then the monitor's own relabe
 the sharding rules. ``honor_labels`` is false unless the endpoint says ``honorLabels: true``,
 and with false Prometheus renames a scraped label that clashes with a target label to
 ``exported_<name>``: the agent's ``namespace``/``pod`` of a workload become
-``exported_namespace``/``exported_pod``, and the series say the agent's own namespace.
+``exported_namespace``/``exported_pod``, and the series say the agent's own namespace. A
+Prometheus whose spec says ``overrideHonorLabels: true`` writes ``honor_labels: false`` for
+every monitor, whatever it says (its generator's AddHonorLabels; golden file
+HonorLabelsOverriding.golden): only the relabelings then keep a target label from clashing.
 
 ``render`` derives that configuration from built manifests (``kubectl kustomize``) by the
 Operator's rules, as its generator (pkg/prometheus/promcfg.go, generateServiceMonitorConfig)
@@ -135,9 +138,15 @@ class Rendered:
 
 
 def service_monitor_jobs(
-    monitor: Obj, secrets: Secrets, rendered: Rendered, shards: int = 1
+    monitor: Obj,
+    secrets: Secrets,
+    rendered: Rendered,
+    shards: int = 1,
+    *,
+    override_honor_labels: bool = False,
 ) -> None:
-    """Append to ``rendered`` the jobs of one ServiceMonitor, as the Operator writes them."""
+    """Append to ``rendered`` the jobs of one ServiceMonitor, as the Operator writes them
+    (for a Prometheus whose spec says ``overrideHonorLabels`` when that is true)."""
     meta, spec = monitor["metadata"], monitor["spec"]
     namespace, name = meta["namespace"], meta["name"]
     unknown = set(spec) - _SPEC_FIELDS
@@ -153,7 +162,7 @@ def service_monitor_jobs(
             )
         job: Obj = {
             "job_name": f"serviceMonitor/{namespace}/{name}/{i}",
-            "honor_labels": bool(ep.get("honorLabels", False)),
+            "honor_labels": bool(ep.get("honorLabels", False)) and not override_honor_labels,
             "kubernetes_sd_configs": [{"role": "endpoints", "namespaces": {"names": [namespace]}}],
         }
         for ours, theirs in (("interval", "scrape_interval"), ("scrapeTimeout", "scrape_timeout"),
@@ -230,15 +239,20 @@ def _relabelings(monitor: Obj, ep: Obj, shards: int) -> list[Obj]:
     return out + _sharding(shards)
 
 
-def render(docs: Sequence[Obj], secrets: Secrets, shards: int = 1) -> Rendered:
+def render(
+    docs: Sequence[Obj], secrets: Secrets, shards: int = 1, *, override_honor_labels: bool = False
+) -> Rendered:
     """The Operator's scrape jobs for every ServiceMonitor in ``docs`` (in document order).
-    ``secrets``: the Secrets of the monitors' namespace that they reference."""
+    ``secrets``: the Secrets of the monitors' namespace that they reference;
+    ``override_honor_labels``: the Prometheus' ``spec.overrideHonorLabels``."""
     rendered = Rendered()
     for doc in docs:
         if doc.get("kind") == "PodMonitor":
             raise UnsupportedMonitorError(f"PodMonitor {doc['metadata']['name']}: not derived")
         if doc.get("kind") == "ServiceMonitor":
-            service_monitor_jobs(doc, secrets, rendered, shards)
+            service_monitor_jobs(
+                doc, secrets, rendered, shards, override_honor_labels=override_honor_labels
+            )
     return rendered
 
 

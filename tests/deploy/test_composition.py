@@ -336,6 +336,35 @@ def test_the_production_build_runs_as_one_system(
         assert query(f'{{namespace="{NAMESPACE}"}}') == []
         assert query(f'{{__name__=~"gpu_.+", node!="{NODE}"}}') == []
         assert query('{__name__=~".+", exported_namespace!=""}') == []
+        # a Prometheus whose spec says overrideHonorLabels (honor_labels false for every
+        # monitor) stores the same series: the target's own namespace/pod/container are
+        # dropped before they could clash, and the agent's node label clashes with the
+        # target's node (the same node) only to be dropped as exported_node
+        forced = promoperator.render(docs, secrets, override_honor_labels=True)
+        assert not any(job["honor_labels"] for job in forced.scrape_configs)
+        forced_config = work / "prometheus-override.yml"
+        forced_config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"},
+            "scrape_configs": promoperator.on_this_machine(
+                forced, targets, work / "certs", scrape_interval="1s")}))  # fmt: skip
+        with serving(forced_config, work / "tsdb-override") as overridden:
+
+            def series_there(promql: str) -> list[dict[str, str]]:
+                url = f"{overridden.url}/api/v1/series?" + urllib.parse.urlencode(
+                    {"match[]": promql, "start": str(time.time() - 60)}
+                )
+                with urllib.request.urlopen(url, timeout=5) as answer:
+                    return sorted(
+                        (s for s in yaml.safe_load(answer)["data"]), key=lambda s: sorted(s.items())
+                    )
+
+            gpu = '{job=~"gpu-exporter|gpuquota-controller"}'
+            wait_for(lambda: len(series_there(gpu)) >= len(query(gpu)), timeout=20,
+                     what="the overriding Prometheus scraping the agent")  # fmt: skip
+            said = {tuple(sorted(s["metric"].items())) for s in query(gpu)}
+            there = {tuple(sorted(s.items())) for s in series_there(gpu)}
+            assert there >= said, sorted(there - said)[:3]
+            assert series_there('{__name__=~".+", exported_namespace!=""}') == []
+            assert series_there('{__name__=~".+", exported_node!=""}') == []
 
         counting_since = time.time()
 

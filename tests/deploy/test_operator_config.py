@@ -31,7 +31,8 @@ def test_the_derivation_renders_what_the_operators_golden_files_show(case: dict[
         name: {k: v.encode() for k, v in keys.items()}
         for name, keys in case.get("secrets", {}).items()
     }
-    rendered = promoperator.render([case["monitor"]], secrets)
+    override = case.get("prometheus", {}).get("overrideHonorLabels", False)
+    rendered = promoperator.render([case["monitor"]], secrets, override_honor_labels=override)
     assert len(rendered.scrape_configs) == len(case["expected"])
     for got, want in zip(rendered.scrape_configs, case["expected"], strict=True):
         if "keys" in case:
