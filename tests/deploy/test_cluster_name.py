@@ -12,7 +12,9 @@ import pytest
 import yaml
 
 from gpuquota.quota.cli import build_parser
-from gpuquota.quota.options import DEFAULT_CLUSTER, ENV_CLUSTER
+from gpuquota.quota.controller.cli import ledger_settings
+from gpuquota.quota.options import DEFAULT_CLUSTER, ENV_CLUSTER, ENV_PROMETHEUS_CLUSTER_LABEL
+from gpuquota.quota.promscope import Scope
 from tests.deploy.manifests import DEPLOY, built, expanded, find, needs_kubectl
 from tests.deploy.test_deploy import pod_containers
 
@@ -35,6 +37,7 @@ def parsed(
     """The container's ``gpuquota`` command line as our CLI reads it in that environment."""
     env = environment(container, docs)
     monkeypatch.delenv(ENV_CLUSTER, raising=False)
+    monkeypatch.delenv(ENV_PROMETHEUS_CLUSTER_LABEL, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     argv = expanded([*container["command"][1:], *container.get("args", [])], env)
@@ -55,6 +58,10 @@ def test_the_production_example_names_its_cluster_and_every_program_uses_it(
     docs = built("examples/production")
     cluster = find(docs, "ConfigMap", "gpuquota-controller")["data"][ENV_CLUSTER]
     assert cluster != DEFAULT_CLUSTER
+    settings = find(docs, "ConfigMap", "gpuquota-controller")["data"]
+    assert settings[ENV_PROMETHEUS_CLUSTER_LABEL] == ""  # off unless Prometheus holds several
+    settings[ENV_PROMETHEUS_CLUSTER_LABEL] = "cluster"  # as an operator sets setting 5
+    labels = {}
     named = {}
     for doc in docs:
         if doc["kind"] not in ("Deployment", "CronJob", "DaemonSet"):
@@ -65,8 +72,20 @@ def test_the_production_example_names_its_cluster_and_every_program_uses_it(
             args = parsed(container, docs, monkeypatch)
             if hasattr(args, "cluster"):  # every command that names a cluster
                 named[(doc["metadata"]["name"], container["name"])] = args.cluster
+            if hasattr(args, "prometheus_cluster_label"):
+                labels[(doc["metadata"]["name"], container["name"])] = args.prometheus_cluster_label
+            if hasattr(args, "ledger_prometheus_url"):  # the ledger's queries: this cluster's
+                ledger = ledger_settings(args)
+                assert ledger is not None and ledger.scope(args.cluster) == Scope(
+                    "cluster", cluster
+                )
     # the controller (its ledger runs in it, with its --cluster) and the monthly report
     assert named == {
         ("gpuquota-controller", "controller"): cluster,
         ("gpuquota-report", "report"): cluster,
+    }
+    # setting 5 reaches the ledger (and the report's --prometheus, were it given one)
+    assert labels == {
+        ("gpuquota-controller", "controller"): "cluster",
+        ("gpuquota-report", "report"): "cluster",
     }
