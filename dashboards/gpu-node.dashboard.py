@@ -23,6 +23,11 @@ SEL = 'node=~"$node", gpu=~"$gpu"'
 ON_NODE = '* on (instance) group_left (node) max by (instance, node) (gpu_info{node=~"$node"})'
 BY_GPU = "{{node}} GPU {{gpu}}"
 BY_POD = "{{namespace}}/{{pod}}"
+# a pod the node names by UID alone (it holds no GPU through the kubelet: issue 35) has empty
+# namespace and pod labels: its own target and legend, instead of a legend of "/"
+NAMED = 'owner="pod", pod!=""'
+UID_ONLY = 'owner="pod", pod=""'
+BY_UID = "pod uid {{pod_uid}} (name unknown) GPU {{gpu}}"
 
 grid = Grid()
 grid.row("Overview")
@@ -242,10 +247,8 @@ grid.add(
 grid.add(
     timeseries(
         "SM use by pod",
-        (
-            f'gpu_pod_sm_utilization_ratio{{{SEL}, owner="pod"}}',
-            "{{namespace}}/{{pod}} GPU {{gpu}}",
-        ),
+        (f"gpu_pod_sm_utilization_ratio{{{SEL}, {NAMED}}}", "{{namespace}}/{{pod}} GPU {{gpu}}"),
+        (f"gpu_pod_sm_utilization_ratio{{{SEL}, {UID_ONLY}}}", BY_UID),
         (
             f'sum by (node, gpu) (gpu_pod_sm_utilization_ratio{{{SEL}, owner!="pod"}})',
             "{{node}} GPU {{gpu}} host and unknown processes",
@@ -260,10 +263,8 @@ grid.add(
 grid.add(
     timeseries(
         "Framebuffer memory by pod",
-        (
-            f'gpu_pod_memory_used_bytes{{{SEL}, owner="pod"}}',
-            "{{namespace}}/{{pod}} GPU {{gpu}}",
-        ),
+        (f"gpu_pod_memory_used_bytes{{{SEL}, {NAMED}}}", "{{namespace}}/{{pod}} GPU {{gpu}}"),
+        (f"gpu_pod_memory_used_bytes{{{SEL}, {UID_ONLY}}}", BY_UID),
         (
             f'sum by (node, gpu) (gpu_pod_memory_used_bytes{{{SEL}, owner!="pod"}})',
             "{{node}} GPU {{gpu}} host and unknown processes",

@@ -47,6 +47,7 @@ BUILTINS = {
     "__range": "1h",
 }
 VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
+LEGEND_LABEL = re.compile(r"\{\{\s*(\w+)\s*\}\}")  # a label a legend shows: {{name}}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,7 @@ class Query:
     panel: str
     ref: str
     expr: str
+    legend: str = ""
 
     def __str__(self) -> str:
         return f"{self.dashboard}: {self.panel} {self.ref}"
@@ -66,7 +68,13 @@ def dashboards() -> dict[str, dict[str, Any]]:
 
 def panel_queries() -> list[Query]:
     return [
-        Query(name, panel.get("title", "?"), target.get("refId", "?"), target["expr"])
+        Query(
+            name,
+            panel.get("title", "?"),
+            target.get("refId", "?"),
+            target["expr"],
+            target.get("legendFormat", ""),
+        )
         for name, board in dashboards().items()
         for panel in panels(board)
         for target in panel.get("targets", [])
@@ -293,10 +301,20 @@ def _pod_processes(node: SimNode, api: ApiServer, root: Path) -> Path:
     (root / "300" / "cgroup").write_text("0::/system.slice/benchmark.service\n")
     node.add_process(0, 300, 2**30)
     node.set_process_utilization(0, 300, sm=0.1, memory=0.05)
+    # a pod that sees GPU 6 without holding it through the kubelet (NVIDIA_VISIBLE_DEVICES):
+    # its cgroup names its UID, and nothing on the node names it (issue 35)
+    slice_ = f"kubepods-besteffort-pod{UNNAMED.replace('-', '_')}.slice"
+    (root / "400").mkdir()
+    (root / "400" / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-besteffort.slice/{slice_}/cri-containerd-{400:064x}.scope\n"
+    )
+    node.add_process(6, 400, 2**30)
+    node.set_process_utilization(6, 400, sm=0.2, memory=0.05)
     return root
 
 
 _UIDS = ("3f6c9a2e-1b4d-4c8e-9f0a-2b3c4d5e6f70", "8a7b6c5d-4e3f-4a1b-9c8d-7e6f5a4b3c2d")
+UNNAMED = "5d4c3b2a-1f0e-4d9c-8b7a-6f5e4d3c2b1a"  # a pod the node knows by UID alone
 
 
 def _env() -> dict[str, str]:
@@ -324,6 +342,27 @@ def test_every_panel_query_returns_data(scene: Prometheus, query: Query) -> None
     expr = fill(query.expr, values)
     result = scene.wait_for(expr, bool)  # changes reach Prometheus a scrape later
     assert result, f"{query}: {expr} returned no data"
+    # every series' legend names its workload: no namespace or pod the legend shows is empty
+    # (a pod the node knows by UID alone would read "/ GPU 6"; an optional label such as
+    # mig_profile may be)
+    for series in result:
+        shown = set(LEGEND_LABEL.findall(query.legend)) & {"namespace", "pod"}
+        empty = [k for k in sorted(shown) if not series["metric"].get(k)]
+        assert not empty, f"{query}: legend {query.legend!r} of {series['metric']}: {empty} empty"
+
+
+def test_a_pod_known_by_uid_alone_is_named_by_it(scene: Prometheus) -> None:
+    """The scene's UID-only pod is in the node dashboard's per-pod panels, by its UID."""
+    shown = [
+        q
+        for q in QUERIES
+        if "pod_uid" in LEGEND_LABEL.findall(q.legend) and "gpu-node" in q.dashboard
+    ]
+    assert {q.panel for q in shown} == {"SM use by pod", "Framebuffer memory by pod"}
+    values = values_of(resolve_variables(scene, dashboards()["gpu-node.json"]))
+    for query in shown:
+        result = scene.wait_for(fill(query.expr, values), bool)
+        assert {s["metric"]["pod_uid"] for s in result} == {UNNAMED}, query
 
 
 def test_variables_are_filled_the_way_grafana_fills_them() -> None:
