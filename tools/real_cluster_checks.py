@@ -29,6 +29,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from real_checks import Results, poll  # beside this script (tools/real_checks.py)
 
 from gpuquota.sim.nvml.control import SimNode
 
@@ -43,34 +44,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
-class Run:
+class Run(Results):
     args: argparse.Namespace
     core: client.CoreV1Api
     apps: client.AppsV1Api
     coord: client.CoordinationV1Api
-    results: list[dict[str, Any]] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
 
     def record(self, check: str, ok: bool, detail: str = "", seconds: float | None = None) -> bool:
-        self.results.append({"check": check, "ok": ok, "detail": detail, "seconds": seconds})
-        took = f" ({seconds:.1f}s)" if seconds is not None else ""
-        print(f"{'PASS' if ok else 'FAIL'} {check}{took}: {detail}", flush=True)
-        return ok
-
-
-def poll(check: Callable[[], Any], timeout: float, step: float = 0.5) -> tuple[Any, float]:
-    """(the first truthy answer or None, seconds taken)."""
-    start = time.monotonic()
-    while True:
-        try:
-            value = check()
-        except (ApiException, OSError, KeyError, ValueError, IndexError):
-            value = None
-        if value:
-            return value, time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            return None, time.monotonic() - start
-        time.sleep(step)
+        return self.add(ok, detail, seconds, check=check)
 
 
 def prom(run: Run, query: str) -> list[dict[str, Any]]:

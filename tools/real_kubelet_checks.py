@@ -30,12 +30,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import real_checks  # beside this script (tools/real_checks.py)
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from real_checks import Results
 
 from gpuquota.sim.nvml.control import SimNode
 from gpuquota.sim.nvml.spec import load as load_spec
@@ -74,33 +76,17 @@ MODES = {
 
 
 @dataclass
-class Run:
+class Run(Results):
     args: argparse.Namespace
     core: client.CoreV1Api
-    results: list[dict[str, Any]] = field(default_factory=list)
 
     def record(self, mode: str, check: str, ok: bool, detail: str = "", seconds: float | None = None) -> bool:  # fmt: skip
-        self.results.append(
-            {"mode": mode, "check": check, "ok": ok, "detail": detail, "seconds": seconds}
-        )
-        took = f" ({seconds:.1f}s)" if seconds is not None else ""
-        print(f"{'PASS' if ok else 'FAIL'} {mode} {check}{took}: {detail}", flush=True)
-        return ok
+        return self.add(ok, detail, seconds, mode=mode, check=check)
 
 
 def poll(check: Callable[[], Any], timeout: float, step: float = 0.2) -> tuple[Any, float]:
-    """(the first truthy answer or None, seconds taken)."""
-    start = time.monotonic()
-    while True:
-        try:
-            value = check()
-        except (ApiException, OSError, KeyError, ValueError):
-            value = None
-        if value:
-            return value, time.monotonic() - start
-        if time.monotonic() - start > timeout:
-            return None, time.monotonic() - start
-        time.sleep(step)
+    """real_checks.poll, asked more often: a kubelet's answers change within a status sync."""
+    return real_checks.poll(check, timeout, step)
 
 
 class Exporter:
