@@ -21,7 +21,10 @@ from dataclasses import dataclass
 # what a label name may be (Prometheus' legacy name rule: every store takes it)
 LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_NUMBER = re.compile(r"[0-9.][0-9a-zA-Z_.+]*")  # numbers and durations (5m, 1e3, 0x1f)
+# numbers and durations: 0x1f, 1.5, 1e-3, 5m, 1h30m
+_NUMBER = re.compile(
+    r"0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?(?:(?:ms|[smhdwy])(?:[0-9]+(?:ms|[smhdwy]))*)?"
+)
 # names followed by a list of label names in parentheses, not by an expression
 _LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 # aggregations may have their ``by`` before their parentheses: never metrics

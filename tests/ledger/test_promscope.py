@@ -37,6 +37,11 @@ M = 'cluster="east"'
             f"count_over_time(count_over_time(x{{{M}}}[5s])[60s:5s]) < scalar(count_over_time(vector(1)[60s:5s]))",
         ),
         ("x offset 5m", f"x{{{M}}} offset 5m"),
+        (
+            "x offset 1h30m + 1e-3*y - 0x1f/z",
+            f"x{{{M}}} offset 1h30m + 1e-3*y{{{M}}} - 0x1f/z{{{M}}}",
+        ),
+        ("a*1+b", f"a{{{M}}}*1+b{{{M}}}"),
         ("rate(x[5m] @ start())", f"rate(x{{{M}}}[5m] @ start())"),
         ("(sum(x) or vector(0)) + 1e3 * Inf", f"(sum(x{{{M}}}) or vector(0)) + 1e3 * Inf"),
         (
