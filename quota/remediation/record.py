@@ -22,10 +22,8 @@ from sqlalchemy import Connection, Table, delete, func, insert, select, text, up
 
 from gpuquota.quota.store.db import Store
 from gpuquota.quota.store.models import RemediationAction
+from gpuquota.quota.store.vocabulary import CONDITION_STATES
 from gpuquota.quota.store.vocabulary import EVICTIONS_SPENT as SPENT
-
-# what a pod's GPUUnhealthy condition was last set to (a dry run's rows say nothing of it)
-CONDITION_STATES = ("marked", "cleared", "gone")
 
 
 def _table() -> Table:

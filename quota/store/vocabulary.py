@@ -16,3 +16,6 @@ EVICTIONS_SPENT = ("evicting", "evicted", "dry_run", "failed")
 # the longest --evict-window `gpuquota remediate` takes: `db prune` keeps every eviction row
 # this recent, so no budget window ever loses a row it counts (the budget would reset)
 MAX_EVICT_WINDOW_S = 7 * 86400
+# remediation_actions: what a pod's GPUUnhealthy condition was last set to by a real run (a
+# dry run's rows say nothing of it); the latest such row ``marked`` is the pod to clear
+CONDITION_STATES = ("marked", "cleared", "gone")
