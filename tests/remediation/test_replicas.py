@@ -116,3 +116,17 @@ def test_only_the_lease_holder_acts_and_a_successor_does_nothing_twice(
         ("condition", "gone", "one"),  # the marked pod was evicted: nothing to clear
         ("condition", "marked", "two"), ("condition", "marked", "three"),
     ]), acts  # fmt: skip
+
+
+def test_a_leader_that_cannot_renew_stops_and_exits(cluster: Cluster, tmp_path: Path) -> None:
+    """The API server unreachable past --renew-deadline: the leader stops acting and exits 1
+    (restarted, it is a standby), never acting on beside a successor."""
+    cluster.add_node("node-0")
+    proc = replica(cluster, tmp_path, "a")
+    try:
+        wait_for(lambda: holder(cluster) == "a", timeout=30, what="the Lease taken")
+        cluster.server.refuse_for(8.0)
+        assert proc.wait(30) == 1
+    finally:
+        stop_process(proc)
+    assert "lost the lease gpuquota/gpuquota-remediate" in (tmp_path / "a.log").read_text()
