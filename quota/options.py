@@ -1,15 +1,18 @@
 """Command-line options shared by the `gpuquota` subcommands (database URL, cluster name,
-node pool labels, GPU DRA drivers, TCP ports)."""
+node pool labels, GPU DRA drivers, TCP ports, leader election)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import socket
 from collections.abc import Sequence
 
+from gpuquota.cli_common.durations import whole_seconds_flag
 from gpuquota.quota.accounting import DEFAULT_NODE_POOL_LABELS, AccountingConfig
 from gpuquota.quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
+from gpuquota.quota.controller.leader import LeaseSettings
 from gpuquota.quota.store.db import DEFAULT_URL, ENV_URL
 
 ENV_CLUSTER = "GPUQUOTA_CLUSTER"
@@ -163,3 +166,60 @@ def port_number(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"port {port} is outside 0-65535")
     return port
+
+
+def add_lease_options(parser: argparse.ArgumentParser, name_env: str) -> None:
+    """--lease-name, --lease-namespace, --identity and the Lease's timings: how replicas of a
+    component elect the one that acts (quota/controller/leader.py). ``name_env`` is the
+    environment variable that names the Lease: one per component, so that two components never
+    share (and fight over) one Lease."""
+    parser.add_argument(
+        "--lease-name",
+        default=os.environ.get(name_env, ""),
+        help=f"elect one acting replica through this Lease (env {name_env}; default: no "
+        "election, single replica)",
+    )
+    parser.add_argument(
+        "--lease-namespace",
+        default=os.environ.get("POD_NAMESPACE", "default"),
+        help="namespace of the Lease (env POD_NAMESPACE; default default)",
+    )
+    parser.add_argument(
+        "--identity",
+        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        help="this replica's name in the Lease and in what it records (env POD_NAME; default "
+        "host-pid)",
+    )
+    parser.add_argument(
+        "--lease-duration",
+        type=whole_seconds_flag(),
+        default=15,
+        metavar="DURATION",
+        help="how long a standby waits before taking an unrenewed Lease (15s)",
+    )
+    parser.add_argument(
+        "--renew-deadline",
+        type=whole_seconds_flag(),
+        default=10,
+        metavar="DURATION",
+        help="how long the leader keeps trying to renew before it stops (10s)",
+    )
+    parser.add_argument(
+        "--retry-period",
+        type=whole_seconds_flag(),
+        default=2,
+        metavar="DURATION",
+        help="time between Lease attempts (2s)",
+    )
+
+
+def lease_settings(args: argparse.Namespace) -> LeaseSettings:
+    """The Lease add_lease_options' flags name (its name is empty: no election)."""
+    return LeaseSettings(
+        args.lease_name,
+        args.lease_namespace,
+        args.identity,
+        args.lease_duration,
+        args.renew_deadline,
+        args.retry_period,
+    )

@@ -63,6 +63,13 @@ real message; otherwise the budget's allowance is decremented (as the real serve
 the disruption controller recounts) and the pod is deleted. The budget's status is what the
 test writes, standing in for the disruption controller.
 
+Dry run (``?dryRun=All``) on a patch and an eviction, as the real server's
+(pkg/registry/core/pod/storage/eviction.go, API conventions "Dry-run"): every check runs
+(admission, the UID and resourceVersion preconditions, a PodDisruptionBudget's 429) and the
+answer is the one a real request would get, but nothing is stored, no budget is decremented
+and no watch event is sent. Any other value is 422 ("supported values: All"); an eviction
+whose ``deleteOptions.dryRun`` differs from the query's is 400, as on the real server.
+
 Like the real cluster (``garbage_collector=True``; off by default): ownerReferences are acted
 on, an object whose owners do not exist is deleted, and pods of a deleted Node go with it
 (:meth:`collect_garbage`). :meth:`taint_node` taints a Node as the node-lifecycle controller
@@ -189,6 +196,20 @@ def _check_event(body: Obj) -> None:
         raise ApiError(422, "Invalid", "Event is invalid: type: Unsupported value")
     if not (body.get("regarding") or {}).get("kind"):
         raise ApiError(422, "Invalid", "Event is invalid: regarding.kind: Required value")
+
+
+def check_dry_run(values: Sequence[str], options_kind: str) -> bool:
+    """Whether a write is a dry run: its ``dryRun`` values, each "All" (422 otherwise, as the
+    real server validates CreateOptions/PatchOptions)."""
+    for value in values:
+        if value != "All":
+            raise ApiError(
+                422,
+                "Invalid",
+                f'{options_kind}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
+                f'"{value}": supported values: "All"',
+            )
+    return bool(values)
 
 
 def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
@@ -967,7 +988,9 @@ class ApiServer:
             self._judge(res, "UPDATE", body, cur)
             return self.apply("MODIFIED", body)
 
-    def patch(self, res: Resource, ns: str, name: str, body: Any, content_type: str) -> Obj:
+    def patch(
+        self, res: Resource, ns: str, name: str, body: Any, content_type: str, dry_run: bool = False
+    ) -> Obj:
         with self.state.lock:
             cur = self.state.objects[res.plural].get((ns, name))
             if cur is None:
@@ -995,6 +1018,9 @@ class ApiServer:
             new = merge_patch(cur, body, strategic="strategic" in content_type)
             new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
             self._judge(res, "UPDATE", new, cur)
+            if dry_run:  # validated and admitted, never stored
+                new["metadata"]["resourceVersion"] = cur["metadata"]["resourceVersion"]
+                return dict(new)
             return self.apply("MODIFIED", new)
 
     def delete(self, res: Resource, ns: str, name: str) -> Obj:
@@ -1010,10 +1036,19 @@ class ApiServer:
                 self._charge_quotas(ns, name, cur, -1)  # the quota controller's recount
             return self.apply("DELETED", gone)
 
-    def evict(self, ns: str, name: str, body: Any) -> Obj:
-        """POST pods/<name>/eviction: honour the pod's PodDisruptionBudgets, then delete it."""
+    def evict(self, ns: str, name: str, body: Any, dry_run: Sequence[str] | None = None) -> Obj:
+        """POST pods/<name>/eviction: honour the pod's PodDisruptionBudgets, then delete it
+        (``dry_run``: the query's dryRun values; with ["All"] every check, no change)."""
         if not isinstance(body, dict) or body.get("kind") not in (None, "Eviction"):
             raise ApiError(400, "BadRequest", "the body of an eviction must be an Eviction")
+        in_body = (body.get("deleteOptions") or {}).get("dryRun") or []
+        if dry_run and in_body and list(in_body) != list(dry_run):  # propagateDryRun
+            raise ApiError(
+                400,
+                "BadRequest",
+                f"Non-matching dry-run options in request and content: {dry_run} and {in_body}",
+            )
+        dry = bool(check_dry_run(dry_run or in_body, "CreateOptions"))
         # admission judges the Eviction (a CREATE of pods/eviction); the delete it leads to is
         # the server's own
         self._judge(RESOURCES["pods"], "CREATE", body, None)
@@ -1050,6 +1085,9 @@ class ApiServer:
                             "TooManyRequests",
                             "Cannot evict pod as it would violate the pod's disruption budget.",
                         )
+            if dry:  # the real server stops here: no budget written, no pod deleted
+                return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
+            if running:
                 for budget in budgets:
                     new = copy.deepcopy(budget)
                     new["status"]["disruptionsAllowed"] -= 1
@@ -1305,7 +1343,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self, method: str) -> None:
         try:
             split = urlsplit(self.path)
-            query = {k: v[-1] for k, v in parse_qs(split.query).items()}
+            every = parse_qs(split.query)
+            query = {k: v[-1] for k, v in every.items()}
             if split.path in ("/version", "/version/"):
                 self._send_json(200, {"major": "1", "minor": "31", "gitVersion": "v1.31.0-sim"})
                 return
@@ -1318,7 +1357,7 @@ class _Handler(BaseHTTPRequestHandler):
                     self._send_json(200, doc)
                     return
             res, ns, name, sub, gv = _route(split.path, self.api.served)
-            key = f"{method} {res.plural}"
+            key = f"{method} {res.plural}" + (" dryRun" if "dryRun" in every else "")
             self.api.requests[key] = self.api.requests.get(key, 0) + 1
             watch = query.get("watch") in ("1", "true", "True")
             verbs = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -1336,7 +1375,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif method == "GET":
                 self._send_json(200, as_version(self.api.read(res, ns, name), gv))
             elif method == "POST" and res.plural == "pods" and name and sub == "eviction":
-                self._send_json(201, self.api.evict(ns, name, self._body()))
+                self._send_json(201, self.api.evict(ns, name, self._body(), every.get("dryRun")))
             elif method == "POST":
                 self._send_json(201, as_version(self.api.create(res, ns, self._body()), gv))
             elif method == "PUT":
@@ -1344,7 +1383,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send_json(200, as_version(body, gv))
             elif method == "PATCH":
                 ctype = self.headers.get("Content-Type", "application/merge-patch+json")
-                body = self.api.patch(res, ns, name, self._body(), ctype)
+                patch = self._body()  # read first: the connection carries the next request
+                dry = check_dry_run(every.get("dryRun", []), "PatchOptions")
+                body = self.api.patch(res, ns, name, patch, ctype, dry_run=dry)
                 self._send_json(200, as_version(body, gv))
             elif method == "DELETE":
                 self._body()

@@ -12,7 +12,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -29,7 +28,7 @@ from gpuquota.cli_common.ratios import ratio_flag
 from gpuquota.kube import client as kubeapi
 from gpuquota.quota.accounting.accountant import Accountant
 from gpuquota.quota.accounting.rules.pods import raw_prefilter
-from gpuquota.quota.controller.leader import LeaseSettings, check, elect
+from gpuquota.quota.controller.leader import check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
 from gpuquota.quota.fleet.ingest import turn as fleet_turn
@@ -41,7 +40,9 @@ from gpuquota.quota.options import (
     add_cluster_option,
     add_db_option,
     add_kube_options,
+    add_lease_options,
     add_prometheus_cluster_label_option,
+    lease_settings,
     port_number,
 )
 from gpuquota.quota.promhttp import PrometheusError, check_url
@@ -75,42 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--migrate", action="store_true", help="bring the store's schema up to date first"
     )
-    parser.add_argument(
-        "--lease-name",
-        default=os.environ.get("GPUQUOTA_LEASE_NAME", ""),
-        help="elect one writer through this Lease (env GPUQUOTA_LEASE_NAME; default: no election, single replica)",
-    )
-    parser.add_argument(
-        "--lease-namespace",
-        default=os.environ.get("POD_NAMESPACE", "default"),
-        help="namespace of the Lease (env POD_NAMESPACE; default default)",
-    )
-    parser.add_argument(
-        "--identity",
-        default=os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
-        help="this replica's name in the Lease (env POD_NAME; default host-pid)",
-    )
-    parser.add_argument(
-        "--lease-duration",
-        type=whole_seconds_flag(),
-        default=15,
-        metavar="DURATION",
-        help="how long a standby waits before taking an unrenewed Lease (15s)",
-    )
-    parser.add_argument(
-        "--renew-deadline",
-        type=whole_seconds_flag(),
-        default=10,
-        metavar="DURATION",
-        help="how long the leader keeps trying to renew before it stops (10s)",
-    )
-    parser.add_argument(
-        "--retry-period",
-        type=whole_seconds_flag(),
-        default=2,
-        metavar="DURATION",
-        help="time between Lease attempts (2s)",
-    )
+    add_lease_options(parser, "GPUQUOTA_LEASE_NAME")
     parser.add_argument(
         "--flush-interval",
         type=duration_flag(),
@@ -354,14 +320,7 @@ def run(args: argparse.Namespace) -> int:
         ledger = ledger_settings(args)
     except ValueError as exc:
         return _fail(str(exc))
-    lease = LeaseSettings(
-        args.lease_name,
-        args.lease_namespace,
-        args.identity,
-        args.lease_duration,
-        args.renew_deadline,
-        args.retry_period,
-    )
+    lease = lease_settings(args)
     if args.lease_name and (problem := check(lease)):
         return _fail(problem)
     try:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+from kubernetes.client.exceptions import ApiException
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
@@ -42,7 +43,10 @@ class _Lock(LeaseLock):
             return cast(tuple[bool, Any], super().get(name, namespace))  # type: ignore[no-untyped-call]
         except Exception as exc:
             log.warning("lease %s/%s: %s", namespace, name, exc)
-            return False, exc
+            # the library reads .reason and .body of what a failed get returns: an ApiException
+            # has them (a bare urllib3 error has no .reason, and its AttributeError would end
+            # the election thread: a standby never retries, a leader never stops)
+            return False, ApiException(status=0, reason=f"{type(exc).__name__}: {exc}")
 
     def create(self, name: str, namespace: str, election_record: Any) -> bool:
         try:

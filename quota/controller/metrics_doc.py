@@ -39,7 +39,8 @@ REMEDIATION_HEADER = """
 `gpuquota remediate` (deploy/components/remediation) serves these at `/metrics` on its
 `--metrics-port` (9403), from its own table (quota/remediation/metrics.py). The alert
 `GPURemediationBreakerOpen` fires on `gpuquota_remediation_breaker_open` (docs/health.md,
-"The circuit breaker").
+"The circuit breaker"), `GPURemediationNoLeader` when no replica's `gpuquota_remediation_leader`
+is 1 for 5 minutes (docs/health.md, "Replicas").
 """
 
 

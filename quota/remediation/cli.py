@@ -8,7 +8,9 @@ still holding the fenced device), with the UID as the eviction's precondition; a
 --evict-max evictions per --evict-window across the cluster, counted in the store so it holds
 across restarts; nothing at all while more than --breaker-share of the GPU nodes report at
 once. Every act is a row in the store (`gpuquota gpus --serial S` shows them) and an Event
-on the pod. docs/health.md, "Pods on a failed GPU".
+on the pod. --dry-run asks the API server what it would do (dryRun=All) and changes nothing.
+With --lease-name, replicas elect the one that acts through a coordination.k8s.io Lease, as
+the controller's do (quota/controller/leader.py). docs/health.md, "Pods on a failed GPU".
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ import argparse
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 from fractions import Fraction
@@ -26,20 +27,31 @@ from types import FrameType
 from prometheus_client import start_http_server
 
 from gpuquota.cli_common import exitcodes
-from gpuquota.cli_common.durations import duration_flag
+from gpuquota.cli_common.durations import duration_flag, format_duration
 from gpuquota.cli_common.ratios import ratio_flag
+from gpuquota.kube import client as kubeapi
 from gpuquota.kube import rest
 from gpuquota.kube.client import Kube, Timeouts
-from gpuquota.quota.options import add_cluster_option, add_db_option, add_kube_options, port_number
+from gpuquota.quota.controller.leader import check, elect
+from gpuquota.quota.options import (
+    add_cluster_option,
+    add_db_option,
+    add_kube_options,
+    add_lease_options,
+    lease_settings,
+    port_number,
+)
 from gpuquota.quota.remediation.metrics import RemediationMetrics
 from gpuquota.quota.remediation.record import Ledger
-from gpuquota.quota.remediation.remediator import Remediator, Settings
+from gpuquota.quota.remediation.remediator import NotLeadingError, Remediator, Settings
 from gpuquota.quota.remediation.rules import Breaker
 from gpuquota.quota.store.db import open_store
+from gpuquota.quota.store.vocabulary import MAX_EVICT_WINDOW_S
 
 log = logging.getLogger(__name__)
 
 MAX_EVICTIONS = 10_000  # per window, fleet-wide: more is no limit at all, and a typo
+LEASE_ENV = "GPUQUOTA_REMEDIATE_LEASE_NAME"  # not the controller's: the two never share one
 EVICT_DEFAULTS = {"evict_max": 1, "evict_window": 600.0, "evict_after": 60.0}
 EVICT_FLAGS = {"evict_max": "--evict-max", "evict_window": "--evict-window",
                "evict_after": "--evict-after"}  # fmt: skip
@@ -48,7 +60,8 @@ EXAMPLES = """\
 examples:
   gpuquota remediate --db postgresql+psycopg://gpuquota@db/gpuquota --condition
   gpuquota remediate --condition --evict --evict-max 2 --evict-window 30m
-  gpuquota remediate --evict --dry-run --once     # what would one round do now?
+  gpuquota remediate --evict --dry-run --once     # what would the API server say now?
+  gpuquota remediate --condition --lease-name gpuquota-remediate --lease-namespace gpuquota
 
 durations: 500ms, 5s, 2m, 1h30m, 7d, or a bare number of seconds.
 """ + exitcodes.help_text()
@@ -99,7 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--dry-run",
         action="store_true",
-        help="decide and record (store rows, log lines, budget), write nothing to the cluster",
+        help="decide, ask the API server what it would do (dryRun=All: admission, "
+        "preconditions, PodDisruptionBudgets) and record its answer (store rows, log lines, "
+        "budget); change nothing in the cluster and write no Event",
     )
     evict = parser.add_argument_group("eviction (with --evict)")
     evict.add_argument(
@@ -112,7 +127,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--evict-window",
         type=duration_flag(),
         metavar="DURATION",
-        help="the sliding window of --evict-max (default 10m)",
+        help="the sliding window of --evict-max, at most "
+        f"{format_duration(MAX_EVICT_WINDOW_S)} (default 10m)",
     )
     evict.add_argument(
         "--evict-after",
@@ -146,11 +162,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run_group.add_argument("--once", action="store_true", help="one round, then exit")
     run_group.add_argument(
-        "--identity",
-        default=os.environ.get("POD_NAME") or socket.gethostname(),
-        help="this instance's name in the Events it writes (env POD_NAME; default the host)",
-    )
-    run_group.add_argument(
         "--metrics-port",
         type=port_number,
         default=9403,
@@ -159,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--metrics-address", default="0.0.0.0", help="address the metrics server binds (0.0.0.0)"
     )
+    add_lease_options(parser, LEASE_ENV)  # replicas elect the one that acts, as the controller's
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -178,6 +190,13 @@ def settings_of(args: argparse.Namespace) -> Settings:
     value = {
         k: d if getattr(args, k) is None else getattr(args, k) for k, d in EVICT_DEFAULTS.items()
     }
+    if value["evict_window"] > MAX_EVICT_WINDOW_S:  # db prune keeps this much: no more
+        raise UsageError(
+            f"--evict-window: at most {format_duration(MAX_EVICT_WINDOW_S)} (`gpuquota db "
+            "prune` keeps the eviction rows of that long, and no longer window could be kept)"
+        )
+    if args.lease_name and (problem := check(lease_settings(args))):
+        raise UsageError(problem)
     return Settings(
         condition=args.condition,
         evict=args.evict,
@@ -202,7 +221,9 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     try:
         api = rest.load(args.kubeconfig, args.context)
-    except rest.KubeConfigError as exc:
+        if args.lease_name:  # the election's Lease lock uses the official client's default
+            kubeapi.load(args.kubeconfig, args.context)
+    except (rest.KubeConfigError, kubeapi.KubeConfigError) as exc:
         return _fail(str(exc))
     store = open_store(args.db)  # StoreError: one line from gpuquota.quota.cli
     metrics = RemediationMetrics()
@@ -214,12 +235,58 @@ def run(args: argparse.Namespace) -> int:
             return _fail(
                 f"metrics port {args.metrics_address}:{args.metrics_port}: {exc.strerror or exc}"
             )
-    remediator = Remediator(Kube(api, Timeouts()), Ledger(store, args.cluster), settings, metrics)
-    stopping = threading.Event()
+    kube = Kube(api, Timeouts())
+    lease = lease_settings(args)
+    stopping = threading.Event()  # a signal, or the Lease lost: no round starts
+    leading = threading.Event()  # set while this replica holds the Lease (always without one)
+    done = threading.Event()
+    outcome = {"code": exitcodes.OK}
+
+    def lead() -> None:
+        """The rounds, while this replica leads: a fresh Remediator, so that what it knows
+        comes from the store (the previous leader's rows), never from an earlier term."""
+        leading.set()
+        metrics.leader.set(1)
+        remediator = Remediator(
+            kube, Ledger(store, args.cluster), settings, metrics,
+            may_act=lambda: leading.is_set() and not stopping.is_set(),
+        )  # fmt: skip
+        try:
+            while not stopping.is_set():
+                try:
+                    remediator.round()
+                except NotLeadingError as exc:
+                    log.warning("%s", exc)
+                    break
+                except Exception as exc:  # the API server or the store failed: next round
+                    metrics.round_errors.inc()
+                    log.error("round failed: %s", exc)
+                    if args.once:
+                        outcome["code"] = exitcodes.ENVIRONMENT
+                        break
+                if args.once:
+                    break
+                stopping.wait(args.interval)
+        finally:
+            metrics.leader.set(0)
+            done.set()
+
+    def lost() -> None:
+        leading.clear()  # before anything else: the round in flight writes nothing more
+        if not stopping.is_set():
+            log.error(
+                "lost the lease %s/%s: stopping so as not to act beside a new leader",
+                lease.namespace, lease.name,
+            )  # fmt: skip
+            outcome["code"] = exitcodes.ENVIRONMENT
+        stopping.set()
+        done.set()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
         stopping.set()
+        if not leading.is_set():
+            done.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -228,18 +295,21 @@ def run(args: argparse.Namespace) -> int:
         settings.condition, settings.evict, " (dry run)" if settings.dry_run else "",
         settings.max_evictions, settings.window_s,
     )  # fmt: skip
-    try:
-        while not stopping.is_set():
-            try:
-                remediator.round()
-            except Exception as exc:  # the API server or the store failed: next round
-                metrics.round_errors.inc()
-                log.error("round failed: %s", exc)
-                if args.once:
-                    return exitcodes.ENVIRONMENT
-            if args.once:
-                break
-            stopping.wait(args.interval)
-    finally:
+    if args.lease_name:
+        elect(lease, lead, lost)
+    else:
+        threading.Thread(target=lead, name="remediate", daemon=True).start()
+    while not done.wait(0.5):
+        pass
+    stopping.set()
+    code = outcome["code"]
+    if args.lease_name:
+        # the election's renew thread cannot be stopped (as the controller's); a round still
+        # in flight may be inside a store call: leave without waiting for either
         store.close()
-    return exitcodes.OK
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    store.close()
+    return code

@@ -63,9 +63,17 @@ METRICS: tuple[RemediationMetric, ...] = (
         "gpuquota_remediation_actions",
         "counter",
         "Pod actions by kind (evict, condition) and result (evicted, dry_run, blocked_by_pdb, "
-        "refused, gone, failed, marked, cleared, skipped)",
+        "refused, gone, failed, marked, cleared, skipped, dry_run_blocked)",
         ("action", "result"),
         "Each action, as it is recorded in the store",
+    ),
+    RemediationMetric(
+        "leader",
+        "gpuquota_remediation_leader",
+        "gauge",
+        "1 while this replica acts: it holds the Lease (--lease-name), or runs without one",
+        (),
+        "Set when it takes the Lease and starts its rounds, cleared when it stops",
     ),
     RemediationMetric(
         "round_errors",
@@ -90,6 +98,7 @@ class RemediationMetrics:
         self.budget_left = self._gauge("budget_left")
         self.actions = self._counter("actions")
         self.round_errors = self._counter("round_errors")
+        self.leader = self._gauge("leader")
 
     def _gauge(self, attr: str) -> Gauge:
         spec = _BY_ATTR[attr]

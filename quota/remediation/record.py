@@ -22,10 +22,8 @@ from sqlalchemy import Connection, Table, delete, func, insert, select, text, up
 
 from gpuquota.quota.store.db import Store
 from gpuquota.quota.store.models import RemediationAction
-
-# the evictions that spend the budget: reserved, done, pretended (dry run), or an API failure
-# that may have evicted (never less than what happened)
-SPENT = ("evicting", "evicted", "dry_run", "failed")
+from gpuquota.quota.store.vocabulary import CONDITION_STATES
+from gpuquota.quota.store.vocabulary import EVICTIONS_SPENT as SPENT
 
 
 def _table() -> Table:
@@ -143,15 +141,19 @@ class Ledger:
             conn.execute(delete(self.table).where(self.table.c.id == row))
 
     def marked(self) -> dict[tuple[str, str], StoredAct]:
-        """(namespace, pod) -> its latest condition row, for pods whose latest one is
-        ``marked``: the pods whose condition says True, to clear once the fence lifts."""
+        """(namespace, pod) -> its latest condition row (of a real run), for pods whose latest
+        one is ``marked``: the pods whose condition says True, to clear once the fence lifts."""
         t = self.table
         latest: dict[tuple[str, str], StoredAct] = {}
         with self.store.engine.connect() as conn:
             for act in _acts(
                 conn.execute(
                     select(t)
-                    .where(t.c.cluster == self.cluster, t.c.action == "condition")
+                    .where(
+                        t.c.cluster == self.cluster,
+                        t.c.action == "condition",
+                        t.c.result.in_(CONDITION_STATES),
+                    )
                     .order_by(t.c.id)
                 )
             ):

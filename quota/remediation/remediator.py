@@ -21,7 +21,17 @@ Each round (``gpuquota remediate`` runs one every ``--interval``):
    PodDisruptionBudget saying "not now" (the place is given back, asked again next round), a
    409 a pod recreated meanwhile;
 6. records every act: a row in ``remediation_actions`` and an Event (events.k8s.io/v1) on the
-   pod. ``--dry-run`` decides and records, writes nothing to the cluster.
+   pod.
+
+``--dry-run`` asks the API server instead of acting: the condition patch and the Eviction are
+sent with ``dryRun=All``, so the server runs its checks (admission policies, the UID and
+resourceVersion preconditions, PodDisruptionBudgets: a 429) and persists nothing; what it
+answered is recorded as a ``dry_run`` (or, a budget refusing, ``dry_run_blocked``) row and a
+log line, and no Event is written.
+
+With replicas (``--lease-name``), only the one holding the Lease acts: ``may_act`` says
+whether it still does, and is asked before every write; when it says no, the round stops
+(:class:`NotLeadingError`).
 """
 
 from __future__ import annotations
@@ -56,7 +66,12 @@ log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 REPORTING_CONTROLLER = "gpuquota.io/remediate"
+DRY_RUN = [("dryRun", "All")]  # the only value the API server takes: every stage, none stored
 EVENT_REASONS = {"evict": "GPUEvicted", "condition": "GPUUnhealthy", "cleared": "GPUHealthy"}
+
+
+class NotLeadingError(Exception):
+    """This replica no longer holds the Lease: the round stops before its next write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +99,10 @@ class Remediator:
         settings: Settings,
         metrics: RemediationMetrics | None = None,
         clock: Callable[[], float] = time.time,
+        may_act: Callable[[], bool] = lambda: True,
     ) -> None:
         self.kube = kube
+        self.may_act = may_act
         self.ledger = ledger
         self.settings = settings
         self.metrics = metrics or RemediationMetrics()
@@ -97,6 +114,11 @@ class Remediator:
         self._blocked: set[str] = set()  # pod UIDs a PDB holds: recorded once
         self._said_budget = False
         self._said_dry: set[tuple[str, str]] = set()  # (pod UID, message) a dry run recorded
+
+    def _leading(self) -> None:
+        """Raises NotLeadingError unless this replica may still write (it holds the Lease)."""
+        if not self.may_act():
+            raise NotLeadingError("the Lease is no longer held: not acting")
 
     # -- reading ------------------------------------------------------------------------
 
@@ -179,6 +201,8 @@ class Remediator:
         """False while the breaker stops every action."""
         why = self.settings.breaker.tripped(verdicts)
         self.metrics.breaker_open.set(1 if why else 0)
+        if (why is not None) != self._breaker_open:
+            self._leading()
         if why and not self._breaker_open:
             log.error("circuit breaker open, every pod action stopped: %s", why)
             self.ledger.record(Act("breaker", "open", message=why), self.clock())
@@ -229,52 +253,67 @@ class Remediator:
             if not self.settings.dry_run:  # noted, so that it is cleared when the fence lifts
                 self._done("condition", "marked", trouble, trouble.message())
             return
-        if self.settings.dry_run:
-            if (trouble.uid, trouble.message()) in self._said_dry:
-                return
-            self._said_dry.add((trouble.uid, trouble.message()))
+        said = (trouble.uid, trouble.message())
+        if self.settings.dry_run and said in self._said_dry:
+            return
         if not self._patch_condition(pod, condition):
             return
+        if self.settings.dry_run:
+            self._said_dry.add(said)
         self._done("condition", "dry_run" if self.settings.dry_run else "marked", trouble,
                    trouble.message(), event=not self.settings.dry_run)  # fmt: skip
 
     def _clear(self, act: StoredAct) -> None:
         pod = self._pod(act.namespace, act.pod)
         result = "cleared"
+        message = "the fence lifted"
         if pod is not None and (pod.get("metadata") or {}).get("uid") == act.pod_uid:
             condition = pod_condition(None, our_condition(pod), rfc3339(self.clock()))
+            if self.settings.dry_run:
+                # a dry run's row must not read as cleared: the real run still has to clear it
+                result, message = "dry_run", "would clear: the fence lifted"
+                if (act.pod_uid, message) in self._said_dry:
+                    return
             if condition is not None and not self._patch_condition(pod, condition):
                 return
+            if self.settings.dry_run:
+                self._said_dry.add((act.pod_uid, message))
+        elif self.settings.dry_run:
+            return  # the real run notes it gone
         else:
-            result = "gone"  # the pod we marked is no more: nothing to clear
+            result, message = "gone", "the pod is gone"  # the pod we marked is no more
+        self._leading()
         self.ledger.record(
             Act("condition", result, act.node, act.namespace, act.pod, act.pod_uid, act.devices,
-                "the fence lifted" if result == "cleared" else "the pod is gone"),
+                message),
             self.clock(),
         )  # fmt: skip
         self.metrics.actions.labels("condition", result).inc()
         log.info("pod %s/%s: condition GPUUnhealthy=False (%s)", act.namespace, act.pod, result)
 
     def _patch_condition(self, pod: Obj, condition: Obj) -> bool:
-        """Writes ``condition`` on exactly this pod object; False when it changed meanwhile."""
+        """Writes ``condition`` on exactly this pod object (a dry run: asks the server whether
+        it would); False when it changed meanwhile."""
         meta = pod.get("metadata") or {}
-        if self.settings.dry_run:
-            log.warning("dry run: would set GPUUnhealthy=%s on %s/%s", condition["status"],
-                        meta.get("namespace"), meta.get("name"))  # fmt: skip
-            return True
+        self._leading()
         body = {
             "metadata": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
             "status": {"conditions": [condition]},
         }
         path = f"/api/v1/namespaces/{meta.get('namespace')}/pods/{meta.get('name')}/status"
+        dry = self.settings.dry_run
         try:
-            self.kube.call("PATCH", path, body=body, content_type=STRATEGIC_MERGE_PATCH)
+            self.kube.call("PATCH", path, DRY_RUN if dry else None, body=body,
+                           content_type=STRATEGIC_MERGE_PATCH)  # fmt: skip
         except ApiStatusError as exc:
             if exc.status in (404, 409, 422):  # gone, changed or recreated: next round decides
                 log.info("pod %s/%s changed before its condition was written: %s",
                          meta.get("namespace"), meta.get("name"), exc)  # fmt: skip
                 return False
             raise
+        if dry:
+            log.warning("dry run: the API server would set GPUUnhealthy=%s on %s/%s",
+                        condition["status"], meta.get("namespace"), meta.get("name"))  # fmt: skip
         return True
 
     # -- eviction -----------------------------------------------------------------------
@@ -298,6 +337,7 @@ class Remediator:
             result = "dry_run" if s.dry_run else "evicting"
             act = Act("evict", result, trouble.node, trouble.namespace, trouble.pod, trouble.uid,
                       trouble.uuids(), trouble.message())  # fmt: skip
+            self._leading()
             row = self.ledger.reserve(act, now, s.max_evictions, s.window_s)
             if row is None:
                 if not self._said_budget:
@@ -306,17 +346,15 @@ class Remediator:
                     self._said_budget = True
                 break
             self._said_budget = False
-            if s.dry_run:
-                log.warning("dry run: would evict %s/%s (%s)", *trouble.key, trouble.message())
-                self._handled.add(trouble.uid)
-                self.metrics.actions.labels("evict", "dry_run").inc()
-                continue
             self._evict(trouble, row)
         self.metrics.budget_left.set(
             max(self.ledger.left(self.clock(), s.max_evictions, s.window_s), 0)
         )
 
     def _evict(self, trouble: PodTrouble, row: int) -> None:
+        """Evicts the pod (a dry run: asks the server whether it would) and finishes its row."""
+        dry = self.settings.dry_run
+        evicted, blocked = ("dry_run", "dry_run_blocked") if dry else ("evicted", "blocked_by_pdb")
         path = f"/api/v1/namespaces/{trouble.namespace}/pods/{trouble.pod}/eviction"
         body = {
             "apiVersion": "policy/v1",
@@ -326,16 +364,17 @@ class Remediator:
         }
         what = f"{trouble.namespace}/{trouble.pod} ({trouble.message()})"
         try:
-            self.kube.call("POST", path, body=body)
+            self.kube.call("POST", path, DRY_RUN if dry else None, body=body)
         except ApiStatusError as exc:
             if exc.status == 429:  # a PodDisruptionBudget says not now: the place goes back
                 if trouble.uid in self._blocked:
                     self.ledger.discard(row)  # one row says it waits; the others would repeat it
                     return
                 self._blocked.add(trouble.uid)
-                log.info("eviction of %s waits for its disruption budget", what)
-                self.ledger.finish(row, "blocked_by_pdb", f"{trouble.message()}: {exc}")
-                self.metrics.actions.labels("evict", "blocked_by_pdb").inc()
+                log.info("%seviction of %s waits for its disruption budget",
+                         "dry run: " if dry else "", what)  # fmt: skip
+                self.ledger.finish(row, blocked, f"{trouble.message()}: {exc}")
+                self.metrics.actions.labels("evict", blocked).inc()
                 self._event(trouble, "evict", f"eviction waits for a PodDisruptionBudget: {exc}",
                             reason="GPUEvictionBlocked")  # fmt: skip
                 return
@@ -349,8 +388,12 @@ class Remediator:
             self.metrics.actions.labels("evict", "failed").inc()
             raise
         self._handled.add(trouble.uid)
-        self.ledger.finish(row, "evicted")
-        self.metrics.actions.labels("evict", "evicted").inc()
+        if dry:  # the row says dry_run already
+            self.metrics.actions.labels("evict", evicted).inc()
+            log.warning("dry run: the API server would evict %s", what)
+            return
+        self.ledger.finish(row, evicted)
+        self.metrics.actions.labels("evict", evicted).inc()
         log.warning("evicted %s", what)
         self._event(trouble, "evict", f"evicted: its GPU needs {trouble.action.label}: "
                     f"{trouble.message()}")  # fmt: skip
@@ -360,6 +403,7 @@ class Remediator:
     def _done(
         self, action: str, result: str, trouble: PodTrouble, message: str, event: bool = False
     ) -> None:
+        self._leading()
         self.ledger.record(
             Act(action, result, trouble.node, trouble.namespace, trouble.pod, trouble.uid,
                 trouble.uuids(), message),

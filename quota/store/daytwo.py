@@ -15,11 +15,20 @@ history is its RMA case, which needs all of it, so a board goes whole (its row, 
 events) once it was last seen before the cut-off, and a board last seen fenced (pulled for a
 vendor's RMA, whose case may still be open) only once it was last seen ``RMA_HOLD`` before it.
 A board still in the fleet keeps everything.
+
+The central remediation's record (``remediation_actions``) goes by time, as the bills do, with
+three exceptions that `gpuquota remediate` still reads (docs/health.md, "Retention of the
+record"): the evictions that spend the fleet-wide budget and are newer than the longest
+``--evict-window`` (``MAX_EVICT_WINDOW_S`` before now, whatever the cut-off: pruning them
+would hand the budget back, and a wrong verdict could evict again at once), the latest
+condition row of a pod whose condition it set and has still to clear (``marked``), and each
+cluster's latest breaker row (whether the breaker is open).
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,11 +48,17 @@ from gpuquota.quota.store.models import (
     NamespaceLabels,
     NodeCapacity,
     QuotaSample,
+    RemediationAction,
     UsageDevice,
     UsageSeries,
     UsageWindow,
 )
-from gpuquota.quota.store.vocabulary import FENCED
+from gpuquota.quota.store.vocabulary import (
+    CONDITION_STATES,
+    EVICTIONS_SPENT,
+    FENCED,
+    MAX_EVICT_WINDOW_S,
+)
 
 
 def sqlite_path(url: str) -> Path:
@@ -157,6 +172,40 @@ def _superseded_samples(before: int) -> Any:
     return and_(q.c.observed_at < before, newer_before > 0)
 
 
+def _remediation_gone(before: int, now: int) -> Any:
+    """The remediation rows before the cut-off that `gpuquota remediate` no longer reads: not
+    an eviction the budget may still count, not a pod's condition still to clear, not a
+    cluster's breaker state."""
+    t = RemediationAction.__table__
+    later = t.alias("later")
+    budget = and_(
+        t.c.action == "evict",
+        t.c.result.in_(EVICTIONS_SPENT),
+        t.c.at >= now - MAX_EVICT_WINDOW_S,
+    )
+    to_clear = and_(
+        t.c.action == "condition",
+        t.c.result == "marked",
+        ~select(later.c.id)
+        .where(
+            later.c.cluster == t.c.cluster,
+            later.c.action == "condition",
+            later.c.namespace == t.c.namespace,
+            later.c.pod == t.c.pod,
+            later.c.result.in_(CONDITION_STATES),
+            later.c.id > t.c.id,
+        )
+        .exists(),
+    )
+    breaker = and_(
+        t.c.action == "breaker",
+        ~select(later.c.id)
+        .where(later.c.cluster == t.c.cluster, later.c.action == "breaker", later.c.id > t.c.id)
+        .exists(),
+    )
+    return and_(t.c.at < before, ~budget, ~to_clear, ~breaker)
+
+
 RMA_HOLD = 365 * 86400  # a board last seen fenced: a year for its RMA case after it left
 
 
@@ -188,9 +237,11 @@ def _in_boards(column: Any, ids: list[int]) -> Any:
     return or_(*(column.in_(ids[i : i + 500]) for i in range(0, len(ids), 500)))
 
 
-def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
+def prune(url: str, before: int, *, apply: bool, now: float | None = None) -> list[Prunable]:
     """What pruning history older than ``before`` removes, per table; with ``apply`` it is
-    removed, in one transaction, and each cluster's data begins at ``before`` from then on."""
+    removed, in one transaction, and each cluster's data begins at ``before`` from then on.
+    ``now`` (default: the clock) dates the remediation budget's window."""
+    at = int(time.time() if now is None else now)
     store = open_store(url, read_only=not apply)
     try:
         with store.engine.begin() as conn:
@@ -207,11 +258,12 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
                     )
                 )
             gone = _boards_gone(conn, before)
-            found = _count(conn, before, gone)
+            found = _count(conn, before, gone, at)
             if apply and any(p.rows for p in found):
                 for model, cond in _closed_before(before).values():
                     conn.execute(delete(model).where(cond))
                 conn.execute(delete(QuotaSample).where(_superseded_samples(before)))
+                conn.execute(delete(RemediationAction).where(_remediation_gone(before, at)))
                 conn.execute(delete(UsageSeries).where(_series_left_without_windows(before)))
                 conn.execute(delete(UsageDevice).where(_devices_left_without_series(before)))
                 if gone:
@@ -228,7 +280,7 @@ def prune(url: str, before: int, *, apply: bool) -> list[Prunable]:
         store.close()
 
 
-def _count(conn: Connection, before: int, gone: list[int]) -> list[Prunable]:
+def _count(conn: Connection, before: int, gone: list[int], now: int) -> list[Prunable]:
     found = []
     for table, (model, cond) in _closed_before(before).items():
         n = conn.execute(select(func.count()).select_from(model).where(cond)).scalar_one()
@@ -249,6 +301,9 @@ def _count(conn: Connection, before: int, gone: list[int]) -> list[Prunable]:
             stmt = select(func.count()).select_from(model).where(_in_boards(model.board_id, gone))
             n = conn.execute(stmt).scalar_one()
         found.append(Prunable(table, int(n)))
+    acts = select(func.count()).select_from(RemediationAction.__table__)
+    n = conn.execute(acts.where(_remediation_gone(before, now))).scalar_one()
+    found.append(Prunable("remediation_actions", int(n)))
     return found
 
 

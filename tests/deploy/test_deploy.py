@@ -220,6 +220,15 @@ def test_overlays_build_and_change_what_they_say() -> None:
     assert "--condition" in pod["containers"][0]["args"]
     assert "--evict" not in pod["containers"][0]["args"]  # evictions are opted into
     assert pod["volumes"][0]["persistentVolumeClaim"]["claimName"] == "gpuquota-data"
+    # two replicas electing one through a Lease of their own: never the controller's, whose
+    # name reaches them too (envFrom its ConfigMap)
+    deployment = find(remediation, "Deployment", "gpuquota-remediate")
+    assert deployment["spec"]["replicas"] == 2
+    lease = [a for a in pod["containers"][0]["args"] if a.startswith("--lease-name=")]
+    controller_lease = find(base, "ConfigMap", "gpuquota-controller")["data"]["GPUQUOTA_LEASE_NAME"]
+    assert lease == ["--lease-name=gpuquota-remediate"] != [f"--lease-name={controller_lease}"]
+    env = {e["name"]: e for e in pod["containers"][0]["env"]}
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     both = built("components/remediation+postgres")
     pod = find(both, "Deployment", "gpuquota-remediate")["spec"]["template"]["spec"]
     env = {e["name"]: e for e in pod["containers"][0]["env"]}

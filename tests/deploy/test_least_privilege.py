@@ -10,6 +10,7 @@ needs fails the test, and so does a call no grant allows.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -42,8 +43,13 @@ CONTROLLER_SA = ("gpuquota", "gpuquota-controller")
 WATCHED = len(Kube.KINDS) + len(Kube.DRA_KINDS)
 
 
-def grants(docs: list[dict[str, Any]], account: tuple[str, str]) -> set[Grant]:
-    """Every (group, resource, verb) the roles bound to a ServiceAccount grant."""
+def grants(
+    docs: list[dict[str, Any]],
+    account: tuple[str, str],
+    names: dict[Grant, set[str]] | None = None,
+) -> set[Grant]:
+    """Every (group, resource, verb) the roles bound to a ServiceAccount grant; a rule narrowed
+    to some objects (resourceNames) only where ``names`` is given, which receives them."""
     namespace, name = account
     subject = {"kind": "ServiceAccount", "name": name, "namespace": namespace}
     out: set[Grant] = set()
@@ -54,12 +60,17 @@ def grants(docs: list[dict[str, Any]], account: tuple[str, str]) -> set[Grant]:
             continue
         role = find(docs, binding["roleRef"]["kind"], binding["roleRef"]["name"])
         for rule in role["rules"]:
-            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+            assert "nonResourceURLs" not in rule
+            assert names is not None or "resourceNames" not in rule, role
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
                         assert "*" not in (group, resource, verb), f"wildcard in {role}"
                         out.add((group, resource, verb))
+                        if names is not None and "resourceNames" in rule:
+                            names.setdefault((group, resource, verb), set()).update(
+                                rule["resourceNames"]
+                            )
     return out
 
 
@@ -316,13 +327,17 @@ def remediate_args(docs: list[dict[str, Any]]) -> list[str]:
 def test_remediate_roles_grant_exactly_what_it_calls_and_its_policies_admit_it(
     folder: Path,
 ) -> None:
-    """One round of `gpuquota remediate` with the manifest's arguments and --evict (the
-    documented opt-in), through a fenced GPU on a device-plugin node and one on a DRA node,
-    as its ServiceAccount under the component's admission policies."""
+    """`gpuquota remediate` with the manifest's arguments and --evict (the documented opt-in),
+    through a fenced GPU on a device-plugin node and one on a DRA node, as its ServiceAccount
+    under the component's admission policies, until it has taken and renewed its Lease (the
+    replicas' election: get and update of that Lease alone)."""
     from tests.remediation.cluster import make_cluster, uuid_of
 
     docs = built("components/remediation")
-    granted = grants(docs, REMEDIATE_SA)
+    names: dict[Grant, set[str]] = {}
+    granted = grants(docs, REMEDIATE_SA, names)
+    lease = next(a.split("=", 1)[1] for a in remediate_args(docs) if a.startswith("--lease-name="))
+    assert names == {("coordination.k8s.io", "leases", verb): {lease} for verb in ("get", "update")}
     policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     assert {p["metadata"]["name"] for p in policies} == {
         "gpuquota-remediate-pod-status", "gpuquota-remediate-evictions"}  # fmt: skip
@@ -358,21 +373,34 @@ def test_remediate_roles_grant_exactly_what_it_calls_and_its_policies_admit_it(
                                         {"request": "gpu", **dra}]}}}})  # fmt: skip
             api.calls.clear()
             api.admit(policies, {"username": "system:serviceaccount:gpuquota:gpuquota-remediate"})
-            done = subprocess.run(
-                [sys.executable, "-m", "gpuquota.quota.cli", "remediate",
-                 *remediate_args(docs), "--evict", "--evict-max=5", "--evict-after=100ms",
-                 f"--kubeconfig={folder / 'kubeconfig'}", f"--db={cluster.db_url}",
-                 "--metrics-port=0", "--once"],
-                capture_output=True, text=True, timeout=60,
-            )  # fmt: skip
-            assert done.returncode == 0, done.stderr
-            assert "forbidden" not in done.stderr.lower(), done.stderr
-            assert api.get("pods", "train", "ml") is None
-            assert api.get("pods", "dra-job", "ml") is None
-            called = set(api.calls)
+            log = folder / "remediate.log"
+            with log.open("w") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "gpuquota.quota.cli", "remediate",
+                     *remediate_args(docs), "--evict", "--evict-max=5", "--evict-after=100ms",
+                     f"--kubeconfig={folder / 'kubeconfig'}", f"--db={cluster.db_url}",
+                     "--metrics-port=0", "--retry-period=1s", "--renew-deadline=2s"],
+                    stdout=out, stderr=subprocess.STDOUT,
+                    env={**os.environ, "POD_NAMESPACE": "gpuquota"},  # as the manifest sets it
+                )  # fmt: skip
+                try:
+                    wait_for(
+                        lambda: (
+                            api.get("pods", "train", "ml") is None
+                            and api.get("pods", "dra-job", "ml") is None
+                            and ("coordination.k8s.io", "leases", "update") in api.calls
+                        ),
+                        timeout=60,
+                        what="both pods evicted and the Lease renewed",
+                    )
+                    called = set(api.calls)
+                finally:
+                    stop_process(proc)
+            assert "forbidden" not in log.read_text().lower(), log.read_text()
+            assert api.get("leases", lease, "gpuquota") is not None
         finally:
             cluster.close()
     assert called <= granted, f"calls no role allows: {sorted(called - granted)}"
     assert granted <= called, f"grants the code never calls: {sorted(granted - called)}"
     writes = {r for _g, r, v in granted if v not in ("get", "list", "watch")}
-    assert writes == {"pods/status", "pods/eviction", "events"}
+    assert writes == {"pods/status", "pods/eviction", "events", "leases"}  # leases: its own

@@ -47,6 +47,20 @@ def remediate(cluster: Cluster, tmp_path: Path, *args: str) -> int:
         (["--evict", "--evict-max", "99999999999999999999"], "give 1 to 10000"),
         (["--evict", "--evict-max", "0"], "give 1 to 10000"),
         (["--evict", "--evict-window", "99999999999999999999d"], "too long"),
+        # db prune keeps a week of eviction rows: a longer window would lose rows it counts
+        (["--evict", "--evict-window", "8d"], "--evict-window: at most 1w"),
+        (
+            [
+                "--condition",
+                "--lease-name",
+                "r",
+                "--lease-duration",
+                "5s",
+                "--renew-deadline",
+                "10s",
+            ],
+            "--lease-duration must be greater than --renew-deadline",
+        ),
         (["--evict", "--breaker-share", "0"], "--breaker-share"),
         (["--evict", "--breaker-share", "150%"], "--breaker-share"),
         (["--evict", "--breaker-min-nodes", "0"], "give 1 to"),

@@ -261,11 +261,19 @@ def test_static_terminating_and_opted_out_pods_are_never_touched_and_dry_run_wri
         cluster.agents["node-a"].xid(i, 79)
     fix = cluster.remediator([T0 + 100], condition=True, evict=True, after_s=0, dry_run=True,
                              max_evictions=10)  # fmt: skip
+    versions = {k: p["metadata"]["resourceVersion"]
+                for k, p in cluster.server.state.objects["pods"].items()}  # fmt: skip
     fix.round()
     fix.round()
     assert cluster.server.count("pods") == 4
-    assert not any(c[2] in ("create", "patch") and c[1] != "nodes" and c[1] != "nodes/status"
-                   for c in cluster.server.calls)  # fmt: skip
+    # the server was asked (dryRun=All), and nothing changed: no pod, no Event
+    assert {k: p["metadata"]["resourceVersion"]
+            for k, p in cluster.server.state.objects["pods"].items()} == versions  # fmt: skip
+    assert not events(cluster.server, "ml") and not events(cluster.server, "kube-system")
+    assert cluster.server.requests.get("PATCH pods dryRun") == 1
+    assert cluster.server.requests.get("POST pods dryRun") == 1
+    assert "PATCH pods" not in cluster.server.requests
+    assert "POST pods" not in cluster.server.requests
     assert sorted(r for r in rows(cluster)) == sorted([
         ("evict", "refused", "static"), ("evict", "refused", "leaving"),
         ("evict", "refused", "keep"), ("condition", "dry_run", "job"),
