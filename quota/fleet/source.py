@@ -19,10 +19,9 @@ without a serial (NVML answered none) are tracked by their UUID, prefixed ``uuid
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gpuquota.exporter.expose import metrics
 from gpuquota.quota import promhttp, prompieces
 from gpuquota.quota.fleet import changes
 from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries
@@ -35,7 +34,7 @@ REASON = "gpu_health_reason"
 SINCE = "gpu_health_since_timestamp_seconds"
 DEVICE_STATE = "gpu_device_state"
 XID = "gpu_xid_errors_total"
-START = "gpuquota_exporter_start_time_seconds"  # per agent, no uuid: the counters' epoch
+START = changes.START  # per agent, no uuid: the counters' epoch
 # memory counters and flags kept as history: metric -> the label that splits it
 COUNTERS: dict[str, str | None] = {
     "gpu_ecc_aggregate_errors_total": "type",
@@ -45,7 +44,9 @@ COUNTERS: dict[str, str | None] = {
     "gpu_retired_pages_total": "cause",
     "gpu_retired_pages_pending": None,
 }
-GPU_METRICS = (INFO, STATE, REASON, SINCE, DEVICE_STATE, XID, *COUNTERS)
+# what the history reads: the exporter's history rows (they are what its change counter
+# counts, exporter/expose/history.py); the names above are each one of them
+GPU_METRICS = metrics.HISTORY
 METRICS = (*GPU_METRICS, START)
 # the longest query asked with UUIDs or instances in a regular expression (VictoriaMetrics
 # refuses queries over 16 KB by default, -search.maxQueryLen; a count repeats the selector
@@ -99,14 +100,14 @@ def fetch(
         return readings.result()
     busy, quiet = found
     uuids = sorted({uuid for uuid, _, _ in busy})
-    for regex in _regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
+    for regex in changes.regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
         matchers = f',uuid=~"{regex}"'
         for piece in prompieces.pieces(
             base_url, GPU_METRICS, lo, hi, timeout, max_samples=max_samples, matchers=matchers
         ):
             readings.add(piece)
     instances = sorted({instance for _, _, instance in busy})
-    for regex in _regexes(instances, QUERY_BYTES // 2):
+    for regex in changes.regexes(instances, QUERY_BYTES // 2):
         matchers = f',instance=~"{regex}"'
         for piece in prompieces.pieces(
             base_url, (START,), lo, hi, timeout, max_samples=max_samples, matchers=matchers
@@ -117,29 +118,6 @@ def fetch(
     for q in quiet:
         got.append(_quiet_reading(q, start - 1, start + window, identities))
     return got, xids
-
-
-def _regexes(values: list[str], budget: int) -> Iterator[str]:
-    """``values`` as regular expressions (``_alternatives``) of at most about ``budget``
-    characters each (one value each at least)."""
-    out: list[str] = []
-    size = 0
-    for value in values:
-        one = _alternatives([value])
-        if out and size + len(one) + 1 > budget:
-            yield "|".join(out)
-            out, size = [], 0
-        out.append(one)
-        size += len(one) + 1
-    if out:
-        yield "|".join(out)
-
-
-def _alternatives(values: list[str]) -> str:
-    """A regular expression matching exactly ``values`` (each character but letters,
-    digits, ``_``, ``:`` and ``-`` escaped), written for a double-quoted PromQL string."""
-    regex = "|".join(re.sub(r"[^A-Za-z0-9_:-]", lambda m: "\\" + m.group(), v) for v in values)
-    return regex.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def _identity(
@@ -185,7 +163,7 @@ def recall(base_url: str, priors: dict[str, Prior], lo: int, timeout: float = 60
     for at, boards in sorted(by_time.items()):
         for i in range(0, len(boards), RECALLED):
             chunk = boards[i : i + RECALLED]
-            uuids = _alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
+            uuids = changes.alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
             # the samples of that very scrape (a second wide: readings are to the second)
             promql = f'{{__name__=~"{INFO}|{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
             said = promhttp.matrix_query(base_url, promql, at + 0.5, timeout)

@@ -18,14 +18,23 @@ from tests.exporter.scrape import parse, value
 COUNTER = "gpu_history_changes_total"
 A = ("gpu", "0"), ("uuid", "GPU-a")
 B = ("gpu", "1"), ("uuid", "GPU-b")
+XA = (*A, ("xid", "79"))
 
 
 def test_a_fingerprint_is_a_gpus_rendered_history_series_in_any_order() -> None:
     one = history.fingerprints(
-        [("gpu_info", A, "1"), ("gpu_info", B, "1"), ("gpu_xid_errors_total", A + (("xid", "79"),), "2")]  # fmt: skip
+        [
+            ("gpu_info", A, "1"),
+            ("gpu_info", B, "1"),
+            ("gpu_xid_errors_total", XA, "2"),
+        ]
     )
     other = history.fingerprints(
-        [("gpu_xid_errors_total", A + (("xid", "79"),), "2"), ("gpu_info", B, "1"), ("gpu_info", A, "1")]  # fmt: skip
+        [
+            ("gpu_xid_errors_total", XA, "2"),
+            ("gpu_info", B, "1"),
+            ("gpu_info", A, "1"),
+        ]
     )
     assert one == other
     assert set(one) == {"GPU-a", "GPU-b"}
@@ -37,9 +46,9 @@ def test_the_count_grows_on_a_change_of_value_or_presence_and_only_then() -> Non
     base = [("gpu_info", A, "1"), ("gpu_info", B, "1")]
     assert counter.update(history.fingerprints(base)) == {"GPU-a": 0, "GPU-b": 0}
     assert counter.update(history.fingerprints(base)) == {"GPU-a": 0, "GPU-b": 0}
-    xid = ("gpu_xid_errors_total", A + (("xid", "79"),), "1")
+    xid = ("gpu_xid_errors_total", XA, "1")
     assert counter.update(history.fingerprints([*base, xid])) == {"GPU-a": 1, "GPU-b": 0}
-    more = ("gpu_xid_errors_total", A + (("xid", "79"),), "2")
+    more = ("gpu_xid_errors_total", XA, "2")
     assert counter.update(history.fingerprints([*base, more])) == {"GPU-a": 2, "GPU-b": 0}
     assert counter.update(history.fingerprints(base)) == {"GPU-a": 3, "GPU-b": 0}  # it went
     # a GPU missing from a rendering, back as it was: its counter series was missing meanwhile
