@@ -987,11 +987,12 @@ METRICS: list[MetricSpec] = [
         type="counter",
         unit="",
         help="Changes, since the exporter started, of what the fleet history reads about the "
-        "GPU: one more whenever any series of gpu_info, gpu_device_state, gpu_health_*, "
-        "gpu_xid_errors_total and the memory error counters and flags changed value, "
-        "appeared or went between two consecutive renderings. The fleet history reads this "
-        "one series per GPU at each fetch of a window (gpuquota gpus, every 5 minutes by "
-        "default) to find the GPUs that changed, and fetches only those GPUs' samples.",
+        "GPU (one series per physical GPU): one more whenever any series of gpu_info, "
+        "gpu_device_state, gpu_health_*, gpu_xid_errors_total or the memory error counters "
+        "and flags changed value, appeared or went between two consecutive renderings, "
+        "rendered with the values it counts. The controller's fleet history reads it once "
+        "per GPU for each window it ingests (--ledger-window, an hour by default) to find "
+        "the GPUs that changed, and fetches only their samples (docs/accounting.md).",
         labels=(),
         source="exporter: the rendered history series, compared rendering to rendering "
         "(exporter/expose/history.py)",
