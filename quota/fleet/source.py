@@ -100,12 +100,8 @@ def fetch(
         return readings.result()
     busy, quiet = found
     uuids = sorted({uuid for uuid, _, _ in busy})
-    for regex in changes.regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
-        matchers = f',uuid=~"{regex}"'
-        for piece in prompieces.pieces(
-            base_url, GPU_METRICS, lo, hi, timeout, max_samples=max_samples, matchers=matchers
-        ):
-            readings.add(piece)
+    for group in changes.groups(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
+        _fetch_gpus(base_url, group, lo, hi, timeout, max_samples, readings)
     instances = sorted({instance for _, _, instance in busy})
     for regex in changes.regexes(instances, QUERY_BYTES // 2):
         matchers = f',instance=~"{regex}"'
@@ -118,6 +114,33 @@ def fetch(
     for q in quiet:
         got.append(_quiet_reading(q, start - 1, start + window, identities))
     return got, xids
+
+
+def _fetch_gpus(
+    base_url: str,
+    uuids: list[str],
+    lo: int,
+    hi: int,
+    timeout: float,
+    max_samples: int,
+    readings: Readings,
+) -> None:
+    """Every sample of the GPUs ``uuids`` in [lo, hi] into ``readings``: counted, then asked
+    in runs of UUIDs of about ``max_samples`` samples each (their share of the count). A
+    set of UUIDs is a cheap matcher for the store (its index finds them by value), where
+    prompieces' shards by the UUID's last characters make it match every UUID it holds
+    against a pattern; a run of one GPU over ``max_samples`` is asked in those shards."""
+    matchers = f',uuid=~"{changes.alternatives(uuids)}"'
+    total = prompieces.count_samples(base_url, GPU_METRICS, lo, hi, timeout, matchers)
+    if total <= 0:
+        return
+    runs = min(len(uuids), math.ceil(total / max_samples))
+    for i in range(runs):
+        run = uuids[len(uuids) * i // runs : len(uuids) * (i + 1) // runs]
+        share = total * len(run) / len(uuids)
+        matchers = f',uuid=~"{changes.alternatives(run)}"'
+        for promql, at in prompieces.queries(GPU_METRICS, lo, hi, share, max_samples, matchers):
+            readings.add(promhttp.matrix_query(base_url, promql, at, timeout))
 
 
 def _identity(
