@@ -116,17 +116,24 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 
 @pytest.mark.parametrize("store", ["prom", "vm"])
+@pytest.mark.parametrize("legacy_pieces", [changes.LEGACY_PIECES, 0])
 def test_the_counter_picks_the_busy_gpus_and_older_agents_are_asked_the_old_way(
-    stores: dict[str, str], store: str
+    stores: dict[str, str], store: str, legacy_pieces: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``legacy_pieces`` 0: the older agents are too many to name, every agent is asked the
+    old way too."""
+    monkeypatch.setattr(changes, "LEGACY_PIECES", legacy_pieces)
     url = stores[f"{store}-agents"]
     lo, hi = T - MAX_GAP, T + WINDOW + MAX_GAP
     found = changes.find(url, source.GPU_METRICS, lo, hi, MAX_GAP, 30.0)
     assert found is not None
     busy, quiet = found
-    assert {uuid for uuid, _, _ in busy} == BUSY
-    assert {q.info["uuid"] for q in quiet} == QUIET
+    # asked of every agent, the old way finds the liar's reason too
+    assert {uuid for uuid, _, _ in busy} == BUSY | ({"GPU-l"} if legacy_pieces == 0 else set())
+    assert {q.info["uuid"] for q in quiet} == QUIET - ({"GPU-l"} if legacy_pieces == 0 else set())
     assert {q.info["uuid"]: q.state for q in quiet}["GPU-o2"] == "healthy"
+    if legacy_pieces == 0:
+        return
     # the history of every sample, but for the liar's reason
     by_changes = source.fetch(url, T, WINDOW, MAX_GAP, 30.0)
     by_samples = source.fetch(url, T, WINDOW, MAX_GAP, 30.0, by_changes=False)
