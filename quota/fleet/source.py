@@ -129,7 +129,7 @@ def _fetch_gpus(
     in runs of UUIDs of about ``max_samples`` samples each (their share of the count). A
     set of UUIDs is a cheap matcher for the store (its index finds them by value), where
     prompieces' shards by the UUID's last characters make it match every UUID it holds
-    against a pattern; a run of one GPU over ``max_samples`` is asked in those shards."""
+    against a pattern; a run of one GPU over ``max_samples`` is asked in slices of time."""
     matchers = f',uuid=~"{changes.alternatives(uuids)}"'
     total = prompieces.count_samples(base_url, GPU_METRICS, lo, hi, timeout, matchers)
     if total <= 0:
@@ -139,7 +139,8 @@ def _fetch_gpus(
         run = uuids[len(uuids) * i // runs : len(uuids) * (i + 1) // runs]
         share = total * len(run) / len(uuids)
         matchers = f',uuid=~"{changes.alternatives(run)}"'
-        for promql, at in prompieces.queries(GPU_METRICS, lo, hi, share, max_samples, matchers):
+        asked = prompieces.queries(GPU_METRICS, lo, hi, share, max_samples, matchers, False)
+        for promql, at in asked:
             readings.add(promhttp.matrix_query(base_url, promql, at, timeout))
 
 

@@ -137,6 +137,8 @@ def test_the_counter_picks_the_busy_gpus_and_older_agents_are_asked_the_old_way(
     # the history of every sample, but for the liar's reason
     by_changes = source.fetch(url, T, WINDOW, MAX_GAP, 30.0)
     by_samples = source.fetch(url, T, WINDOW, MAX_GAP, 30.0, by_changes=False)
+    # the busy GPUs asked in answers of about 10 samples: runs of one GPU, slices of time
+    assert source.fetch(url, T, WINDOW, MAX_GAP, 30.0, max_samples=10) == by_changes
     histories = [rules.window_history(*got, {}, T, T + WINDOW, MAX_GAP) for got in (by_changes, by_samples)]  # fmt: skip
     one, other = (sorted([*map(repr, h.events), *map(repr, h.stretches)]) for h in histories)
     liar = "serial='S-l'"
