@@ -10,7 +10,8 @@ exporter/expose/history.py) and:
 
 - that counter changed (``changes``), or was not there at every scrape of its agent (its
   ``count_over_time`` against that of the agent's ``gpuquota_exporter_start_time_seconds``,
-  which every scrape of the agent has): the GPU appeared, went, or changed;
+  which every scrape of the agent has): the GPU appeared, went, or changed (a scrape that
+  drops the start time makes every GPU of its agent busy);
 - its agent was silent for about ``max_gap`` or more anywhere in [lo, hi] (a subquery counts
   the agent's start-time samples in windows of ``W`` seconds every ``S`` seconds, W + S =
   max_gap - 2, so any silence the history could call a gap leaves one window empty; the
