@@ -5,7 +5,8 @@ A real Prometheus (Debian's, serving blocks written by promtool) and a real Vict
 series of ``--gpus`` GPUs (one or more sizes), scraped every 15 s, each node at its own moment,
 over a 5-minute window and a minute and a half either side. Per GPU: gpu_info, three health
 states, since, four device states, two ECC aggregates, two remapped-rows causes, remap pending
-and failure; per node the agent's start time; every 50th GPU an XID 13 counter and every 40th
+and failure, and the agent's count of the changes of those (gpu_history_changes_total, as
+exporter/expose/history.py counts them); per node the agent's start time; every 50th GPU an XID 13 counter and every 40th
 a health reason, unchanged. What changes in the window: every 100th GPU is fenced by an XID 79
 (its verdict, reason, since and a new XID counter) and every 200th node's agent is silent for
 two minutes (about 1.5 % of the GPUs busy).
@@ -45,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import write_section
+from gpuquota.exporter.expose import history, metrics
 from gpuquota.quota import promhttp
-from gpuquota.quota.fleet import rules, source
+from gpuquota.quota.fleet import changes, rules, source
 from gpuquota.sim import promserver, vmserver
 
 STEP = 15
@@ -70,6 +72,7 @@ FAMILIES = (
     ("gpu_row_remap_pending", "gauge"),
     ("gpu_row_remap_failure", "gauge"),
     ("gpu_xid_errors_total", "counter"),
+    (changes.COUNTER, "counter"),
 )
 
 Series = tuple[str, list[tuple[float, float]]]  # labels as text, samples (t, value)
@@ -146,6 +149,20 @@ def family_series(family: str, gpu: int, times: list[float]) -> Iterator[Series]
             yield constant({**base, "xid": "13"}, 2)
         if fenced:
             yield _labels({**base, "xid": "79"}), [(t, 1) for t in times if t >= FENCE]
+    elif family == changes.COUNTER:
+        yield _labels(base), counted(base["uuid"], gpu, times)
+
+
+def counted(uuid: str, gpu: int, times: list[float]) -> list[tuple[float, float]]:
+    """The GPU's history change counter at each scrape, as its agent counts it
+    (exporter/expose/history.py) from the history series it renders at that scrape."""
+    at: dict[float, list[history.Rendered]] = {t: [] for t in times}
+    for family in metrics.HISTORY:
+        for labels, samples in family_series(family, gpu, times):
+            for t, v in samples:
+                at[t].append((family, (("uuid", uuid), ("labels", labels)), f"{float(v):g}"))
+    counter = history.ChangeCounter()
+    return [(t, counter.update(history.fingerprints(at[t]))[uuid]) for t in times]
 
 
 def fleet(gpus: int) -> Iterator[tuple[str, str, Series]]:
@@ -308,8 +325,8 @@ def main() -> None:
             f"({platform.machine()}, {os.cpu_count()} cores shared with other work, Python "
             f"{platform.python_version()}; load average {load:.1f} before, {load_after:.1f} after).",
             "",
-            "Data (bench/fleet_fetch.py): each GPU's 15 health series and its node's start "
-            "time, every 15 s, over the window and a minute and a half either side; every 100th "
+            "Data (bench/fleet_fetch.py): each GPU's 15 health series, its history change counter "
+            "(as its agent counts it) and its node's start time, every 15 s, over the window and a minute and a half either side; every 100th "
             "GPU fenced in the window, every 200th node silent for two minutes. The same "
             "samples in a real Prometheus (promtool blocks) and a real VictoriaMetrics "
             "(imported), both asked through their HTTP API on this machine. Each way in a child "

@@ -55,13 +55,16 @@ def shards(count: int) -> list[str]:
     return out
 
 
-def plan(total: float, lo: int, hi: int, max_samples: int) -> tuple[int, list[int]]:
+def plan(
+    total: float, lo: int, hi: int, max_samples: int, by_device: bool = True
+) -> tuple[int, list[int]]:
     """How to ask for ``total`` samples in [lo, hi]: the number of device shards, and the
     edges of the time slices (``lo`` first, ``hi`` last). Devices first (a series asked in
-    several slices repeats its labels in each), then time."""
+    several slices repeats its labels in each), then time; time only without
+    ``by_device``."""
     span = hi - lo
     pieces = max(1, math.ceil(total / max_samples))
-    count = next((n for n in SHARD_COUNTS if pieces <= n), SHARD_COUNTS[-1])
+    count = next((n for n in SHARD_COUNTS if pieces <= n), SHARD_COUNTS[-1]) if by_device else 1
     slices = min(max(1, math.ceil(pieces / count)), max(1, span // STEP))
     return count, [lo + (span * i) // slices for i in range(slices + 1)]
 
@@ -97,12 +100,18 @@ def count_samples(
 
 
 def queries(
-    metrics: Sequence[str], lo: int, hi: int, total: float, max_samples: int, matchers: str = ""
+    metrics: Sequence[str],
+    lo: int,
+    hi: int,
+    total: float,
+    max_samples: int,
+    matchers: str = "",
+    by_device: bool = True,
 ) -> list[tuple[str, int]]:
     """The range selectors, each with the time to evaluate it at, that ask for the ``total``
     samples of ``metrics`` in [lo, hi] in pieces of about ``max_samples``: the shards one
-    after the other, each shard's slices in time order."""
-    count, edges = plan(total, lo, hi, max_samples)
+    after the other, each shard's slices in time order (``plan``)."""
+    count, edges = plan(total, lo, hi, max_samples, by_device)
     out = []
     for shard in shards(count):
         for i in range(len(edges) - 1):

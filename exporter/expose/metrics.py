@@ -44,6 +44,9 @@ NodeReader = Callable[[NodeSnapshot], Iterable[Sample]]
 # Per-device rows read from the health verdict (exporter/health/verdict.py), which the
 # renderer gets beside the snapshot; a device without a verdict has no series.
 VerdictReader = Callable[[DeviceHealth], Iterable[Sample]]
+# The history change counter's row (exporter/expose/history.py): the count the renderer
+# made for the device from the rendering's history rows.
+ChangesReader = Callable[[DeviceSnapshot, int], Iterable[Sample]]
 # Node rows read from the verdict's publishers' own state (exporter/health/publishing.py),
 # which the renderer also gets beside the snapshot; None (not given) has no series.
 PublisherReader = Callable[[PublisherStatus], Iterable[Sample]]
@@ -112,7 +115,11 @@ class MetricSpec:
     read_node: NodeReader | None = None
     read_verdict: VerdictReader | None = None
     read_publishers: PublisherReader | None = None
+    read_changes: ChangesReader | None = None
     compat: str | None = None  # "dcgm": only emitted with --compat dcgm
+    # read by the fleet history (quota/fleet/source.py): a change of any of its series is a
+    # change that gpu_history_changes_total counts (exporter/expose/history.py)
+    history: bool = False
     fields: tuple[str, ...] = ()  # the DeviceSnapshot fields it shows (NVML readings)
     tier: Tier = field(init=False)  # how often they are read: the collector's table says
 
@@ -125,11 +132,15 @@ class MetricSpec:
             raise ValueError(f"{self.name}: type must be gauge or counter, not {self.type}")
         needs_node = self.scope is Scope.NODE
         per_node = (self.read_node is not None) + (self.read_publishers is not None)
-        per_device = (self.read_device is not None) + (self.read_verdict is not None)
+        per_device = (
+            (self.read_device is not None)
+            + (self.read_verdict is not None)
+            + (self.read_changes is not None)
+        )
         if per_node != (1 if needs_node else 0) or per_device != (0 if needs_node else 1):
             raise ValueError(
                 f"{self.name}: give read_node or read_publishers for NODE rows, read_device "
-                "or read_verdict otherwise"
+                "read_verdict or read_changes otherwise"
             )
         if self.compat is None and self.type == "counter" and not self.name.endswith("_total"):
             raise ValueError(f"{self.name}: counter names end in _total")
@@ -156,6 +167,7 @@ def device_row(
     *,
     scale: float = 1.0,
     compat: str | None = None,
+    history: bool = False,
 ) -> MetricSpec:
     """A row with one series per device, read from one DeviceSnapshot field."""
     shown = attr if scale == 1.0 else f"{attr} * {scale:g}"
@@ -170,6 +182,7 @@ def device_row(
         read_device=_scalar(attr, scale),
         compat=compat,
         fields=(attr,),
+        history=history,
     )
 
 
@@ -289,6 +302,12 @@ def _read_health_reasons(verdict: DeviceHealth) -> Iterator[Sample]:
 
 def _read_health_since(verdict: DeviceHealth) -> Iterator[Sample]:
     yield (), verdict.since
+
+
+def _read_changes(device: DeviceSnapshot, count: int) -> Iterator[Sample]:
+    # one per physical GPU, like gpu_info (the fleet history reads whole GPUs)
+    if device.mig is None:
+        yield (), float(count)
 
 
 def _read_processes(device: DeviceSnapshot, _node: NodeSnapshot) -> Iterator[Sample]:
@@ -539,6 +558,7 @@ METRICS: list[MetricSpec] = [
             "compute_capability",
             "mig_mode_enabled",
         ),
+        history=True,
     ),
     MetricSpec(
         name=f"{P}mig_info",
@@ -565,6 +585,7 @@ METRICS: list[MetricSpec] = [
         accessor="DeviceSnapshot.state",
         scope=Scope.IDENTITY,
         read_device=_read_state,
+        history=True,
     ),
     MetricSpec(
         name=f"{P}pod_info",
@@ -835,6 +856,7 @@ METRICS: list[MetricSpec] = [
             "ecc_corrected_aggregate", "ecc_uncorrected_aggregate", ("corrected", "uncorrected")
         ),
         fields=("ecc_corrected_aggregate", "ecc_uncorrected_aggregate"),
+        history=True,
     ),
     MetricSpec(
         name=f"{P}remapped_rows_total",
@@ -850,6 +872,7 @@ METRICS: list[MetricSpec] = [
             ("correctable", "uncorrectable"),
         ),
         fields=("remapped_rows_correctable", "remapped_rows_uncorrectable"),
+        history=True,
     ),
     device_row(
         f"{P}row_remap_pending",
@@ -858,6 +881,7 @@ METRICS: list[MetricSpec] = [
         "1 when a row remap is pending (takes effect at the next GPU reset).",
         "nvmlDeviceGetRemappedRows",
         "remap_pending",
+        history=True,
     ),
     device_row(
         f"{P}row_remap_failure",
@@ -866,6 +890,7 @@ METRICS: list[MetricSpec] = [
         "1 when a row remap failed (no spare rows left): the GPU needs servicing.",
         "nvmlDeviceGetRemappedRows",
         "remap_failure",
+        history=True,
     ),
     MetricSpec(
         name=f"{P}retired_pages_total",
@@ -881,6 +906,7 @@ METRICS: list[MetricSpec] = [
             ("single_bit_ecc", "double_bit_ecc"),
         ),
         fields=("retired_pages_single_bit", "retired_pages_double_bit"),
+        history=True,
     ),
     device_row(
         f"{P}retired_pages_pending",
@@ -889,6 +915,7 @@ METRICS: list[MetricSpec] = [
         "1 when pages are waiting to be retired at the next reboot.",
         "nvmlDeviceGetRetiredPagesPendingStatus",
         "retired_pages_pending",
+        history=True,
     ),
     # --- interconnect and driver events ---------------------------------------------------
     MetricSpec(
@@ -912,6 +939,7 @@ METRICS: list[MetricSpec] = [
         source="nvmlEventSetWait_v2 (nvmlEventTypeXidCriticalError)",
         accessor="NodeSnapshot.xid_counts[uuid]",
         read_device=_read_xids,
+        history=True,
     ),
     # --- health (exporter/health/, docs/health.md) ----------------------------------------
     MetricSpec(
@@ -925,6 +953,7 @@ METRICS: list[MetricSpec] = [
         accessor="NodeHealth[uuid].state",
         scope=Scope.IDENTITY,
         read_verdict=_read_health_state,
+        history=True,
     ),
     MetricSpec(
         name=f"{P}health_reason",
@@ -939,6 +968,7 @@ METRICS: list[MetricSpec] = [
         scope=Scope.IDENTITY,
         read_verdict=_read_health_reasons,
         fields=("recovery_action",),  # the other inputs come with their own rows
+        history=True,
     ),
     MetricSpec(
         name=f"{P}health_since_timestamp_seconds",
@@ -950,6 +980,25 @@ METRICS: list[MetricSpec] = [
         accessor="NodeHealth[uuid].since",
         scope=Scope.IDENTITY,
         read_verdict=_read_health_since,
+        history=True,
+    ),
+    MetricSpec(
+        name=f"{P}history_changes_total",
+        type="counter",
+        unit="",
+        help="Changes, since the exporter started, of what the fleet history reads about the "
+        "GPU (one series per physical GPU): one more whenever any series of gpu_info, "
+        "gpu_device_state, gpu_health_*, gpu_xid_errors_total or the memory error counters "
+        "and flags changed value, appeared or went between two consecutive renderings, "
+        "rendered with the values it counts. The controller's fleet history reads it once "
+        "per GPU for each window it ingests (--ledger-window, an hour by default) to find "
+        "the GPUs that changed, and fetches only their samples (docs/accounting.md).",
+        labels=(),
+        source="exporter: the rendered history series, compared rendering to rendering "
+        "(exporter/expose/history.py)",
+        accessor="ChangeCounter[uuid]",
+        scope=Scope.IDENTITY,
+        read_changes=_read_changes,
     ),
     # --- processes ------------------------------------------------------------------------
     MetricSpec(
@@ -1762,6 +1811,10 @@ DCGM_NOT_EMITTED: tuple[tuple[str, str], ...] = (
         "profiling module is not used",
     ),
 )
+
+
+# the metrics the fleet history reads (quota/fleet/source.py): one place says which
+HISTORY: tuple[str, ...] = tuple(spec.name for spec in METRICS if spec.history)
 
 
 def rows(compat: frozenset[str] = frozenset()) -> list[MetricSpec]:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from gpuquota.exporter.expose import metrics
+from gpuquota.exporter.expose import history, metrics
 from gpuquota.exporter.expose.render import RenderOptions, series
 from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
@@ -37,6 +37,7 @@ class SnapshotCollector(Collector):
         self._publisher_source = publisher_source
         self._options = options
         self._table = metrics.rows(options.compat)
+        self._changes = history.ChangeCounter()  # over this collector's collections
 
     def collect(self) -> Iterator[Metric]:
         snapshot = self._source()
@@ -44,7 +45,9 @@ class SnapshotCollector(Collector):
             return
         verdict = self._verdict_source() if self._verdict_source is not None else None
         publishers = self._publisher_source() if self._publisher_source is not None else None
-        for spec, rows in series(snapshot, verdict, self._options, self._table, publishers):
+        for spec, rows in series(
+            snapshot, verdict, self._options, self._table, publishers, self._changes
+        ):
             name = spec.name
             if spec.type == "counter" and name.endswith("_total"):
                 name = name[: -len("_total")]

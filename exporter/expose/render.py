@@ -24,11 +24,11 @@ from __future__ import annotations
 import gzip
 import math
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from gpuquota.exporter.expose import metrics
+from gpuquota.exporter.expose import history, metrics
 from gpuquota.exporter.expose.metrics import MetricSpec, Scope
 from gpuquota.exporter.health.publishing import PublisherStatus
 from gpuquota.exporter.health.verdict import NodeHealth
@@ -175,13 +175,15 @@ def walk(
     table: list[MetricSpec],
     convert: Callable[[LabelPairs], L],
     publishers: PublisherStatus | None = None,
+    changes: Mapping[str, int] | None = None,
 ) -> Iterator[tuple[MetricSpec, RowSamples[L]]]:
     """The transformation step: every row of ``table`` with its samples, in table order.
 
     Each device's label prefixes are built (and passed through ``convert``) once per
     snapshot; a sample is emitted once per prefix (one per pod holder with --pod-labels).
     Verdict rows have series only for devices the verdict (None: no health checking) names,
-    publisher rows only with the publishers' state (None: not given).
+    publisher rows only with the publishers' state (None: not given), the history change
+    counter's row only for devices ``changes`` counts (``history_changes``).
     """
     node: LabelPairs = ((metrics.NODE_LABEL, options.node),) if options.node else ()
     labels = [_device_labels(d, snapshot, options, convert, node) for d in snapshot.devices]
@@ -207,6 +209,12 @@ def walk(
                 prefixes = device_labels.identity
             else:
                 prefixes = device_labels.device
+            if spec.read_changes is not None:
+                count = changes.get(device.uuid) if changes is not None else None
+                if count is not None:
+                    for values, value in spec.read_changes(device, count):
+                        yield prefixes, values, value
+                continue
             if spec.read_verdict is not None:
                 health = verdict.get(device.uuid) if verdict is not None else None
                 if health is not None:
@@ -227,8 +235,15 @@ def series(
     options: RenderOptions,
     table: list[MetricSpec],
     publishers: PublisherStatus | None = None,
+    counter: history.ChangeCounter | None = None,
 ) -> Iterator[tuple[MetricSpec, Iterator[tuple[LabelPairs, float]]]]:
-    """Every row with its series as full label pairs and value, in table order."""
+    """Every row with its series as full label pairs and value, in table order; the history
+    change counter's row with ``counter`` (the caller's, kept across renderings)."""
+    changes = (
+        None
+        if counter is None
+        else history_changes(counter, snapshot, verdict, options, table, publishers)
+    )
 
     def pairs(
         spec: MetricSpec, samples: RowSamples[LabelPairs]
@@ -238,8 +253,31 @@ def series(
             for prefix in prefixes:
                 yield prefix + extra, value
 
-    for spec, samples in walk(snapshot, verdict, options, table, _identity, publishers):
+    rows = walk(snapshot, verdict, options, table, _identity, publishers, changes)
+    for spec, samples in rows:
         yield spec, pairs(spec, samples)
+
+
+def history_changes(
+    counter: history.ChangeCounter,
+    snapshot: NodeSnapshot,
+    verdict: NodeHealth | None,
+    options: RenderOptions,
+    table: list[MetricSpec],
+    publishers: PublisherStatus | None = None,
+) -> dict[str, int]:
+    """This rendering's history change counts (exporter/expose/history.py), from the very
+    series of ``table``'s history rows it renders, written as it writes them; ``counter``
+    takes them. Made before the rendering, so that its count goes out with the values it
+    was made from."""
+    rows = [spec for spec in table if spec.history and spec.compat is None]
+    rendered = (
+        (spec.name, full, format_value(value))
+        for spec, samples in walk(snapshot, verdict, options, rows, _identity, publishers)
+        for prefixes, values, value in samples
+        for full in (prefix + tuple(zip(spec.labels, values, strict=True)) for prefix in prefixes)
+    )
+    return counter.update(history.fingerprints(rendered))
 
 
 def _identity(pairs: LabelPairs) -> LabelPairs:
@@ -261,6 +299,8 @@ class Renderer:
         self._cached_for: CacheKey | None = None
         self._cached: bytes = b""
         self._cached_gzip: bytes | None = None
+        # gpu_history_changes_total: counted over this renderer's renderings, in their order
+        self._changes = history.ChangeCounter()
 
     def exposition(
         self,
@@ -322,7 +362,10 @@ class Renderer:
     ) -> bytes:
         out: list[str] = []
         extra_text: dict[tuple[tuple[str, ...], tuple[str, ...]], str] = {}
-        rows = walk(snapshot, verdict, self.options, self.table, _pairs_text, publishers)
+        changes = history_changes(
+            self._changes, snapshot, verdict, self.options, self.table, publishers
+        )
+        rows = walk(snapshot, verdict, self.options, self.table, _pairs_text, publishers, changes)
         for spec, samples in rows:
             name = spec.name
             lines: list[str] = []

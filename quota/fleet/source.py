@@ -19,10 +19,9 @@ without a serial (NVML answered none) are tracked by their UUID, prefixed ``uuid
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from gpuquota.exporter.expose import metrics
 from gpuquota.quota import promhttp, prompieces
 from gpuquota.quota.fleet import changes
 from gpuquota.quota.fleet.rules import Identity, Prior, Reading, XidSeries
@@ -36,7 +35,7 @@ REASON = "gpu_health_reason"
 SINCE = "gpu_health_since_timestamp_seconds"
 DEVICE_STATE = "gpu_device_state"
 XID = "gpu_xid_errors_total"
-START = "gpuquota_exporter_start_time_seconds"  # per agent, no uuid: the counters' epoch
+START = changes.START  # per agent, no uuid: the counters' epoch
 # memory counters and flags kept as history: metric -> the label that splits it
 COUNTERS: dict[str, str | None] = {
     "gpu_ecc_aggregate_errors_total": "type",
@@ -46,7 +45,9 @@ COUNTERS: dict[str, str | None] = {
     "gpu_retired_pages_total": "cause",
     "gpu_retired_pages_pending": None,
 }
-GPU_METRICS = (INFO, STATE, REASON, SINCE, DEVICE_STATE, XID, *COUNTERS)
+# what the history reads: the exporter's history rows (they are what its change counter
+# counts, exporter/expose/history.py); the names above are each one of them
+GPU_METRICS = metrics.HISTORY
 METRICS = (*GPU_METRICS, START)
 # the longest query asked with UUIDs or instances in a regular expression (VictoriaMetrics
 # refuses queries over 16 KB by default, -search.maxQueryLen; a count repeats the selector
@@ -106,21 +107,10 @@ def fetch(
         return readings.result()
     busy, quiet = found
     uuids = sorted({uuid for uuid, _, _ in busy})
-    for regex in _regexes(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
-        matchers = f',uuid=~"{regex}"'
-        for piece in prompieces.pieces(
-            base_url,
-            GPU_METRICS,
-            lo,
-            hi,
-            timeout,
-            max_samples=max_samples,
-            matchers=matchers,
-            scope=scope,
-        ):
-            readings.add(piece)
+    for group in changes.groups(uuids, QUERY_BYTES // (len(GPU_METRICS) + 1)):
+        _fetch_gpus(base_url, group, lo, hi, timeout, max_samples, readings, scope)
     instances = sorted({instance for _, _, instance in busy})
-    for regex in _regexes(instances, QUERY_BYTES // 2):
+    for regex in changes.regexes(instances, QUERY_BYTES // 2):
         matchers = f',instance=~"{regex}"'
         for piece in prompieces.pieces(
             base_url,
@@ -140,27 +130,33 @@ def fetch(
     return got, xids
 
 
-def _regexes(values: list[str], budget: int) -> Iterator[str]:
-    """``values`` as regular expressions (``_alternatives``) of at most about ``budget``
-    characters each (one value each at least)."""
-    out: list[str] = []
-    size = 0
-    for value in values:
-        one = _alternatives([value])
-        if out and size + len(one) + 1 > budget:
-            yield "|".join(out)
-            out, size = [], 0
-        out.append(one)
-        size += len(one) + 1
-    if out:
-        yield "|".join(out)
-
-
-def _alternatives(values: list[str]) -> str:
-    """A regular expression matching exactly ``values`` (each character but letters,
-    digits, ``_``, ``:`` and ``-`` escaped), written for a double-quoted PromQL string."""
-    regex = "|".join(re.sub(r"[^A-Za-z0-9_:-]", lambda m: "\\" + m.group(), v) for v in values)
-    return regex.replace("\\", "\\\\").replace('"', '\\"')
+def _fetch_gpus(
+    base_url: str,
+    uuids: list[str],
+    lo: int,
+    hi: int,
+    timeout: float,
+    max_samples: int,
+    readings: Readings,
+    scope: Scope | None = None,
+) -> None:
+    """Every sample of the GPUs ``uuids`` in [lo, hi] into ``readings``: counted, then asked
+    in runs of UUIDs of about ``max_samples`` samples each (their share of the count). A
+    set of UUIDs is a cheap matcher for the store (its index finds them by value), where
+    prompieces' shards by the UUID's last characters make it match every UUID it holds
+    against a pattern; a run of one GPU over ``max_samples`` is asked in slices of time."""
+    matchers = f',uuid=~"{changes.alternatives(uuids)}"'
+    total = prompieces.count_samples(base_url, GPU_METRICS, lo, hi, timeout, matchers, scope)
+    if total <= 0:
+        return
+    runs = min(len(uuids), math.ceil(total / max_samples))
+    for i in range(runs):
+        run = uuids[len(uuids) * i // runs : len(uuids) * (i + 1) // runs]
+        share = total * len(run) / len(uuids)
+        matchers = f',uuid=~"{changes.alternatives(run)}"'
+        asked = prompieces.queries(GPU_METRICS, lo, hi, share, max_samples, matchers, False)
+        for promql, at in asked:
+            readings.add(promhttp.matrix_query(base_url, promql, at, timeout, scope))
 
 
 def _identity(
@@ -212,7 +208,7 @@ def recall(
     for at, boards in sorted(by_time.items()):
         for i in range(0, len(boards), RECALLED):
             chunk = boards[i : i + RECALLED]
-            uuids = _alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
+            uuids = changes.alternatives(sorted({p.identity.uuid for p in chunk if p.identity}))
             # the samples of that very scrape (a second wide: readings are to the second)
             promql = f'{{__name__=~"{INFO}|{XID}|{START}",uuid=~"{uuids}|"}}[1s]'
             said = promhttp.matrix_query(base_url, promql, at + 0.5, timeout, scope)

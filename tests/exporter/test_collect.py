@@ -69,6 +69,7 @@ ALWAYS = {
     "gpu_clock_event_reason",
     "gpu_process_memory_used_bytes",
     "gpu_xid_errors_total",
+    "gpu_history_changes_total",  # the fleet history's change counter: one per physical GPU
 }
 # Engine utilisation is not reported on a MIG-enabled parent (NVML answers per instance).
 UTILISATION = {

@@ -327,7 +327,13 @@ def test_verdict_is_rendered_beside_the_snapshot_and_cached_per_generation() -> 
         value(samples, "gpu_health_reason", uuid=uuid, reason="xid_79", action="reboot_node") == 1
     )
     assert value(samples, "gpu_health_since_timestamp_seconds", uuid=uuid) == 1.0
-    assert renderer.exposition(snapshot) == without
+    again = parse(renderer.exposition(snapshot))
+    # the verdict came, changed and went: three changes of what the fleet history reads
+    assert value(again, "gpu_history_changes_total", uuid=uuid) == 3
+    before = parse(without)
+    assert value(before, "gpu_history_changes_total", uuid=uuid) == 0
+    del again["gpu_history_changes_total"], before["gpu_history_changes_total"]
+    assert again == before
 
 
 def test_custom_collector_matches_text_rendering() -> None:

@@ -69,10 +69,10 @@ def test_busy_gpus_are_asked_in_queries_victoria_metrics_takes() -> None:
     UUIDs are split so that the longest query, the count of every metric, stays under it
     (10,000 GPUs with 180 busy once asked 78 KB)."""
     from gpuquota.quota import prompieces
-    from gpuquota.quota.fleet import source
+    from gpuquota.quota.fleet import changes, source
 
     uuids = [f"GPU-{i:08x}-1a2b-3c4d-5e6f-0123456789ab" for i in range(1000)]
-    regexes = list(source._regexes(uuids, source.QUERY_BYTES // (len(source.GPU_METRICS) + 1)))
+    regexes = list(changes.regexes(uuids, source.QUERY_BYTES // (len(source.GPU_METRICS) + 1)))
     assert len(regexes) > 1 and "|".join(regexes).split("|") == uuids
     for regex in regexes:
         query = prompieces.count_query(source.GPU_METRICS, 0, 420, f',uuid=~"{regex}"')
