@@ -13,6 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -263,3 +266,32 @@ def test_every_example_parses(
             continue
         code, err = parse(name, example)
         assert code is None, f"{parser.prog} --help example {example}: {err}"
+
+
+def test_a_command_line_loads_only_the_subcommand_it_names() -> None:
+    """`gpuquota report` imports neither Kubernetes' client nor the other subcommands (loading
+    them all doubled its start-up), and its parser reads every command line as the whole one:
+    the same commands, the same help at the top and for the named subcommand."""
+    modules = [module for _name, module, _help in gpuquota_cli.SUBCOMMANDS]
+    probe = (
+        "import json, sys; from gpuquota.quota import cli; cli.build_parser(['-v', 'report']); "
+        f"print(json.dumps([m for m in [*{modules!r}, 'kubernetes'] if m in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["gpuquota.quota.report.cli"]
+    whole, _ = gpuquota_cli.build_parser()
+    for name, _module, _help in gpuquota_cli.SUBCOMMANDS:
+        named, loaded = gpuquota_cli.build_parser(["-v", name, "--help"])
+        assert list(loaded) == [name]
+        assert named.format_help() == whole.format_help()
+        assert subcommand(named, name).format_help() == subcommand(whole, name).format_help()
+    # no subcommand named (a typo, --version, bare --help): every one is loaded
+    assert len(gpuquota_cli.build_parser(["reprot"])[1]) == len(gpuquota_cli.SUBCOMMANDS)
+    assert len(gpuquota_cli.build_parser(["--help"])[1]) == len(gpuquota_cli.SUBCOMMANDS)
+
+
+def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub: argparse.ArgumentParser = action.choices[name]
+    return sub
