@@ -33,7 +33,10 @@ typecheck: $(BIN)/.installed
 debian-packages:
 	@tools/debian-packages
 
+# compileall first: the suite starts hundreds of Python processes, and where the environment
+# sets PYTHONDONTWRITEBYTECODE (this project's machines do) each would compile the project anew
 unit: debian-packages $(BIN)/.installed $(SIMLIB)
+	$(BIN)/python -m compileall -q gpuquota bench
 	$(BIN)/python -m pytest
 
 test: debian-packages lint typecheck unit
