@@ -130,6 +130,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--cluster-label: {e}")
     if args.check and (clusters != COMMITTED or args.out):
         parser.error("--check compares the committed JSON: it takes no other option")
+    if clusters != COMMITTED and not args.out:
+        parser.error(
+            "--cluster-label and --multi-cluster write with --out DIR: the committed JSON keeps the defaults"
+        )
     if args.check:
         out_of_date = stale()
         if out_of_date:

@@ -110,6 +110,7 @@ def test_the_generator_takes_the_label_and_shows_the_variable(tmp_path: Path) ->
     [
         (["--cluster-label", "k8s-cluster"], "--cluster-label: 'k8s-cluster' is not a label name"),
         (["--check", "--multi-cluster"], "--check compares the committed JSON"),
+        (["--multi-cluster"], "--cluster-label and --multi-cluster write with --out DIR"),
         (["--out", "/nonexistent/folder"], "--out: /nonexistent/folder is not a folder"),
     ],
 )
