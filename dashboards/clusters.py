@@ -82,6 +82,8 @@ def apply(board: dict[str, Any], clusters: Clusters) -> dict[str, Any]:
         if isinstance(value, dict):
             out = {k: walk(v) for k, v in value.items()}
             if isinstance(out.get("expr"), str):
+                if out.get("query") == out["expr"]:  # grafanalib's copy of it, for other sources
+                    out["query"] = query(out["expr"])
                 out["expr"] = query(out["expr"])
             return out
         if isinstance(value, list):

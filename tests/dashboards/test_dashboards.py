@@ -85,6 +85,9 @@ def test_every_dashboard_picks_one_cluster_hidden_by_default() -> None:
         for expr in generate.expressions(board):
             own = variable["query"] == f"label_values({expr}, cluster)"  # the variable's own
             assert 'cluster="$cluster"' in expr or own, (path.name, expr)
+        for panel in grafana_schema.panels(board):  # grafanalib's copy of expr is scoped too
+            for target in panel.get("targets", []):
+                assert target.get("query", target["expr"]) == target["expr"], (path.name, target)
 
 
 def test_the_generator_takes_the_label_and_shows_the_variable(tmp_path: Path) -> None:
