@@ -15,7 +15,8 @@ series without the label: the dashboards read as before.
 
 The sources say which series the variable reads (:func:`variable`); the generator applies the
 label's name and the variable's visibility to the JSON (:func:`apply`), so the label is one
-setting (``python -m gpuquota.dashboards.generate --cluster-label NAME --multi-cluster``).
+setting (``python -m gpuquota.dashboards.generate --cluster-label NAME --multi-cluster
+--out DIR``).
 """
 
 from __future__ import annotations
