@@ -2,8 +2,12 @@
 
     python -m gpuquota.dashboards.generate           # write every <name>.json
     python -m gpuquota.dashboards.generate --check   # exit 1, naming the files, if any JSON is stale
+    python -m gpuquota.dashboards.generate --cluster-label k8s_cluster --multi-cluster --out DIR
 
-The JSON is committed (so users can import it without Python) and a test runs ``--check``.
+The JSON is committed (so users can import it without Python) and a test runs ``--check``. The
+committed JSON tells clusters apart by the label ``cluster``, its variable hidden
+(dashboards/clusters.py); ``--cluster-label`` and ``--multi-cluster`` write dashboards for
+another label, or with the variable shown, into ``--out``.
 """
 
 from __future__ import annotations
@@ -20,10 +24,14 @@ from typing import Any
 from grafanalib._gen import DashboardEncoder
 from grafanalib.core import Dashboard
 
+from gpuquota.dashboards import clusters as clusters_
+from gpuquota.dashboards.clusters import Clusters
 from gpuquota.dashboards.modernize import modernize
 
 HERE = Path(__file__).resolve().parent
 SUFFIX = ".dashboard.py"
+# the settings the committed JSON is generated with
+COMMITTED = Clusters()
 
 
 def sources(folder: Path = HERE) -> list[Path]:
@@ -47,17 +55,18 @@ def load(source: Path) -> Dashboard:
     return dashboard
 
 
-def render(dashboard: Dashboard) -> str:
-    """The dashboard's JSON in the current Grafana schema (see dashboards/modernize.py)."""
+def render(dashboard: Dashboard, clusters: Clusters = COMMITTED) -> str:
+    """The dashboard's JSON in the current Grafana schema (see dashboards/modernize.py), its
+    queries scoped to the cluster variable (dashboards/clusters.py)."""
     legacy = json.loads(json.dumps(dashboard.to_json_data(), cls=DashboardEncoder))
     out = io.StringIO()
-    json.dump(modernize(legacy), out, sort_keys=True, indent=2)
+    json.dump(clusters_.apply(modernize(legacy), clusters), out, sort_keys=True, indent=2)
     out.write("\n")
     return out.getvalue()
 
 
-def rendered(folder: Path = HERE) -> dict[Path, str]:
-    return {json_path(src): render(load(src)) for src in sources(folder)}
+def rendered(folder: Path = HERE, clusters: Clusters = COMMITTED) -> dict[Path, str]:
+    return {json_path(src): render(load(src), clusters) for src in sources(folder)}
 
 
 def stale(folder: Path = HERE) -> list[str]:
@@ -101,7 +110,30 @@ def _variable_selector(query: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="fail if committed JSON is stale")
+    parser.add_argument(
+        "--cluster-label",
+        default=clusters_.DEFAULT_LABEL,
+        help="the label that tells clusters apart in the Prometheus (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--multi-cluster",
+        action="store_true",
+        help="show the cluster variable (the Prometheus holds several clusters)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="write the JSON into this folder (default: beside the sources)"
+    )
     args = parser.parse_args(argv)
+    try:
+        clusters = Clusters(args.cluster_label, args.multi_cluster)
+    except ValueError as e:
+        parser.error(f"--cluster-label: {e}")
+    if args.check and (clusters != COMMITTED or args.out):
+        parser.error("--check compares the committed JSON: it takes no other option")
+    if clusters != COMMITTED and not args.out:
+        parser.error(
+            "--cluster-label and --multi-cluster write with --out DIR: the committed JSON keeps the defaults"
+        )
     if args.check:
         out_of_date = stale()
         if out_of_date:
@@ -112,9 +144,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         return 0
-    for path, text in rendered().items():
-        path.write_text(text)
-        print(f"wrote {path.relative_to(HERE.parent)}")
+    out = args.out or HERE
+    if not out.is_dir():
+        parser.error(f"--out: {out} is not a folder")
+    for path, text in rendered(clusters=clusters).items():
+        target = out / path.name
+        target.write_text(text)
+        print(f"wrote {target}")
     return 0
 
 

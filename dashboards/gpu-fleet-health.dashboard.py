@@ -12,6 +12,7 @@ Generated into gpu-fleet-health.json by ``python -m gpuquota.dashboards.generate
 
 from grafanalib.core import Dashboard, Templating, Time
 
+from gpuquota.dashboards import clusters
 from gpuquota.dashboards.panels import (
     Grid,
     datasource_variable,
@@ -134,6 +135,7 @@ dashboard = Dashboard(
     templating=Templating(
         list=[
             datasource_variable(),
+            clusters.variable("gpu_info"),
             query_variable("node", "Node", "label_values(gpu_info, node)"),
             query_variable("model", "Model", "label_values(gpu_info, model)"),
         ]

@@ -7,6 +7,7 @@ exporter/expose/metrics.py only (a test checks).
 
 from grafanalib.core import Dashboard, Templating, Time
 
+from gpuquota.dashboards import clusters
 from gpuquota.dashboards.panels import (
     Grid,
     datasource_variable,
@@ -321,6 +322,7 @@ dashboard = Dashboard(
     templating=Templating(
         list=[
             datasource_variable(),
+            clusters.variable("gpu_info"),
             query_variable("node", "Node", "label_values(gpu_info, node)"),
             query_variable("gpu", "GPU", 'label_values(gpu_info{node=~"$node"}, gpu)'),
         ]

@@ -9,6 +9,7 @@ quota controller's (quota/controller/metrics.py; a test checks).
 
 from grafanalib.core import Dashboard, Templating, Time
 
+from gpuquota.dashboards import clusters
 from gpuquota.dashboards.panels import (
     Grid,
     datasource_variable,
@@ -330,6 +331,7 @@ dashboard = Dashboard(
     templating=Templating(
         list=[
             datasource_variable(),
+            clusters.variable("gpuquota_controller_leader"),
             query_variable(
                 "namespace",
                 "Namespace",

@@ -10,7 +10,11 @@ matcher where each query is written would leave the next query written to forget
 
 ``scoped`` knows enough of PromQL's grammar for that: strings, ``{...}`` matchers, ``[...]``
 ranges, the label lists after ``by``/``without``/``on``/``ignoring``/``group_left``/
-``group_right``, keywords and function calls; every other name is a metric.
+``group_right``, keywords and function calls; every other name is a metric. Grafana's template
+variables (``$name``, ``${name}``), which are no PromQL, are copied as they are: the dashboards'
+queries go through ``scoped`` too (dashboards/clusters.py), with ``keeping``, which puts the
+cluster label into every ``by`` and ``on`` list so that no aggregation or join adds up or
+matches two clusters' series.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ _NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _NUMBER = re.compile(
     r"0[xX][0-9a-fA-F]+|[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?(?:(?:ms|[smhdwy])(?:[0-9]+(?:ms|[smhdwy]))*)?"
 )
+# a Grafana variable written $name
+_VARIABLE = re.compile(r"\$\w*")
 # names followed by a list of label names in parentheses, not by an expression
 _LABEL_LISTS = {"by", "without", "on", "ignoring", "group_left", "group_right"}
 # aggregations may have their ``by`` before their parentheses: never metrics
@@ -82,6 +88,10 @@ def scoped(promql: str, scope: Scope | None) -> str:
             end = _close(promql, i, "[", "]")
             out.append(promql[i:end])
             i = end
+        elif c == "$":  # a Grafana variable: $name or ${name}, never a metric
+            end = _variable_end(promql, i)
+            out.append(promql[i:end])
+            i = end
         elif c == "#":  # a comment, to the end of its line
             end = promql.find("\n", i)
             end = n if end < 0 else end
@@ -116,6 +126,50 @@ def scoped(promql: str, scope: Scope | None) -> str:
             out.append(c)
             i += 1
     return "".join(out)
+
+
+def keeping(promql: str, label: str) -> str:
+    """``promql`` with ``label`` in every ``by (...)`` and ``on (...)`` list that lacks it, so
+    each aggregation keeps it apart and each join matches on it (``without`` and ``ignoring``
+    keep it already). ValueError for a query it cannot read (an unclosed string or bracket)."""
+    if not LABEL_NAME.fullmatch(label):
+        raise ValueError(f"{label!r} is not a label name (letters, digits and _)")
+    out: list[str] = []
+    i, n = 0, len(promql)
+    while i < n:
+        c = promql[i]
+        if c in "\"'`":
+            end = _string_end(promql, i)
+        elif c in "{[":  # matchers, ranges: no label list inside
+            end = _close(promql, i, c, "}" if c == "{" else "]")
+        elif c == "$":
+            end = _variable_end(promql, i)
+        elif m := _NAME.match(promql, i):
+            end = m.end()
+            j = _skip_space(promql, end)
+            if m.group().lower() in _LABEL_LISTS and j < n and promql[j] == "(":
+                close = _close(promql, j, "(", ")")
+                names = [name.strip() for name in promql[j + 1 : close - 1].split(",")]
+                names = [name for name in names if name]
+                if m.group().lower() in ("by", "on") and label not in names:
+                    out.append(f"{promql[i:j]}({', '.join([label, *names])})")
+                    i = close
+                    continue
+                end = close
+        else:
+            end = i + 1
+        out.append(promql[i:end])
+        i = end
+    return "".join(out)
+
+
+def _variable_end(text: str, i: int) -> int:
+    """The index after the Grafana variable starting at ``i`` (``$name``, ``${name...}``)."""
+    if text.startswith("${", i):
+        return _close(text, i + 1, "{", "}")
+    m = _VARIABLE.match(text, i)
+    assert m is not None
+    return m.end()
 
 
 def _with_matcher(braces: str, matcher: str) -> str:

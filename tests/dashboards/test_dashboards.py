@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuquota.dashboards import generate
+from gpuquota.dashboards import clusters, generate
 from gpuquota.dashboards.known_metrics import known_metric_names
 from gpuquota.dashboards.promql import metric_names
 from tests.dashboards import grafana_schema
@@ -29,7 +29,8 @@ GRAFANA_VALUES = {
 def concrete(expr: str) -> str:
     for var, value in GRAFANA_VALUES.items():
         expr = expr.replace(var, value)
-    return expr.replace("$node", ".*").replace("$gpu", ".*").replace("$namespace", ".*")
+    expr = expr.replace("$node", ".*").replace("$gpu", ".*").replace("$namespace", ".*")
+    return expr.replace("$cluster", "")
 
 
 def all_expressions() -> dict[str, list[str]]:
@@ -61,6 +62,68 @@ def test_check_fails_on_stale_json(tmp_path: Path, capsys: pytest.CaptureFixture
     victim = next(iter(rendered))
     victim.write_text(victim.read_text().replace("GPU", "CPU", 1))
     assert generate.stale(tmp_path) == [victim.name]
+
+
+def cluster_variable(board: dict[str, Any]) -> dict[str, Any]:
+    (found,) = [v for v in board["templating"]["list"] if v["name"] == clusters.NAME]
+    return found
+
+
+def test_every_dashboard_picks_one_cluster_hidden_by_default() -> None:
+    """The kubernetes-mixin's convention: one cluster at a time (never All, so no panel sums
+    across clusters), the variable hidden unless generated for several clusters, and before
+    every variable that reads $cluster."""
+    for path, text in generate.rendered().items():
+        board = json.loads(text)
+        variable = cluster_variable(board)
+        assert variable["query"].startswith("label_values(") and variable["query"].endswith(
+            ", cluster)"
+        ), path.name
+        assert (variable["multi"], variable["includeAll"], variable["hide"]) == (False, False, 2)
+        names = [v["name"] for v in board["templating"]["list"]]
+        assert names.index(clusters.NAME) == 1, f"{path.name}: {names}"
+        for expr in generate.expressions(board):
+            own = variable["query"] == f"label_values({expr}, cluster)"  # the variable's own
+            assert 'cluster="$cluster"' in expr or own, (path.name, expr)
+        for panel in grafana_schema.panels(board):  # grafanalib's copy of expr is scoped too
+            for target in panel.get("targets", []):
+                assert target.get("query", target["expr"]) == target["expr"], (path.name, target)
+
+
+def test_the_generator_takes_the_label_and_shows_the_variable(tmp_path: Path) -> None:
+    assert (
+        generate.main(["--cluster-label", "k8s_cluster", "--multi-cluster", "--out", str(tmp_path)])
+        == 0
+    )
+    written = sorted(p.name for p in tmp_path.glob("*.json"))
+    assert written == sorted(p.name for p in generate.rendered())
+    for path in tmp_path.glob("*.json"):
+        board = json.loads(path.read_text())
+        variable = cluster_variable(board)
+        assert variable["query"].endswith(", k8s_cluster)") and variable["hide"] == 0
+        for expr in generate.expressions(board):
+            assert "cluster=" not in expr.replace("k8s_cluster=", ""), (path.name, expr)
+        if path.name == "gpu-quota.json":
+            assert any("by (k8s_cluster, namespace)" in e for e in generate.expressions(board))
+    assert generate.stale() == [], "--out wrote beside the sources"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--cluster-label", "k8s-cluster"], "--cluster-label: 'k8s-cluster' is not a label name"),
+        (["--check", "--multi-cluster"], "--check compares the committed JSON"),
+        (["--multi-cluster"], "--cluster-label and --multi-cluster write with --out DIR"),
+        (["--out", "/nonexistent/folder"], "--out: /nonexistent/folder is not a folder"),
+    ],
+)
+def test_the_generator_refuses_bad_settings(
+    argv: list[str], needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit:
+        generate.main(argv)
+    assert exit.value.code == 2
+    assert needle in capsys.readouterr().err
 
 
 def test_every_metric_a_dashboard_uses_exists() -> None:

@@ -7,6 +7,13 @@ Then every template variable's query and every panel target of every generated d
 against it, with Grafana's variables filled in the way Grafana fills them: the test walks the
 dashboards' JSON, so a panel added later is checked without touching this file. A query that
 returns nothing here is a panel that would stay empty on a real cluster in the same state.
+
+That Prometheus holds one cluster, its series without a cluster label: the hidden ``cluster``
+variable offers nothing, Grafana fills in its "None" value, the empty string, and every panel
+must still show data. A second Prometheus scrapes the same programs twice, as clusters ``a``
+and ``b`` (a shared Prometheus, or Thanos behind two): there each panel, set to ``a``, shows
+only ``a``'s series, keeps the label in what it aggregates, and set to a cluster that has no
+series shows nothing: every selector of every query is filtered by the variable.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from typing import Any
 
 import pytest
 
-from gpuquota.dashboards import generate
+from gpuquota.dashboards import clusters, generate
+from gpuquota.sim import promserver
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import free_port, stop_process, wait_for
 from gpuquota.sim.kubelet.podresources import Assignment, PodResourcesServer
@@ -121,17 +129,24 @@ def resolve_variables(prom: Prometheus, board: dict[str, Any]) -> dict[str, list
         if kind == "query":
             query = variable["query"]
             query = query["query"] if isinstance(query, dict) else query
-            resolved[name] = variable_options(prom, fill(query, values_of(resolved)))
+            options = variable_options(prom, fill(query, values_of(resolved)))
+            single = not variable.get("multi") and not variable.get("includeAll")
+            resolved[name] = options[:1] if single else options  # Grafana selects the first
         elif kind in ("custom", "constant", "interval", "textbox"):
             resolved[name] = [v.strip() for v in str(variable.get("query", "")).split(",")]
     return resolved
+
+
+# Grafana's value for a variable whose query offers nothing (its NONE_VARIABLE_VALUE, shown
+# as "None")
+NONE = ""
 
 
 def values_of(resolved: dict[str, list[str]]) -> dict[str, str]:
     return {
         **BUILTINS,
         "datasource": "prometheus",
-        **{name: as_regex(options) for name, options in resolved.items() if options},
+        **{name: as_regex(options) if options else NONE for name, options in resolved.items()},
     }
 
 
@@ -329,9 +344,12 @@ def test_every_dashboard_has_queries_to_check() -> None:
 
 
 def test_every_template_variable_offers_values(scene: Prometheus) -> None:
+    """All but the cluster variable: one cluster's series have no cluster label, so it offers
+    nothing and the panels read ``cluster=""`` (test_every_panel_query_returns_data)."""
     for name, board in dashboards().items():
         resolved = resolve_variables(scene, board)
         assert resolved, f"{name} has no query variables"
+        assert resolved.pop(clusters.NAME) == [], f"{name}: a cluster label in one cluster"
         empty = [variable for variable, options in resolved.items() if not options]
         assert not empty, f"{name}: variables {empty} offer nothing"
 
@@ -373,3 +391,56 @@ def test_variables_are_filled_the_way_grafana_fills_them() -> None:
     assert fill("a[$__range] * $__range_s", values) == "a[1h] * 3600"
     with pytest.raises(AssertionError, match=r"\$nodes is neither"):
         fill("x{instance=~'$nodes'}", values)
+
+
+# --- several clusters in one Prometheus ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_clusters(
+    scene: Prometheus, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Prometheus]:
+    """A Prometheus scraping the scene's programs twice, as clusters a and b: the target label
+    ``cluster`` on each copy, as a Prometheus scraping several clusters puts it on."""
+    work = tmp_path_factory.mktemp("two-clusters")
+    jobs: dict[str, set[str]] = {}
+    for series in scene.query("up"):
+        jobs.setdefault(series["metric"]["job"], set()).add(series["metric"]["instance"])
+    lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
+    for job, targets in sorted(jobs.items()):
+        lines += [f"  - job_name: {job}", "    static_configs:"]
+        for cluster in ("a", "b"):
+            listed = ", ".join(f"'{t}'" for t in sorted(targets))
+            lines += [f"      - targets: [{listed}]", f"        labels: {{cluster: {cluster}}}"]
+    config = work / "prometheus.yml"
+    config.write_text("\n".join(lines) + "\n")
+    with promserver.serving(config, work / "tsdb") as served:
+        prom = Prometheus(served.proc, served.url)
+        prom.wait_for("count(up == 1) == 4", bool)
+        prom.wait_for("count_over_time(up[1m]) >= 4", lambda r: len(r) == 4)
+        yield prom
+
+
+def test_the_cluster_variable_offers_each_cluster(two_clusters: Prometheus) -> None:
+    for name, board in dashboards().items():
+        (variable,) = [v for v in board["templating"]["list"] if v["name"] == clusters.NAME]
+        assert variable_options(two_clusters, variable["query"]) == ["a", "b"], name
+        assert resolve_variables(two_clusters, board)[clusters.NAME] == ["a"], name
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=str)
+def test_a_panel_shows_one_clusters_series(two_clusters: Prometheus, query: Query) -> None:
+    """Set to ``a``, a panel shows data and no series of ``b``; what it keeps labels of carries
+    the cluster (``by`` lists keep it); set to a cluster with no series, nothing but a
+    constant: no selector reads past the variable, so no panel adds two clusters up."""
+    values = values_of(resolve_variables(two_clusters, dashboards()[query.dashboard]))
+    assert values[clusters.NAME] == "a"
+    expr = fill(query.expr, values)
+    result = two_clusters.wait_for(expr, bool)
+    unlabelled = [s["metric"] for s in result if s["metric"] and "cluster" not in s["metric"]]
+    assert not unlabelled, f"{query}: {expr}: series without their cluster: {unlabelled}"
+    others = [s["metric"] for s in result if s["metric"].get("cluster", "a") != "a"]
+    assert not others, f"{query}: {expr}: another cluster's series {others}"
+    nowhere = fill(query.expr, {**values, clusters.NAME: "nowhere"})
+    leaked = [s for s in two_clusters.query(nowhere) if s["metric"] or float(s["value"][1])]
+    assert not leaked, f"{query}: {nowhere} reads series of no cluster chosen: {leaked}"

@@ -17,6 +17,7 @@ import yaml
 from gpuquota.dashboards import configmaps
 from gpuquota.dashboards.known_metrics import known_metric_names
 from gpuquota.dashboards.promql import metric_names
+from gpuquota.quota.promscope import keeping
 from tests.deploy.manifests import (
     DEPLOY,
     OVERLAYS,
@@ -29,6 +30,8 @@ from tests.deploy.manifests import (
 
 RULE = DEPLOY / "components" / "prometheus-operator" / "prometheusrule.yaml"
 ALERT_TESTS = Path(__file__).with_name("alerts_test.yaml")
+# the same rules over two clusters' series in one store (a Thanos or Mimir ruler)
+CLUSTER_ALERT_TESTS = Path(__file__).with_name("alerts_clusters_test.yaml")
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool (Debian prometheus) missing")
 
@@ -278,7 +281,10 @@ def test_alerts_use_only_known_metrics() -> None:
 
 
 @needs_promtool
-def test_alert_rules_are_valid_and_fire_as_their_unit_tests_say(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unit_tests", [ALERT_TESTS, CLUSTER_ALERT_TESTS], ids=lambda p: p.name)
+def test_alert_rules_are_valid_and_fire_as_their_unit_tests_say(
+    tmp_path: Path, unit_tests: Path
+) -> None:
     rules = tmp_path / "rules.yaml"
     rules.write_text(json.dumps({"groups": rule_groups()}))
     assert PROMTOOL is not None
@@ -286,11 +292,32 @@ def test_alert_rules_are_valid_and_fire_as_their_unit_tests_say(tmp_path: Path) 
         [PROMTOOL, "check", "rules", str(rules)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    tests = tmp_path / "alerts_test.yaml"
-    tests.write_text(ALERT_TESTS.read_text().replace("RULES_FILE", str(rules)))
+    tests = tmp_path / unit_tests.name
+    tests.write_text(unit_tests.read_text().replace("RULES_FILE", str(rules)))
     tested = subprocess.run([PROMTOOL, "test", "rules", str(tests)], capture_output=True, text=True)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert re.search(r"SUCCESS", tested.stdout + tested.stderr)
+
+
+# an aggregation written without its label list: it would add up every cluster's series
+BARE_AGGREGATION = re.compile(
+    r"\b(sum|min|max|avg|group|stddev|stdvar|count|count_values|bottomk|topk|quantile)\s*\("
+)
+CLUSTER_SUMMARY = "{{ with $labels.cluster }} (cluster {{ . }}){{ end }}"
+
+
+def test_no_alert_adds_up_or_joins_two_clusters() -> None:
+    """Every aggregation names its labels (``by``/``without``), every ``by`` and ``on`` list
+    keeps ``cluster``, and every summary names the cluster when the alert has one (the unit
+    tests over two clusters, alerts_clusters_test.yaml, show it on Prometheus itself)."""
+    alerts = [rule for group in rule_groups() for rule in group["rules"] if "alert" in rule]
+    assert alerts
+    for alert in alerts:
+        expr = " ".join(alert["expr"].split())
+        assert not BARE_AGGREGATION.search(expr), f"{alert['alert']}: {expr}: by (cluster, ...)?"
+        assert keeping(expr, "cluster") == expr, f"{alert['alert']}: {expr} drops cluster"
+        summary = alert["annotations"]["summary"]
+        assert summary.endswith(CLUSTER_SUMMARY), f"{alert['alert']}: {summary!r}"
 
 
 def test_dockerfile_copies_only_what_make_image_provides() -> None:

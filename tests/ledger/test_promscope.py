@@ -1,5 +1,6 @@
-"""The cluster matcher in every vector selector (quota/promscope.py): each shape of PromQL the
-product asks, and the label names and values it is given. (Against a real Prometheus holding two
+"""The cluster matcher in every vector selector and the cluster label in every by/on list
+(quota/promscope.py): each shape of PromQL the product and its dashboards ask, and the label
+names and values it is given. (Against a real Prometheus holding two
 clusters: tests/fleet/test_clusters.py and tests/report/test_prometheus.py.)"""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 import pytest
 
 from gpuquota.quota.options import add_prometheus_cluster_label_option
-from gpuquota.quota.promscope import Scope, scoped
+from gpuquota.quota.promscope import Scope, keeping, scoped
 
 EAST = Scope("cluster", "east")
 M = 'cluster="east"'
@@ -50,6 +51,11 @@ M = 'cluster="east"'
         ),
         ('x{a="}{,\\"b"}', f'x{{a="}}{{,\\"b",{M}}}'),
         ("job:gpu:sum", f"job:gpu:sum{{{M}}}"),
+        # Grafana's variables (dashboards' queries) are no metrics
+        (
+            "sum(avg_over_time(x[$__range])) * $__range_s / ${__interval_ms}",
+            f"sum(avg_over_time(x{{{M}}}[$__range])) * $__range_s / ${{__interval_ms}}",
+        ),
     ],
 )
 def test_every_selector_gets_the_matcher(promql: str, want: str) -> None:
@@ -80,3 +86,27 @@ def test_the_flag_refuses_what_is_not_a_label_name(capsys: pytest.CaptureFixture
         parser.parse_args(["--prometheus-cluster-label", "k8s-cluster"])
     assert exit.value.code == 2
     assert "'k8s-cluster' is not a Prometheus label name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("promql", "want"),
+    [
+        ("sum by (namespace) (x)", "sum by (cluster, namespace) (x)"),
+        ("sum(x) by(a,b) / on() group_left (c) y", "sum(x) by(cluster, a, b) / on(cluster) group_left (c) y"),
+        ("max by (uuid, cluster) (x)", "max by (uuid, cluster) (x)"),
+        # without and ignoring keep it already; matchers, strings and variables are no lists
+        ("sum without (pod) (x) + ignoring (kind) y", "sum without (pod) (x) + ignoring (kind) y"),
+        ('x{by="on (a)"} * on (u) group_right (by) label_replace(y, "on", "$1", "by", "(.*)")',
+         'x{by="on (a)"} * on (cluster, u) group_right (by) label_replace(y, "on", "$1", "by", "(.*)")'),
+        ("count(x) or vector(0)", "count(x) or vector(0)"),
+        ("rate(x[$__rate_interval]) * $on", "rate(x[$__rate_interval]) * $on"),
+    ],
+)  # fmt: skip
+def test_every_by_and_on_list_keeps_the_label(promql: str, want: str) -> None:
+    assert keeping(promql, "cluster") == want
+    assert keeping(want, "cluster") == want
+
+
+def test_keeping_checks_the_label_name() -> None:
+    with pytest.raises(ValueError, match="not a label name"):
+        keeping("sum by (a) (x)", "k8s-cluster")
