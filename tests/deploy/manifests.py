@@ -6,6 +6,7 @@ import functools
 import re
 import shutil
 import subprocess
+from copy import deepcopy
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,14 @@ def components_of(name: str) -> tuple[str, ...]:
     return BUILDS[name]
 
 
-@functools.cache
 def kustomize(folder: Path) -> list[dict[str, Any]]:
+    """The build's documents, a copy of their own for each caller: a test that changes what
+    it was given (as an operator would change a setting) changes no other test's build."""
+    return deepcopy(_kustomized(folder))
+
+
+@functools.cache
+def _kustomized(folder: Path) -> list[dict[str, Any]]:
     assert KUBECTL is not None
     built = subprocess.run(
         [KUBECTL, "kustomize", str(folder)], capture_output=True, text=True, timeout=60
