@@ -200,6 +200,14 @@ class Ledger:
         return row is not None and row.result == "open"
 
 
+def eviction_results(dry_run: bool) -> tuple[str, str, str]:
+    """What an eviction's row ends as in a mode: done, a PodDisruptionBudget's "not now", a
+    failed call (a dry run's evicted nothing, so it spends no budget)."""
+    if dry_run:
+        return ("dry_run", "dry_run_blocked", "dry_run_failed")
+    return ("evicted", "blocked_by_pdb", "failed")
+
+
 Fence = tuple[str, frozenset[str]]  # a pod object (UID) and the fenced devices it holds
 
 
@@ -223,8 +231,7 @@ class Done:
 
     @classmethod
     def of(cls, acts: Iterable[StoredAct], dry_run: bool) -> Done:
-        evicted = "dry_run" if dry_run else "evicted"
-        blocked = "dry_run_blocked" if dry_run else "blocked_by_pdb"
+        evicted, blocked, _failed = eviction_results(dry_run)
         done = cls()
         for a in acts:
             fence = fence_of(a.pod_uid, a.devices)

@@ -53,7 +53,14 @@ from typing import Any
 from gpuquota.exporter.dra.taintrules import GROUP, MANAGED_BY, MANAGER, VERSIONS
 from gpuquota.kube.client import STRATEGIC_MERGE_PATCH, ApiStatusError, Kube
 from gpuquota.quota.remediation.metrics import RemediationMetrics
-from gpuquota.quota.remediation.record import Act, Done, Ledger, StoredAct, fence_of
+from gpuquota.quota.remediation.record import (
+    Act,
+    Done,
+    Ledger,
+    StoredAct,
+    eviction_results,
+    fence_of,
+)
 from gpuquota.quota.remediation.rules import (
     Breaker,
     PodTrouble,
@@ -357,8 +364,7 @@ class Remediator:
     def _evict(self, trouble: PodTrouble, row: int) -> None:
         """Evicts the pod (a dry run: asks the server whether it would) and finishes its row."""
         dry = self.settings.dry_run
-        evicted, blocked = ("dry_run", "dry_run_blocked") if dry else ("evicted", "blocked_by_pdb")
-        failed = "dry_run_failed" if dry else "failed"  # a dry run's evicted nothing: no budget
+        evicted, blocked, failed = eviction_results(dry)
         path = f"/api/v1/namespaces/{trouble.namespace}/pods/{trouble.pod}/eviction"
         body = {
             "apiVersion": "policy/v1",
