@@ -10,7 +10,9 @@ across restarts; nothing at all while more than --breaker-share of the GPU nodes
 once. Every act is a row in the store (`gpuquota gpus --serial S` shows them) and an Event
 on the pod. --dry-run asks the API server what it would do (dryRun=All) and changes nothing.
 With --lease-name, replicas elect the one that acts through a coordination.k8s.io Lease, as
-the controller's do (quota/controller/leader.py). docs/health.md, "Pods on a failed GPU".
+the controller's do (quota/controller/leader.py); a dry run elects through a Lease of its own,
+the name with ``-dry-run`` added, so a preview never takes turns with the real remediation.
+docs/health.md, "Pods on a failed GPU".
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 from fractions import Fraction
 from types import FrameType
 
@@ -32,7 +35,7 @@ from gpuquota.cli_common.ratios import ratio_flag
 from gpuquota.kube import client as kubeapi
 from gpuquota.kube import rest
 from gpuquota.kube.client import Kube, Timeouts
-from gpuquota.quota.controller.leader import check, elect
+from gpuquota.quota.controller.leader import LeaseSettings, check, elect
 from gpuquota.quota.options import (
     add_cluster_option,
     add_db_option,
@@ -52,6 +55,9 @@ log = logging.getLogger(__name__)
 
 MAX_EVICTIONS = 10_000  # per window, fleet-wide: more is no limit at all, and a typo
 LEASE_ENV = "GPUQUOTA_REMEDIATE_LEASE_NAME"  # not the controller's: the two never share one
+# a dry run's Lease is the name with this added: were it the real replicas' own, a preview
+# holding it would stop the real remediation (and a real replica never takes such a name)
+DRY_RUN_LEASE_SUFFIX = "-dry-run"
 EVICT_DEFAULTS = {"evict_max": 1, "evict_window": 600.0, "evict_after": 60.0}
 EVICT_FLAGS = {"evict_max": "--evict-max", "evict_window": "--evict-window",
                "evict_after": "--evict-after"}  # fmt: skip
@@ -114,7 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="decide, ask the API server what it would do (dryRun=All: admission, "
         "preconditions, PodDisruptionBudgets) and record its answer (store rows, log lines, "
-        "budget); change nothing in the cluster and write no Event",
+        "an eviction budget of its own); change nothing in the cluster and write no Event. "
+        f"Elects through the Lease --lease-name plus {DRY_RUN_LEASE_SUFFIX}",
     )
     evict = parser.add_argument_group("eviction (with --evict)")
     evict.add_argument(
@@ -197,6 +204,11 @@ def settings_of(args: argparse.Namespace) -> Settings:
         )
     if args.lease_name and (problem := check(lease_settings(args))):
         raise UsageError(problem)
+    if args.lease_name.endswith(DRY_RUN_LEASE_SUFFIX) and not args.dry_run:
+        raise UsageError(
+            f"--lease-name {args.lease_name}: a name ending in {DRY_RUN_LEASE_SUFFIX} is a dry "
+            "run's Lease (--dry-run adds it to the name given); give the real replicas' name"
+        )
     return Settings(
         condition=args.condition,
         evict=args.evict,
@@ -207,6 +219,14 @@ def settings_of(args: argparse.Namespace) -> Settings:
         breaker=breaker,
         instance=args.identity,
     )
+
+
+def lease_of(args: argparse.Namespace) -> LeaseSettings:
+    """The Lease this instance elects through: a dry run's is a Lease of its own."""
+    lease = lease_settings(args)
+    if args.dry_run and lease.name:
+        return replace(lease, name=lease.name + DRY_RUN_LEASE_SUFFIX)
+    return lease
 
 
 def _fail(message: str, status: int = exitcodes.BAD_INPUT) -> int:
@@ -236,7 +256,7 @@ def run(args: argparse.Namespace) -> int:
                 f"metrics port {args.metrics_address}:{args.metrics_port}: {exc.strerror or exc}"
             )
     kube = Kube(api, Timeouts())
-    lease = lease_settings(args)
+    lease = lease_of(args)
     stopping = threading.Event()  # a signal, or the Lease lost: no round starts
     leading = threading.Event()  # set while this replica holds the Lease (always without one)
     done = threading.Event()
@@ -291,9 +311,10 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info(
-        "remediating pods on fenced GPUs: condition %s, evict %s%s, at most %d per %.0fs",
+        "remediating pods on fenced GPUs: condition %s, evict %s%s, at most %d per %.0fs%s",
         settings.condition, settings.evict, " (dry run)" if settings.dry_run else "",
         settings.max_evictions, settings.window_s,
+        f", electing through the Lease {lease.namespace}/{lease.name}" if lease.name else "",
     )  # fmt: skip
     if args.lease_name:
         elect(lease, lead, lost)

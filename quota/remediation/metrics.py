@@ -63,7 +63,7 @@ METRICS: tuple[RemediationMetric, ...] = (
         "gpuquota_remediation_actions",
         "counter",
         "Pod actions by kind (evict, condition) and result (evicted, dry_run, blocked_by_pdb, "
-        "refused, gone, failed, marked, cleared, skipped, dry_run_blocked)",
+        "refused, gone, failed, marked, cleared, skipped, dry_run_blocked, dry_run_failed)",
         ("action", "result"),
         "Each action, as it is recorded in the store",
     ),

@@ -27,7 +27,12 @@ Each round (``gpuquota remediate`` runs one every ``--interval``):
 sent with ``dryRun=All``, so the server runs its checks (admission policies, the UID and
 resourceVersion preconditions, PodDisruptionBudgets: a 429) and persists nothing; what it
 answered is recorded as a ``dry_run`` (or, a budget refusing, ``dry_run_blocked``) row and a
-log line, and no Event is written.
+log line, and no Event is written. Its eviction budget is its own (quota/remediation/record.py),
+so it never spends the real one's.
+
+What was already done for a pod (evicted, found gone, refused, a PodDisruptionBudget's refusal
+said, a dry run's row written) is read from the store each round (record.Done), so neither a
+restart nor a takeover records anything twice.
 
 With replicas (``--lease-name``), only the one holding the Lease acts: ``may_act`` says
 whether it still does, and is asked before every write; when it says no, the round stops
@@ -48,7 +53,14 @@ from typing import Any
 from gpuquota.exporter.dra.taintrules import GROUP, MANAGED_BY, MANAGER, VERSIONS
 from gpuquota.kube.client import STRATEGIC_MERGE_PATCH, ApiStatusError, Kube
 from gpuquota.quota.remediation.metrics import RemediationMetrics
-from gpuquota.quota.remediation.record import Act, Ledger, StoredAct
+from gpuquota.quota.remediation.record import (
+    Act,
+    Done,
+    Ledger,
+    StoredAct,
+    eviction_results,
+    fence_of,
+)
 from gpuquota.quota.remediation.rules import (
     Breaker,
     PodTrouble,
@@ -110,10 +122,8 @@ class Remediator:
         self._rule_version: str | None = None
         self._rules_refused = False
         self._breaker_open = ledger.breaker_open()  # as the last run left it: said once
-        self._handled: set[str] = set()  # pod UIDs evicted, refused or gone: not again
-        self._blocked: set[str] = set()  # pod UIDs a PDB holds: recorded once
-        self._said_budget = False
-        self._said_dry: set[tuple[str, str]] = set()  # (pod UID, message) a dry run recorded
+        self._said_budget = False  # a log line only: said once per process
+        self._done = Done()  # what the store says was done for this round's pods
 
     def _leading(self) -> None:
         """Raises NotLeadingError unless this replica may still write (it holds the Lease)."""
@@ -181,18 +191,18 @@ class Remediator:
             return verdicts
         pods = [p for node in sorted(verdicts.reporting) for p in self._pods_on(node)]
         claims = self._claims(claims_wanted(pods, verdicts))
+        found = [(t, untouchable(p)) for p in pods if (t := trouble_of(p, verdicts, claims))]
+        marked = self.ledger.marked() if self.settings.condition else {}
+        uids = {t.uid for t, _ in found} | {a.pod_uid for a in marked.values()}
+        self._done = Done.of(self.ledger.acts_of(uids), self.settings.dry_run)
         troubles: dict[str, PodTrouble] = {}
-        for pod in pods:
-            trouble = trouble_of(pod, verdicts, claims)
-            if trouble is None:
-                continue
-            why = untouchable(pod)
+        for trouble, why in found:
             if why is not None:
                 self._refuse(trouble, why)
-                continue
-            troubles[trouble.uid] = trouble
+            else:
+                troubles[trouble.uid] = trouble
         if self.settings.condition:
-            self._conditions(troubles, claims)
+            self._conditions(troubles, claims, marked)
         if self.settings.evict:
             self._evictions(troubles, claims)
         return verdicts
@@ -216,16 +226,22 @@ class Remediator:
         return why is None
 
     def _refuse(self, trouble: PodTrouble, why: str) -> None:
-        if trouble.uid in self._handled:
+        """One row per pod and fence, ever: the store says whether it was written."""
+        if trouble.uid in self._done.finished or fence_of(trouble.uid, trouble.uuids()) in (
+            self._done.refused
+        ):
             return
-        self._handled.add(trouble.uid)
         log.warning("not acting on %s/%s on a fenced GPU: %s", *trouble.key, why)
-        self._done("evict" if self.settings.evict else "condition", "refused", trouble, why)
+        self._record("evict" if self.settings.evict else "condition", "refused", trouble, why)
 
     # -- the condition ------------------------------------------------------------------
 
-    def _conditions(self, troubles: dict[str, PodTrouble], claims: dict[Any, Obj]) -> None:
-        marked = self.ledger.marked()
+    def _conditions(
+        self,
+        troubles: dict[str, PodTrouble],
+        claims: dict[Any, Obj],
+        marked: dict[tuple[str, str], StoredAct],
+    ) -> None:
         for trouble in sorted(troubles.values(), key=lambda t: t.key):
             previous = marked.get(trouble.key)
             if (
@@ -251,16 +267,13 @@ class Remediator:
         condition = pod_condition(trouble, our_condition(pod), rfc3339(self.clock()))
         if condition is None:  # the pod says so already (a store restored from a backup)
             if not self.settings.dry_run:  # noted, so that it is cleared when the fence lifts
-                self._done("condition", "marked", trouble, trouble.message())
+                self._record("condition", "marked", trouble, trouble.message())
             return
-        said = (trouble.uid, trouble.message())
-        if self.settings.dry_run and said in self._said_dry:
+        if self.settings.dry_run and (trouble.uid, trouble.message()) in self._done.said:
             return
         if not self._patch_condition(pod, condition):
             return
-        if self.settings.dry_run:
-            self._said_dry.add(said)
-        self._done("condition", "dry_run" if self.settings.dry_run else "marked", trouble,
+        self._record("condition", "dry_run" if self.settings.dry_run else "marked", trouble,
                    trouble.message(), event=not self.settings.dry_run)  # fmt: skip
 
     def _clear(self, act: StoredAct) -> None:
@@ -272,12 +285,10 @@ class Remediator:
             if self.settings.dry_run:
                 # a dry run's row must not read as cleared: the real run still has to clear it
                 result, message = "dry_run", "would clear: the fence lifted"
-                if (act.pod_uid, message) in self._said_dry:
+                if (act.pod_uid, message) in self._done.said:
                     return
             if condition is not None and not self._patch_condition(pod, condition):
                 return
-            if self.settings.dry_run:
-                self._said_dry.add((act.pod_uid, message))
         elif self.settings.dry_run:
             return  # the real run notes it gone
         else:
@@ -321,10 +332,9 @@ class Remediator:
     def _evictions(self, troubles: dict[str, PodTrouble], claims: dict[Any, Obj]) -> None:
         now = self.clock()
         s = self.settings
-        self._blocked &= set(troubles)
         for trouble in due_for_eviction(troubles.values(), now, s.after_s):
-            if trouble.uid in self._handled:
-                continue
+            if trouble.uid in self._done.finished:
+                continue  # evicted (a dry run: would be) or gone; a refusal is checked anew
             pod = self._pod(*trouble.key)
             why = "deleted" if pod is None else still_the_one(pod, trouble, claims)
             if why is not None:
@@ -338,7 +348,7 @@ class Remediator:
             act = Act("evict", result, trouble.node, trouble.namespace, trouble.pod, trouble.uid,
                       trouble.uuids(), trouble.message())  # fmt: skip
             self._leading()
-            row = self.ledger.reserve(act, now, s.max_evictions, s.window_s)
+            row = self.ledger.reserve(act, now, s.max_evictions, s.window_s, s.dry_run)
             if row is None:
                 if not self._said_budget:
                     log.warning("eviction budget spent (%d per %.0fs, fleet-wide): %s/%s waits",
@@ -348,13 +358,13 @@ class Remediator:
             self._said_budget = False
             self._evict(trouble, row)
         self.metrics.budget_left.set(
-            max(self.ledger.left(self.clock(), s.max_evictions, s.window_s), 0)
+            max(self.ledger.left(self.clock(), s.max_evictions, s.window_s, s.dry_run), 0)
         )
 
     def _evict(self, trouble: PodTrouble, row: int) -> None:
         """Evicts the pod (a dry run: asks the server whether it would) and finishes its row."""
         dry = self.settings.dry_run
-        evicted, blocked = ("dry_run", "dry_run_blocked") if dry else ("evicted", "blocked_by_pdb")
+        evicted, blocked, failed = eviction_results(dry)
         path = f"/api/v1/namespaces/{trouble.namespace}/pods/{trouble.pod}/eviction"
         body = {
             "apiVersion": "policy/v1",
@@ -367,10 +377,9 @@ class Remediator:
             self.kube.call("POST", path, DRY_RUN if dry else None, body=body)
         except ApiStatusError as exc:
             if exc.status == 429:  # a PodDisruptionBudget says not now: the place goes back
-                if trouble.uid in self._blocked:
+                if fence_of(trouble.uid, trouble.uuids()) in self._done.blocked:
                     self.ledger.discard(row)  # one row says it waits; the others would repeat it
                     return
-                self._blocked.add(trouble.uid)
                 log.info("%seviction of %s waits for its disruption budget",
                          "dry run: " if dry else "", what)  # fmt: skip
                 self.ledger.finish(row, blocked, f"{trouble.message()}: {exc}")
@@ -379,15 +388,13 @@ class Remediator:
                             reason="GPUEvictionBlocked")  # fmt: skip
                 return
             if exc.status in (404, 409):  # gone, or recreated under its name (UID precondition)
-                self._handled.add(trouble.uid)
                 self.ledger.finish(row, "gone", f"{trouble.message()}: {exc}")
                 self.metrics.actions.labels("evict", "gone").inc()
                 log.info("not evicted %s: %s", what, exc)
                 return
-            self.ledger.finish(row, "failed", f"{trouble.message()}: {exc}")
-            self.metrics.actions.labels("evict", "failed").inc()
+            self.ledger.finish(row, failed, f"{trouble.message()}: {exc}")
+            self.metrics.actions.labels("evict", failed).inc()
             raise
-        self._handled.add(trouble.uid)
         if dry:  # the row says dry_run already
             self.metrics.actions.labels("evict", evicted).inc()
             log.warning("dry run: the API server would evict %s", what)
@@ -400,7 +407,7 @@ class Remediator:
 
     # -- records ------------------------------------------------------------------------
 
-    def _done(
+    def _record(
         self, action: str, result: str, trouble: PodTrouble, message: str, event: bool = False
     ) -> None:
         self._leading()

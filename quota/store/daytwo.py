@@ -18,7 +18,8 @@ A board still in the fleet keeps everything.
 
 The central remediation's record (``remediation_actions``) goes by time, as the bills do, with
 three exceptions that `gpuquota remediate` still reads (docs/health.md, "Retention of the
-record"): the evictions that spend the fleet-wide budget and are newer than the longest
+record"): the evictions that spend the fleet-wide budget (a real instance's, and a dry-run
+instance's budget of its own) and are newer than the longest
 ``--evict-window`` (``MAX_EVICT_WINDOW_S`` before now, whatever the cut-off: pruning them
 would hand the budget back, and a wrong verdict could evict again at once), the latest
 condition row of a pod whose condition it set and has still to clear (``marked``), and each
@@ -55,6 +56,7 @@ from gpuquota.quota.store.models import (
 )
 from gpuquota.quota.store.vocabulary import (
     CONDITION_STATES,
+    DRY_RUN_SPENT,
     EVICTIONS_SPENT,
     FENCED,
     MAX_EVICT_WINDOW_S,
@@ -178,9 +180,9 @@ def _remediation_gone(before: int, now: int) -> Any:
     cluster's breaker state."""
     t = RemediationAction.__table__
     later = t.alias("later")
-    budget = and_(
+    budget = and_(  # a real instance's budget and a dry run's: each reads its own
         t.c.action == "evict",
-        t.c.result.in_(EVICTIONS_SPENT),
+        t.c.result.in_(EVICTIONS_SPENT + DRY_RUN_SPENT),
         t.c.at >= now - MAX_EVICT_WINDOW_S,
     )
     to_clear = and_(

@@ -460,9 +460,10 @@ class RemediationAction(Base):
     """One act of the central pod remediation (migration 0012; quota/remediation): a pod
     evicted or marked for a fenced GPU, or refused, or the circuit breaker opening or closing.
     ``action``: evict | condition | breaker; ``result``: evicting (budget reserved, the call
-    under way), evicted, dry_run, blocked_by_pdb, refused, gone, failed, marked, cleared,
-    open, closed. Evictions reserved, done, dry-run or failed in the last window count
-    against the fleet-wide budget, so it holds across restarts and replicas."""
+    under way), evicted, dry_run, dry_run_blocked, dry_run_failed, blocked_by_pdb, refused,
+    gone, failed, marked, cleared, open, closed. Evictions reserved, done or failed in the
+    last window count against the fleet-wide budget, so it holds across restarts and
+    replicas; a dry run's ``dry_run`` ones against a dry run's budget of its own."""
 
     __tablename__ = "remediation_actions"
     __table_args__ = (Index("ix_remediation_actions_at", "cluster", "action", "at"),)

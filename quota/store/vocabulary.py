@@ -9,10 +9,13 @@ from __future__ import annotations
 
 FENCED = "unhealthy"  # the verdict the agent withdraws a GPU on (device plugin, taint, DRA)
 
-# remediation_actions: the evictions that spend the fleet-wide budget (quota/remediation/
-# record.py): reserved, done, pretended (dry run), or an API failure that may have evicted
+# remediation_actions: the evictions that spend the fleet-wide budget of a real instance
+# (quota/remediation/record.py): reserved, done, or an API failure that may have evicted
 # (never less than what happened)
-EVICTIONS_SPENT = ("evicting", "evicted", "dry_run", "failed")
+EVICTIONS_SPENT = ("evicting", "evicted", "failed")
+# ... and those that spend a dry-run instance's budget, a budget of its own: what it would
+# have evicted. Neither counts the other's, so a preview never starves the real remediation
+DRY_RUN_SPENT = ("dry_run",)
 # the longest --evict-window `gpuquota remediate` takes: `db prune` keeps every eviction row
 # this recent, so no budget window ever loses a row it counts (the budget would reset)
 MAX_EVICT_WINDOW_S = 7 * 86400

@@ -18,6 +18,7 @@ from gpuquota.dashboards import configmaps
 from gpuquota.dashboards.known_metrics import known_metric_names
 from gpuquota.dashboards.promql import metric_names
 from gpuquota.quota.promscope import keeping
+from gpuquota.quota.remediation.cli import DRY_RUN_LEASE_SUFFIX
 from tests.deploy.manifests import (
     DEPLOY,
     OVERLAYS,
@@ -237,6 +238,33 @@ def test_overlays_build_and_change_what_they_say() -> None:
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
     assert env["GPUQUOTA_DB"]["valueFrom"]["secretKeyRef"]["name"] == "gpuquota-db"
     assert "affinity" not in pod and not pod.get("volumes")
+
+
+@needs_kubectl
+@pytest.mark.parametrize("folder", OVERLAYS)
+def test_each_component_may_renew_its_own_lease_alone_in_every_build(folder: str) -> None:
+    """The Roles narrow get/update of Leases by name (resourceNames) to the Lease each
+    component is configured to elect through, in every build (a build that renamed one
+    without the other would leave its replicas unable to renew: no leader)."""
+    docs = built(folder)
+
+    def renewable(role: str) -> set[str]:
+        rules = find(docs, "Role", role)["rules"]
+        assert all("update" not in r["verbs"] or r.get("resourceNames") for r in rules), role
+        return {n for r in rules if "update" in r["verbs"] for n in r["resourceNames"]}
+
+    config = find(docs, "ConfigMap", "gpuquota-controller")["data"]
+    assert renewable("gpuquota-leader-election") == {config["GPUQUOTA_LEASE_NAME"]}
+    if any(d["kind"] == "Deployment" and d["metadata"]["name"] == "gpuquota-remediate"
+           for d in docs):  # fmt: skip
+        pod = find(docs, "Deployment", "gpuquota-remediate")["spec"]["template"]["spec"]
+        [lease] = [a.split("=", 1)[1] for a in pod["containers"][0]["args"]
+                   if a.startswith("--lease-name=")]  # fmt: skip
+        assert renewable("gpuquota-remediate-leader-election") == {
+            lease,
+            lease + DRY_RUN_LEASE_SUFFIX,
+        }
+        assert config["GPUQUOTA_LEASE_NAME"] not in {lease, lease + DRY_RUN_LEASE_SUFFIX}
 
 
 @needs_kubectl

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from gpuquota.kube.client import Kube
+from gpuquota.quota.remediation.cli import DRY_RUN_LEASE_SUFFIX
 from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import stop_process, wait_for
 from gpuquota.sim.kubelet.checkpoint import PodDeviceEntry
@@ -183,17 +184,27 @@ def test_exporters_without_api_flags_have_no_token_and_no_grant(folder_name: str
     assert pod["automountServiceAccountToken"] is False
 
 
+def controller_lease(docs: list[dict[str, Any]]) -> str:
+    """The Lease the manifest's controller elects through (its ConfigMap's setting)."""
+    return str(find(docs, "ConfigMap", "gpuquota-controller")["data"]["GPUQUOTA_LEASE_NAME"])
+
+
 @needs_kubectl
 def test_controller_roles_grant_exactly_what_the_controller_calls(folder: Path) -> None:
+    """The controller, electing through the manifest's Lease, until it has taken and renewed
+    it: get and update of that Lease alone (resourceNames), never remediate's or another's."""
     docs = kustomize(DEPLOY / "base")
-    granted = grants(docs, CONTROLLER_SA)
+    names: dict[Grant, set[str]] = {}
+    granted = grants(docs, CONTROLLER_SA, names)
+    lease = controller_lease(docs)
+    assert names == {("coordination.k8s.io", "leases", verb): {lease} for verb in ("get", "update")}
     with ApiServer(bookmark_interval=0.2) as api:
         kubeconfig = api.write_kubeconfig(folder / "kubeconfig")
         log = (folder / "controller.log").open("w")
         proc = subprocess.Popen(
             [sys.executable, "-m", "gpuquota.quota.cli", "controller", "--kubeconfig", str(kubeconfig),
              "--db", f"sqlite:///{folder / 'gq.db'}", "--migrate", "--metrics-port", "0",
-             "--lease-name", "gpuquota-controller", "--lease-namespace", "gpuquota",
+             "--lease-name", lease, "--lease-namespace", "gpuquota",
              "--identity", "ctl-a", "--lease-duration", "3", "--renew-deadline", "2",
              "--retry-period", "1", "--flush-interval", "0.3"],
             stdout=log, stderr=subprocess.STDOUT,
@@ -208,9 +219,11 @@ def test_controller_roles_grant_exactly_what_the_controller_calls(folder: Path) 
                 what=f"a renewed lease and every watch ({(folder / 'controller.log').read_text()})",
             )
             called = set(api.calls)
+            taken = api.get("leases", lease, "gpuquota")
         finally:
             stop_process(proc)
             log.close()
+    assert taken is not None and taken["spec"]["holderIdentity"] == "ctl-a"
     assert called <= granted, f"calls no role allows: {sorted(called - granted)}"
     assert granted <= called, f"grants the code never calls: {sorted(granted - called)}"
 
@@ -337,7 +350,9 @@ def test_remediate_roles_grant_exactly_what_it_calls_and_its_policies_admit_it(
     names: dict[Grant, set[str]] = {}
     granted = grants(docs, REMEDIATE_SA, names)
     lease = next(a.split("=", 1)[1] for a in remediate_args(docs) if a.startswith("--lease-name="))
-    assert names == {("coordination.k8s.io", "leases", verb): {lease} for verb in ("get", "update")}
+    # its own Lease, and the one the same Deployment elects through with --dry-run added
+    own = {lease, lease + DRY_RUN_LEASE_SUFFIX}
+    assert names == {("coordination.k8s.io", "leases", verb): own for verb in ("get", "update")}
     policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     assert {p["metadata"]["name"] for p in policies} == {
         "gpuquota-remediate-pod-status", "gpuquota-remediate-evictions"}  # fmt: skip

@@ -1,6 +1,7 @@
 """The fleet-wide eviction budget in the store, on SQLite and on a real PostgreSQL: replicas
 reserving at the same moment never spend more than the window allows, a crash's reservation
-still counts, and a PodDisruptionBudget's "not now" gives the place back."""
+still counts, a PodDisruptionBudget's "not now" gives the place back, and a dry run sharing the
+store spends a budget of its own."""
 
 from __future__ import annotations
 
@@ -71,3 +72,22 @@ def test_what_counts_against_the_budget(url: str) -> None:
         assert ledger.left(NOW, 3, 600) == 0
         ledger.record(Act("condition", "marked", pod="m"), NOW)  # marks are not evictions
         assert ledger.left(NOW + 1, 3, 600) == 0
+
+
+def test_a_real_instance_and_a_dry_run_each_count_only_their_own_evictions(url: str) -> None:
+    """One store, one cluster: a dry run's rows spend its own budget, never the real one."""
+    with db.open_store(url) as store:
+        ledger = Ledger(store, "c")
+        assert ledger.reserve(Act("evict", "dry_run", pod="a"), NOW, 1, 600, dry_run=True)
+        assert ledger.left(NOW, 1, 600) == 1  # the preview spent none of the real budget
+        assert ledger.reserve(Act("evict", "dry_run", pod="b"), NOW, 1, 600, dry_run=True) is None
+        row = ledger.reserve(Act("evict", "evicting", pod="a"), NOW, 1, 600)
+        assert row is not None
+        ledger.finish(row, "evicted")
+        assert ledger.left(NOW, 1, 600) == 0
+        assert ledger.left(NOW, 2, 600, dry_run=True) == 1  # nor the real one the preview's
+        # a dry run's failed call evicted nothing: it spends neither budget
+        failed = ledger.reserve(Act("evict", "dry_run", pod="c"), NOW, 2, 600, dry_run=True)
+        assert failed is not None
+        ledger.finish(failed, "dry_run_failed")
+        assert (ledger.left(NOW, 2, 600, dry_run=True), ledger.left(NOW, 2, 600)) == (1, 1)

@@ -61,6 +61,11 @@ def remediate(cluster: Cluster, tmp_path: Path, *args: str) -> int:
             ],
             "--lease-duration must be greater than --renew-deadline",
         ),
+        # a dry run's Lease is the name given plus -dry-run: a real instance never takes one
+        (
+            ["--condition", "--lease-name", "gpuquota-remediate-dry-run"],
+            "a name ending in -dry-run is a dry run's Lease",
+        ),
         (["--evict", "--breaker-share", "0"], "--breaker-share"),
         (["--evict", "--breaker-share", "150%"], "--breaker-share"),
         (["--evict", "--breaker-min-nodes", "0"], "give 1 to"),

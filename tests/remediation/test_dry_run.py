@@ -1,6 +1,7 @@
 """`gpuquota remediate --dry-run` asks the API server (``dryRun=All``) what it would do: a
-PodDisruptionBudget's refusal shows as such, nothing is stored or decremented, and a dry run
-never makes a real run forget a condition it has to clear. The stand-in's dry run is checked
+PodDisruptionBudget's refusal shows as such, nothing is stored or decremented, a dry run
+sharing the store with the real run spends a budget of its own, and a dry run never makes a
+real run forget a condition it has to clear. The stand-in's dry run is checked
 against the real server's rules (pkg/registry/core/pod/storage/eviction.go: every check, no
 write; the query's and the body's dryRun must agree; "All" is the only value)."""
 
@@ -70,6 +71,37 @@ def test_a_dry_run_shows_what_the_server_would_refuse_and_changes_nothing(cluste
     assert allowed(cluster, "web") == 1  # a dry run decrements no budget
     assert not events(cluster.server, "ml")
     assert fix.metrics.actions.labels("evict", "dry_run_blocked")._value.get() == 1  # type: ignore[attr-defined]
+
+
+def test_a_dry_run_and_the_real_run_sharing_a_store_each_spend_a_budget_of_their_own(
+    cluster: Cluster,
+) -> None:
+    """Same database, same --cluster: a preview neither starves the real remediation nor is
+    starved by it; each instance's budget counts its own evictions only."""
+    for i in range(10):
+        cluster.add_node(f"node-{i}")
+    cluster.add_pod("ml", "a", "node-0", {uuid_of("node-0", 0): UNHEALTHY})
+    cluster.add_pod("ml", "b", "node-1", {uuid_of("node-1", 0): UNHEALTHY})
+    cluster.agents["node-0"].xid(0, 79, at=T0 + 1)  # oldest first: "a", then "b"
+    cluster.agents["node-1"].xid(0, 79, at=T0 + 2)
+    clock = [T0 + 100]
+    settings = {"evict": True, "after_s": 0, "max_evictions": 1, "window_s": 600}
+    real = cluster.remediator(clock, **settings)
+    dry = cluster.remediator(clock, dry_run=True, **settings)
+    real.round()  # the real budget (1 per 10 min) is spent on "a"
+    assert cluster.server.get("pods", "a", "ml") is None
+    clock[0] = T0 + 400
+    dry.round()  # the preview's budget is untouched by it: it shows "b" would go
+    assert cluster.server.get("pods", "b", "ml") is not None
+    assert dry.metrics.budget_left._value.get() == 0  # type: ignore[attr-defined]
+    clock[0] = T0 + 701  # the real eviction's window is over; the preview's row is not
+    real.round()
+    assert cluster.server.get("pods", "b", "ml") is None  # the preview spent none of it
+    assert [r for r in rows(cluster) if r[0] == "evict"] == [
+        ("evict", "evicted", "a"),
+        ("evict", "dry_run", "b"),
+        ("evict", "evicted", "b"),
+    ]
 
 
 def test_a_dry_run_never_makes_the_real_run_forget_to_clear_a_condition(cluster: Cluster) -> None:

@@ -69,7 +69,7 @@ def test_a_pod_recreated_elsewhere_is_never_evicted_or_marked_for_the_old_pods_g
     cluster.delete_pod("ml", "train-0")
     cluster.add_pod("ml", "train-0", "node-b", {uuid_of("node-b", 1): HEALTHY}, uid="uid-new")
     fix._evictions({trouble.uid: trouble}, {})  # the stale decision acts: it must not
-    fix._conditions({trouble.uid: trouble}, {})
+    fix._conditions({trouble.uid: trouble}, {}, fix.ledger.marked())
     assert cluster.server.get("pods", "train-0", "ml") is not None
     assert "GPUUnhealthy" not in conditions(cluster.server, "ml", "train-0")
     # and if the pod changes between the last read and the call, the UID precondition holds
@@ -204,14 +204,65 @@ def test_the_fleet_budget_holds_across_a_restart_and_pdbs_do_not_spend_it(
     # the Eviction carried the pod's UID; Events say it on the pods
     reasons = sorted((e["regarding"]["name"], e["reason"]) for e in events(cluster.server, "ml"))
     assert reasons == [
-        ("db-0", "GPUEvictionBlocked"),  # once per process: the restarted one said it again
-        ("db-0", "GPUEvictionBlocked"),
+        ("db-0", "GPUEvictionBlocked"),  # once: the restarted one read it from the store
         ("train-1", "GPUEvicted"),
         ("train-2", "GPUEvicted"),
     ]
     assert all(
         e["reportingController"] == "gpuquota.io/remediate" for e in events(cluster.server, "ml")
     )
+
+
+@pytest.mark.parametrize("dry_run", [False, True], ids=["real", "dry-run"])
+def test_a_restarted_remediate_records_nothing_twice(cluster: Cluster, dry_run: bool) -> None:
+    """What was done for which pod and fence is read from the store, not kept in memory: a
+    restart (or a replica taking over, the same fresh start) writes no row and no Event again:
+    not the refusals, not a PodDisruptionBudget's "not now", not a dry run's answers."""
+    cluster.add_node("node-a", count=4)
+    cluster.add_node("node-b")
+    bad = {i: uuid_of("node-a", i) for i in range(4)}
+    cluster.add_pod("kube-system", "static", "node-a", {bad[0]: UNHEALTHY},
+                    annotations={"kubernetes.io/config.mirror": "x"})  # fmt: skip
+    cluster.add_pod("ml", "keep", "node-a", {bad[1]: UNHEALTHY},
+                    annotations={"gpuquota.io/evict-on-gpu-failure": "false"})  # fmt: skip
+    cluster.add_pod("ml", "db-0", "node-a", {bad[2]: UNHEALTHY}, labels={"app": "db"})
+    cluster.server.apply("ADDED", {"kind": "PodDisruptionBudget", "apiVersion": "policy/v1",
+                                   "metadata": {"name": "db", "namespace": "ml", "uid": "pdb"},
+                                   "spec": {"selector": {"matchLabels": {"app": "db"}}},
+                                   "status": {"disruptionsAllowed": 0}})  # fmt: skip
+    cluster.add_pod("ml", "job", "node-a", {bad[3]: UNHEALTHY})
+    for i in range(4):
+        cluster.agents["node-a"].xid(i, 79, at=T0 + 1 + i)
+    clock = [T0 + 100]
+    # the pods are marked in one round and evicted in the next: one Event per pod and round
+    # (an Event's name is the pod's and the clock's, which stands still here)
+    settings = {"condition": True, "after_s": 0, "max_evictions": 10, "dry_run": dry_run}
+    cluster.remediator(clock, **settings).round()
+    settings["evict"] = True
+    first = cluster.remediator(clock, **settings)
+    for _ in range(2):
+        clock[0] += 10
+        first.round()
+    written = rows(cluster)
+    said = sorted((e["regarding"]["name"], e["reason"]) for e in events(cluster.server, "ml"))
+    # one refusal each, written before --evict was added (a refusal is the pod's, not the act's)
+    assert [(r, p) for _a, r, p in written if r == "refused"] == [
+        ("refused", "static"),
+        ("refused", "keep"),
+    ]
+    blocked = "dry_run_blocked" if dry_run else "blocked_by_pdb"
+    assert ("evict", blocked, "db-0") in written
+    for _ in range(2):  # two restarts
+        clock[0] += 10
+        cluster.remediator(clock, **settings).round()
+    assert rows(cluster) == written
+    assert sorted((e["regarding"]["name"], e["reason"]) for e in events(cluster.server, "ml")) == (
+        said
+    )
+    assert said == ([] if dry_run else sorted([
+        ("db-0", "GPUUnhealthy"), ("db-0", "GPUEvictionBlocked"),
+        ("job", "GPUUnhealthy"), ("job", "GPUEvicted"),
+    ]))  # fmt: skip
 
 
 def test_a_gpu_fenced_later_on_a_fenced_node_waits_its_own_evict_after(cluster: Cluster) -> None:

@@ -34,7 +34,7 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
             made.close()
 
 
-def replica(cluster: Cluster, tmp_path: Path, identity: str) -> subprocess.Popen[Any]:
+def replica(cluster: Cluster, tmp_path: Path, identity: str, *extra: str) -> subprocess.Popen[Any]:
     log = (tmp_path / f"{identity}.log").open("w")
     return subprocess.Popen(
         [sys.executable, "-m", "gpuquota.quota.cli", "remediate",
@@ -42,13 +42,14 @@ def replica(cluster: Cluster, tmp_path: Path, identity: str) -> subprocess.Popen
          "--metrics-port=0", "--condition", "--evict", "--evict-max=1", "--evict-window=1h",
          "--evict-after=100ms", "--interval=200ms",
          f"--lease-name={LEASE[1]}", f"--lease-namespace={LEASE[0]}", f"--identity={identity}",
-         f"--lease-duration={DURATION}", "--renew-deadline=3", f"--retry-period={RETRY}"],
+         f"--lease-duration={DURATION}", "--renew-deadline=3", f"--retry-period={RETRY}",
+         *extra],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
 
 
-def holder(cluster: Cluster) -> str | None:
-    lease = cluster.server.get("leases", LEASE[1], LEASE[0])
+def holder(cluster: Cluster, name: str = LEASE[1]) -> str | None:
+    lease = cluster.server.get("leases", name, LEASE[0])
     return None if lease is None else (lease.get("spec") or {}).get("holderIdentity")
 
 
@@ -68,7 +69,10 @@ def test_only_the_lease_holder_acts_and_a_successor_does_nothing_twice(
         cluster.add_node(f"node-{i}")
     cluster.add_pod("ml", "one", "node-0", {uuid_of("node-0", 0): "Unhealthy"})
     cluster.add_pod("ml", "two", "node-1", {uuid_of("node-1", 0): "Unhealthy"})
+    cluster.add_pod("kube-system", "static", "node-0", {uuid_of("node-0", 1): "Unhealthy"},
+                    annotations={"kubernetes.io/config.mirror": "x"})  # never touched  # fmt: skip
     cluster.agents["node-0"].xid(0, 79, at=T0 + 1)  # oldest first: "one" is evicted
+    cluster.agents["node-0"].xid(1, 79, at=T0 + 1)
     cluster.agents["node-1"].xid(0, 79, at=T0 + 2)
     procs = {name: replica(cluster, tmp_path, name) for name in ("a", "b")}
     logs = lambda: {n: (tmp_path / f"{n}.log").read_text() for n in procs}  # noqa: E731
@@ -115,7 +119,39 @@ def test_only_the_lease_holder_acts_and_a_successor_does_nothing_twice(
         ("condition", "marked", "one"), ("evict", "evicted", "one"),
         ("condition", "gone", "one"),  # the marked pod was evicted: nothing to clear
         ("condition", "marked", "two"), ("condition", "marked", "three"),
+        ("evict", "refused", "static"),  # once: the successor read it from the store
     ]), acts  # fmt: skip
+
+
+def test_a_dry_run_beside_the_replicas_elects_through_a_lease_of_its_own(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A preview started with the replicas' --lease-name never takes their turn: it holds the
+    Lease <name>-dry-run while the real leader holds its own and acts."""
+    for i in range(10):
+        cluster.add_node(f"node-{i}")
+    cluster.add_pod("ml", "one", "node-0", {uuid_of("node-0", 0): "Unhealthy"})
+    cluster.add_pod("ml", "two", "node-1", {uuid_of("node-1", 0): "Unhealthy"})
+    cluster.agents["node-0"].xid(0, 79, at=T0 + 1)
+    cluster.agents["node-1"].xid(0, 79, at=T0 + 2)
+    dry = replica(cluster, tmp_path, "preview", "--dry-run")
+    try:  # the preview first: were it the same Lease, it would hold it and the real one wait
+        wait_for(lambda: holder(cluster, f"{LEASE[1]}-dry-run") == "preview", timeout=30,
+                 what="the preview's Lease")  # fmt: skip
+        real = replica(cluster, tmp_path, "a")
+        try:
+            wait_for(lambda: cluster.server.get("pods", "one", "ml") is None, timeout=30,
+                     what="the real leader's eviction")  # fmt: skip
+            assert holder(cluster) == "a"
+            assert holder(cluster, f"{LEASE[1]}-dry-run") == "preview"
+        finally:
+            stop_process(real)
+    finally:
+        stop_process(dry)
+        print({n: (tmp_path / f"{n}.log").read_text() for n in ("preview", "a")})
+    assert "the Lease gpuquota/gpuquota-remediate-dry-run" in (tmp_path / "preview.log").read_text()
+    assert set(reporters(cluster).values()) == {"a"}  # the preview wrote no Event
+    assert ("evict", "dry_run", "one") in rows(cluster)
 
 
 def test_a_leader_that_cannot_renew_stops_and_exits(cluster: Cluster, tmp_path: Path) -> None:

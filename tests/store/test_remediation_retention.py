@@ -1,7 +1,7 @@
 """`gpuquota db prune` and the central remediation's record (remediation_actions): pruned by
 the same cut-off as the bills, except what `gpuquota remediate` still reads: the evictions the
 fleet-wide budget may count (the longest --evict-window, 7 days, before now, whatever the
-cut-off: pruning them would hand the budget back), a pod's condition still to clear, and the
+cut-off: pruning them would hand the budget back; a real instance's and a dry run's own), a pod's condition still to clear, and the
 breaker's state. On both databases."""
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ def test_prune_keeps_what_the_budget_the_conditions_and_the_breaker_still_need(
             (Act("evict", "evicted", pod="old"), NOW - 8 * DAY),  # past every window: goes
             (Act("evict", "evicted", pod="recent"), NOW - 6 * DAY),  # a 7d window counts it
             (Act("evict", "failed", pod="failed"), NOW - 5 * DAY),  # may have evicted: counts
+            (Act("evict", "dry_run", pod="preview"), NOW - 6 * DAY),  # a dry run's budget
+            (Act("evict", "dry_run", pod="old-preview"), NOW - 8 * DAY),  # past it: goes
+            (Act("evict", "dry_run_blocked", pod="p"), NOW - 5 * DAY),  # spent nothing: goes
             (Act("evict", "blocked_by_pdb", pod="blocked"), NOW - 5 * DAY),  # spent nothing
             (Act("evict", "refused", pod="static"), NOW - 5 * DAY),
             (Act("condition", "marked", pod="p1"), NOW - 30 * DAY),
@@ -45,17 +48,18 @@ def test_prune_keeps_what_the_budget_the_conditions_and_the_breaker_still_need(
             ledger.record(act, at)
         other.record(Act("breaker", "closed"), NOW - 50 * DAY)
         window = MAX_EVICT_WINDOW_S
-        before = (ledger.left(NOW, 3, window), ledger.marked().keys(), ledger.breaker_open())
-        assert before == (1, {("", "p2"), ("", "p3")}, True)
+        before = (ledger.left(NOW, 3, window), ledger.left(NOW, 3, window, dry_run=True),
+                  ledger.marked().keys(), ledger.breaker_open())  # fmt: skip
+        assert before == (1, 2, {("", "p2"), ("", "p3")}, True)
 
     code = cli.main(["db", "prune", "--db", empty_db_url, "--before", "2025-12-30"])
     out = capsys.readouterr().out
     shown = {ln.split()[-1]: int(ln.split()[-2]) for ln in out.splitlines()[:-1]}
     assert code == 0
     # by today's clock (weeks after NOW) "recent" and "failed" are past every window too
-    assert shown["remediation_actions"] == 10
+    assert shown["remediation_actions"] == 13
     found = daytwo.prune(empty_db_url, CUT, apply=True, now=NOW)
-    assert {p.table: p.rows for p in found}["remediation_actions"] == 8
+    assert {p.table: p.rows for p in found}["remediation_actions"] == 10
 
     t = RemediationAction.__table__
     with db.open_store(empty_db_url) as store:
@@ -66,12 +70,14 @@ def test_prune_keeps_what_the_budget_the_conditions_and_the_breaker_still_need(
             )
         assert kept == sorted([
             ("c", "evict", "evicted", "recent"), ("c", "evict", "failed", "failed"),
+            ("c", "evict", "dry_run", "preview"),
             ("c", "condition", "marked", "p2"), ("c", "breaker", "open", ""),
             ("c", "condition", "marked", "p3"), ("d", "breaker", "closed", ""),
         ])  # fmt: skip
         # what remediate reads is what it was: the budget is not handed back
         ledger = Ledger(store, "c")
-        after = (ledger.left(NOW, 3, window), ledger.marked().keys(), ledger.breaker_open())
+        after = (ledger.left(NOW, 3, window), ledger.left(NOW, 3, window, dry_run=True),
+                 ledger.marked().keys(), ledger.breaker_open())  # fmt: skip
         assert after == before
     again = daytwo.prune(empty_db_url, CUT, apply=False, now=NOW)
     assert {p.table: p.rows for p in again}["remediation_actions"] == 0
