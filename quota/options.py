@@ -8,12 +8,15 @@ import os
 import re
 import socket
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuquota.cli_common.durations import whole_seconds_flag
 from gpuquota.quota.accounting import DEFAULT_NODE_POOL_LABELS, AccountingConfig
 from gpuquota.quota.accounting.rules.claims import DEFAULT_GPU_DRIVERS
-from gpuquota.quota.controller.leader import LeaseSettings
 from gpuquota.quota.store.db import DEFAULT_URL, ENV_URL
+
+if TYPE_CHECKING:  # its module loads the Kubernetes client, which only two commands need
+    from gpuquota.kube.leader import LeaseSettings
 
 ENV_CLUSTER = "GPUQUOTA_CLUSTER"
 DEFAULT_CLUSTER = "default"
@@ -170,7 +173,7 @@ def port_number(text: str) -> int:
 
 def add_lease_options(parser: argparse.ArgumentParser, name_env: str) -> None:
     """--lease-name, --lease-namespace, --identity and the Lease's timings: how replicas of a
-    component elect the one that acts (quota/controller/leader.py). ``name_env`` is the
+    component elect the one that acts (gpuquota/kube/leader.py). ``name_env`` is the
     environment variable that names the Lease: one per component, so that two components never
     share (and fight over) one Lease."""
     parser.add_argument(
@@ -215,6 +218,8 @@ def add_lease_options(parser: argparse.ArgumentParser, name_env: str) -> None:
 
 def lease_settings(args: argparse.Namespace) -> LeaseSettings:
     """The Lease add_lease_options' flags name (its name is empty: no election)."""
+    from gpuquota.kube.leader import LeaseSettings
+
     return LeaseSettings(
         args.lease_name,
         args.lease_namespace,

@@ -26,9 +26,9 @@ from gpuquota.cli_common import exitcodes
 from gpuquota.cli_common.durations import duration_flag, whole_seconds_flag
 from gpuquota.cli_common.ratios import ratio_flag
 from gpuquota.kube import client as kubeapi
+from gpuquota.kube.leader import check, elect
 from gpuquota.quota.accounting.accountant import Accountant
 from gpuquota.quota.accounting.rules.pods import raw_prefilter
-from gpuquota.quota.controller.leader import check, elect
 from gpuquota.quota.controller.loop import Controller, Settings, StartupError
 from gpuquota.quota.controller.metrics import ControllerMetrics
 from gpuquota.quota.fleet.ingest import turn as fleet_turn

@@ -10,7 +10,7 @@ across restarts; nothing at all while more than --breaker-share of the GPU nodes
 once. Every act is a row in the store (`gpuquota gpus --serial S` shows them) and an Event
 on the pod. --dry-run asks the API server what it would do (dryRun=All) and changes nothing.
 With --lease-name, replicas elect the one that acts through a coordination.k8s.io Lease, as
-the controller's do (quota/controller/leader.py); a dry run elects through a Lease of its own,
+the controller's do (gpuquota/kube/leader.py); a dry run elects through a Lease of its own,
 the name with ``-dry-run`` added, so a preview never takes turns with the real remediation.
 docs/health.md, "Pods on a failed GPU".
 """
@@ -35,7 +35,7 @@ from gpuquota.cli_common.ratios import ratio_flag
 from gpuquota.kube import client as kubeapi
 from gpuquota.kube import rest
 from gpuquota.kube.client import Kube, Timeouts
-from gpuquota.quota.controller.leader import LeaseSettings, check, elect
+from gpuquota.kube.leader import LeaseSettings, check, elect
 from gpuquota.quota.options import (
     add_cluster_option,
     add_db_option,

@@ -1,4 +1,4 @@
-"""The Lease lock (quota/controller/leader.py) turns any failure to reach the API server into a
+"""The Lease lock (gpuquota/kube/leader.py) turns any failure to reach the API server into a
 failed attempt, even one that carries no HTTP answer: the election library reads ``.reason``
 of what a failed get returns, and an AttributeError there ends its thread (a standby that
 never retries; a leader that never learns it lost the Lease)."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 from kubernetes import client
 from kubernetes.leaderelection import electionconfig, leaderelection
 
-from gpuquota.quota.controller.leader import _Lock
+from gpuquota.kube.leader import _Lock
 
 
 def test_a_lease_lock_failure_without_an_http_answer_is_a_failed_attempt() -> None:

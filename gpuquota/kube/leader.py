@@ -1,7 +1,7 @@
 """Leader election through a coordination.k8s.io/v1 Lease (kubernetes.leaderelection).
 
-Only the replica holding the Lease runs the controller and writes to the store; the others
-wait. A leader that cannot renew within the renew deadline stops and exits, so it never
+Only the replica holding the Lease acts (the controller's writer, the acting ``gpuquota
+remediate``; each component has a Lease of its own); the others wait. A leader that cannot renew within the renew deadline stops and exits, so it never
 writes beside a new leader; a standby takes the Lease once it has not been renewed for the
 lease duration.
 """
