@@ -12,7 +12,6 @@ import sys
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -36,26 +35,46 @@ WINDOW = 60
 ADDRESSES = ("127.0.0.1", "127.0.0.2")
 
 
-def agents(work: Path, node: SimNode, ports: list[int]) -> Iterator[subprocess.Popen[bytes]]:
-    """Each agent in turn, started with the DaemonSet's NODE_NAME and stopped by the caller."""
-    for address, port in zip(ADDRESSES, ports, strict=True):
-        log = (work / f"agent-{port}.log").open("wb")
-        yield subprocess.Popen(
-            [sys.executable, "-m", "gpuquota.exporter.cli", f"--listen={address}:{port}",
-             "--interval=1", "--pod-resources-socket="],
-            env=base_env(**node.env(), NODE_NAME=NODE), stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+def start_agent(work: Path, node: SimNode, address: str) -> tuple[subprocess.Popen[bytes], str]:
+    """An agent with the DaemonSet's NODE_NAME on ``address``, serving, and its target. A port
+    free when chosen may be taken before the agent binds it (other tests run beside this one):
+    the agent then exits, and another port is tried."""
+    for _ in range(3):
+        port = free_port()
+        log = work / f"agent-{port}.log"
+        with log.open("wb") as out:
+            agent = subprocess.Popen(
+                [sys.executable, "-m", "gpuquota.exporter.cli", f"--listen={address}:{port}",
+                 "--interval=1", "--pod-resources-socket="],
+                env=base_env(**node.env(), NODE_NAME=NODE), stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        wait_for(
+            lambda a=agent, p=port: a.poll() is not None or _serving(address, p), 30, "the agent"
+        )  # type: ignore[misc]
+        if agent.poll() is None:
+            return agent, f"{address}:{port}"
+    raise AssertionError(f"no agent started on {address}: {log.read_text()}")
+
+
+def _serving(address: str, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{address}:{port}/metrics", timeout=2):
+            return True
+    except OSError:
+        return False
 
 
 def test_an_agent_restarted_on_a_new_address_moves_no_board(
     tmp_path: Path, db_url: str, cluster: str
 ) -> None:
-    ports = [free_port(), free_port()]
-    targets = [f"{a}:{p}" for a, p in zip(ADDRESSES, ports, strict=True)]
+    # the targets in a file Prometheus watches: each agent's port is chosen when it starts
+    listed = tmp_path / "targets.json"
+    listed.write_text("[]")
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump({
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-        "scrape_configs": [{"job_name": "gpu-exporter", "static_configs": [{"targets": targets}]}],
+        "scrape_configs": [{"job_name": "gpu-exporter",
+                            "file_sd_configs": [{"files": [str(listed)], "refresh_interval": "1s"}]}],
     }))  # fmt: skip
     began = int(time.time())
     with ExitStack() as stack:
@@ -73,8 +92,10 @@ def test_an_agent_restarted_on_a_new_address_moves_no_board(
             return bool(result) and result[0]["value"][1] == "2"
 
         ran = []  # (from, to) of each agent
-        for agent, target in zip(agents(tmp_path, node, ports), targets, strict=True):
+        for address in ADDRESSES:
+            agent, target = start_agent(tmp_path, node, address)
             stack.callback(stop_process, agent)
+            listed.write_text(json.dumps([{"targets": [target]}]))
             start = time.time()
             wait_for(lambda t=target: scraped(t), timeout=30, what=f"{target} scraped")  # type: ignore[misc]
             stop_process(agent)
