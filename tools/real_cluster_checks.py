@@ -543,6 +543,19 @@ def check_fence(run: Run) -> None:
 # one eviction per 10 min across the cluster) ------------------------------------------------
 
 
+def gpu_index(run: Run, pod: str) -> int:
+    """The stand-in's index of the GPU a pod of gq-checks holds (gpu_pod_info names its UUID),
+    so each remediation check also runs on its own (`check remediate-dry-run`)."""
+    if pod in run.facts.get("gpus", {}):
+        return int(run.facts["gpus"][pod])
+    uuid = next(s["metric"]["uuid"] for s in prom(run, f'gpu_pod_info{{pod="{pod}"}}'))
+    node = SimNode.attach(run.args.nvml_state)
+    try:
+        return next(i for i in range(node.gpu_count) if node.uuid(i) == uuid)
+    finally:
+        node.close()
+
+
 def rows(run: Run, query: str, db: str | None = None) -> list[tuple[Any, ...]]:
     from sqlalchemy import create_engine, text
 
@@ -566,14 +579,17 @@ def condition(run: Run, pod: str) -> str | None:
     return next((c.status for c in found.status.conditions or [] if c.type == "GPUUnhealthy"), None)  # fmt: skip
 
 
-def events(run: Run) -> list[Any]:
-    """The Events gpuquota remediate wrote in gq-checks (events.k8s.io/v1)."""
-    found = client.EventsV1Api(run.core.api_client).list_namespaced_event(CHECKS_NS).items
-    return [e for e in found if e.reporting_controller == REMEDIATOR]
+def events(run: Run) -> list[dict[str, Any]]:
+    """The Events gpuquota remediate wrote in gq-checks (events.k8s.io/v1), as the server
+    sends them (the official client's model refuses the kubelet's Events there: they have no
+    eventTime)."""
+    listed = kubectl(run, "-n", CHECKS_NS, "get", "events.v1.events.k8s.io", "-o", "json")
+    found: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return [e for e in found if e.get("reportingController") == REMEDIATOR]
 
 
 def reasons(run: Run, pod: str) -> list[str]:
-    return sorted({e.reason for e in events(run) if e.regarding and e.regarding.name == pod})
+    return sorted({e["reason"] for e in events(run) if (e.get("regarding") or {}).get("name") == pod})  # fmt: skip
 
 
 def policy(run: Run) -> client.PolicyV1Api:
@@ -604,7 +620,7 @@ def check_remediate_evict(run: Run) -> None:
     """XID 79 on gpu-f's GPU: gpu-f marked, then evicted through the real Eviction API (the
     budget's one place); a row in the store, Events on the pod, and `gpuquota gpus --serial S`
     lists it after the board."""
-    index = run.facts["gpus"]["gpu-f"]
+    index = gpu_index(run, "gpu-f")
     node = SimNode.attach(run.args.nvml_state)
     serial = node.serial(index)
     start = time.monotonic()
@@ -639,22 +655,26 @@ def world(run: Run) -> dict[str, Any]:
                        sorted(c.type for c in pod.status.conditions or []))  # fmt: skip
     budget = policy(run).read_namespaced_pod_disruption_budget("gpu-p", CHECKS_NS).status
     found["pdb"] = (budget.disruptions_allowed, budget.disrupted_pods)
-    found["events"] = sorted(e.metadata.name for e in events(run))
+    found["events"] = sorted(e["metadata"]["name"] for e in events(run))
     found["store"] = rows(run, "SELECT id, action, result, pod FROM remediation_actions WHERE result <> 'evicting' ORDER BY id")  # fmt: skip
     return found
 
 
-def raw_eviction(run: Run, token: str, pod: str, uid: str | None) -> tuple[int, Any]:
-    """A dryRun=All Eviction as gpuquota-remediate's ServiceAccount: (HTTP status, body)."""
+def raw(
+    run: Run,
+    token: str,
+    method: str,
+    path: str,
+    body: Any,
+    query: str = "dryRun=All",
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
+    """One request as gpuquota-remediate's ServiceAccount: (HTTP status, body)."""
     import ssl
 
-    body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pod, "namespace": CHECKS_NS}}  # fmt: skip
-    if uid:
-        body["deleteOptions"] = {"preconditions": {"uid": uid}}
     request = urllib.request.Request(
-        f"https://127.0.0.1:6443/api/v1/namespaces/{CHECKS_NS}/pods/{pod}/eviction?dryRun=All",
-        data=json.dumps(body).encode(), method="POST",
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        f"https://127.0.0.1:6443{path}?{query}", data=json.dumps(body).encode(), method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": content_type},
     )  # fmt: skip
     context = ssl.create_default_context(cafile=f"{run.args.work}/pki/ca.crt")
     try:
@@ -664,13 +684,51 @@ def raw_eviction(run: Run, token: str, pod: str, uid: str | None) -> tuple[int, 
         return error.code, json.load(error)
 
 
+def probes(run: Run, token: str) -> dict[str, tuple[int, Any]]:
+    """The real server's answers to the dry-run requests gpuquota remediate makes, and to
+    the ones tests/remediation/test_dry_run.py asks the stand-in (all dryRun: none changes
+    anything), as the component's ServiceAccount: for docs/real-cluster.md and sim/apiserver."""
+    uid = {p: run.core.read_namespaced_pod(p, CHECKS_NS).metadata.uid for p in ("gpu-d", "gpu-p")}
+
+    def eviction(pod: str, uid: str | None, **options: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": pod, "namespace": CHECKS_NS}}  # fmt: skip
+        if uid or options:
+            body["deleteOptions"] = {**({"preconditions": {"uid": uid}} if uid else {}), **options}
+        return body
+
+    def status(uid: str) -> dict[str, Any]:
+        return {"metadata": {"uid": uid}, "status": {"conditions": [
+            {"type": "GPUUnhealthy", "status": "True", "reason": "GPUNeedsReboot", "message": "probe"}]}}  # fmt: skip
+
+    wrong = "00000000-0000-0000-0000-000000000000"
+    dry = "dryRun=All"
+    asks = [
+        ("evict gpu-d (no PDB)", "gpu-d/eviction", eviction("gpu-d", uid["gpu-d"]), dry),
+        ("evict gpu-p (PDB maxUnavailable 0)", "gpu-p/eviction", eviction("gpu-p", uid["gpu-p"]), dry),
+        ("evict gpu-d, no preconditions.uid", "gpu-d/eviction", eviction("gpu-d", None), dry),
+        ("evict gpu-d, a wrong uid", "gpu-d/eviction", eviction("gpu-d", wrong), dry),
+        ("evict gpu-d, deleteOptions.dryRun [Other]", "gpu-d/eviction",
+         eviction("gpu-d", uid["gpu-d"], dryRun=["Other"]), dry),
+        ("patch gpu-d status", "gpu-d/status", status(uid["gpu-d"]), dry),
+        ("patch gpu-d status, a wrong uid", "gpu-d/status", status(wrong), dry),
+        ("patch gpu-d status, dryRun=Some", "gpu-d/status", status(uid["gpu-d"]), "dryRun=Some"),
+    ]  # fmt: skip
+    return {
+        what: raw(run, token, "PATCH" if path.endswith("/status") else "POST",
+                  f"/api/v1/namespaces/{CHECKS_NS}/pods/{path}", body, query,
+                  "application/strategic-merge-patch+json" if path.endswith("/status") else "application/json")
+        for what, path, body, query in asks
+    }  # fmt: skip
+
+
 def check_remediate_dry_run(run: Run) -> None:
     """XID 79 on gpu-d's GPU: the real remediate marks it but its budget (one per 10 min, spent
     on gpu-f) keeps it. A second instance on the host, as the component's ServiceAccount, with
     --dry-run, its own Lease (gpuquota-remediate-dry) and its own store (SQLite: a dry_run
     eviction spends its store's budget, docs/health.md): the real server's dryRun=All answers
     recorded (gpu-d would be evicted, gpu-p's budget refuses), nothing changed in the cluster."""
-    index = run.facts["gpus"]["gpu-d"]
+    index = gpu_index(run, "gpu-d")
     node = SimNode.attach(run.args.nvml_state)
     node.inject_xid(index, 79)
     node.close()
@@ -713,19 +771,7 @@ def check_remediate_dry_run(run: Run) -> None:
     time.sleep(3)  # anything it had changed would show by now
     after = world(run)
     # the real server's answers to the same requests, for docs/real-cluster.md and sim/apiserver
-    uids = {p: run.core.read_namespaced_pod(p, CHECKS_NS).metadata.uid for p in ("gpu-d", "gpu-p")}
-    run.facts["dry_run_answers"] = {
-        "evict gpu-d (no PDB), dryRun=All": raw_eviction(run, token, "gpu-d", uids["gpu-d"]),
-        "evict gpu-p (PDB maxUnavailable 0), dryRun=All": raw_eviction(
-            run, token, "gpu-p", uids["gpu-p"]
-        ),
-        "evict gpu-d without preconditions.uid, dryRun=All": raw_eviction(
-            run, token, "gpu-d", None
-        ),
-        "evict gpu-d with a wrong uid, dryRun=All": raw_eviction(
-            run, token, "gpu-d", "00000000-0000-0000-0000-000000000000"
-        ),
-    }
+    run.facts["dry_run_answers"] = probes(run, token)
     codes = {k: v[0] for k, v in run.facts["dry_run_answers"].items()}
     unchanged = before == after and world(run) == before
     ok = upgraded.returncode == 0 and done.returncode == 0 and waiting and ("evict", "dry_run") in dry["gpu-d"] \
