@@ -235,8 +235,8 @@ def budget_refusal(budget: Obj) -> ApiError:
     server gives (pkg/registry/core/pod/storage/eviction.go, checkAndDecrement)."""
     name = budget["metadata"]["name"]
     status = budget.get("status") or {}
-    allowed = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), None)  # fmt: skip
-    failed = allowed is not None and allowed.get("status") == "False" and allowed.get("message")
+    allowed: Obj = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), {})  # fmt: skip
+    failed = allowed.get("status") == "False" and bool(allowed.get("message"))
     desired, current = (
         int(status.get("desiredHealthy") or 0),
         int(status.get("currentHealthy") or 0),
