@@ -52,6 +52,9 @@ class SeriesSamples:
     energy: list[tuple[float, float]] = field(default_factory=list)
     unsorted: bool = False  # samples of several Prometheus series interleave: sort them
     newest: float = float("-inf")  # the newest sample's time: its series' labels are kept
+    # where each Prometheus series' samples lie in used / energy: (its labels, from, to)
+    used_runs: list[tuple[frozenset[tuple[str, str]], int, int]] = field(default_factory=list)
+    energy_runs: list[tuple[frozenset[tuple[str, str]], int, int]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -81,11 +84,42 @@ def fetch_window(
     ):
         group(piece, into=out)
     for series in out.values():
-        if series.unsorted:
-            series.used = prompieces.sorted_unique(series.used)
-            series.energy = prompieces.sorted_unique(series.energy)
-            series.unsorted = False
+        settle(series)
     return out
+
+
+def settle(series: SeriesSamples) -> None:
+    """Puts the samples of a series that several Prometheus series fed in time order, following
+    one Prometheus series at a time (:func:`one_at_a_time`)."""
+    if series.unsorted:
+        series.used = one_at_a_time(series.used, series.used_runs)
+        series.energy = one_at_a_time(series.energy, series.energy_runs)
+        series.unsorted = False
+    series.used_runs, series.energy_runs = [], []
+
+
+def one_at_a_time(
+    samples: list[tuple[float, float]], runs: list[tuple[frozenset[tuple[str, str]], int, int]]
+) -> list[tuple[float, float]]:
+    """The samples of several Prometheus series of one counter, each series followed from its
+    first sample until the next one's first: while an agent rolls out with a surge, the old and
+    the new agent both export the holder's counter, each its own process's (it restarts from 0),
+    and going back and forth between their values would count every step back as a counter
+    reset (the whole counter again). The new agent's first value still counts from 0, as any
+    restart does (at most the seconds both agents measured). Series that follow one another
+    (a changed activity label) come out in time order, as before."""
+    by_series: dict[frozenset[tuple[str, str]], list[tuple[float, float]]] = {}
+    for labels, lo, hi in runs:
+        by_series.setdefault(labels, []).extend(samples[lo:hi])
+    parts = sorted(
+        (prompieces.sorted_unique(part) for part in by_series.values() if part),
+        key=lambda part: part[0][0],
+    )
+    out: list[tuple[float, float]] = []
+    for i, part in enumerate(parts):
+        until = parts[i + 1][0][0] if i + 1 < len(parts) else math.inf
+        out.extend(pair for pair in part if pair[0] < until)
+    return prompieces.sorted_unique(out)
 
 
 def group(
@@ -94,7 +128,8 @@ def group(
 ) -> dict[tuple[str, str, str], SeriesSamples]:
     """Prometheus series -> ledger series. Several Prometheus series of one holder's counter
     (its activity label changed, the agent's pod moved) are one counter: their samples merge in
-    time order (``fetch_window`` sorts them where they interleave), and the labels of the one
+    time order (``fetch_window`` settles them where they interleave: one Prometheus series at a
+    time, :func:`one_at_a_time`), and the labels of the one
     with the newest sample are kept. A series of another metric, or without a device UUID or a
     holder UID, is skipped; NaN and infinite values are skipped. Adds to ``into`` when
     given."""
@@ -115,6 +150,7 @@ def group(
         if series is None:
             series = out[key] = SeriesSamples(device, kind, uid)
         target = series.used if counter == "used" else series.energy
+        runs = series.used_runs if counter == "used" else series.energy_runs
         pairs = item.values
         # one sum in C says whether every value is finite (a window has millions of samples)
         if pairs and not math.isfinite(sum(map(_second, pairs))):
@@ -126,6 +162,7 @@ def group(
                 pairs = pairs[1:]
             else:
                 series.unsorted = True
+        runs.append((frozenset(labels.items()), len(target), len(target) + len(pairs)))
         target.extend(pairs)
         newest = item.values[-1][0] if item.values else float("-inf")
         if newest >= series.newest:  # the labels of the newest samples win
