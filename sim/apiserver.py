@@ -68,7 +68,10 @@ Dry run (``?dryRun=All``) on a patch and an eviction, as the real server's
 (admission, the UID and resourceVersion preconditions, a PodDisruptionBudget's 429) and the
 answer is the one a real request would get, but nothing is stored, no budget is decremented
 and no watch event is sent. Any other value is 422 ("supported values: All"); an eviction
-whose ``deleteOptions.dryRun`` differs from the query's is 400, as on the real server.
+whose ``deleteOptions.dryRun`` differs from the query's is 500 (a plain error there), as on the
+real server. The Status bodies of these answers (the 201 of an eviction, the 429's
+DisruptionBudget cause, the 409 of a UID precondition, an admission denial's details) are the
+real 1.36 server's, as tools/real-cluster recorded them (tests/remediation/test_real_server_answers.py).
 
 Like the real cluster (``garbage_collector=True``; off by default): ownerReferences are acted
 on, an object whose owners do not exist is deleted, and pods of a deleted Node go with it
@@ -167,22 +170,28 @@ MERGE_KEYS = {"conditions": "type", "containers": "name", "initContainers": "nam
 
 
 class ApiError(Exception):
-    def __init__(self, code: int, reason: str, message: str):
+    def __init__(self, code: int, reason: str, message: str, details: Obj | None = None):
         super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
+        self.code, self.reason, self.message, self.details = code, reason, message, details
 
     def status(self) -> Obj:
-        return {
+        body: Obj = {
             "kind": "Status",
             "apiVersion": "v1",
             "metadata": {},
             "status": "Failure",
             "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
         }
+        if self.reason:  # an internal error (a plain Go error on the real server) has none
+            body["reason"] = self.reason
+        if self.details is not None:
+            body["details"] = self.details
+        body["code"] = self.code
+        return body
 
 
+# the answer to an eviction (201), as the real server sends it
+EVICTED: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}  # fmt: skip
 EVENT_REQUIRED = ("eventTime", "reportingController", "reportingInstance", "action", "reason")
 
 
@@ -199,17 +208,53 @@ def _check_event(body: Obj) -> None:
 
 
 def check_dry_run(values: Sequence[str], options_kind: str) -> bool:
-    """Whether a write is a dry run: its ``dryRun`` values, each "All" (422 otherwise, as the
-    real server validates CreateOptions/PatchOptions)."""
-    for value in values:
-        if value != "All":
-            raise ApiError(
-                422,
-                "Invalid",
-                f'{options_kind}.meta.k8s.io "" is invalid: dryRun: Unsupported value: '
-                f'"{value}": supported values: "All"',
-            )
+    """Whether a write is a dry run: its ``dryRun`` values, each "All" (422 otherwise, naming
+    the whole list, as the real server validates CreateOptions/PatchOptions)."""
+    if any(value != "All" for value in values):
+        given = json.dumps(list(values), separators=(",", ":"))
+        raise ApiError(
+            422,
+            "Invalid",
+            f'{options_kind}.meta.k8s.io "" is invalid: dryRun: Unsupported value: {given}: '
+            'supported values: "All"',
+            {"group": "meta.k8s.io", "kind": options_kind, "causes": [{
+                "reason": "FieldValueNotSupported",
+                "message": f'Unsupported value: {given}: supported values: "All"',
+                "field": "dryRun"}]},
+        )  # fmt: skip
     return bool(values)
+
+
+def go_list(values: Sequence[str]) -> str:
+    """A list of strings as Go's %v prints it: [All Other]."""
+    return "[" + " ".join(values) + "]"
+
+
+def budget_refusal(budget: Obj) -> ApiError:
+    """The 429 of a PodDisruptionBudget that allows no disruption, with the cause the real
+    server gives (pkg/registry/core/pod/storage/eviction.go, checkAndDecrement)."""
+    name = budget["metadata"]["name"]
+    status = budget.get("status") or {}
+    allowed: Obj = next((c for c in status.get("conditions") or [] if c.get("type") == "DisruptionAllowed"), {})  # fmt: skip
+    failed = allowed.get("status") == "False" and bool(allowed.get("message"))
+    desired, current = (
+        int(status.get("desiredHealthy") or 0),
+        int(status.get("currentHealthy") or 0),
+    )
+    if failed and allowed.get("reason") == "SyncFailed":
+        cause = f"The disruption budget {name} does not allow evicting pods currently because it failed sync: {allowed['message']}"  # fmt: skip
+    elif current <= desired:
+        cause = f"The disruption budget {name} needs {desired} healthy pods and has {current} currently"  # fmt: skip
+    elif failed:
+        cause = f"The disruption budget {name} does not allow evicting pods currently ({allowed['reason']}): {allowed['message']}"  # fmt: skip
+    else:
+        cause = f"The disruption budget {name} does not allow evicting pods currently"
+    return ApiError(
+        429,
+        "TooManyRequests",
+        "Cannot evict pod as it would violate the pod's disruption budget.",
+        {"causes": [{"reason": "DisruptionBudget", "message": cause}]},
+    )
 
 
 def merge_patch(target: Any, patch: Any, strategic: bool = False) -> Any:
@@ -737,15 +782,16 @@ class ApiServer:
                 continue
             name = raw["metadata"]["name"]
             what = (new or old or {}).get("metadata", {}).get("name", "")
-            text = (
-                f"{res.plural} \"{what}\" is forbidden: ValidatingAdmissionPolicy '{name}' with "
-                f"binding '{name}' denied request: {decision.message}"
-            )
+            denied = f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request: {decision.message}"  # fmt: skip
+            text = f'{res.plural} "{what}" is forbidden: {denied}'
+            # a denial's details as the real server's (seen on 1.36): the name, the resource, and
+            # the policy's message as the one cause
             raise (
                 ApiError(422, "Invalid", text)
                 if decision.error
-                else ApiError(403, "Forbidden", text)
-            )
+                else ApiError(403, "Forbidden", text,
+                              {"name": what, "kind": res.plural, "causes": [{"message": denied}]})
+            )  # fmt: skip
 
     def collect_garbage(self) -> list[tuple[str, str, str]]:
         """One pass of the garbage collectors, until nothing more goes; what was deleted.
@@ -1009,11 +1055,16 @@ class ApiServer:
                 )
             uid = ((body or {}).get("metadata") or {}).get("uid")
             if uid and uid != cur["metadata"]["uid"]:  # ObjectMeta update validation
+                # the cause twice, as the real server lists it (seen on pods/status, 1.36): the
+                # generic update checks the metadata, then the type's own update validation
+                cause = {"reason": "FieldValueInvalid", "field": "metadata.uid",
+                         "message": f'Invalid value: "{uid}": field is immutable'}  # fmt: skip
                 raise ApiError(
                     422,
                     "Invalid",
                     f'{res.kind} "{name}" is invalid: metadata.uid: Invalid value: "{uid}": '
                     "field is immutable",
+                    {"name": name, "kind": res.kind, "causes": [cause, cause]},
                 )
             new = merge_patch(cur, body, strategic="strategic" in content_type)
             new["metadata"]["name"], new["metadata"]["uid"] = name, cur["metadata"]["uid"]
@@ -1043,10 +1094,12 @@ class ApiServer:
             raise ApiError(400, "BadRequest", "the body of an eviction must be an Eviction")
         in_body = (body.get("deleteOptions") or {}).get("dryRun") or []
         if dry_run and in_body and list(in_body) != list(dry_run):  # propagateDryRun
+            # a plain Go error there: 500 with no reason (seen on the real 1.36 server)
             raise ApiError(
-                400,
-                "BadRequest",
-                f"Non-matching dry-run options in request and content: {dry_run} and {in_body}",
+                500,
+                "",
+                "Non-matching dry-run options in request and content: "
+                f"{go_list(dry_run)} and {go_list(in_body)}",
             )
         dry = bool(check_dry_run(dry_run or in_body, "CreateOptions"))
         # admission judges the Eviction (a CREATE of pods/eviction); the delete it leads to is
@@ -1062,8 +1115,10 @@ class ApiServer:
                 raise ApiError(
                     409,
                     "Conflict",
-                    f'Operation cannot be fulfilled on Pod "{name}": Precondition failed: '
-                    f"UID in precondition: {want}, UID in object meta: {pod['metadata']['uid']}",
+                    f'Operation cannot be fulfilled on Pod "{name}": the UID in the precondition '
+                    f"({want}) does not match the UID in record ({pod['metadata']['uid']}). The "
+                    "object might have been deleted and then recreated",
+                    {"name": name, "kind": "Pod"},
                 )
             labels = pod["metadata"].get("labels") or {}
             budgets = [
@@ -1080,13 +1135,9 @@ class ApiServer:
             if running:
                 for budget in budgets:
                     if int((budget.get("status") or {}).get("disruptionsAllowed") or 0) < 1:
-                        raise ApiError(
-                            429,
-                            "TooManyRequests",
-                            "Cannot evict pod as it would violate the pod's disruption budget.",
-                        )
+                        raise budget_refusal(budget)
             if dry:  # the real server stops here: no budget written, no pod deleted
-                return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
+                return dict(EVICTED)
             if running:
                 for budget in budgets:
                     new = copy.deepcopy(budget)
@@ -1094,7 +1145,7 @@ class ApiServer:
                     new["status"].setdefault("disruptedPods", {})[name] = now_rfc3339()
                     self.apply("MODIFIED", new, copy_obj=False)
             self.delete(RESOURCES["pods"], ns, name)
-        return {"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}
+        return dict(EVICTED)
 
     # -- watch
 

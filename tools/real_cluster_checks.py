@@ -40,6 +40,9 @@ TAINT = "gpuquota.io/gpu-unhealthy"
 WORKLOAD = "gq.local/sleeper:1"
 AGENT = "app.kubernetes.io/name=gpu-exporter"
 CONTROLLER = "app.kubernetes.io/name=gpuquota-controller"
+REMEDIATE = "app.kubernetes.io/name=gpuquota-remediate"
+REMEDIATOR = "gpuquota.io/remediate"  # the reportingController of its Events
+PDB_LABEL = {"gq-check": "pdb"}
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -87,7 +90,9 @@ def agent_pod(run: Run) -> Any:
     return live[0] if len(live) == 1 else None
 
 
-def gpu_pod(name: str, tolerate: bool = False) -> dict[str, Any]:
+def gpu_pod(
+    name: str, tolerate: bool = False, labels: dict[str, str] | None = None
+) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": 2,
         "containers": [{
@@ -97,7 +102,8 @@ def gpu_pod(name: str, tolerate: bool = False) -> dict[str, Any]:
     }  # fmt: skip
     if tolerate:
         spec["tolerations"] = [{"key": TAINT, "operator": "Exists"}]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+    meta = {"name": name, "labels": labels or {}}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def kubectl(run: Run, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -156,12 +162,14 @@ def check_targets(run: Run) -> None:
     run.record("targets-up", bool(found), detail, took)
 
 
-def run_gpu_pod(run: Run, name: str) -> tuple[int, str, float] | str:
+def run_gpu_pod(
+    run: Run, name: str, labels: dict[str, str] | None = None
+) -> tuple[int, str, float] | str:
     """A one-GPU pod Running, its GPU busy at 80 %: (GPU index, UUID, seconds) or what failed."""
     with_ns = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": CHECKS_NS}}
     kubectl(run, "apply", "-f", "-", stdin=json.dumps(with_ns))
     try:
-        run.core.create_namespaced_pod(CHECKS_NS, gpu_pod(name))
+        run.core.create_namespaced_pod(CHECKS_NS, gpu_pod(name, labels=labels))
     except ApiException as error:
         if error.status != 409:
             raise
@@ -317,6 +325,12 @@ def check_fleet(run: Run) -> None:
 
     found, took = poll(nodes, 240, 10)
     run.record("fleet-node-name", found == [run.args.node], f"gpus --by node: {found}", took)
+    # the fleet history finds the GPUs that changed by the agent's counter: one series per GPU
+    counters = [s["metric"] for s in prom(run, "gpu_history_changes_total")]
+    per_gpu = sorted({(c.get("node"), c.get("uuid")) for c in counters})
+    run.record("history-counter", len(counters) == len(per_gpu) == 8 and {n for n, _ in per_gpu} == {run.args.node},
+               f"gpu_history_changes_total: {len(counters)} series, {len(per_gpu)} GPUs on nodes "
+               f"{sorted({str(n) for n, _ in per_gpu})}")  # fmt: skip
     old = agent_pod(run)
     start = time.monotonic()
     if old is not None:
@@ -339,23 +353,29 @@ def used_of_gpu_a(run: Run) -> float:
     )) or 0)  # fmt: skip
 
 
-def check_leader(run: Run) -> None:
-    """Two replicas: the leader's pod killed, the other leads within the lease; nothing
-    counted twice (one allocation row for gpu-a; its used GPU-seconds at most its age)."""
-    lease = run.coord.read_namespaced_lease("gpuquota-controller", NS)
+def take_over(run: Run, lease_name: str, selector: str) -> tuple[str, str | None, float, int]:
+    """The Lease holder's pod killed (grace 0): (the old holder, the replica that held the Lease
+    next or None, seconds until it did, the lease duration)."""
+    lease = run.coord.read_namespaced_lease(lease_name, NS)
     leader = lease.spec.holder_identity
     duration = lease.spec.lease_duration_seconds or 15
-    names = [p.metadata.name for p in pods(run, NS, CONTROLLER) if ready(p)]
-    allocations = "SELECT count(*) FROM allocations WHERE pod_name = 'gpu-a'"
-    alloc_before = psql(run, allocations)
+    others = [p.metadata.name for p in pods(run, NS, selector) if ready(p) and p.metadata.name != leader]  # fmt: skip
     run.core.delete_namespaced_pod(leader, NS, grace_period_seconds=0)
-    others = [n for n in names if n != leader]
 
     def new_leader() -> str | None:
-        holder = run.coord.read_namespaced_lease("gpuquota-controller", NS).spec.holder_identity
+        holder = run.coord.read_namespaced_lease(lease_name, NS).spec.holder_identity
         return holder if holder in others else None
 
     holder, took = poll(new_leader, duration + 30, 0.5)
+    return leader, holder, took, duration
+
+
+def check_leader(run: Run) -> None:
+    """Two replicas: the leader's pod killed, the other leads within the lease; nothing
+    counted twice (one allocation row for gpu-a; its used GPU-seconds at most its age)."""
+    allocations = "SELECT count(*) FROM allocations WHERE pod_name = 'gpu-a'"
+    alloc_before = psql(run, allocations)
+    leader, holder, took, duration = take_over(run, "gpuquota-controller", CONTROLLER)
     time.sleep(100)  # the new leader ingests the ledger windows the old one may have begun
     alloc_after = psql(run, allocations)
     pod = run.core.read_namespaced_pod("gpu-a", CHECKS_NS)
@@ -366,6 +386,35 @@ def check_leader(run: Run) -> None:
                f"{leader} killed; {holder} leads after {took:.1f}s (lease {duration}s); gpu-a "
                f"allocation rows {alloc_before} -> {alloc_after}; its used GPU-seconds {used:.0f} "
                f"of {age:.0f} s alive at 80 %", took)  # fmt: skip
+
+
+def check_remediate_leader(run: Run) -> None:
+    """components/remediation's two replicas: one leads (the holder of the Lease
+    gpuquota-remediate, the one replica whose gpuquota_remediation_leader is 1); its pod killed,
+    the other holds the Lease within the lease duration."""
+
+    def one_leads() -> tuple[str, list[str], list[str]] | None:
+        holder = run.coord.read_namespaced_lease("gpuquota-remediate", NS).spec.holder_identity
+        by_ip = {p.status.pod_ip: p.metadata.name for p in pods(run, NS, REMEDIATE) if ready(p)}
+
+        def named(query: str) -> list[str]:
+            return sorted(by_ip.get(s["metric"]["instance"].rsplit(":", 1)[0], s["metric"]["instance"])
+                          for s in prom(run, query))  # fmt: skip
+
+        leading, standing = named("gpuquota_remediation_leader == 1"), named("gpuquota_remediation_leader == 0")  # fmt: skip
+        ok = len(by_ip) == 2 and leading == [holder] and len(standing) == 1 and standing[0] != holder  # fmt: skip
+        return (holder, leading, standing) if ok else None
+
+    seen, took0 = poll(one_leads, 120, 2)
+    if not seen:
+        leaders = [(s["metric"].get("instance"), s["value"][1]) for s in prom(run, "gpuquota_remediation_leader")]  # fmt: skip
+        run.record("remediate-leader", False, f"not one leader: gpuquota_remediation_leader {leaders}", took0)  # fmt: skip
+        return
+    leader, holder, took, duration = take_over(run, "gpuquota-remediate", REMEDIATE)
+    run.record("remediate-leader", bool(holder) and took <= duration + 5,
+               f"Lease gpuquota-remediate held by {seen[0]}, the one replica with "
+               f"gpuquota_remediation_leader 1 (standby {seen[2][0]}); {leader} killed, {holder} "
+               f"holds it after {took:.1f}s (lease {duration}s)", took)  # fmt: skip
 
 
 def check_rollout(run: Run) -> None:
@@ -433,20 +482,28 @@ def check_token(run: Run) -> None:
 
 
 def check_fence(run: Run) -> None:
-    """XID 79 on gpu-a's GPU: the pod's device status, the Node's taint and condition; then the
-    agent pod deleted while fenced: a new agent Running on the node within 60 s, fence held."""
-    got = run_gpu_pod(run, "gpu-f")
-    if isinstance(got, str):
-        run.record("xid79-fence", False, got)
-        return
-    index = got[0]
+    """Three GPU pods before any fence: gpu-p (a PodDisruptionBudget allows it no disruption),
+    gpu-f and gpu-d. XID 79 on gpu-p's GPU: the pod's device status, the Node's taint and
+    condition; then the agent pod deleted while fenced: a new agent Running on the node within
+    60 s, fence held. The remediation checks after this one use the three pods."""
+    kubectl(run, "apply", "-f", "-", stdin=json.dumps(
+        {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+         "metadata": {"name": "gpu-p", "namespace": CHECKS_NS},
+         "spec": {"maxUnavailable": 0, "selector": {"matchLabels": PDB_LABEL}}}))  # fmt: skip
+    gpus = run.facts.setdefault("gpus", {})
+    for name, labels in (("gpu-p", PDB_LABEL), ("gpu-f", None), ("gpu-d", None)):
+        got = run_gpu_pod(run, name, labels)
+        if isinstance(got, str):
+            run.record("xid79-fence", False, got)
+            return
+        gpus[name] = got[0]
     node = SimNode.attach(run.args.nvml_state)
     start = time.monotonic()
-    node.inject_xid(index, 79)
+    node.inject_xid(gpus["gpu-p"], 79)
     node.close()
 
     def unhealthy() -> bool:
-        pod = run.core.read_namespaced_pod("gpu-f", CHECKS_NS)
+        pod = run.core.read_namespaced_pod("gpu-p", CHECKS_NS)
         for status in pod.status.container_statuses or []:
             for res in status.allocated_resources_status or []:
                 if any(r.health == "Unhealthy" for r in res.resources or []):
@@ -463,9 +520,10 @@ def check_fence(run: Run) -> None:
 
     bad, t1 = poll(unhealthy, 30, 0.2)
     fence, t2 = poll(fenced, 30, 0.2)
+    run.facts["fenced_at"] = {"gpu-p": time.time()}
     run.record("xid79-fence", bool(bad) and bool(fence),
-               f"pod allocatedResourcesStatus Unhealthy after {t1:.1f}s; taint+condition after {t2:.1f}s",
-               time.monotonic() - start)  # fmt: skip
+               f"XID 79 on gpu-p's GPU {gpus['gpu-p']}: pod allocatedResourcesStatus Unhealthy "
+               f"after {t1:.1f}s; taint+condition after {t2:.1f}s", time.monotonic() - start)  # fmt: skip
     old = agent_pod(run)
     start = time.monotonic()
     run.core.delete_namespaced_pod(old.metadata.name, NS)
@@ -481,6 +539,244 @@ def check_fence(run: Run) -> None:
                f"new agent {'Running' if new else 'NOT Running'} ({', '.join(pending)}); fence {'held' if held else 'gone'}", took)  # fmt: skip
 
 
+# -- gpuquota remediate (components/remediation: --condition --evict --evict-after=20s, at most
+# one eviction per 10 min across the cluster) ------------------------------------------------
+
+
+def gpu_index(run: Run, pod: str) -> int:
+    """The stand-in's index of the GPU a pod of gq-checks holds (gpu_pod_info names its UUID),
+    so each remediation check also runs on its own (`check remediate-dry-run`)."""
+    if pod in run.facts.get("gpus", {}):
+        return int(run.facts["gpus"][pod])
+    uuid = next(s["metric"]["uuid"] for s in prom(run, f'gpu_pod_info{{pod="{pod}"}}'))
+    node = SimNode.attach(run.args.nvml_state)
+    try:
+        return next(i for i in range(node.gpu_count) if node.uuid(i) == uuid)
+    finally:
+        node.close()
+
+
+def rows(run: Run, query: str, db: str | None = None) -> list[tuple[Any, ...]]:
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(db or run.args.db)
+    with engine.connect() as conn:
+        found = [tuple(r) for r in conn.execute(text(query))]
+    engine.dispose()
+    return found
+
+
+def acts(run: Run, pod: str, db: str | None = None) -> list[tuple[str, str]]:
+    """(action, result) of the store's remediation rows for a pod of gq-checks, oldest first."""
+    return [(str(a), str(r)) for a, r in rows(run, (
+        "SELECT action, result FROM remediation_actions WHERE namespace = 'gq-checks' "
+        f"AND pod = '{pod}' ORDER BY id"), db)]  # fmt: skip
+
+
+def condition(run: Run, pod: str) -> str | None:
+    """The pod's GPUUnhealthy condition status; None without one (or without the pod)."""
+    found = run.core.read_namespaced_pod(pod, CHECKS_NS)
+    return next((c.status for c in found.status.conditions or [] if c.type == "GPUUnhealthy"), None)  # fmt: skip
+
+
+def events(run: Run) -> list[dict[str, Any]]:
+    """The Events gpuquota remediate wrote in gq-checks (events.k8s.io/v1), as the server
+    sends them (the official client's model refuses the kubelet's Events there: they have no
+    eventTime)."""
+    listed = kubectl(run, "-n", CHECKS_NS, "get", "events.v1.events.k8s.io", "-o", "json")
+    found: list[dict[str, Any]] = json.loads(listed.stdout)["items"]
+    return [e for e in found if e.get("reportingController") == REMEDIATOR]
+
+
+def reasons(run: Run, pod: str) -> list[str]:
+    return sorted({e["reason"] for e in events(run) if (e.get("regarding") or {}).get("name") == pod})  # fmt: skip
+
+
+def policy(run: Run) -> client.PolicyV1Api:
+    return client.PolicyV1Api(run.core.api_client)
+
+
+def check_remediate_pdb(run: Run) -> None:
+    """gpu-p, fenced by the XID 79 above, behind a PodDisruptionBudget that allows no
+    disruption: marked (pod condition), its eviction refused by the real Eviction API (429):
+    a blocked_by_pdb row and a GPUEvictionBlocked Event, nothing evicted."""
+    start = time.monotonic()
+    uid = run.core.read_namespaced_pod("gpu-p", CHECKS_NS).metadata.uid
+    blocked, took = poll(lambda: ("evict", "blocked_by_pdb") in acts(run, "gpu-p"), 120, 2)
+    pod = run.core.read_namespaced_pod("gpu-p", CHECKS_NS)
+    kept = pod.metadata.uid == uid and pod.metadata.deletion_timestamp is None and pod.status.phase == "Running"  # fmt: skip
+    budget = policy(run).read_namespaced_pod_disruption_budget("gpu-p", CHECKS_NS).status
+    found, said = acts(run, "gpu-p"), reasons(run, "gpu-p")
+    ok = bool(blocked) and kept and condition(run, "gpu-p") == "True" and ("condition", "marked") in found \
+        and "GPUEvictionBlocked" in said and ("evict", "evicted") not in found and not budget.disrupted_pods  # fmt: skip
+    run.record("remediate-pdb", ok,
+               f"gpu-p rows {found}; Events {said}; condition GPUUnhealthy={condition(run, 'gpu-p')}; "
+               f"pod {'still Running, same UID' if kept else 'GONE or changed'}; PDB disruptionsAllowed "
+               f"{budget.disruptions_allowed}, disruptedPods {budget.disrupted_pods or {}}; "
+               f"blocked after {took:.0f}s", time.monotonic() - start)  # fmt: skip
+
+
+def check_remediate_evict(run: Run) -> None:
+    """XID 79 on gpu-f's GPU: gpu-f marked, then evicted through the real Eviction API (the
+    budget's one place); a row in the store, Events on the pod, and `gpuquota gpus --serial S`
+    lists it after the board."""
+    index = gpu_index(run, "gpu-f")
+    node = SimNode.attach(run.args.nvml_state)
+    serial = node.serial(index)
+    start = time.monotonic()
+    node.inject_xid(index, 79)
+    node.close()
+    marked, t1 = poll(lambda: condition(run, "gpu-f") == "True", 45, 0.5)
+
+    def gone() -> bool:
+        try:
+            pod = run.core.read_namespaced_pod("gpu-f", CHECKS_NS)
+        except ApiException as error:
+            return error.status == 404
+        return pod.metadata.deletion_timestamp is not None
+
+    evicted, t2 = poll(lambda: ("evict", "evicted") in acts(run, "gpu-f") and gone(), 120, 1)
+    said = reasons(run, "gpu-f")
+    board = fleet(run, "--serial", serial)["gpus"]
+    listed = [(a["action"], a["result"]) for b in board for a in b.get("pod_actions") or [] if a["pod"] == "gpu-f"]  # fmt: skip
+    ok = bool(marked) and bool(evicted) and {"GPUUnhealthy", "GPUEvicted"} <= set(said) and ("evict", "evicted") in listed  # fmt: skip
+    run.record("remediate-evict", ok,
+               f"XID 79 on GPU {index} (serial {serial}): gpu-f GPUUnhealthy=True after {t1:.1f}s, "
+               f"evicted and gone after {t2:.1f}s more; rows {acts(run, 'gpu-f')}; Events {said}; "
+               f"gpus --serial {serial} lists {listed}", time.monotonic() - start)  # fmt: skip
+
+
+def world(run: Run) -> dict[str, Any]:
+    """What a dry run must leave as it is: the pods, the budget, the Events, the real store."""
+    found: dict[str, Any] = {}
+    for name in ("gpu-p", "gpu-d"):
+        pod = run.core.read_namespaced_pod(name, CHECKS_NS)
+        found[name] = (pod.metadata.uid, pod.metadata.deletion_timestamp, pod.status.phase,
+                       sorted(c.type for c in pod.status.conditions or []))  # fmt: skip
+    budget = policy(run).read_namespaced_pod_disruption_budget("gpu-p", CHECKS_NS).status
+    found["pdb"] = (budget.disruptions_allowed, budget.disrupted_pods)
+    found["events"] = sorted(e["metadata"]["name"] for e in events(run))
+    found["store"] = rows(run, "SELECT id, action, result, pod FROM remediation_actions WHERE result <> 'evicting' ORDER BY id")  # fmt: skip
+    return found
+
+
+def raw(
+    run: Run,
+    token: str,
+    method: str,
+    path: str,
+    body: Any,
+    query: str = "dryRun=All",
+    content_type: str = "application/json",
+) -> tuple[int, Any]:
+    """One request as gpuquota-remediate's ServiceAccount: (HTTP status, body)."""
+    import ssl
+
+    request = urllib.request.Request(
+        f"https://127.0.0.1:6443{path}?{query}", data=json.dumps(body).encode(), method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": content_type},
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=f"{run.args.work}/pki/ca.crt")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def probes(run: Run, token: str) -> dict[str, tuple[int, Any]]:
+    """The real server's answers to the dry-run requests gpuquota remediate makes, and to
+    the ones tests/remediation/test_dry_run.py asks the stand-in (all dryRun: none changes
+    anything), as the component's ServiceAccount: for docs/real-cluster.md and sim/apiserver."""
+    uid = {p: run.core.read_namespaced_pod(p, CHECKS_NS).metadata.uid for p in ("gpu-d", "gpu-p")}
+
+    def eviction(pod: str, uid: str | None, **options: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {"apiVersion": "policy/v1", "kind": "Eviction",
+                                "metadata": {"name": pod, "namespace": CHECKS_NS}}  # fmt: skip
+        if uid or options:
+            body["deleteOptions"] = {**({"preconditions": {"uid": uid}} if uid else {}), **options}
+        return body
+
+    def status(uid: str) -> dict[str, Any]:
+        return {"metadata": {"uid": uid}, "status": {"conditions": [
+            {"type": "GPUUnhealthy", "status": "True", "reason": "GPUNeedsReboot", "message": "probe"}]}}  # fmt: skip
+
+    wrong = "00000000-0000-0000-0000-000000000000"
+    dry = "dryRun=All"
+    asks = [
+        ("evict gpu-d (no PDB)", "gpu-d/eviction", eviction("gpu-d", uid["gpu-d"]), dry),
+        ("evict gpu-p (PDB maxUnavailable 0)", "gpu-p/eviction", eviction("gpu-p", uid["gpu-p"]), dry),
+        ("evict gpu-d, no preconditions.uid", "gpu-d/eviction", eviction("gpu-d", None), dry),
+        ("evict gpu-d, a wrong uid", "gpu-d/eviction", eviction("gpu-d", wrong), dry),
+        ("evict gpu-d, deleteOptions.dryRun [Other]", "gpu-d/eviction",
+         eviction("gpu-d", uid["gpu-d"], dryRun=["Other"]), dry),
+        ("patch gpu-d status", "gpu-d/status", status(uid["gpu-d"]), dry),
+        ("patch gpu-d status, a wrong uid", "gpu-d/status", status(wrong), dry),
+        ("patch gpu-d status, dryRun=Some", "gpu-d/status", status(uid["gpu-d"]), "dryRun=Some"),
+    ]  # fmt: skip
+    return {
+        what: raw(run, token, "PATCH" if path.endswith("/status") else "POST",
+                  f"/api/v1/namespaces/{CHECKS_NS}/pods/{path}", body, query,
+                  "application/strategic-merge-patch+json" if path.endswith("/status") else "application/json")
+        for what, path, body, query in asks
+    }  # fmt: skip
+
+
+def check_remediate_dry_run(run: Run) -> None:
+    """XID 79 on gpu-d's GPU: the real remediate marks it but its budget (one per 10 min, spent
+    on gpu-f) keeps it. A second instance on the host, as the component's ServiceAccount, with
+    --dry-run, the component's --lease-name (so it elects through gpuquota-remediate-dry-run, as
+    the component's Role allows) and its own store: the real server's dryRun=All answers
+    recorded (gpu-d would be evicted, gpu-p's budget refuses), nothing changed in the cluster."""
+    index = gpu_index(run, "gpu-d")
+    node = SimNode.attach(run.args.nvml_state)
+    node.inject_xid(index, 79)
+    node.close()
+    poll(lambda: condition(run, "gpu-d") == "True", 45, 0.5)
+    time.sleep(35)  # past --evict-after and a round: the real one has decided and waits
+    waiting = ("evict", "evicted") not in acts(run, "gpu-d")
+    work = Path(run.args.work)
+    # the component's Lease name: a dry run elects through "<name>-dry-run", which the
+    # component's Role grants beside the real one (docs/health.md, "A dry run beside the real one")
+    lease = "gpuquota-remediate"
+    token = kubectl(run, "-n", NS, "create", "token", "gpuquota-remediate", "--duration=10m").stdout.strip()  # fmt: skip
+    kubeconfig = work / "dry-run.kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "dry",
+        "clusters": [{"name": "gq", "cluster": {"server": "https://127.0.0.1:6443",
+                                                 "certificate-authority": f"{work}/pki/ca.crt"}}],
+        "users": [{"name": "remediate", "user": {"token": token}}],
+        "contexts": [{"name": "dry", "context": {"cluster": "gq", "user": "remediate"}}],
+    }))  # fmt: skip
+    db = f"sqlite:///{work}/dry-run.db"
+    upgraded = gpuquota(run, "db", "upgrade", f"--db={db}")
+    before = world(run)
+    start = time.monotonic()
+    done = gpuquota(run, "remediate", f"--kubeconfig={kubeconfig}", f"--db={db}", "--cluster=dry-run",
+                    "--condition", "--evict", "--dry-run", "--evict-after=1s", "--evict-max=10",
+                    "--once", f"--lease-name={lease}", f"--lease-namespace={NS}",
+                    "--identity=dry-run-on-host", "--metrics-port=0")  # fmt: skip
+    took = time.monotonic() - start
+    (work / "log").mkdir(exist_ok=True)
+    (work / "log" / "remediate-dry-run.log").write_text(done.stdout + done.stderr)
+    said = [line.split("dry run: ", 1)[1][:90] for line in (done.stdout + done.stderr).splitlines() if "dry run: " in line]  # fmt: skip
+    dry = {pod: acts(run, pod, db) for pod in ("gpu-d", "gpu-p")}
+    time.sleep(3)  # anything it had changed would show by now
+    after = world(run)
+    # the real server's answers to the same requests, for docs/real-cluster.md and sim/apiserver
+    run.facts["dry_run_answers"] = probes(run, token)
+    codes = {k: v[0] for k, v in run.facts["dry_run_answers"].items()}
+    unchanged = before == after and world(run) == before
+    ok = upgraded.returncode == 0 and done.returncode == 0 and waiting and ("evict", "dry_run") in dry["gpu-d"] \
+        and ("evict", "dry_run_blocked") in dry["gpu-p"] and unchanged  # fmt: skip
+    changed = {k: (before[k], after[k]) for k in before if before[k] != after[k]}
+    run.record("remediate-dry-run", ok,
+               f"real one {'waits (budget spent)' if waiting else 'EVICTED gpu-d'}; dry run exit "
+               f"{done.returncode}, its rows {dry}; it said {said}; cluster and real store "
+               f"{'unchanged' if unchanged else f'CHANGED {changed}'}; the same requests by hand: {codes}"
+               + ("" if done.returncode == 0 else f"; {done.stderr.strip()[-300:]}"), took)  # fmt: skip
+
+
 CHECKS: dict[str, Callable[[Run], None]] = {
     "guard": check_guard,
     "ready": check_ready,
@@ -490,10 +786,14 @@ CHECKS: dict[str, Callable[[Run], None]] = {
     "ledger": check_ledger,
     "fleet": check_fleet,
     "leader": check_leader,
+    "remediate-leader": check_remediate_leader,
     "rollout": check_rollout,
     "token": check_token,
     "cronjob": check_cronjob,
     "fence": check_fence,
+    "remediate-pdb": check_remediate_pdb,
+    "remediate-evict": check_remediate_evict,
+    "remediate-dry-run": check_remediate_dry_run,
 }
 
 

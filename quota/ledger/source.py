@@ -52,6 +52,9 @@ class SeriesSamples:
     energy: list[tuple[float, float]] = field(default_factory=list)
     unsorted: bool = False  # samples of several Prometheus series interleave: sort them
     newest: float = float("-inf")  # the newest sample's time: its series' labels are kept
+    # where each Prometheus series' samples lie in used / energy: (its labels, from, to)
+    used_runs: list[tuple[frozenset[tuple[str, str]], int, int]] = field(default_factory=list)
+    energy_runs: list[tuple[frozenset[tuple[str, str]], int, int]] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -81,11 +84,51 @@ def fetch_window(
     ):
         group(piece, into=out)
     for series in out.values():
-        if series.unsorted:
-            series.used = prompieces.sorted_unique(series.used)
-            series.energy = prompieces.sorted_unique(series.energy)
-            series.unsorted = False
+        settle(series, max_gap)
     return out
+
+
+def settle(series: SeriesSamples, max_gap: float) -> None:
+    """Puts the samples of a series that several Prometheus series fed in time order, following
+    one Prometheus series at a time (:func:`one_at_a_time`)."""
+    if series.unsorted:
+        series.used = one_at_a_time(series.used, series.used_runs, max_gap)
+        series.energy = one_at_a_time(series.energy, series.energy_runs, max_gap)
+        series.unsorted = False
+    series.used_runs, series.energy_runs = [], []
+
+
+def one_at_a_time(
+    samples: list[tuple[float, float]],
+    runs: list[tuple[frozenset[tuple[str, str]], int, int]],
+    max_gap: float,
+) -> list[tuple[float, float]]:
+    """The samples of several Prometheus series of one counter, one series at a time: while an
+    agent rolls out with a surge, the old and the new agent both export the holder's counter,
+    each its own process's (it restarts from 0), and going back and forth between their values
+    would count every step back as a counter reset (the whole counter again).
+
+    The series still there at the end (its last sample within ``max_gap`` of the newest one of
+    all) that began last is followed wherever it has samples; each other series, in the same
+    order, only before the first sample of every series followed before it. So the old agent
+    is followed until the new one's first sample, whose value counts from 0 as any restart
+    does (at most the seconds both agents measured); the new one is followed throughout a
+    window whose samples begin while both still ran, whichever was scraped first, and in a
+    window both outlast, so that the next window's baseline (this one's end value) is the new
+    agent's. Series that follow one another (a changed activity label) come out whole, in
+    time order, as before."""
+    by_series: dict[frozenset[tuple[str, str]], list[tuple[float, float]]] = {}
+    for labels, lo, hi in runs:
+        by_series.setdefault(labels, []).extend(samples[lo:hi])
+    parts = [prompieces.sorted_unique(part) for part in by_series.values() if part]
+    newest = max((part[-1][0] for part in parts), default=0.0)
+    parts.sort(key=lambda part: (part[-1][0] >= newest - max_gap, part[0][0]), reverse=True)
+    out: list[tuple[float, float]] = []
+    until = math.inf  # the earliest first sample of the series followed before this one
+    for part in parts:
+        out.extend(pair for pair in part if pair[0] < until)
+        until = min(until, part[0][0])
+    return prompieces.sorted_unique(out)
 
 
 def group(
@@ -94,7 +137,8 @@ def group(
 ) -> dict[tuple[str, str, str], SeriesSamples]:
     """Prometheus series -> ledger series. Several Prometheus series of one holder's counter
     (its activity label changed, the agent's pod moved) are one counter: their samples merge in
-    time order (``fetch_window`` sorts them where they interleave), and the labels of the one
+    time order (``fetch_window`` settles them where they interleave: one Prometheus series at a
+    time, :func:`one_at_a_time`), and the labels of the one
     with the newest sample are kept. A series of another metric, or without a device UUID or a
     holder UID, is skipped; NaN and infinite values are skipped. Adds to ``into`` when
     given."""
@@ -115,6 +159,7 @@ def group(
         if series is None:
             series = out[key] = SeriesSamples(device, kind, uid)
         target = series.used if counter == "used" else series.energy
+        runs = series.used_runs if counter == "used" else series.energy_runs
         pairs = item.values
         # one sum in C says whether every value is finite (a window has millions of samples)
         if pairs and not math.isfinite(sum(map(_second, pairs))):
@@ -126,6 +171,7 @@ def group(
                 pairs = pairs[1:]
             else:
                 series.unsorted = True
+        runs.append((frozenset(labels.items()), len(target), len(target) + len(pairs)))
         target.extend(pairs)
         newest = item.values[-1][0] if item.values else float("-inf")
         if newest >= series.newest:  # the labels of the newest samples win

@@ -255,7 +255,7 @@ def test_device_shards_partition_every_uuid() -> None:
 def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
     """The activity label changed (a second pod joined a GPU: sm_active -> process_sm): the
     counter goes on in a new Prometheus series; the ledger merges both in time order."""
-    from gpuquota.quota.ledger.source import group
+    from gpuquota.quota.ledger.source import group, settle
     from gpuquota.quota.promhttp import MatrixSeries
 
     def item(activity: str, values: list[tuple[float, float]]) -> MatrixSeries:
@@ -270,11 +270,83 @@ def test_two_prometheus_series_of_one_counter_are_one_ledger_series() -> None:
         ]
     )
     (series,) = out.values()
-    assert series.unsorted  # fetch_window sorts such series
-    from gpuquota.quota.prompieces import sorted_unique
-
-    assert sorted_unique(series.used) == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
+    assert series.unsorted  # fetch_window settles such series
     assert series.activity == "process_sm"  # the labels of the newest sample
+    settle(series, 60)  # what fetch_window does: the same samples, in time order
+    assert series.used == [(100.0, 5.0), (116.0, 9.0), (130.0, 12.0), (145.0, 15.0)]
+
+
+def test_two_agents_of_a_surge_rollout_are_followed_one_at_a_time() -> None:
+    """During an agent's rollout with a surge (tools/real-cluster, docs/real-cluster.md) the old
+    and the new agent both export the pod's counter, each its own process's, scraped in turn.
+    Interleaved, every step back to the old agent's value was a counter reset counting its whole
+    value again: a pod at 80 % came out at 122 % of its allocation on the real cluster. The
+    ledger follows the old agent until the new one's first sample, then the new one."""
+    from gpuquota.quota.ledger.source import group, settle
+    from gpuquota.quota.promhttp import MatrixSeries
+
+    def agent(ip: str, values: list[tuple[float, float]]) -> MatrixSeries:
+        labels = {"__name__": "gpu_pod_used_seconds_total", "uuid": "GPU-a", "pod_uid": "u",
+                  "pod": "gpu-a", "namespace": "ml", "activity": "sm_active"}  # fmt: skip
+        return MatrixSeries({**labels, "instance": f"{ip}:9400"}, values)
+
+    old = agent("10.244.0.6", [(100.0, 55.1), (115.0, 67.1), (130.0, 79.1), (145.0, 91.1)])
+    new = agent("10.244.0.9", [(117.0, 1.6), (132.0, 13.6), (147.0, 25.6), (162.0, 37.6)])
+    (series,) = group([old, new]).values()
+    settle(series, 60)
+    assert series.used == [(100.0, 55.1), (115.0, 67.1), (117.0, 1.6), (132.0, 13.6),
+                           (147.0, 25.6), (162.0, 37.6)]  # fmt: skip
+    used, last = rules.increase(series.used, 100, 160, 55.1)
+    # 12 s of the old agent, then the new one's counter: 1.6 from 0 (its restart), 24 more; at
+    # 80 % for the 47 s from 100 to 147 that is 37.6, and nothing near the old agent's 91.1
+    assert used == pytest.approx(12.0 + 1.6 + 24.0) and last == 25.6
+
+
+def test_a_window_beginning_during_a_surge_follows_the_new_agent_throughout() -> None:
+    """The next window's samples begin before it, while both agents still ran; the new agent's
+    first sample there may come before the old one's (the scrape order is anyone's). The ledger
+    still follows the new agent, the one lasting longer, through the whole window: following
+    the old one from its first sample on would lose every sample after its end."""
+    from gpuquota.quota.ledger.source import group, settle
+    from gpuquota.quota.promhttp import MatrixSeries
+
+    def agent(ip: str, values: list[tuple[float, float]]) -> MatrixSeries:
+        labels = {"__name__": "gpu_pod_used_seconds_total", "uuid": "GPU-a", "pod_uid": "u",
+                  "pod": "gpu-a", "namespace": "ml", "activity": "sm_active"}  # fmt: skip
+        return MatrixSeries({**labels, "instance": f"{ip}:9400"}, values)
+
+    new = agent("10.244.0.9", [(float(t), 100.0 + t * 0.8) for t in range(0, 300, 15)])
+    old = agent("10.244.0.6", [(float(t), 5000.0 + t * 0.8) for t in range(3, 40, 15)])
+    for fetched in ([new, old], [old, new]):
+        (series,) = group(fetched).values()
+        settle(series, 60)
+        assert series.used == new.values
+        used, _ = rules.increase(series.used, 60, 240, 100.0 + 45 * 0.8)
+        assert used == pytest.approx(180 * 0.8)
+
+
+def test_a_window_both_agents_outlast_ends_on_the_new_agent() -> None:
+    """A surge longer than the samples after a window: both agents are still there at its
+    end, the old one scraped last. The window follows the old agent until the new one's first
+    sample and the new one after it, so its end value (the next window's baseline) is the new
+    agent's: ending on the old one's would make the next window read the new agent's first
+    value as a reset and count it again."""
+    from gpuquota.quota.ledger.source import group, settle
+    from gpuquota.quota.promhttp import MatrixSeries
+
+    def agent(ip: str, values: list[tuple[float, float]]) -> MatrixSeries:
+        labels = {"__name__": "gpu_pod_used_seconds_total", "uuid": "GPU-a", "pod_uid": "u",
+                  "pod": "gpu-a", "namespace": "ml", "activity": "sm_active"}  # fmt: skip
+        return MatrixSeries({**labels, "instance": f"{ip}:9400"}, values)
+
+    old = agent("10.244.0.6", [(float(t), 5000.0 + t) for t in range(5, 300, 15)])
+    new = agent("10.244.0.9", [(float(t), t - 200.0) for t in range(201, 290, 15)])
+    (series,) = group([old, new]).values()
+    settle(series, 60)
+    assert series.used[-1] == new.values[-1]
+    assert [t for t, _ in series.used] == [t for t, _ in old.values if t < 201] + [
+        t for t, _ in new.values
+    ]
 
 
 def _increase_step_by_step(

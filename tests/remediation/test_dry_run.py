@@ -3,7 +3,8 @@ PodDisruptionBudget's refusal shows as such, nothing is stored or decremented, a
 sharing the store with the real run spends a budget of its own, and a dry run never makes a
 real run forget a condition it has to clear. The stand-in's dry run is checked
 against the real server's rules (pkg/registry/core/pod/storage/eviction.go: every check, no
-write; the query's and the body's dryRun must agree; "All" is the only value)."""
+write; the query's and the body's dryRun must agree; "All" is the only value). Its answers,
+code and body, to the same requests on a real server: test_real_server_answers.py."""
 
 from __future__ import annotations
 
@@ -152,7 +153,8 @@ def test_the_stand_in_runs_every_check_of_a_dry_run_and_stores_nothing(cluster: 
     for method, path, body, status in (
         ("POST", f"{base}/eviction", wrong, 409),  # the UID precondition
         ("PATCH", f"{base}/status", {**patch, "metadata": {"uid": "other"}}, 422),
-        ("POST", f"{base}/eviction", {**eviction, "deleteOptions": {"dryRun": ["Other"]}}, 400),
+        # a plain Go error on the real server: 500 (tests/remediation/test_real_server_answers.py)
+        ("POST", f"{base}/eviction", {**eviction, "deleteOptions": {"dryRun": ["Other"]}}, 500),
     ):
         with pytest.raises(ApiStatusError) as refused:
             kube.call(method, path, dry, body, STRATEGIC_MERGE_PATCH if method == "PATCH" else
