@@ -12,6 +12,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import create_engine, select
+
 from gpuquota.exporter.health.config import parse_config
 from gpuquota.exporter.health.engine import DeviceTracker
 from gpuquota.exporter.health.verdict import NodeHealth
@@ -25,6 +27,7 @@ from gpuquota.quota.remediation.remediator import Remediator, Settings
 from gpuquota.quota.remediation.rules import Breaker
 from gpuquota.quota.store import db
 from gpuquota.quota.store.db import Store
+from gpuquota.quota.store.models import RemediationAction
 from gpuquota.sim.apiserver import ApiServer
 from tests.health.factory import gpus, node
 
@@ -165,3 +168,17 @@ def conditions(server: ApiServer, namespace: str, name: str) -> dict[str, str]:
 
 def events(server: ApiServer, namespace: str) -> list[Obj]:
     return [e for (ns, _), e in server.state.objects["events"].items() if ns == namespace]
+
+
+def rows(c: Cluster) -> list[tuple[str, str, str]]:
+    """The store's remediation rows, (action, result, pod), in the order they were written."""
+    engine = create_engine(c.db_url)
+    t = RemediationAction.__table__
+    try:
+        with engine.connect() as conn:
+            return [
+                (r.action, r.result, r.pod)
+                for r in conn.execute(select(t).order_by(t.c.id))  # type: ignore[arg-type]
+            ]
+    finally:
+        engine.dispose()

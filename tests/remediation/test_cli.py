@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,18 +14,7 @@ from sqlalchemy import create_engine, insert
 
 from gpuquota.quota import cli
 from gpuquota.quota.store.models import GpuBoard, GpuObservation
-from gpuquota.sim.apiserver import ApiServer
-from tests.remediation.cluster import Cluster, make_cluster, uuid_of
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with ApiServer() as server:
-        made = make_cluster(server, tmp_path)
-        try:
-            yield made
-        finally:
-            made.close()
+from tests.remediation.cluster import Cluster, uuid_of
 
 
 def remediate(cluster: Cluster, tmp_path: Path, *args: str) -> int:

@@ -8,27 +8,12 @@ code and body, to the same requests on a real server: test_real_server_answers.p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from gpuquota.kube.client import STRATEGIC_MERGE_PATCH, ApiStatusError
-from gpuquota.sim.apiserver import ApiServer
-from tests.remediation.cluster import T0, Cluster, conditions, events, make_cluster, uuid_of
-from tests.remediation.test_remediate import rows
+from tests.remediation.cluster import T0, Cluster, conditions, events, rows, uuid_of
 
 UNHEALTHY = "Unhealthy"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with ApiServer() as server:
-        made = make_cluster(server, tmp_path)
-        try:
-            yield made
-        finally:
-            made.close()
 
 
 def budget(c: Cluster, name: str, allowed: int, app: str) -> None:

@@ -4,43 +4,14 @@ and the pods' allocatedResourcesStatus, and acts within a budget kept in the sto
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from sqlalchemy import create_engine, select
 
 from gpuquota.quota.remediation.record import Act
 from gpuquota.quota.remediation.rules import trouble_of
 from gpuquota.quota.remediation.verdicts import read_verdicts
-from gpuquota.quota.store.models import RemediationAction
-from gpuquota.sim.apiserver import ApiServer
-from tests.remediation.cluster import T0, Cluster, conditions, events, make_cluster, uuid_of
+from tests.remediation.cluster import T0, Cluster, conditions, events, rows, uuid_of
 
 UNHEALTHY, HEALTHY = "Unhealthy", "Healthy"
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with ApiServer() as server:
-        made = make_cluster(server, tmp_path)
-        try:
-            yield made
-        finally:
-            made.close()
-
-
-def rows(c: Cluster) -> list[tuple[str, str, str]]:
-    engine = create_engine(c.db_url)
-    t = RemediationAction.__table__
-    try:
-        with engine.connect() as conn:
-            return [
-                (r.action, r.result, r.pod)
-                for r in conn.execute(select(t).order_by(t.c.id))  # type: ignore[arg-type]
-            ]
-    finally:
-        engine.dispose()
 
 
 # -- the pod object decides, not its name ------------------------------------------------------

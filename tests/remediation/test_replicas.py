@@ -9,29 +9,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from gpuquota.sim.apiserver import ApiServer
 from gpuquota.sim.harness import stop_process, wait_for
-from tests.remediation.cluster import T0, Cluster, conditions, events, make_cluster, uuid_of
-from tests.remediation.test_remediate import rows
+from tests.remediation.cluster import T0, Cluster, conditions, events, rows, uuid_of
 
 LEASE = ("gpuquota", "gpuquota-remediate")
 DURATION, RETRY = 4, 1
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    with ApiServer() as server:
-        made = make_cluster(server, tmp_path)
-        try:
-            yield made
-        finally:
-            made.close()
 
 
 def replica(cluster: Cluster, tmp_path: Path, identity: str, *extra: str) -> subprocess.Popen[Any]:
