@@ -102,9 +102,7 @@ def scoped(promql: str, scope: Scope | None) -> str:
             assert m is not None
             out.append(m.group())
             i = m.end()
-        elif _NAME.match(promql, i):
-            m = _NAME.match(promql, i)
-            assert m is not None
+        elif m := _NAME.match(promql, i):
             name, i = m.group(), m.end()
             j = _skip_space(promql, i)
             after = promql[j] if j < n else ""
